@@ -1,0 +1,16 @@
+"""Errors a user can cause and fix.
+
+`UserError` is the single exception type the CLI turns into a one-line message and exit
+code 2. Raise it for bad input (files, flags, combinations); let genuine bugs raise anything
+else so that they surface with a traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: the message says what was received and what is allowed."""
+
+
+class RunFailed(Exception):
+    """A training run failed (a worker died, timed out or raised); the message names the rank."""
