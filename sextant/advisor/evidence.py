@@ -1,0 +1,245 @@
+"""Evidence from measurement: turn run records of the results store into advisor evidence.
+
+Comparisons are only made between runs of the same workload (same workload_hash) and, for
+throughput and memory, at the same parallel strategy and worker count, so that a ratio
+never mixes a 4-worker run with a single-process one. Each framework is taken at its best
+execution mode (eager or compiled), the one a user would pick.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sextant.advisor.vocab import CANDIDATES, MEASURED, RULE_OF_THUMB
+from sextant.errors import UserError
+
+FRAMEWORK_CANDIDATES = {
+    # DeepSpeed runs on PyTorch: a measured PyTorch number is the best evidence for both.
+    "torch": ("pytorch", "pytorch+deepspeed"),
+    "jax": ("jax",),
+    "tensorflow": ("tensorflow",),
+    "paddle": ("paddle",),
+    "mindspore": ("mindspore",),
+    "mlx": ("mlx",),
+}
+"""Results-store framework name -> candidate stacks its measurements stand for."""
+
+METRIC_ORDER = (
+    "throughput_ratio",
+    "memory_ratio",
+    "peak_rss_bytes",
+    "scaling_efficiency",
+    "exposed_comm_share",
+    "compile_time_s",
+)
+REQUIRED_RUN_KEYS = ("id", "framework", "mode", "parallel", "workers", "workload_hash", "metrics")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Evidence:
+    """One fact about one candidate stack, measured or assumed."""
+
+    candidate: str
+    """Candidate stack it is about."""
+    metric: str
+    """throughput_ratio (1 = fastest), memory_ratio (1 = leanest), peak_rss_bytes,
+    scaling_efficiency (dp throughput / (workers x single)), exposed_comm_share,
+    compile_time_s, or training_hours for the derived duration."""
+    value: float
+    """The number."""
+    source: str
+    """'measured' (on this workload by sextant) or 'rule of thumb' (from the rules file)."""
+    detail: str
+    """How it was obtained, in one line."""
+    run_ids: tuple[str, ...] = ()
+    """Results-store runs it rests on (empty for rules of thumb)."""
+
+    def __post_init__(self) -> None:
+        if self.candidate not in CANDIDATES:
+            raise UserError(f"evidence candidate {self.candidate!r}; allowed: "
+                            f"{', '.join(CANDIDATES)}")
+        if self.source not in (MEASURED, RULE_OF_THUMB):
+            raise UserError(f"evidence source {self.source!r}; allowed: {MEASURED}, "
+                            f"{RULE_OF_THUMB}")
+        if not math.isfinite(self.value):
+            raise UserError(f"evidence {self.metric} for {self.candidate} is not finite")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate,
+            "metric": self.metric,
+            "value": self.value,
+            "source": self.source,
+            "detail": self.detail,
+            "run_ids": list(self.run_ids),
+        }
+
+
+def _number(metrics: Mapping[str, Any], key: str, *, positive: bool = True) -> float | None:
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    if value < 0 or (positive and value == 0):
+        return None
+    return float(value)
+
+
+def _check_run(run: Any) -> None:
+    if not isinstance(run, Mapping):
+        raise UserError(f"a run record must be a table/dict; got {type(run).__name__}")
+    missing = [key for key in REQUIRED_RUN_KEYS if key not in run]
+    if missing:
+        raise UserError(
+            f"run {run.get('id', '?')!r} lacks key(s) {', '.join(missing)}; the results "
+            f"store must give {', '.join(REQUIRED_RUN_KEYS)}"
+        )
+    if not isinstance(run["metrics"], Mapping):
+        raise UserError(f"run {run['id']!r}: metrics must be a table; got {run['metrics']!r}")
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
+            ) -> dict[str, tuple[float, tuple[str, ...], int]]:
+    """Per framework: geometric-mean ratio of `key` to the best framework at matched configs.
+
+    best='max' (throughput: ratio = value / fastest) or 'min' (memory: ratio = value /
+    leanest). Returned ratios are renormalised so that the best framework is exactly 1.
+    """
+    configs: dict[tuple[Any, ...], dict[str, tuple[float, str]]] = {}
+    for run in runs:
+        value = _number(run["metrics"], key)
+        if value is None:
+            continue
+        config = (str(run["workload_hash"]), str(run["parallel"]), int(run["workers"]))
+        per_fw = configs.setdefault(config, {})
+        held = per_fw.get(run["framework"])
+        better = held is None or (value > held[0] if best == "max" else value < held[0])
+        if better:
+            per_fw[run["framework"]] = (value, str(run["id"]))
+    collected: dict[str, list[float]] = {}
+    ids: dict[str, set[str]] = {}
+    for config in sorted(configs):
+        per_fw = configs[config]
+        if len(per_fw) < 2:
+            continue  # nothing to compare against in this configuration
+        reference = (max if best == "max" else min)(v for v, _ in per_fw.values())
+        config_ids = {run_id for _, run_id in per_fw.values()}
+        for framework, (value, _) in per_fw.items():
+            collected.setdefault(framework, []).append(value / reference)
+            ids.setdefault(framework, set()).update(config_ids)
+    if not collected:
+        return {}
+    means = {fw: _geomean(values) for fw, values in collected.items()}
+    # Different frameworks may lead in different configurations; renormalise so the best
+    # overall is 1 and the others are relative to it.
+    top = (max if best == "max" else min)(means.values())
+    return {
+        fw: (means[fw] / top, tuple(sorted(ids[fw])), len(collected[fw])) for fw in means
+    }
+
+
+def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
+    """Measured evidence per candidate stack from results-store run records.
+
+    Each run is a dict with id, framework ('torch' | 'jax' | 'tensorflow'), mode, parallel,
+    workers, workload_name, workload_hash and metrics (step_time_*_s, tokens_per_s, the
+    run's total throughput over all workers; peak_rss_bytes, per rank; compile_time_s;
+    exposed_comm_share, may be None). Runs of frameworks sextant has no candidate for are
+    ignored; missing or None metrics are skipped. The result is sorted (candidate, metric),
+    so the same runs always give the same evidence.
+    """
+    for run in runs:
+        _check_run(run)
+    runs = [run for run in runs if run["framework"] in FRAMEWORK_CANDIDATES]
+    found: list[tuple[str, str, float, str, tuple[str, ...]]] = []
+
+    for fw, (ratio, ids, n) in _ratios(runs, "tokens_per_s", best="max").items():
+        found.append((fw, "throughput_ratio", ratio,
+                      f"{ratio:.2f}x the fastest measured stack's tokens/s "
+                      f"({n} matched configuration{'s' if n != 1 else ''})", ids))
+    for fw, (ratio, ids, n) in _ratios(runs, "peak_rss_bytes", best="min").items():
+        found.append((fw, "memory_ratio", ratio,
+                      f"{ratio:.2f}x the leanest measured stack's peak memory per rank "
+                      f"({n} matched configuration{'s' if n != 1 else ''})", ids))
+
+    by_fw: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        by_fw.setdefault(run["framework"], []).append(run)
+    for fw in sorted(by_fw):
+        fw_runs = by_fw[fw]
+        rss = [(v, str(r["id"])) for r in fw_runs
+               if (v := _number(r["metrics"], "peak_rss_bytes")) is not None]
+        if rss:
+            value, run_id = max(rss)
+            found.append((fw, "peak_rss_bytes", value,
+                          f"largest per-rank peak RSS over {len(rss)} run(s): "
+                          f"{value / 2**20:.0f} MiB", (run_id,)))
+
+        efficiencies, eff_ids, eff_text = _scaling(fw_runs)
+        if efficiencies:
+            value = statistics.median(efficiencies)
+            found.append((fw, "scaling_efficiency", value,
+                          f"data-parallel scaling {value:.0%} ({'; '.join(eff_text)})",
+                          tuple(sorted(eff_ids))))
+
+        shares = [(v, str(r["id"])) for r in fw_runs if r["parallel"] != "single"
+                  and (v := _number(r["metrics"], "exposed_comm_share", positive=False))
+                  is not None]
+        if shares:
+            value = statistics.median(v for v, _ in shares)
+            found.append((fw, "exposed_comm_share", value,
+                          f"median exposed communication share {value:.0%} over "
+                          f"{len(shares)} parallel run(s)", tuple(sorted(i for _, i in shares))))
+
+        compiles = [(v, str(r["id"])) for r in fw_runs if r["mode"] == "compiled"
+                    and (v := _number(r["metrics"], "compile_time_s", positive=False))
+                    is not None]
+        if compiles:
+            value = statistics.median(v for v, _ in compiles)
+            found.append((fw, "compile_time_s", value,
+                          f"median compile time {value:.1f} s over {len(compiles)} compiled "
+                          f"run(s)", tuple(sorted(i for _, i in compiles))))
+
+    evidence = [
+        Evidence(candidate=cand, metric=metric, value=value, source=MEASURED, detail=detail,
+                 run_ids=ids)
+        for fw, metric, value, detail, ids in found
+        for cand in FRAMEWORK_CANDIDATES[fw]
+    ]
+    evidence.sort(key=lambda e: (CANDIDATES.index(e.candidate), METRIC_ORDER.index(e.metric)))
+    return evidence
+
+
+def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], list[str]]:
+    """Scaling efficiency per (workload, mode) at the largest measured worker count."""
+    single: dict[tuple[str, str], tuple[float, str]] = {}
+    parallel: dict[tuple[str, str], tuple[int, float, str]] = {}
+    for run in runs:
+        tps = _number(run["metrics"], "tokens_per_s")
+        if tps is None:
+            continue
+        key = (str(run["workload_hash"]), str(run["mode"]))
+        workers = int(run["workers"])
+        if run["parallel"] == "single" or workers == 1:
+            if key not in single or tps > single[key][0]:
+                single[key] = (tps, str(run["id"]))
+        else:
+            held = parallel.get(key)
+            if held is None or (workers, tps) > held[:2]:
+                parallel[key] = (workers, tps, str(run["id"]))
+    values, ids, text = [], set(), []
+    for key in sorted(set(single) & set(parallel)):
+        base, base_id = single[key]
+        workers, tps, run_id = parallel[key]
+        efficiency = tps / (workers * base)
+        values.append(efficiency)
+        ids.update((base_id, run_id))
+        text.append(f"{key[1]} x{workers}: {efficiency:.0%}")
+    return values, ids, text

@@ -1,0 +1,84 @@
+"""The backend contract and the registry.
+
+A backend module must not import its framework at module level: `capabilities()` is called in
+the parent process (which never imports a framework) to validate a strategy before any worker
+starts; `run()` is called inside the worker process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from sextant.errors import UserError
+
+if TYPE_CHECKING:
+    from sextant.launch.worker import WorkerContext
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Capabilities:
+    modes: tuple[str, ...]
+    parallel: tuple[str, ...]
+    precisions: tuple[str, ...]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    """Framework name in the strategy vocabulary: 'torch', 'jax', 'tensorflow'."""
+    package: str
+    """Import name whose presence means the framework is installed."""
+    extra: str
+    """pip extra that installs it: pip install 'sextant[<extra>]'."""
+
+    def capabilities(self) -> Capabilities: ...
+
+    def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
+        """Strategy fields (mode, parallel, workers) that `sextant compare` runs by default."""
+        ...
+
+    def run(self, ctx: WorkerContext) -> dict[str, Any]:
+        """Train the plan in this worker process; return this rank's raw measurements."""
+        ...
+
+
+# name -> "module:Class"; the module is imported on first use.
+REGISTRY: dict[str, str] = {
+    "torch": "sextant.backends.torch_backend:TorchBackend",
+}
+
+
+def get_backend(name: str) -> Backend:
+    if name not in REGISTRY:
+        raise UserError(f"no backend for framework {name!r}; available: {', '.join(REGISTRY)}")
+    module_name, cls_name = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)()
+
+
+def available(name: str) -> bool:
+    """Whether the framework is installed, checked without importing it."""
+    backend = get_backend(name)
+    return importlib.util.find_spec(backend.package) is not None
+
+
+def require(strategy: Any) -> Backend:
+    """The backend for a strategy, after checking it is installed and supports the strategy."""
+    backend = get_backend(strategy.framework)
+    if importlib.util.find_spec(backend.package) is None:
+        raise UserError(
+            f"{backend.name}: not installed (pip install 'sextant[{backend.extra}]')"
+        )
+    caps = backend.capabilities()
+    for axis, value, allowed in (
+        ("mode", strategy.mode, caps.modes),
+        ("parallel", strategy.parallel, caps.parallel),
+        ("precision", strategy.precision, caps.precisions),
+    ):
+        if value not in allowed:
+            raise UserError(
+                f"{backend.name} does not support {axis} {value!r}; supported: {', '.join(allowed)}"
+            )
+    return backend

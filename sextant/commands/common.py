@@ -1,0 +1,178 @@
+"""Arguments, progress display and tables shared by the sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sextant.results.store import ResultsStore, default_path
+
+DEFAULT_WORKLOAD = "gpt-tiny"
+
+
+def add_store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", type=Path, default=None,
+                   help="results database (default: $SEXTANT_RESULTS or "
+                        "./sextant-results/results.db)")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default=DEFAULT_WORKLOAD,
+                   help="workload TOML file, or the name of a bundled one "
+                        f"(default: {DEFAULT_WORKLOAD})")
+    p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds before a run's workers are killed (default: 900)")
+    p.add_argument("--collective-timeout", type=float, default=120.0,
+                   help="seconds a collective may wait for the other ranks (default: 120)")
+    add_store_args(p)
+
+
+def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore:
+    return ResultsStore(args.db if args.db is not None else default_path(), create=create)
+
+
+def runs_dir(store: ResultsStore) -> Path:
+    return store.path.parent / "runs"
+
+
+def console() -> Console:
+    """stdout console; off a terminal (CI logs, pipes) wide enough for the comparison table."""
+    out = Console(highlight=False)
+    if not out.is_terminal and out.width < 132:
+        out = Console(highlight=False, width=132)
+    return out
+
+
+def fmt_ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def fmt_bytes_mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f}"
+
+
+def fmt_rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def fmt_share(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 100:.0f}%" if x >= 0 else f"{x * 100:.0f}% (noise)"
+
+
+class RunProgress:
+    """Live progress of runs (rich), fed by the workers' rank-0 events.
+
+    On a terminal it is an animated table of bars; elsewhere (CI, a pipe) it prints one line
+    per finished run, so logs stay readable.
+    """
+
+    def __init__(self, out: Console) -> None:
+        self.console = out
+        self.live = out.is_terminal
+        self.progress = Progress(
+            TextColumn("{task.description:<24}"),
+            BarColumn(bar_width=24),
+            TextColumn("{task.completed:>4.0f}/{task.total:<4.0f}"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=out,
+            transient=False,
+            disable=not self.live,
+        )
+        self.task: Any = None
+
+    def __enter__(self) -> RunProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def start(self, label: str, steps: int) -> None:
+        self.task = self.progress.add_task(label, total=steps, status="starting workers")
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("rank") != 0 or self.task is None:
+            return
+        kind = event["event"]
+        if kind == "start":
+            self.progress.update(self.task, status="training")
+        elif kind == "step":
+            self.progress.update(
+                self.task, completed=event["step"],
+                status=f"loss {event['loss']:.4f}  {event['step_time_s'] * 1e3:.1f} ms/step",
+            )
+        elif kind == "phase":
+            self.progress.update(self.task, status=f"measuring {event['name']}")
+
+    def finish(self, label: str, record: dict[str, Any] | None, error: str | None = None) -> None:
+        if self.task is not None:
+            status = f"[red]failed[/red]" if error else "[green]done[/green]"
+            self.progress.update(self.task, status=status)
+        if not self.live:
+            if error:
+                self.console.print(f"{label}: failed: {error}")
+            else:
+                m = record["metrics"]  # type: ignore[index]
+                self.console.print(
+                    f"{label}: done, {fmt_ms(m['step_time_median_s'])} ms/step median, "
+                    f"final loss {m['final_loss']:.4f}"
+                )
+        self.task = None
+
+
+def max_loss_diff(losses: list[float], reference: list[float]) -> float | None:
+    n = min(len(losses), len(reference))
+    if n == 0:
+        return None
+    return max(abs(a - b) for a, b in zip(losses[:n], reference[:n]))
+
+
+def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
+    """Medians and spreads side by side; speed-up and loss difference against the first row."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name, justify in (
+        ("run", "left"), ("procs x thr", "right"), ("step ms", "right"), ("p10-p90", "right"),
+        ("tokens/s", "right"), ("speed-up", "right"), ("1st step s", "right"),
+        ("RSS MB/proc", "right"), ("exposed comm", "right"), ("final loss", "right"),
+        ("max |Δloss|", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)
+    ref = records[0] if records else None
+    for rec in records:
+        m = rec["metrics"]
+        s = rec["strategy"]
+        speedup = ref["metrics"]["step_time_median_s"] / m["step_time_median_s"]  # type: ignore[index]
+        diff = max_loss_diff(rec["losses"], ref["losses"])  # type: ignore[index]
+        table.add_row(
+            rec["label"],
+            f"{s['workers']} x {m.get('threads_per_worker') or '?'}",
+            fmt_ms(m["step_time_median_s"]),
+            f"{fmt_ms(m['step_time_p10_s'])}-{fmt_ms(m['step_time_p90_s'])}",
+            fmt_rate(m["tokens_per_s"]),
+            f"{speedup:.2f}x",
+            f"{m['first_step_s']:.2f}",
+            fmt_bytes_mb(m["peak_rss_bytes"]),
+            fmt_share(m.get("exposed_comm_share")),
+            f"{m['final_loss']:.4f}",
+            "ref" if rec is ref else (f"{diff:.1e}" if diff is not None else "-"),
+        )
+    return table
+
+
+def eprint(msg: str) -> None:
+    sys.stderr.write(msg + "\n")

@@ -1,0 +1,112 @@
+"""`sextant compare`: run the workload on every installed framework and strategy, side by
+side, then write the report."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sextant.backends import available, get_backend, require
+from sextant.backends.base import REGISTRY
+from sextant.commands.common import (
+    RunProgress,
+    add_run_args,
+    comparison_table,
+    console,
+    open_store,
+    runs_dir,
+)
+from sextant.commands.run import load_with_steps
+from sextant.errors import RunFailed, UserError
+from sextant.runner import execute
+from sextant.strategy import Strategy
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("compare", help="run the workload on every installed framework and "
+                                       "strategy, side by side, and write the report",
+                       description="Run one workload on every installed framework and its "
+                                   "default strategies (same weights, same batches), print "
+                                   "the comparison and write the HTML report.")
+    add_run_args(p)
+    p.add_argument("--frameworks", default=None,
+                   help=f"comma-separated subset of: {', '.join(REGISTRY)} (default: all installed)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="workers of the data-parallel rows (default: 2)")
+    p.add_argument("--report", type=Path, default=None,
+                   help="where to write the HTML report (default: next to the results database)")
+    p.add_argument("--no-report", action="store_true", help="do not write the report")
+    p.set_defaults(func=cmd_compare)
+
+
+def _frameworks(spec: str | None) -> list[str]:
+    if spec is None:
+        return list(REGISTRY)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown or not names:
+        raise UserError(
+            f"unknown framework {unknown[0] if unknown else spec!r} in --frameworks; "
+            f"allowed: {', '.join(REGISTRY)}"
+        )
+    return names
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    workload = load_with_steps(args)
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1. Received: {args.workers}")
+    out = console()
+    explicit = args.frameworks is not None
+    strategies: list[Strategy] = []
+    for name in _frameworks(args.frameworks):
+        backend = get_backend(name)
+        if not available(name):
+            message = f"{name}: not installed (pip install 'sextant[{backend.extra}]')"
+            if explicit:
+                raise UserError(message)
+            out.print(message)
+            continue
+        for fields in backend.compare_matrix(args.workers):
+            strategy = Strategy(framework=name, **fields)
+            require(strategy)
+            strategies.append(strategy)
+    if not strategies:
+        raise UserError("no framework is installed; pip install 'sextant[torch]'")
+
+    group = uuid.uuid4().hex[:12]
+    records: list[dict[str, Any]] = []
+    failures: list[str] = []
+    with open_store(args) as store:
+        out.print(f"[bold]{workload.name}[/bold]: {len(strategies)} runs, "
+                  f"{workload.steps} steps each, global batch {workload.global_batch}")
+        with RunProgress(out) as progress:
+            for strategy in strategies:
+                progress.start(strategy.label, workload.steps)
+                try:
+                    record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
+                                     group_id=group, on_event=progress.on_event,
+                                     timeout_s=args.timeout)
+                except RunFailed as exc:
+                    progress.finish(strategy.label, None, error=str(exc))
+                    failures.append(str(exc))
+                    continue
+                progress.finish(strategy.label, record)
+                records.append(record)
+        if records:
+            out.print(comparison_table(
+                records, f"{workload.name} - speed-up and max |Δloss| against {records[0]['label']}"
+            ))
+            out.print(f"stored runs {records[0]['id']}-{records[-1]['id']} (group {group}) "
+                      f"in {store.path}")
+        if records and not args.no_report:
+            from sextant.report import write_report
+
+            path = args.report or store.path.parent / "report.html"
+            write_report(store, path, group_id=group)
+            out.print(f"report: {path.resolve()}")
+    for failure in failures:
+        out.print(f"[red]failed:[/red] {failure}")
+    return 1 if failures else 0

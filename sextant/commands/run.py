@@ -1,0 +1,68 @@
+"""`sextant run`: train one workload with one strategy, measured, and store it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sextant.backends import require
+from sextant.commands.common import (
+    RunProgress,
+    add_run_args,
+    comparison_table,
+    console,
+    open_store,
+    runs_dir,
+)
+from sextant.errors import RunFailed, UserError
+from sextant.runner import execute
+from sextant.strategy import Strategy
+from sextant.workload import Workload, resolve_workload
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="train one workload with one framework and strategy, measured",
+                       description="Train one workload with one framework and strategy; "
+                                   "store the measured run.")
+    add_run_args(p)
+    p.add_argument("--framework", default="torch", help="torch (default)")
+    p.add_argument("--mode", default="eager", help="eager (default) or compiled")
+    p.add_argument("--parallel", default="single", help="single (default) or dp")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: 1, or 2 with --parallel dp)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads per worker (default: cores / workers)")
+    p.set_defaults(func=cmd_run)
+
+
+def load_with_steps(args: argparse.Namespace) -> Workload:
+    workload = resolve_workload(args.workload)
+    if args.steps is not None:
+        if args.steps <= workload.measure.warmup_steps:
+            raise UserError(
+                f"--steps must exceed the workload's measure.warmup_steps "
+                f"({workload.measure.warmup_steps}). Received: {args.steps}"
+            )
+        workload = workload.replace(steps=args.steps)
+    return workload
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    workload = load_with_steps(args)
+    workers = args.workers if args.workers is not None else (2 if args.parallel == "dp" else 1)
+    strategy = Strategy(framework=args.framework, mode=args.mode, parallel=args.parallel,
+                        workers=workers, threads=args.threads)
+    require(strategy)
+    out = console()
+    with open_store(args) as store, RunProgress(out) as progress:
+        progress.start(strategy.label, workload.steps)
+        try:
+            record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
+                             on_event=progress.on_event, timeout_s=args.timeout)
+        except RunFailed as exc:
+            progress.finish(strategy.label, None, error=str(exc))
+            raise
+        progress.finish(strategy.label, record)
+    out.print(comparison_table([record], f"{workload.name}: run {record['id']}"))
+    out.print(f"stored as run {record['id']} in {store.path}")
+    return 0

@@ -1,0 +1,94 @@
+"""`sextant runs list | show ID | export`: read the results store."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from typing import Any
+
+from rich.table import Table
+
+from sextant.commands.common import add_store_args, console, fmt_ms, fmt_rate, open_store
+from sextant.errors import UserError
+from sextant.fsutil import atomic_write_text
+
+# Flat columns of a CSV export: run identity, then every scalar metric.
+_IDENTITY = ("id", "created_at", "group_id", "workload_name", "workload_hash", "framework",
+             "mode", "parallel", "workers", "precision", "status")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("runs", help="list, show and export stored runs",
+                       description="Read the results store.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True,
+                             parser_class=type(p))
+    ls = verbs.add_parser("list", help="one line per stored run")
+    add_store_args(ls)
+    ls.set_defaults(func=cmd_list)
+    show = verbs.add_parser("show", help="everything stored about one run, as JSON")
+    show.add_argument("id", type=int)
+    add_store_args(show)
+    show.set_defaults(func=cmd_show)
+    export = verbs.add_parser("export", help="all runs as CSV or JSON")
+    export.add_argument("--format", default="csv", help="csv (default) or json")
+    export.add_argument("--out", default=None, help="file to write (default: standard output)")
+    add_store_args(export)
+    export.set_defaults(func=cmd_export)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with open_store(args, create=False) as store:
+        runs = store.runs()
+    table = Table(header_style="bold")
+    for col in ("id", "created", "workload", "run", "step ms", "tokens/s", "final loss", "group"):
+        table.add_column(col)
+    for r in runs:
+        m = r["metrics"]
+        s = r["strategy"]
+        label = f"{s['framework']} {s['mode']} {s['parallel']} x{s['workers']}"
+        table.add_row(str(r["id"]), r["created_at"][:19], r["workload_name"], label,
+                      fmt_ms(m.get("step_time_median_s")), fmt_rate(m.get("tokens_per_s")),
+                      f"{m['final_loss']:.4f}" if m.get("final_loss") is not None else "-",
+                      r["group_id"] or "-")
+    console().print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_store(args, create=False) as store:
+        record = store.get(args.id)
+    sys.stdout.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def flat_row(run: dict[str, Any]) -> dict[str, Any]:
+    row = {k: run[k] for k in _IDENTITY}
+    for key, value in sorted(run["metrics"].items()):
+        if value is None or isinstance(value, (int, float, str)):
+            row[key] = value
+    return row
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.format not in ("csv", "json"):
+        raise UserError(f"unknown export format {args.format!r}; allowed: csv, json")
+    with open_store(args, create=False) as store:
+        runs = store.runs()
+    if args.format == "json":
+        text = json.dumps(runs, indent=1, sort_keys=True) + "\n"
+    else:
+        rows = [flat_row(r) for r in runs]
+        fields = list(dict.fromkeys(k for row in rows for k in row)) or list(_IDENTITY)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buf.getvalue()
+    if args.out:
+        atomic_write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,73 @@
+"""Bundled real datasets and deterministic global batches.
+
+Global batch i is a pure function of (dataset, seed, i): the same arrays for every framework
+and every worker count. Rank r of N takes the contiguous slice [r*B/N, (r+1)*B/N).
+
+Bundled data (see sextant/data/README.md for sources and licences):
+- digits: 1,797 8x8 handwritten digits, 64 features scaled to [0, 1], 10 classes.
+- python-reference: the Python language reference help topics (466 KB of English technical
+  prose), byte-level tokens (vocabulary 256).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from pathlib import Path
+
+import numpy as np
+
+from sextant.errors import UserError
+from sextant.workload import GPTSpec, Workload
+
+DATA_DIR = Path(__file__).parent
+
+
+@functools.cache
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """(features float32 (1797, 64) in [0, 1], labels int64 (1797,))."""
+    with gzip.open(DATA_DIR / "digits.csv.gz", "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    features = np.ascontiguousarray(table[:, :-1] / np.float32(16.0))
+    labels = table[:, -1].astype(np.int64)
+    return features, labels
+
+
+@functools.cache
+def text_tokens(name: str = "python-reference") -> np.ndarray:
+    """Byte-level tokens (uint8) of a bundled corpus."""
+    with gzip.open(DATA_DIR / f"{name}.txt.gz", "rb") as f:
+        return np.frombuffer(f.read(), dtype=np.uint8)
+
+
+def global_batch(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inputs and targets of global batch `step`.
+
+    mlp: (x float32 (B, 64), y int64 (B,)); gpt: (x int64 (B, T), y int64 (B, T)), y being x
+    shifted by one byte.
+    """
+    rng = np.random.default_rng([workload.seed, 0xDA7A, step])
+    batch = workload.global_batch
+    if isinstance(workload.model, GPTSpec):
+        tokens = text_tokens(workload.data.dataset)
+        window = workload.model.seq_len + 1
+        offsets = rng.integers(0, tokens.size - window, size=batch)
+        windows = np.lib.stride_tricks.sliding_window_view(tokens, window)[offsets]
+        windows = windows.astype(np.int64)  # (B, T + 1)
+        return windows[:, :-1], windows[:, 1:]
+    features, labels = digits()
+    if batch > labels.size:
+        raise UserError(
+            f"global_batch {batch} exceeds the digits dataset ({labels.size} samples)"
+        )
+    index = rng.choice(labels.size, size=batch, replace=False)
+    return features[index], labels[index]
+
+
+def shard(array: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """Rank `rank`'s contiguous slice of a global batch along axis 0."""
+    size = array.shape[0]
+    if size % world:
+        raise UserError(f"global batch {size} is not divisible by {world} workers")
+    per = size // world
+    return array[rank * per : (rank + 1) * per]

@@ -1,0 +1,114 @@
+"""Canonical parameters: names, shapes and seeded initial values, in numpy.
+
+Every backend receives exactly these arrays and only maps them into its own layout (for
+example PyTorch's Linear stores weights as (out, in), so it transposes). The canonical layout
+of a dense layer is (in, out): y = x @ W + b.
+
+GPT layout of the fused attention input projection `blocks.{i}.attn.qkv.weight`: shape
+(d_model, 3 * d_model), columns [q | k | v]; within each, head h owns columns
+[h * head_dim, (h + 1) * head_dim).
+
+Each array is drawn from its own generator keyed by (seed, name), so adding a parameter never
+changes the values of the others.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from sextant.workload import GPTSpec, MLPSpec, ModelSpec
+
+INIT_STD = 0.02  # GPT-2 / nanoGPT convention
+
+
+def param_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Canonical names and shapes, in a fixed order (the order every backend iterates)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    if isinstance(model, MLPSpec):
+        widths = [model.input_dim, *model.hidden, model.num_classes]
+        for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+            shapes[f"layers.{i}.weight"] = (fan_in, fan_out)
+            shapes[f"layers.{i}.bias"] = (fan_out,)
+        return shapes
+    d, f = model.d_model, model.d_ff
+    shapes["wte"] = (model.vocab_size, d)
+    shapes["wpe"] = (model.seq_len, d)
+    for i in range(model.n_layers):
+        p = f"blocks.{i}."
+        shapes[p + "ln1.scale"] = (d,)
+        shapes[p + "ln1.bias"] = (d,)
+        shapes[p + "attn.qkv.weight"] = (d, 3 * d)
+        shapes[p + "attn.qkv.bias"] = (3 * d,)
+        shapes[p + "attn.proj.weight"] = (d, d)
+        shapes[p + "attn.proj.bias"] = (d,)
+        shapes[p + "ln2.scale"] = (d,)
+        shapes[p + "ln2.bias"] = (d,)
+        shapes[p + "mlp.fc.weight"] = (d, f)
+        shapes[p + "mlp.fc.bias"] = (f,)
+        shapes[p + "mlp.proj.weight"] = (f, d)
+        shapes[p + "mlp.proj.bias"] = (d,)
+    shapes["ln_f.scale"] = (d,)
+    shapes["ln_f.bias"] = (d,)
+    shapes["head.weight"] = (d, model.vocab_size)
+    return shapes
+
+
+def _std(model: ModelSpec, name: str, shape: tuple[int, ...]) -> float:
+    if isinstance(model, MLPSpec):
+        return math.sqrt(2.0 / shape[0])  # He init for ReLU
+    if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layers).
+        return INIT_STD / math.sqrt(2 * model.n_layers)
+    return INIT_STD
+
+
+def init_params(model: ModelSpec, seed: int) -> dict[str, np.ndarray]:
+    """Initial float32 parameters, identical for every framework and worker count."""
+    params: dict[str, np.ndarray] = {}
+    for name, shape in param_shapes(model).items():
+        if name.endswith(".scale"):
+            params[name] = np.ones(shape, np.float32)
+        elif name.endswith(".bias"):
+            params[name] = np.zeros(shape, np.float32)
+        else:
+            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+            params[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(
+                _std(model, name, shape)
+            )
+    return params
+
+
+def decays(name: str, shape: tuple[int, ...]) -> bool:
+    """Weight decay applies to matrices (embeddings included), not to biases or norms."""
+    return len(shape) >= 2
+
+
+def count_params(model: ModelSpec) -> int:
+    return sum(math.prod(s) for s in param_shapes(model).values())
+
+
+def matmul_params(model: ModelSpec) -> int:
+    """Parameters that take part in a matrix multiply (embedding lookups do not)."""
+    return sum(
+        math.prod(s)
+        for n, s in param_shapes(model).items()
+        if n not in ("wte", "wpe")
+    )
+
+
+def flops_per_step(model: ModelSpec, global_batch: int) -> int:
+    """Training FLOPs of one optimizer step (forward + backward), by the PaLM formula.
+
+    6 * N per token for the matrix multiplies (2 forward, 4 backward; N excludes embedding
+    lookups), plus 12 * n_layers * d_model * seq_len per token for attention scores and their
+    product with the values (Chowdhery et al. 2022, appendix B; the causal mask is not
+    discounted, as in that formula). For the MLP, one sample counts as one token.
+    """
+    if isinstance(model, GPTSpec):
+        tokens = global_batch * model.seq_len
+        attention = 12 * model.n_layers * model.d_model * model.seq_len
+        return tokens * (6 * matmul_params(model) + attention)
+    return 6 * matmul_params(model) * global_batch

@@ -1,0 +1,1 @@
+"""Launching worker processes: one fresh process (group) per run."""

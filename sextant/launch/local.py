@@ -1,0 +1,171 @@
+"""Launch the workers of one run on this machine and wait for them, with timeouts.
+
+Every run gets fresh processes and a fresh rendezvous port, so no framework state leaks from
+one measurement into the next. The launcher sets the standard torch.distributed environment
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) for every
+framework, and OMP_NUM_THREADS to the worker's thread share. A worker that dies, raises or
+outlives the timeout stops the whole run with an error that names its rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import RunFailed
+from sextant.fsutil import atomic_write_json
+from sextant.strategy import Strategy
+from sextant.workload import Workload
+
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_threads(workers: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // workers)
+
+
+class _EventTail:
+    """Reads the new complete lines of a worker's event file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.buffer = ""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return []
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split("\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _last_error_line(run_dir: Path, rank: int) -> str:
+    for name in (f"rank{rank}.error.txt", f"rank{rank}.stderr.log"):
+        path = run_dir / name
+        if path.exists():
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+            if lines:
+                return lines[-1].strip()
+    return "no error output"
+
+
+def launch(
+    workload: Workload,
+    strategy: Strategy,
+    run_dir: Path,
+    *,
+    timeout_s: float = 900.0,
+    collective_timeout_s: float = 120.0,
+    on_event: EventHandler | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Run all ranks; return each rank's result dict (rank order)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    threads = strategy.threads or default_threads(strategy.workers)
+    plan = {
+        "workload": workload.to_dict(),
+        "strategy": strategy.to_dict(),
+        "run_dir": str(run_dir),
+        "threads": threads,
+        "collective_timeout_s": collective_timeout_s,
+    }
+    plan_path = run_dir / "plan.json"
+    atomic_write_json(plan_path, plan)
+    port = free_port()
+    world = strategy.workers
+    procs: list[subprocess.Popen[bytes]] = []
+    tails = [_EventTail(run_dir / f"rank{r}.events.jsonl") for r in range(world)]
+    try:
+        for rank in range(world):
+            env = {
+                **os.environ,
+                **(extra_env or {}),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world),
+                "OMP_NUM_THREADS": str(threads),
+                "PYTHONUNBUFFERED": "1",
+            }
+            with open(run_dir / f"rank{rank}.stdout.log", "wb") as out, open(
+                run_dir / f"rank{rank}.stderr.log", "wb"
+            ) as err:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "sextant.launch.worker", str(plan_path)],
+                        stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for tail in tails:
+                for event in tail.read():
+                    if on_event is not None:
+                        on_event(event)
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # The first rank to fail is the cause; the others usually fail because of it.
+                rank, code = failed[0]
+                raise RunFailed(
+                    f"{strategy.label}: rank {rank} {_describe_exit(code)}: "
+                    f"{_last_error_line(run_dir, rank)} (logs: {run_dir})"
+                )
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                running = [r for r, c in enumerate(codes) if c is None]
+                raise RunFailed(
+                    f"{strategy.label}: timed out after {timeout_s:.0f} s; rank(s) "
+                    f"{', '.join(map(str, running))} still running (logs: {run_dir})"
+                )
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+    results = []
+    for rank in range(world):
+        path = run_dir / f"rank{rank}.result.json"
+        if not path.exists():
+            raise RunFailed(f"{strategy.label}: rank {rank} exited without a result ({path})")
+        results.append(json.loads(path.read_text()))
+    return results

@@ -1,0 +1,96 @@
+"""Entry point of one worker process: `python -m sextant.launch.worker PLAN.json`.
+
+The launcher sets the standard torch.distributed variables (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT); every backend reads them from the WorkerContext. The worker writes
+progress events to `rank{r}.events.jsonl` (one JSON object per line, flushed as written) and
+its measurements to `rank{r}.result.json` (atomically, at the end). A failure writes
+`rank{r}.error.txt` and exits non-zero; the launcher names the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from sextant.errors import UserError
+from sextant.fsutil import atomic_write_json
+from sextant.strategy import Strategy
+from sextant.workload import Workload, workload_from_dict
+
+EVENT_SCHEMA = 1
+
+
+@dataclass(kw_only=True)
+class WorkerContext:
+    workload: Workload
+    strategy: Strategy
+    rank: int
+    world: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    run_dir: Path
+    threads: int
+    collective_timeout_s: float
+    fault: str | None = None
+    """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
+    _events: TextIO | None = field(default=None, repr=False)
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.strategy.parallel != "single"
+
+    def emit(self, kind: str, **payload: Any) -> None:
+        """Append one event line (schema-versioned) to this rank's event file."""
+        if self._events is None:
+            self._events = open(self.run_dir / f"rank{self.rank}.events.jsonl", "a")
+        record = {"schema": EVENT_SCHEMA, "event": kind, "rank": self.rank,
+                  "time": time.time(), **payload}
+        self._events.write(json.dumps(record) + "\n")
+        self._events.flush()
+
+
+def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContext:
+    return WorkerContext(
+        workload=workload_from_dict(plan["workload"]),
+        strategy=Strategy.from_dict(plan["strategy"]),
+        rank=int(env["RANK"]),
+        world=int(env["WORLD_SIZE"]),
+        local_rank=int(env["LOCAL_RANK"]),
+        master_addr=env["MASTER_ADDR"],
+        master_port=int(env["MASTER_PORT"]),
+        run_dir=Path(plan["run_dir"]),
+        threads=int(plan["threads"]),
+        collective_timeout_s=float(plan["collective_timeout_s"]),
+        fault=env.get("SEXTANT_TEST_FAULT") or None,
+    )
+
+
+def main(argv: list[str]) -> int:
+    plan = json.loads(Path(argv[0]).read_text())
+    ctx = context_from_plan(plan, dict(os.environ))
+    from sextant.backends.base import get_backend
+
+    try:
+        backend = get_backend(ctx.strategy.framework)
+        result = backend.run(ctx)
+        result.update(rank=ctx.rank, world=ctx.world)
+        atomic_write_json(ctx.run_dir / f"rank{ctx.rank}.result.json", result)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure must be reported with its rank
+        text = (
+            f"{exc}\n" if isinstance(exc, UserError) else traceback.format_exc()
+        )
+        (ctx.run_dir / f"rank{ctx.rank}.error.txt").write_text(text)
+        sys.stderr.write(text)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

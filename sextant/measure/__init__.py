@@ -1,0 +1,1 @@
+"""Timers, statistics, memory probes and the environment fingerprint."""

@@ -1,0 +1,1 @@
+"""The embedded results store (SQLite) and exports."""

@@ -1,0 +1,168 @@
+"""SQLite results store: one row per run, written in one transaction.
+
+Default location `./sextant-results/results.db`; `--db PATH` or the SEXTANT_RESULTS
+environment variable override it. Scalar headline figures have their own columns (for
+queries and listing); everything else is JSON in the row, so that the schema does not have to
+change with every new metric. `schema_version` lets later versions migrate old stores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import UserError
+
+SCHEMA_VERSION = 1
+DEFAULT_DB = Path("sextant-results") / "results.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at TEXT NOT NULL,
+    group_id TEXT,
+    status TEXT NOT NULL,
+    workload_name TEXT NOT NULL,
+    workload_hash TEXT NOT NULL,
+    framework TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    parallel TEXT NOT NULL,
+    workers INTEGER NOT NULL,
+    precision TEXT NOT NULL,
+    step_time_median_s REAL,
+    tokens_per_s REAL,
+    final_loss REAL,
+    workload_json TEXT NOT NULL,
+    strategy_json TEXT NOT NULL,
+    metrics_json TEXT NOT NULL,
+    losses_json TEXT NOT NULL,
+    ranks_json TEXT NOT NULL,
+    fingerprint_json TEXT NOT NULL,
+    run_dir TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_workload ON runs (workload_hash);
+CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id);
+"""
+
+_JSON_COLUMNS = {
+    "workload_json": "workload",
+    "strategy_json": "strategy",
+    "metrics_json": "metrics",
+    "losses_json": "losses",
+    "ranks_json": "ranks",
+    "fingerprint_json": "fingerprint",
+}
+
+
+def default_path() -> Path:
+    return Path(os.environ.get("SEXTANT_RESULTS") or DEFAULT_DB)
+
+
+class ResultsStore:
+    """Open (creating if needed) a results database."""
+
+    def __init__(self, path: str | Path | None = None, *, create: bool = True) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        if not create and not self.path.exists():
+            raise UserError(
+                f"no results store at {self.path}; run 'sextant compare' or 'sextant run' first"
+            )
+        if self.path.exists() and self.path.is_dir():
+            raise UserError(f"results store path is a directory: {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=30)
+            self._conn.row_factory = sqlite3.Row
+            with self._conn:
+                self._conn.executescript(_SCHEMA)
+                row = self._conn.execute(
+                    "SELECT value FROM meta WHERE key = 'schema_version'"
+                ).fetchone()
+                if row is None:
+                    self._conn.execute(
+                        "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                    )
+                elif int(row["value"]) > SCHEMA_VERSION:
+                    raise UserError(
+                        f"{self.path} was written by a newer sextant (schema {row['value']}, "
+                        f"this one reads up to {SCHEMA_VERSION})"
+                    )
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"{self.path} is not a sextant results database ({exc})") from None
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ResultsStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, record: dict[str, Any]) -> int:
+        """Insert one run record (see runner.run_record); returns its id."""
+        metrics = record["metrics"]
+        strategy = record["strategy"]
+        values = {
+            "created_at": record.get("created_at") or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "group_id": record.get("group_id"),
+            "status": record.get("status", "ok"),
+            "workload_name": record["workload"]["name"],
+            "workload_hash": record["workload_hash"],
+            "framework": strategy["framework"],
+            "mode": strategy["mode"],
+            "parallel": strategy["parallel"],
+            "workers": strategy["workers"],
+            "precision": strategy["precision"],
+            "step_time_median_s": metrics.get("step_time_median_s"),
+            "tokens_per_s": metrics.get("tokens_per_s"),
+            "final_loss": metrics.get("final_loss"),
+            "run_dir": record.get("run_dir"),
+        }
+        for column, key in _JSON_COLUMNS.items():
+            values[column] = json.dumps(record.get(key, {} if key != "losses" else []))
+        columns = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self._conn:  # one transaction: the row is there completely or not at all
+            cur = self._conn.execute(
+                f"INSERT INTO runs ({columns}) VALUES ({marks})", tuple(values.values())
+            )
+        return int(cur.lastrowid)
+
+    def _decode(self, row: sqlite3.Row) -> dict[str, Any]:
+        out = {k: row[k] for k in row.keys() if k not in _JSON_COLUMNS}
+        for column, key in _JSON_COLUMNS.items():
+            out[key] = json.loads(row[column])
+        return out
+
+    def runs(self, *, workload_hash: str | None = None, group_id: str | None = None
+             ) -> list[dict[str, Any]]:
+        """All runs (oldest first), optionally of one workload or one compare group."""
+        query, args = "SELECT * FROM runs", []
+        clauses = []
+        if workload_hash is not None:
+            clauses.append("workload_hash = ?")
+            args.append(workload_hash)
+        if group_id is not None:
+            clauses.append("group_id = ?")
+            args.append(group_id)
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        return [self._decode(r) for r in self._conn.execute(query + " ORDER BY id", args)]
+
+    def get(self, run_id: int) -> dict[str, Any]:
+        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise UserError(f"no run with id {run_id} in {self.path}")
+        return self._decode(row)
+
+    def latest_group(self) -> str | None:
+        row = self._conn.execute(
+            "SELECT group_id FROM runs WHERE group_id IS NOT NULL ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else row["group_id"]

@@ -1,0 +1,136 @@
+"""Run one strategy on one workload: launch the workers, turn their raw measurements into
+the run's figures, store the record.
+
+Definitions (docs/methodology.md explains each):
+- the job's time for step i is the slowest rank's time for that step (ranks wait for each
+  other at the gradient all-reduce, so this is what a user pays for);
+- steady state = steps after `measure.warmup_steps`; figures are median, p10, p90, count;
+- the loss of step i is the mean of the ranks' local losses (equal shards, so this equals the
+  loss over the global batch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sextant.init import count_params, flops_per_step
+from sextant.launch.local import launch
+from sextant.measure.stats import paired_median_difference, summarize
+from sextant.results.store import ResultsStore
+from sextant.strategy import Strategy
+from sextant.workload import Workload
+
+RECORD_SCHEMA = 1
+
+
+def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]]
+              ) -> dict[str, Any]:
+    """The run's metrics from its ranks' raw results."""
+    warm = workload.measure.warmup_steps
+    job_times = np.max([r["step_times_s"] for r in ranks], axis=0)
+    steady = summarize(job_times[warm:])
+    median = steady["median"]
+    losses = np.mean([r["losses"] for r in ranks], axis=0)
+    samples = workload.global_batch
+    tokens = samples * workload.tokens_per_sample
+    flops = flops_per_step(workload.model, samples)
+    data_wait = float(np.max([np.median(r["data_times_s"][warm:]) for r in ranks]))
+    metrics: dict[str, Any] = {
+        "params": count_params(workload.model),
+        "step_time_median_s": median,
+        "step_time_p10_s": steady["p10"],
+        "step_time_p90_s": steady["p90"],
+        "step_time_mean_s": steady["mean"],
+        "steps_timed": steady["n"],
+        "first_step_s": float(job_times[0]),
+        "compile_s": max(0.0, float(job_times[0]) - median),
+        "samples_per_s": samples / median,
+        "tokens_per_s": tokens / median,
+        "tokens_per_step": tokens,
+        "flops_per_step": flops,
+        "achieved_flops_per_s": flops / median,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
+        "peak_rss_total_bytes": sum(r["peak_rss_bytes"] for r in ranks),
+        "data_wait_median_s": data_wait,
+        "data_wait_share": data_wait / median,
+        "final_loss": float(losses[-1]),
+        "threads_per_worker": ranks[0]["fingerprint"].get("threads"),
+        "exposed_comm_s": None,
+        "exposed_comm_share": None,
+    }
+    if any("device_peak_bytes" in r for r in ranks):
+        metrics["device_peak_bytes"] = max(r.get("device_peak_bytes", 0) for r in ranks)
+    sync = [r["sync_step_times_s"] for r in ranks]
+    nosync = [r["nosync_step_times_s"] for r in ranks]
+    if all(sync) and all(nosync):
+        sync_job = np.max(sync, axis=0)
+        nosync_job = np.max(nosync, axis=0)
+        exposed = paired_median_difference(sync_job, nosync_job)
+        sync_median = float(np.median(sync_job))
+        metrics.update(
+            exposed_comm_s=exposed,
+            exposed_comm_share=exposed / sync_median,
+            sync_step_median_s=sync_median,
+            nosync_step_median_s=float(np.median(nosync_job)),
+            comm_pairs=len(sync_job),
+        )
+    return {"metrics": metrics, "losses": [float(x) for x in losses]}
+
+
+def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    warm = workload.measure.warmup_steps
+    out = []
+    for r in ranks:
+        out.append({
+            "rank": r["rank"],
+            "step_time": summarize(r["step_times_s"][warm:]),
+            "step_times_s": r["step_times_s"],
+            "data_wait_median_s": float(np.median(r["data_times_s"][warm:])),
+            "peak_rss_bytes": r["peak_rss_bytes"],
+            "rss_start_bytes": r.get("rss_start_bytes"),
+            "local_losses": r["losses"],
+            "fingerprint": r["fingerprint"],
+            "details": r.get("details", {}),
+        })
+    return out
+
+
+def execute(
+    workload: Workload,
+    strategy: Strategy,
+    *,
+    runs_dir: Path,
+    store: ResultsStore | None = None,
+    group_id: str | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    timeout_s: float = 900.0,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Launch, aggregate, store; returns the run record (with `id` when stored)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    slug = strategy.label.replace(" ", "-")
+    run_dir = runs_dir / f"{stamp}-{workload.name}-{slug}-{time.monotonic_ns() % 10**6:06d}"
+    ranks = launch(workload, strategy, run_dir, timeout_s=timeout_s, on_event=on_event,
+                   extra_env=extra_env)
+    record = {
+        "schema": RECORD_SCHEMA,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "group_id": group_id,
+        "status": "ok",
+        "workload": workload.to_dict(),
+        "workload_hash": workload.content_hash(),
+        "strategy": strategy.to_dict(),
+        "label": strategy.label,
+        **aggregate(workload, strategy, ranks),
+        "ranks": rank_summaries(workload, ranks),
+        "fingerprint": ranks[0]["fingerprint"],
+        "run_dir": str(run_dir),
+    }
+    if store is not None:
+        record["id"] = store.add(record)
+    return record

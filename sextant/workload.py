@@ -1,0 +1,332 @@
+"""The framework-neutral workload: model, data, optimizer, seed, steps, global batch.
+
+A workload is a TOML file. It is validated completely before anything runs: unknown keys are
+rejected, every value is checked against what is allowed, and the error says what was
+received. The workload's content hash (of its canonical JSON form, not of the file's bytes)
+identifies it in the results store, so comments and key order do not split results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import UserError
+
+MODEL_FAMILIES = ("mlp", "gpt")
+DATASETS = {"mlp": ("digits",), "gpt": ("python-reference",)}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MLPSpec:
+    """A multi-layer perceptron classifier (ReLU between layers, softmax cross-entropy)."""
+
+    family: str = "mlp"
+    input_dim: int = 64
+    """Features per sample; must equal the dataset's (64 for digits)."""
+    hidden: tuple[int, ...] = (128, 128)
+    """Width of each hidden layer."""
+    num_classes: int = 10
+    """Output classes; must equal the dataset's (10 for digits)."""
+
+    def __post_init__(self) -> None:
+        _positive_int("model.input_dim", self.input_dim)
+        _positive_int("model.num_classes", self.num_classes)
+        if not self.hidden:
+            raise UserError("model.hidden must list at least one layer width. Received: []")
+        for width in self.hidden:
+            _positive_int("model.hidden[]", width)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class GPTSpec:
+    """A decoder-only transformer: pre-LayerNorm, GELU (tanh form), learned positions,
+    causal attention, untied output head."""
+
+    family: str = "gpt"
+    vocab_size: int = 256
+    """Byte-level: 256."""
+    seq_len: int = 64
+    """Tokens per sequence (the context length)."""
+    d_model: int = 64
+    """Residual stream width."""
+    n_layers: int = 2
+    """Transformer blocks."""
+    n_heads: int = 4
+    """Attention heads; must divide d_model."""
+    d_ff: int = 256
+    """Hidden width of each block's MLP."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff"):
+            _positive_int(f"model.{name}", getattr(self, name))
+        if self.vocab_size != 256:
+            raise UserError(
+                "model.vocab_size must be 256: the text data is byte-level. "
+                f"Received: {self.vocab_size}"
+            )
+        if self.d_model % self.n_heads:
+            raise UserError(
+                "model.n_heads must divide model.d_model. "
+                f"Received: d_model={self.d_model}, n_heads={self.n_heads}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+ModelSpec = MLPSpec | GPTSpec
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DataSpec:
+    """Where batches come from. Global batch i is a pure function of (seed, i)."""
+
+    dataset: str
+    """'digits' (8x8 handwritten digits, 1,797 samples) for mlp; 'python-reference' (the
+    Python language reference, byte-level) for gpt."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class OptimizerSpec:
+    """AdamW with decoupled weight decay on matrices (ndim >= 2), linear warm-up from 0 to
+    `lr` over `warmup_steps`, then cosine decay to `lr * min_lr_ratio` at the last step."""
+
+    name: str = "adamw"
+    lr: float = 3e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 5
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.name != "adamw":
+            raise UserError(f"optimizer.name must be 'adamw'. Received: {self.name!r}")
+        _positive_float("optimizer.lr", self.lr)
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
+                raise UserError(f"optimizer.{name} must be in [0, 1). Received: {value!r}")
+        _positive_float("optimizer.eps", self.eps)
+        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
+            raise UserError(
+                f"optimizer.weight_decay must be >= 0. Received: {self.weight_decay!r}"
+            )
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise UserError(
+                f"optimizer.warmup_steps must be an integer >= 0. Received: {self.warmup_steps!r}"
+            )
+        if not (isinstance(self.min_lr_ratio, (int, float)) and 0 <= self.min_lr_ratio <= 1):
+            raise UserError(
+                f"optimizer.min_lr_ratio must be in [0, 1]. Received: {self.min_lr_ratio!r}"
+            )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MeasureSpec:
+    """How a run is timed."""
+
+    warmup_steps: int = 3
+    """Steps excluded from the steady-state statistics (the first includes compilation)."""
+    nosync_steps: int = 10
+    """Extra steps, after training, with gradient synchronisation disabled: the baseline of
+    the exposed-communication figure for data-parallel runs."""
+    log_every: int = 10
+    """Live progress interval in steps (losses are read back only then: no sync per step)."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 1):
+            raise UserError(
+                f"measure.warmup_steps must be an integer >= 1. Received: {self.warmup_steps!r}"
+            )
+        if not (isinstance(self.nosync_steps, int) and self.nosync_steps >= 0):
+            raise UserError(
+                f"measure.nosync_steps must be an integer >= 0. Received: {self.nosync_steps!r}"
+            )
+        _positive_int("measure.log_every", self.log_every)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Workload:
+    """One framework-neutral training job."""
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    steps: int = 50
+    """Optimizer steps."""
+    global_batch: int = 16
+    """Samples (mlp) or sequences (gpt) per optimizer step, summed over all workers."""
+    model: ModelSpec
+    data: DataSpec
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise UserError(f"name must be a non-empty string. Received: {self.name!r}")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
+            raise UserError(f"seed must be an integer in [0, 2**32). Received: {self.seed!r}")
+        _positive_int("steps", self.steps)
+        _positive_int("global_batch", self.global_batch)
+        if self.steps <= self.measure.warmup_steps:
+            raise UserError(
+                "steps must exceed measure.warmup_steps so that some steps are timed. "
+                f"Received: steps={self.steps}, measure.warmup_steps={self.measure.warmup_steps}"
+            )
+        allowed = DATASETS[self.model.family]
+        if self.data.dataset not in allowed:
+            raise UserError(
+                f"data.dataset for a {self.model.family} model must be one of {list(allowed)}. "
+                f"Received: {self.data.dataset!r}"
+            )
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.model.seq_len if isinstance(self.model, GPTSpec) else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if isinstance(self.model, MLPSpec):
+            out["model"]["hidden"] = list(self.model.hidden)
+        return out
+
+    def content_hash(self) -> str:
+        """Hash of everything that changes the numbers (the description does not)."""
+        payload = self.to_dict()
+        payload.pop("description")
+        blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> Workload:
+        return dataclasses.replace(self, **changes)
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload TOML file; every problem is a one-line UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"workload file not found: {path}")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not a UTF-8 text file") from None
+    try:
+        return workload_from_dict(raw)
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
+
+
+def workload_from_dict(raw: dict[str, Any]) -> Workload:
+    raw = dict(raw)
+    _reject_unknown("", raw, _field_names(Workload))
+    for table in ("model", "data"):
+        if table not in raw:
+            raise UserError(f"missing required table [{table}]")
+    model_raw = _table("model", raw.pop("model"))
+    family = model_raw.get("family")
+    if family not in MODEL_FAMILIES:
+        raise UserError(
+            f"model.family must be one of {list(MODEL_FAMILIES)}. Received: {family!r}"
+        )
+    model_cls = MLPSpec if family == "mlp" else GPTSpec
+    _reject_unknown("model.", model_raw, _field_names(model_cls))
+    if "hidden" in model_raw:
+        hidden = model_raw["hidden"]
+        if not isinstance(hidden, list):
+            raise UserError(f"model.hidden must be a list of integers. Received: {hidden!r}")
+        model_raw["hidden"] = tuple(hidden)
+    data_raw = _table("data", raw.pop("data"))
+    _reject_unknown("data.", data_raw, _field_names(DataSpec))
+    if "dataset" not in data_raw:
+        raise UserError(f"data.dataset is required; one of {DATASETS[family]}")
+    parts: dict[str, Any] = {"model": _build(model_cls, model_raw), "data": DataSpec(**data_raw)}
+    for table, cls in (("optimizer", OptimizerSpec), ("measure", MeasureSpec)):
+        if table in raw:
+            sub = _table(table, raw.pop(table))
+            _reject_unknown(f"{table}.", sub, _field_names(cls))
+            parts[table] = _build(cls, sub)
+    if "name" not in raw:
+        raise UserError("missing required key 'name'")
+    return _build(Workload, {**raw, **parts})
+
+
+def _build(cls: type, values: dict[str, Any]) -> Any:
+    hints = {f.name: f.type for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        expected = hints.get(key)
+        if expected in ("int",) and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UserError(f"{key} must be an integer. Received: {value!r}")
+        if expected in ("float",) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
+            raise UserError(f"{key} must be a number. Received: {value!r}")
+        if expected in ("str",) and not isinstance(value, str):
+            raise UserError(f"{key} must be a string. Received: {value!r}")
+    return cls(**values)
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _table(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise UserError(f"[{name}] must be a table. Received: {value!r}")
+    return dict(value)
+
+
+def _reject_unknown(prefix: str, raw: dict[str, Any], allowed: list[str]) -> None:
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise UserError(
+            f"unknown key {prefix}{unknown[0]!s}; allowed keys: {', '.join(sorted(allowed))}"
+        )
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{name} must be an integer >= 1. Received: {value!r}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise UserError(f"{name} must be a number > 0. Received: {value!r}")
+
+
+BUNDLED_DIR = Path(__file__).parent / "workloads"
+
+
+def bundled_workloads() -> list[str]:
+    return sorted(p.stem for p in BUNDLED_DIR.glob("*.toml"))
+
+
+def resolve_workload(spec: str | Path) -> Workload:
+    """Load a workload from a path, or by the name of a bundled one ('gpt-tiny')."""
+    path = Path(spec)
+    if not path.exists() and path.suffix == "" and (BUNDLED_DIR / f"{path}.toml").is_file():
+        path = BUNDLED_DIR / f"{path}.toml"
+    elif not path.exists():
+        raise UserError(
+            f"workload file not found: {spec} (bundled workloads: {', '.join(bundled_workloads())})"
+        )
+    return load_workload(path)
