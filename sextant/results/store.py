@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.strategy import Strategy
 
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("sextant-results") / "results.db"
@@ -138,6 +139,7 @@ class ResultsStore:
         out = {k: row[k] for k in row.keys() if k not in _JSON_COLUMNS}
         for column, key in _JSON_COLUMNS.items():
             out[key] = json.loads(row[column])
+        out["label"] = Strategy.from_dict(out["strategy"]).label
         return out
 
     def runs(self, *, workload_hash: str | None = None, group_id: str | None = None
