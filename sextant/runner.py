@@ -79,7 +79,9 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
             nosync_step_median_s=float(np.median(nosync_job)),
             comm_pairs=len(sync_job),
         )
-    return {"metrics": metrics, "losses": [float(x) for x in losses]}
+    # After the all-reduce every rank holds the same gradients, so rank 0's norm is the job's.
+    return {"metrics": metrics, "losses": [float(x) for x in losses],
+            "grad_norms": [float(x) for x in ranks[0]["grad_norms"]]}
 
 
 def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -157,7 +157,9 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
     """
     for run in runs:
         _check_run(run)
-    runs = [run for run in runs if run["framework"] in FRAMEWORK_CANDIDATES]
+    # Failed runs carry no trustworthy figures; unknown frameworks have no candidate.
+    runs = [run for run in runs if run["framework"] in FRAMEWORK_CANDIDATES
+            and run.get("status", "ok") == "ok"]
     found: list[tuple[str, str, float, str, tuple[str, ...]]] = []
 
     for fw, (ratio, ids, n) in _ratios(runs, "tokens_per_s", best="max").items():

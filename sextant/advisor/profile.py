@@ -352,9 +352,15 @@ def _convert(question: Question, reply: str) -> Any:
 
 
 def ask_profile(
-    ask: Callable[[str], str] = input, say: Callable[[str], None] = print
+    ask: Callable[[str], str] | None = None, say: Callable[[str], None] | None = None
 ) -> TeamProfile:
-    """Ask the profile questions one by one; a bad answer is explained and asked again."""
+    """Ask the profile questions one by one; a bad answer is explained and asked again.
+
+    ask/say default to input()/print(), looked up at call time (not bound as defaults) so
+    that a replaced builtins.input is honoured.
+    """
+    ask = ask or input
+    say = say or print
     raw: dict[str, Any] = {"experience": {}}
     for question in QUESTIONS:
         hint = f" [{'/'.join(question.choices)}]" if question.choices else ""

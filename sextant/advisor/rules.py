@@ -299,7 +299,8 @@ def _number(value: Any, where: str, *, minimum: float = 0.0, strict: bool = Fals
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise UserError(f"{where}: expected a number; got {value!r}")
     if value < minimum or (strict and value == minimum):
-        raise UserError(f"{where}: must be {'>' if strict else '>='} {_fmt(minimum)}; got {value!r}")
+        bound = f"{'>' if strict else '>='} {_fmt(minimum)}"
+        raise UserError(f"{where}: must be {bound}; got {value!r}")
     return float(value)
 
 

@@ -45,8 +45,8 @@ def runs_dir(store: ResultsStore) -> Path:
 def console() -> Console:
     """stdout console; off a terminal (CI logs, pipes) wide enough for the comparison table."""
     out = Console(highlight=False)
-    if not out.is_terminal and out.width < 132:
-        out = Console(highlight=False, width=132)
+    if not out.is_terminal and out.width < 160:
+        out = Console(highlight=False, width=160)
     return out
 
 
@@ -125,7 +125,7 @@ class RunProgress:
             self.progress.update(self.task, status=status)
         if not self.live:
             if error:
-                self.console.print(f"{label}: failed: {error}")
+                self.console.print(f"{label}: failed: {error}", markup=False)
             else:
                 m = record["metrics"]  # type: ignore[index]
                 self.console.print(

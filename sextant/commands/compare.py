@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from sextant.backends import available, get_backend, require
 from sextant.backends.base import REGISTRY
 from sextant.commands.common import (
@@ -67,7 +69,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             message = f"{name}: not installed (pip install 'sextant[{backend.extra}]')"
             if explicit:
                 raise UserError(message)
-            out.print(message)
+            out.print(message, markup=False)
             continue
         for fields in backend.compare_matrix(args.workers):
             strategy = Strategy(framework=name, **fields)
@@ -108,5 +110,5 @@ def cmd_compare(args: argparse.Namespace) -> int:
             write_report(store, path, group_id=group)
             out.print(f"report: {path.resolve()}")
     for failure in failures:
-        out.print(f"[red]failed:[/red] {failure}")
+        out.print(Text("failed: ", style="red") + Text(failure))
     return 1 if failures else 0

@@ -5,11 +5,15 @@ time means the same thing:
 
     fetch(i)      -> this rank's shard of global batch i, as framework tensors (timed as
                      "data wait")
-    step(batch)   -> run one optimizer step, return the loss as a framework handle
-                     (no host transfer)
-    block(loss)   -> wait until the step's work is finished (device sync; no-op on eager CPU)
-    to_floats(ls) -> turn a list of loss handles into Python floats (the only host transfer,
-                     done every `log_every` steps, outside the timed region)
+    step(batch)   -> run one optimizer step, return a framework handle holding the step's
+                     loss and global gradient norm (no host transfer)
+    block(h)      -> wait until the step's work is finished (device sync; no-op on eager CPU)
+    to_floats(hs) -> turn a list of handles into (loss, grad_norm) float pairs (the only host
+                     transfer, done every `log_every` steps, outside the timed region)
+
+The gradient norm is recorded beside the loss because Adam is invariant to the scale of the
+gradient: a data-parallel bug that sums instead of averaging barely moves the loss curve, but
+doubles the gradient norm.
 
 Step time = fetch + step + block. The first `measure.warmup_steps` steps are excluded from the
 steady-state statistics; the first step is reported apart (it includes compilation).
@@ -21,6 +25,8 @@ pairs) and the median pairwise difference is the exposed communication time.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +40,7 @@ def timed_training(
     fetch: Callable[[int], Any],
     step: Callable[[Any], Any],
     block: Callable[[Any], None],
-    to_floats: Callable[[list[Any]], list[float]],
+    to_floats: Callable[[list[Any]], list[tuple[float, float]]],
     step_nosync: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     workload = ctx.workload
@@ -43,6 +49,7 @@ def timed_training(
     step_times: list[float] = []
     data_times: list[float] = []
     losses: list[float] = []
+    grad_norms: list[float] = []
     pending: list[Any] = []
 
     memory.reset_peak()
@@ -58,8 +65,13 @@ def timed_training(
         step_times.append(t2 - t0)
         data_times.append(t1 - t0)
         pending.append(loss)
+        if i == 1 and ctx.fault == f"kill-rank-{ctx.rank}":
+            # Test hook: this rank dies mid-training as if the OOM killer had struck.
+            os.kill(os.getpid(), signal.SIGKILL)
         if (i + 1) % log_every == 0 or i + 1 == steps:
-            losses.extend(to_floats(pending))
+            for loss_value, grad_norm in to_floats(pending):
+                losses.append(loss_value)
+                grad_norms.append(grad_norm)
             pending.clear()
             ctx.emit("step", step=i + 1, loss=losses[-1], step_time_s=step_times[-1])
     peak_train = memory.peak_rss()
@@ -79,6 +91,7 @@ def timed_training(
         "step_times_s": step_times,
         "data_times_s": data_times,
         "losses": losses,
+        "grad_norms": grad_norms,
         "warmup_steps": workload.measure.warmup_steps,
         "peak_rss_bytes": peak_train,
         "rss_start_bytes": rss_start,

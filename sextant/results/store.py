@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS runs (
     strategy_json TEXT NOT NULL,
     metrics_json TEXT NOT NULL,
     losses_json TEXT NOT NULL,
+    grad_norms_json TEXT NOT NULL,
     ranks_json TEXT NOT NULL,
     fingerprint_json TEXT NOT NULL,
     run_dir TEXT
@@ -55,6 +56,7 @@ _JSON_COLUMNS = {
     "strategy_json": "strategy",
     "metrics_json": "metrics",
     "losses_json": "losses",
+    "grad_norms_json": "grad_norms",
     "ranks_json": "ranks",
     "fingerprint_json": "fingerprint",
 }
@@ -126,7 +128,8 @@ class ResultsStore:
             "run_dir": record.get("run_dir"),
         }
         for column, key in _JSON_COLUMNS.items():
-            values[column] = json.dumps(record.get(key, {} if key != "losses" else []))
+            default: Any = [] if key in ("losses", "grad_norms") else {}
+            values[column] = json.dumps(record.get(key, default))
         columns = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         with self._conn:  # one transaction: the row is there completely or not at all

@@ -24,7 +24,7 @@ from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
 
 
-def _sum_gradients_hook(state: Any, bucket: Any) -> torch.futures.Future:
+def _sum_gradients_hook(state, bucket):  # noqa: ANN001 - DDP rejects non-GradBucket annotations
     """The deliberate bug behind SEXTANT_TEST_FAULT=sum-gradients: all-reduce without the
     division by world size. The parity tests must fail on it."""
     fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
@@ -99,34 +99,41 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
         return (torch.from_numpy(x).to(device, non_blocking=True),
                 torch.from_numpy(y).to(device, non_blocking=True))
 
-    def update() -> None:
+    grads_of = [p for p in net.parameters()]
+
+    def grad_norm() -> torch.Tensor:
+        # Global L2 norm of the (already all-reduced) gradients, without a host sync.
+        norms = torch._foreach_norm([p.grad for p in grads_of if p.grad is not None])
+        return torch.linalg.vector_norm(torch.stack(norms))
+
+    def update() -> torch.Tensor:
+        norm = grad_norm()
         k = min(counter["k"], len(lrs) - 1)
         for group in optimizer.param_groups:
             group["lr"] = lrs[k]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         counter["k"] += 1
+        return norm
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         loss = module(*batch)
         loss.backward()
-        update()
-        return loss.detach()
+        return torch.stack((loss.detach(), update()))
 
     def step_nosync(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         assert ddp is not None
         with ddp.no_sync():
             loss = module(*batch)
             loss.backward()
-        update()
-        return loss.detach()
+        return torch.stack((loss.detach(), update()))
 
     def block(loss: torch.Tensor) -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
-    def to_floats(losses: list[torch.Tensor]) -> list[float]:
-        return torch.stack(losses).cpu().tolist()
+    def to_floats(handles: list[torch.Tensor]) -> list[tuple[float, float]]:
+        return [tuple(pair) for pair in torch.stack(handles).cpu().tolist()]
 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)

@@ -1,0 +1,1 @@
+"""The analytical planner (placeholder; public API filled in below)."""

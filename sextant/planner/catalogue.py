@@ -1,0 +1,310 @@
+"""Hardware catalogue: accelerators, links and prices, read from one data file.
+
+`catalogue.toml` next to this module is the single source of truth; a user file given with
+`--catalogue FILE` (or SEXTANT_CATALOGUE) is merged over it table by table, so a user can
+change one price or add one accelerator without copying the rest. The "this machine" entries
+(`cpu-local`, `loopback`) carry no numbers in the file: `sextant calibrate` measures them and
+`with_calibration` fills them in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import UserError
+
+CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
+DEFAULT_CALIBRATION = Path("sextant-results") / "calibration.json"
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+_ACC_KEYS = {
+    "name", "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "memory_gib",
+    "memory_bw_gbs", "devices_per_node", "intra_link", "inter_link", "host_link", "source",
+    "verified", "measured",
+}
+_LINK_KEYS = {"name", "bandwidth_gbs", "latency_us", "source", "measured", "latency_assumed"}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Accelerator:
+    """One kind of device, with its peak figures (dense, per device)."""
+
+    key: str
+    """Catalogue name, e.g. 'h100-sxm'."""
+    name: str
+    """Human-readable name."""
+    peak_flops: dict[str, float]
+    """Peak dense FLOP/s by compute precision ('bf16', 'fp16', 'fp32'); absent = unpublished."""
+    memory_bytes: float | None
+    """Device memory in bytes (vendor GB read as GiB); None until measured for cpu-local."""
+    memory_bw: float | None
+    """Peak memory bandwidth, bytes/s; None where unpublished (the roofline term is skipped)."""
+    devices_per_node: int
+    """Devices that share the fast intra-node link (8 for a DGX; a whole pod for TPUs)."""
+    intra_link: str | None
+    """Default intra-node link key (None: one device per node)."""
+    inter_link: str
+    """Default inter-node link key (overridden by --network)."""
+    host_link: str
+    """Link to host memory for CPU offload ('unified' = no copy)."""
+    source: str
+    """Where the figures come from."""
+    verified: bool = True
+    """False where figures are not vendor-published (derived or disputed)."""
+    measured: bool = False
+    """True for entries filled by `sextant calibrate`."""
+    shared_node: bool = False
+    """True when devices on one node share the same cores (cpu-local): the node's peak is
+    divided among the devices used."""
+    flops_by_threads: tuple[tuple[int, float], ...] = ()
+    """cpu-local only: measured GEMM FLOP/s with 1 thread and with all threads."""
+
+    def peak(self, precision: str) -> float:
+        if precision not in self.peak_flops:
+            have = ", ".join(sorted(self.peak_flops)) or "none"
+            raise UserError(
+                f"accelerator {self.key!r} has no published {precision} peak; "
+                f"precisions with a figure: {have}"
+            )
+        return self.peak_flops[precision]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Link:
+    """A link between devices: alpha-beta parameters."""
+
+    key: str
+    name: str
+    bandwidth: float
+    """Bytes/s per device and per direction."""
+    latency: float
+    """Seconds per ring step (the alpha of the alpha-beta model)."""
+    source: str
+    measured: bool = False
+    latency_assumed: bool = False
+    call_latency: float = 0.0
+    """Seconds each collective call costs before any byte moves (NCCL's baseLat; 0 for a
+    measured link, whose fitted alpha already contains it)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Catalogue:
+    accelerators: dict[str, Accelerator]
+    links: dict[str, Link]
+    prices: dict[str, float]
+    price_date: str
+    price_basis: str
+    collective_base_latency: float
+    """Seconds a collective costs before any byte moves (NCCL baseLat)."""
+    path: str
+    calibration: dict[str, Any] | None = field(default=None)
+
+    def accelerator(self, key: str) -> Accelerator:
+        if key not in self.accelerators:
+            raise UserError(
+                f"unknown accelerator {key!r}; allowed: {', '.join(self.accelerators)}"
+            )
+        acc = self.accelerators[key]
+        if acc.measured and acc.memory_bytes is None:
+            raise UserError(
+                f"accelerator {key!r} is measured on this machine: run 'sextant calibrate' "
+                "first (or pass --calibration FILE)"
+            )
+        return acc
+
+    def link(self, key: str) -> Link:
+        if key not in self.links:
+            raise UserError(f"unknown network/link {key!r}; allowed: {', '.join(self.links)}")
+        link = self.links[key]
+        if link.measured and not link.bandwidth:
+            raise UserError(
+                f"link {key!r} is measured on this machine: run 'sextant calibrate' first "
+                "(or pass --calibration FILE)"
+            )
+        return link
+
+    def price(self, key: str) -> float | None:
+        return self.prices.get(key)
+
+    def with_calibration(self, calib: dict[str, Any]) -> Catalogue:
+        """Fill cpu-local and loopback from a calibration document (see calibrate.py)."""
+        accs = dict(self.accelerators)
+        links = dict(self.links)
+        host = calib.get("host", {})
+        gemm = calib.get("gemm", {})
+        best = _best_gemm(gemm)
+        if "cpu-local" in accs and best is not None:
+            peak_all, peak_one = best
+            cores = int(host.get("cores") or 1)
+            accs["cpu-local"] = replace(
+                accs["cpu-local"],
+                peak_flops={"fp32": peak_all, "bf16": peak_all, "fp16": peak_all},
+                memory_bytes=float(host.get("memory_bytes") or 0) or None,
+                memory_bw=calib.get("memory_bw_bytes_per_s"),
+                shared_node=True,
+                devices_per_node=max(cores, 1024),
+                flops_by_threads=((1, peak_one), (cores, peak_all)),
+            )
+        fit = calib.get("allreduce")
+        if "loopback" in links and fit and fit.get("beta_s_per_byte"):
+            # A 2-rank ring all-reduce costs 2(n-1)=2 latency steps and 2(n-1)/n=1 times the
+            # bytes over the link: t = 2*latency + bytes/bandwidth (see comms.py).
+            links["loopback"] = replace(
+                links["loopback"],
+                bandwidth=1.0 / fit["beta_s_per_byte"],
+                latency=max(fit["alpha_s"], 0.0) / 2.0,
+            )
+        return replace(self, accelerators=accs, links=links, calibration=calib)
+
+
+def _best_gemm(gemm: dict[str, Any]) -> tuple[float, float] | None:
+    """(all-thread, one-thread) FLOP/s of the faster measured GEMM library."""
+    best: tuple[float, float] | None = None
+    for entry in gemm.values():
+        if not entry or not entry.get("flops_all_threads"):
+            continue
+        pair = (float(entry["flops_all_threads"]), float(entry.get("flops_1_thread") or 0))
+        if best is None or pair[0] > best[0]:
+            best = pair
+    if best is not None and best[1] <= 0:
+        best = (best[0], best[0])
+    return best
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"catalogue file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML: {exc}") from None
+
+
+def load_catalogue(
+    override: str | Path | None = None, calibration: str | Path | None = None
+) -> Catalogue:
+    """The bundled catalogue, merged with a user file, filled with a calibration if present."""
+    raw = _read_toml(CATALOGUE_PATH)
+    path = str(CATALOGUE_PATH)
+    override = override or os.environ.get("SEXTANT_CATALOGUE")
+    if override:
+        raw = _merge(raw, _read_toml(Path(override)))
+        path = f"{CATALOGUE_PATH} + {override}"
+    accs = {k: _accelerator(k, v) for k, v in raw.get("accelerators", {}).items()}
+    defaults = raw.get("defaults", {})
+    base = float(defaults.get("collective_base_latency_us", 0.0)) * 1e-6
+    links = {k: _link(k, v, base) for k, v in raw.get("links", {}).items()}
+    prices_raw = dict(raw.get("prices", {}))
+    date = str(prices_raw.pop("date", "unknown"))
+    basis = str(prices_raw.pop("basis", ""))
+    prices = {}
+    for key, value in prices_raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UserError(f"prices.{key} must be a number >= 0. Received: {value!r}")
+        prices[key] = float(value)
+    cat = Catalogue(
+        accelerators=accs,
+        links=links,
+        prices=prices,
+        price_date=date,
+        price_basis=basis,
+        collective_base_latency=base,
+        path=path,
+    )
+    calib_path = Path(calibration) if calibration else DEFAULT_CALIBRATION
+    if calib_path.is_file():
+        cat = cat.with_calibration(read_calibration(calib_path))
+    elif calibration:
+        raise UserError(f"calibration file not found: {calib_path}; run 'sextant calibrate'")
+    return cat
+
+
+def read_calibration(path: str | Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read calibration {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != 1:
+        raise UserError(f"{path} is not a sextant calibration file (schema 1)")
+    return data
+
+
+def _number(where: str, raw: dict[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise UserError(f"{where}.{key} must be a number > 0. Received: {value!r}")
+    return float(value)
+
+
+def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
+    where = f"accelerators.{key}"
+    unknown = sorted(set(raw) - _ACC_KEYS)
+    if unknown:
+        raise UserError(f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(_ACC_KEYS))}")
+    if not raw.get("source"):
+        raise UserError(f"{where} must cite a source")
+    peaks = {}
+    for prec in PRECISIONS:
+        value = _number(where, raw, f"{prec}_tflops")
+        if value is not None:
+            peaks[prec] = value * 1e12
+    mem = _number(where, raw, "memory_gib")
+    bw = _number(where, raw, "memory_bw_gbs")
+    measured = bool(raw.get("measured", False))
+    if not measured and (not peaks or mem is None):
+        raise UserError(f"{where} needs at least one *_tflops figure and memory_gib")
+    return Accelerator(
+        key=key,
+        name=str(raw.get("name", key)),
+        peak_flops=peaks,
+        memory_bytes=None if mem is None else mem * 2**30,
+        memory_bw=None if bw is None else bw * 1e9,
+        devices_per_node=int(raw.get("devices_per_node", 8)),
+        intra_link=raw.get("intra_link") or None,
+        inter_link=str(raw.get("inter_link", "ib-ndr")),
+        host_link=str(raw.get("host_link", "pcie4")),
+        source=str(raw["source"]),
+        verified=bool(raw.get("verified", True)),
+        measured=measured,
+    )
+
+
+def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
+    where = f"links.{key}"
+    unknown = sorted(set(raw) - _LINK_KEYS)
+    if unknown:
+        raise UserError(f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(_LINK_KEYS))}")
+    if not raw.get("source"):
+        raise UserError(f"{where} must cite a source")
+    measured = bool(raw.get("measured", False))
+    bw = _number(where, raw, "bandwidth_gbs")
+    lat = raw.get("latency_us", 0.0)
+    if not measured and bw is None:
+        raise UserError(f"{where} needs bandwidth_gbs")
+    return Link(
+        key=key,
+        name=str(raw.get("name", key)),
+        bandwidth=0.0 if bw is None else bw * 1e9,
+        latency=float(lat) * 1e-6,
+        source=str(raw["source"]),
+        measured=measured,
+        latency_assumed=bool(raw.get("latency_assumed", False)),
+        call_latency=0.0 if measured else base_latency,
+    )

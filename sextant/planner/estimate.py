@@ -1,0 +1,465 @@
+"""The estimator: memory, step time and throughput of layouts, vectorised with numpy.
+
+`evaluate` takes a table of layouts (one numpy array per knob) and returns one array per
+figure; a single plan is a table of one row. The search, the scaling curve and `sextant plan`
+therefore use the same arithmetic.
+
+Step time (per optimizer step, on the slowest device):
+
+    compute   = max(FLOPs / (peak * efficiency), weight bytes / memory bandwidth)   roofline
+    tp        = per micro-batch and layer, 4 all-reduces of the layer's activations
+                (2 forward, 2 backward; +2 with full recomputation): Shoeybi et al. 2019 §3;
+                with sequence parallelism they become all-gather + reduce-scatter pairs of the
+                same volume (Korthikanti et al. 2022 §4.2.2)
+    pp        = 2 point-to-point sends per micro-batch and model chunk (forward activations,
+                backward gradients), scattered over the TP ranks (Narayanan et al. 2021 §4.1)
+    bubble    = (p - 1) / (v * m) * (compute + tp + pp)       Narayanan et al. 2021 §2.2
+    dp        = gradient all-reduce (ZeRO-0), reduce-scatter + all-gather (ZeRO-1/2, the
+                reduce-scatter once per micro-batch for ZeRO-2) or, per micro-batch, two
+                parameter all-gathers and one gradient reduce-scatter (ZeRO-3/FSDP): ZeRO §7
+    exposed dp = dp - min(overlap * dp, window), the window being the backward pass the
+                communication can hide behind (last micro-batch for ZeRO-0/1, every backward
+                for ZeRO-2, the whole forward and backward for ZeRO-3)
+    optimizer = memory-bound update of the local optimizer shard; with CPU offload, PCIe
+                traffic of gradients and parameters plus the update at host-memory speed
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from sextant.errors import UserError
+from sextant.planner import comms
+from sextant.planner.catalogue import Accelerator, Catalogue, Link
+from sextant.planner.memory import (
+    activation_bytes_per_layer,
+    model_state_bytes,
+    pipeline_inflight,
+    state_bytes,
+)
+from sextant.planner.models import ModelCost
+
+RECOMPUTE = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "params")
+KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v")
+COMPONENTS = ("compute", "optimizer", "tp_comm", "pp_comm", "bubble", "dp_exposed")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PlanOptions:
+    """Assumptions that are not part of a layout. Every default is stated in docs/planner.md."""
+
+    precision: str = "bf16"
+    """'bf16' / 'fp16' (mixed precision: 16-bit compute, fp32 master weights) or 'fp32'."""
+    optimizer: str = "adam"
+    """'adam' (2 moments) or 'sgd' (momentum)."""
+    global_batch: int = 1
+    """Sequences (or samples) per optimizer step, over all data-parallel ranks."""
+    compute_efficiency: float = 0.5
+    """Fraction of peak FLOP/s the compute kernels reach (the MFU of the compute phase).
+    Published end-to-end reference points are listed in docs/planner.md; the planner's own
+    end-to-end MFU comes out lower by the bubble and exposed communication."""
+    overlap: float = 1.0
+    """Fraction of data-parallel communication that may hide behind backward compute
+    (bounded by the available compute); 0 = none hidden. The plan also shows the 0 case."""
+    tp_overlap: float = 0.0
+    """Fraction of tensor-parallel communication hidden (0: Megatron-LM 2021 does not)."""
+    link_efficiency: float = 1.0
+    """Fraction of the catalogue link bandwidth collectives achieve."""
+    fragmentation: float = 0.10
+    """Allocator fragmentation and framework buffers, as a fraction of the tensors."""
+    fixed_overhead_gb: float = 1.0
+    """Per-device memory the runtime takes before any tensor (context, workspaces), GB."""
+    flash_attention: bool = True
+    """Attention scores are never stored (FlashAttention); False for 2021-era stacks."""
+    host_bw_gbs: float = 25.0
+    """Host-memory bandwidth per device available to a CPU optimizer step (offload)."""
+    devices_per_node: int | None = None
+    """Override the accelerator's devices per node."""
+    nics_per_node: int | None = None
+    """Network ports per node (default: one per device, as in DGX systems)."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("bf16", "fp16", "fp32"):
+            raise UserError(f"precision must be bf16, fp16 or fp32. Received: {self.precision!r}")
+        state_bytes(self.precision, self.optimizer)
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) \
+                or self.global_batch < 1:
+            raise UserError(f"global batch must be an integer >= 1. Received: {self.global_batch!r}")
+        for key, lo, hi in (("compute_efficiency", 0.0, 1.0), ("link_efficiency", 0.0, 1.0)):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and lo < value <= hi):
+                raise UserError(f"{key} must be in (0, 1]. Received: {value!r}")
+        for key in ("overlap", "tp_overlap"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise UserError(f"{key} must be in [0, 1]. Received: {value!r}")
+        for key in ("fragmentation", "fixed_overhead_gb"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+                raise UserError(f"{key} must be a number >= 0. Received: {value!r}")
+        if not (isinstance(self.host_bw_gbs, (int, float)) and self.host_bw_gbs > 0):
+            raise UserError(f"host_bw_gbs must be > 0. Received: {self.host_bw_gbs!r}")
+        for key in ("devices_per_node", "nics_per_node"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise UserError(f"{key} must be an integer >= 1. Received: {value!r}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Layout:
+    """One way to lay a model over devices."""
+
+    dp: int = 1
+    """Data-parallel degree."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron-LM)."""
+    pp: int = 1
+    """Pipeline-parallel stages."""
+    zero: int = 0
+    """ZeRO stage over the data-parallel group: 0 (DDP), 1, 2, 3 (= FSDP full shard)."""
+    mbs: int = 1
+    """Micro-batch size in sequences."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full."""
+    sp: bool = False
+    """Sequence parallelism (needs tp > 1)."""
+    offload: str = "none"
+    """CPU offload: none, optimizer (ZeRO-Offload), params (ZeRO-Infinity, needs zero 3)."""
+    interleave: int = 1
+    """Model chunks per pipeline stage (interleaved 1F1B schedule)."""
+
+    def __post_init__(self) -> None:
+        for key in ("dp", "tp", "pp", "mbs", "interleave"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"{key} must be an integer >= 1. Received: {value!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise UserError(f"zero stage must be 0, 1, 2 or 3. Received: {self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise UserError(
+                f"recompute must be one of {', '.join(RECOMPUTE)}. Received: {self.recompute!r}"
+            )
+        if self.offload not in OFFLOAD:
+            raise UserError(
+                f"offload must be one of {', '.join(OFFLOAD)}. Received: {self.offload!r}"
+            )
+        if self.sp and self.tp == 1:
+            raise UserError("sequence parallelism needs tp > 1. Received: tp=1, sp=True")
+        if self.offload == "params" and self.zero != 3:
+            raise UserError(f"offload=params needs zero 3. Received: zero={self.zero}")
+        if self.interleave > 1 and self.pp == 1:
+            raise UserError("an interleaved schedule needs pp > 1. Received: pp=1")
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def label(self) -> str:
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.interleave > 1:
+            parts.append(f"v{self.interleave}")
+        parts.append(f"zero{self.zero}")
+        parts.append(f"mbs{self.mbs}")
+        if self.sp:
+            parts.append("sp")
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        if self.offload != "none":
+            parts.append(f"offload-{self.offload}")
+        return " ".join(parts)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "dp": np.array([self.dp]), "tp": np.array([self.tp]), "pp": np.array([self.pp]),
+            "zero": np.array([self.zero]), "mbs": np.array([self.mbs]),
+            "rc": np.array([RECOMPUTE.index(self.recompute)]), "sp": np.array([int(self.sp)]),
+            "off": np.array([OFFLOAD.index(self.offload)]), "v": np.array([self.interleave]),
+        }
+
+    @staticmethod
+    def from_row(arrays: dict[str, np.ndarray], i: int) -> Layout:
+        return Layout(
+            dp=int(arrays["dp"][i]), tp=int(arrays["tp"][i]), pp=int(arrays["pp"][i]),
+            zero=int(arrays["zero"][i]), mbs=int(arrays["mbs"][i]),
+            recompute=RECOMPUTE[int(arrays["rc"][i])], sp=bool(arrays["sp"][i]),
+            offload=OFFLOAD[int(arrays["off"][i])], interleave=int(arrays["v"][i]),
+        )
+
+
+def check_layout(cost: ModelCost, layout: Layout, devices: int, global_batch: int) -> None:
+    """UserError unless the layout is a valid way to run this model on `devices` devices."""
+    if layout.devices != devices:
+        raise UserError(
+            f"dp x tp x pp must equal the device count. Received: {layout.dp} x {layout.tp} x "
+            f"{layout.pp} = {layout.devices}, devices={devices}"
+        )
+    if not cost.supports_model_parallel and (layout.tp > 1 or layout.pp > 1):
+        raise UserError(f"{cost.name} ({cost.family}) supports data parallelism only; "
+                        f"received tp={layout.tp}, pp={layout.pp}")
+    if cost.n_heads % layout.tp:
+        raise UserError(
+            f"tp must divide the number of attention heads. Received: tp={layout.tp}, "
+            f"heads={cost.n_heads}"
+        )
+    if layout.pp * layout.interleave > cost.n_layers:
+        raise UserError(
+            f"pp x interleave must not exceed the layer count. Received: "
+            f"{layout.pp} x {layout.interleave} > {cost.n_layers}"
+        )
+    if global_batch % (layout.dp * layout.mbs):
+        raise UserError(
+            f"global batch must be a multiple of dp x micro-batch. Received: batch={global_batch}, "
+            f"dp={layout.dp}, mbs={layout.mbs}"
+        )
+    m = global_batch // (layout.dp * layout.mbs)
+    if layout.interleave > 1 and m % layout.pp:
+        raise UserError(
+            f"the interleaved schedule needs micro-batches per step ({m}) to be a multiple of "
+            f"pp ({layout.pp}) (Narayanan et al. 2021 §2.2.2)"
+        )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Hardware:
+    """The machine a plan runs on: accelerator, links, node size."""
+
+    accelerator: Accelerator
+    intra: Link
+    """Intra-node link (the inter link when nodes have one device)."""
+    inter: Link
+    """Inter-node network."""
+    host: Link | None
+    """Device-host link for offload (None: unified memory)."""
+    devices_per_node: int
+    nics_per_node: int
+
+    @property
+    def inter_bw_per_device(self) -> float:
+        """A device's share of its node's network ports."""
+        return self.inter.bandwidth * self.nics_per_node / self.devices_per_node
+
+
+def resolve_hardware(cat: Catalogue, accelerator: str, network: str | None = None, *,
+                     intra_link: str | None = None, options: PlanOptions | None = None) -> Hardware:
+    acc = cat.accelerator(accelerator)
+    inter = cat.link(network or acc.inter_link)
+    intra_key = intra_link or acc.intra_link
+    intra = cat.link(intra_key) if intra_key else inter
+    host = cat.links.get(acc.host_link) if acc.host_link != "unified" else None
+    opts = options or PlanOptions()
+    g = opts.devices_per_node or acc.devices_per_node
+    if not intra_key:
+        g = opts.devices_per_node or 1
+    nics = opts.nics_per_node or g
+    return Hardware(accelerator=acc, intra=intra, inter=inter, host=host, devices_per_node=g,
+                    nics_per_node=nics)
+
+
+def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.ndarray:
+    """Peak FLOP/s per device. On a shared node (cpu-local) the workers split the cores:
+    interpolate linearly between the measured one-thread and all-thread GEMM rates."""
+    peak = acc.peak(precision)
+    n = np.asarray(devices_on_node, dtype=np.float64)
+    if not acc.shared_node:
+        return np.full_like(n, peak)
+    (t1, f1), (cores, fall) = acc.flops_by_threads
+    threads = np.maximum(1.0, np.floor(cores / np.maximum(n, 1.0)))
+    per = f1 + (fall - f1) * (threads - 1.0) / max(cores - 1.0, 1.0)
+    return np.where(n >= cores, fall / np.maximum(n, 1.0), per)
+
+
+def evaluate(cost: ModelCost, hw: Hardware, opts: PlanOptions,
+             lay: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Memory and time of every layout in `lay` (arrays of equal length; see KNOBS)."""
+    f = np.float64
+    dp, tp, pp = lay["dp"].astype(f), lay["tp"].astype(f), lay["pp"].astype(f)
+    zero, rc, off = lay["zero"], lay["rc"], lay["off"]
+    mbs, v = lay["mbs"].astype(f), lay["v"].astype(f)
+    sp = lay["sp"] > 0
+    n = dp * tp * pp
+    acc = hw.accelerator
+    g = float(hw.devices_per_node)
+    pb, gb, ob = state_bytes(opts.precision, opts.optimizer)
+    act_bytes = 4.0 if opts.precision == "fp32" else 2.0
+    act_scale = act_bytes / 2.0
+    batch = float(opts.global_batch)
+    s = float(cost.tokens_per_sample)
+    m = batch / (dp * mbs)  # micro-batches per step per pipeline
+    tok_mb = mbs * s
+
+    # --- parameters per device, first and last pipeline stage -------------------------------
+    L = float(cost.n_layers)
+    lps = np.ceil(L / pp)
+    layer_dev = lps * cost.layer_params / tp
+    single = (L * cost.layer_params + cost.embed_params + cost.head_params + cost.other_params) / tp
+    multi = pp > 1
+    psi_first = np.where(multi, layer_dev + cost.embed_params / tp, single)
+    psi_last = np.where(
+        multi, layer_dev + (cost.head_params + cost.tied_copy_params + cost.other_params) / tp,
+        single)
+
+    st_first = model_state_bytes(psi_first, dp, zero, precision=opts.precision,
+                                 optimizer=opts.optimizer, offload=off)
+    st_last = model_state_bytes(psi_last, dp, zero, precision=opts.precision,
+                                optimizer=opts.optimizer, offload=off)
+    # ZeRO-3 / FSDP materialise a layer's full parameters for compute, plus one prefetched.
+    gather = np.where(zero >= 3, 2.0 * cost.layer_params / tp * pb, 0.0)
+
+    # --- activations -----------------------------------------------------------------------
+    per_layer = activation_bytes_per_layer(cost, tok_mb, tp, sp, rc, act_scale)
+    per_layer_nore = activation_bytes_per_layer(cost, tok_mb, tp, sp, 0, act_scale)
+    working = np.where(rc == 2, per_layer_nore, 0.0)  # the layer being recomputed
+    logits = tok_mb * cost.logits_bytes_per_token / tp
+    act_first = per_layer * lps * pipeline_inflight(pp, m, v) + working + np.where(multi, 0.0, logits)
+    act_last = np.where(multi, per_layer * lps + working + logits, act_first)
+
+    frag = 1.0 + opts.fragmentation
+    fixed = opts.fixed_overhead_gb * 1e9
+    mem_first = (st_first["total"] + gather + act_first) * frag + fixed
+    mem_last = (st_last["total"] + gather + act_last) * frag + fixed
+    worst_last = mem_last > mem_first
+    mem = np.where(worst_last, mem_last, mem_first)
+
+    def pick(key):
+        return np.where(worst_last, st_last[key], st_first[key])
+
+    if acc.shared_node:
+        capacity = acc.memory_bytes / np.minimum(n, g)
+        mem_bw = (acc.memory_bw or np.inf) / np.minimum(n, g)
+    else:
+        capacity = np.full_like(n, acc.memory_bytes)
+        mem_bw = np.full_like(n, acc.memory_bw or np.inf)
+    fits = mem <= capacity
+
+    # --- compute ---------------------------------------------------------------------------
+    extra = np.where(rc == 2, cost.full_recompute_flops_per_token + cost.flash_recompute_flops_per_token,
+                     np.where(rc == 1, cost.selective_recompute_flops_per_token,
+                              cost.flash_recompute_flops_per_token))
+    hw_flops_tok = cost.model_flops_per_token + extra
+    tokens_step = batch * s
+    peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
+    t_flops = tokens_step * hw_flops_tok / n / (peak * opts.compute_efficiency)
+    # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
+    # and twice backward (+1 forward with full recomputation).
+    psi_stage = np.maximum(psi_first, psi_last)
+    reads = np.where(rc == 2, 4.0, 3.0)
+    t_weights = m * reads * psi_stage * pb / mem_bw
+    t_compute = np.maximum(t_flops, t_weights)
+
+    # Optimizer step on the local shard: memory-bound, ~2 * (param + optimizer) + grad bytes.
+    psi_opt = psi_stage / np.where(zero >= 1, dp, 1.0)
+    opt_traffic = psi_opt * (2.0 * (pb + ob) + gb)
+    host_bw = opts.host_bw_gbs * 1e9
+    pcie = hw.host.bandwidth if hw.host is not None else np.inf
+    t_opt_dev = opt_traffic / mem_bw
+    t_offload = psi_opt * (gb + pb) / pcie + opt_traffic / host_bw
+    t_offload = t_offload + np.where(off >= 2, m * 2.0 * psi_stage / dp * pb / pcie, 0.0)
+    t_opt = np.where(off >= 1, t_offload, t_opt_dev)
+
+    # --- communication -----------------------------------------------------------------------
+    le = opts.link_efficiency
+    intra = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency)
+    inter = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
+
+    # Ranks are placed tensor-parallel first, then data-parallel, then pipeline (Megatron-LM).
+    tp_in = np.minimum(tp, g)
+    tp_out = np.ceil(tp / g)
+    dp_in = np.where(tp < g, np.clip(np.floor(g / tp), 1.0, dp), 1.0)
+    dp_out = np.ceil(dp / dp_in)
+
+    m_tp = tok_mb * cost.hidden * act_bytes
+    n_coll = np.where(rc == 2, 6.0, 4.0)
+    t_tp = m * lps * n_coll * comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter)
+    t_tp = t_tp * (1.0 - opts.tp_overlap)
+
+    pp_inter = n > g
+    m_pp = tok_mb * cost.hidden * act_bytes / tp
+    send = np.where(pp_inter, comms.p2p(m_pp, inter[0], inter[1], inter[2]),
+                    comms.p2p(m_pp, intra[0], intra[1], intra[2]))
+    t_pp = np.where(multi, 2.0 * m * v * send, 0.0)
+
+    t_bubble = (pp - 1.0) / (v * m) * (t_compute + t_tp + t_pp)
+
+    grad_b = psi_stage * gb
+    param_b = psi_stage * pb
+    ar = comms.hier_all_reduce(grad_b, dp_in, dp_out, intra, inter)
+    rs = comms.hier_reduce_scatter(grad_b, dp_in, dp_out, intra, inter)
+    ag = comms.hier_all_gather(param_b, dp_in, dp_out, intra, inter)
+    t_dp = np.select([zero == 0, zero == 1, zero == 2], [ar, rs + ag, m * rs + ag],
+                     m * (2.0 * ag + rs))
+    bwd_mb = (2.0 / 3.0) * t_compute / m
+    window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
+    hidden_dp = np.minimum(opts.overlap * t_dp, window)
+    t_dp_exposed = t_dp - hidden_dp
+
+    step = t_compute + t_opt + t_tp + t_pp + t_bubble + t_dp_exposed
+    step_no_overlap = step + hidden_dp
+    tokens_per_s = tokens_step / step
+    nominal = acc.peak(opts.precision)
+    mfu = cost.model_flops_per_token * tokens_per_s / (n * nominal)
+    hfu = hw_flops_tok * tokens_per_s / (n * nominal)
+
+    return {
+        "devices": n, "microbatches": m, "fits": fits, "memory": mem, "capacity": capacity,
+        "mem_params": pick("params"), "mem_grads": pick("grads"), "mem_optimizer": pick("optimizer"),
+        "mem_host": pick("host"), "mem_gather": gather,
+        "mem_activations": np.where(worst_last, act_last, act_first),
+        "mem_overhead": mem - np.where(worst_last, st_last["total"] + gather + act_last,
+                                       st_first["total"] + gather + act_first),
+        "params_per_device": psi_stage,
+        "compute": t_compute, "compute_flops_bound": t_flops, "compute_memory_bound": t_weights,
+        "optimizer": t_opt, "tp_comm": t_tp, "pp_comm": t_pp, "bubble": t_bubble,
+        "dp_comm": t_dp, "dp_exposed": t_dp_exposed, "step": step,
+        "step_no_overlap": step_no_overlap, "tokens_per_s": tokens_per_s, "mfu": mfu, "hfu": hfu,
+        "hw_flops_per_token": hw_flops_tok * np.ones_like(n),
+        "tp_inter": tp_out > 1, "dp_inter": dp_out > 1, "pp_inter": pp_inter & multi,
+    }
+
+
+def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[str, float]:
+    """The largest non-compute part of row i's step, named with the link it runs on."""
+    parts = {
+        "tp_comm": res["tp_comm"][i], "pp_comm": res["pp_comm"][i],
+        "bubble": res["bubble"][i], "dp_exposed": res["dp_exposed"][i],
+        "optimizer": res["optimizer"][i],
+    }
+    key = max(parts, key=lambda k: parts[k])
+    share = float(parts[key] / res["step"][i])
+    if key == "bubble":
+        return "pipeline bubble", share
+    if key == "optimizer":
+        return "optimizer step (offload/host)" if hw.host else "optimizer step", share
+    inter_flag = {"tp_comm": "tp_inter", "pp_comm": "pp_inter", "dp_exposed": "dp_inter"}[key]
+    link = hw.inter if bool(res[inter_flag][i]) else hw.intra
+    where = "inter-node" if bool(res[inter_flag][i]) else "intra-node"
+    what = {"tp_comm": "tensor-parallel all-reduces", "pp_comm": "pipeline sends",
+            "dp_exposed": "exposed data-parallel sync"}[key]
+    bw = link.bandwidth if link is hw.intra else hw.inter_bw_per_device
+    return f"{what} over {link.key} ({where}, {bw / 1e9:.3g} GB/s per device)", share
+
+
+@dataclass(kw_only=True, slots=True)
+class Evaluated:
+    """One layout's figures as plain Python numbers."""
+
+    layout: Layout
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate_one(cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layout) -> Evaluated:
+    res = evaluate(cost, hw, opts, layout.arrays())
+    figures = {k: (bool(v[0]) if v.dtype == bool else float(v[0])) for k, v in res.items()}
+    cause, share = overhead_cause(res, 0, hw)
+    figures["overhead_cause"] = cause
+    figures["overhead_share"] = share
+    return Evaluated(layout=layout, figures=figures)
+
+
+def with_options(opts: PlanOptions, **changes: Any) -> PlanOptions:
+    return replace(opts, **changes)

@@ -1,0 +1,428 @@
+"""Model descriptions the planner understands: transformer shapes written as numbers (presets
+and sextant workload files) and small MLPs, reduced to the per-token figures the estimator
+needs (parameters, FLOPs, activation bytes, communication bytes).
+
+Nothing is downloaded: every preset is the published architecture written out here, with the
+paper or model card it comes from.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import UserError
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TransformerShape:
+    """A decoder-only transformer, by its published hyper-parameters."""
+
+    name: str
+    """Preset or workload name."""
+    n_layers: int
+    """Transformer blocks (L)."""
+    d_model: int
+    """Hidden size (h)."""
+    n_heads: int
+    """Query heads (a)."""
+    n_kv_heads: int
+    """Key/value heads (= n_heads without grouped-query attention)."""
+    d_ff: int
+    """MLP hidden width (f)."""
+    vocab_size: int
+    """Vocabulary (V)."""
+    seq_len: int
+    """Training sequence length (s)."""
+    head_dim: int = 0
+    """Per-head width; 0 means d_model // n_heads."""
+    gated_mlp: bool = False
+    """SwiGLU-style MLP with three matrices (Llama, PaLM) instead of two (GPT)."""
+    tied_embeddings: bool = False
+    """Output projection shares the input embedding (GPT-3, PaLM)."""
+    learned_positions: bool = False
+    """A learned position table of seq_len x d_model (GPT); False for rotary."""
+    biases: bool = False
+    """Linear layers carry biases (GPT) or not (Llama, PaLM)."""
+    layernorm: bool = True
+    """LayerNorm (scale and bias) if True, RMSNorm (scale only) if False."""
+    dropout: bool = False
+    """Dropout after attention and MLP (stores 1-byte masks: Korthikanti et al. 2022 §4.1)."""
+    global_batch: int = 1
+    """Default global batch in sequences (the published one, where known)."""
+    source: str = ""
+    """Where the numbers come from."""
+
+    def __post_init__(self) -> None:
+        for key in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
+                    "seq_len", "global_batch"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"model.{key} must be an integer >= 1. Received: {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise UserError(
+                "n_kv_heads must divide n_heads. "
+                f"Received: n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
+            )
+        if not self.head_dim and self.d_model % self.n_heads:
+            raise UserError(
+                f"n_heads must divide d_model. Received: d_model={self.d_model}, "
+                f"n_heads={self.n_heads}"
+            )
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    # --- parameters ---------------------------------------------------------------------
+
+    def layer_params(self) -> int:
+        h, f, q, kv = self.d_model, self.d_ff, self.n_heads * self.hd, self.n_kv_heads * self.hd
+        attn = h * q + 2 * h * kv + q * h
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        if self.biases:
+            attn += q + 2 * kv + h
+            mlp += (2 * f if self.gated_mlp else f) + h
+        norms = 2 * (2 * h if self.layernorm else h)
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        """Input embedding plus learned positions (looked up, not multiplied)."""
+        return self.vocab_size * self.d_model + (
+            self.seq_len * self.d_model if self.learned_positions else 0
+        )
+
+    def head_params(self) -> int:
+        """Separate output projection (0 when tied to the input embedding)."""
+        return 0 if self.tied_embeddings else self.vocab_size * self.d_model
+
+    def final_norm_params(self) -> int:
+        return 2 * self.d_model if self.layernorm else self.d_model
+
+    def total_params(self) -> int:
+        return (
+            self.n_layers * self.layer_params()
+            + self.embedding_params()
+            + self.head_params()
+            + self.final_norm_params()
+        )
+
+    def describe(self) -> str:
+        kv = f", {self.n_kv_heads} kv heads" if self.n_kv_heads != self.n_heads else ""
+        return (
+            f"{self.n_layers} layers, hidden {self.d_model}, {self.n_heads} heads{kv}, "
+            f"ffn {self.d_ff}{' (gated)' if self.gated_mlp else ''}, vocab {self.vocab_size}, "
+            f"seq {self.seq_len}"
+        )
+
+    def cost(self, *, flash_attention: bool = True) -> ModelCost:
+        """Reduce the shape to the per-token figures of the estimator.
+
+        FLOPs (Chowdhery et al. 2022, PaLM, appendix B; Kaplan et al. 2020 §2.1): a training
+        token costs 6 FLOPs per parameter that takes part in a matrix multiply (2 forward,
+        4 backward) plus 12 * L * (heads * head_dim) * s for the attention scores and their
+        product with the values (the causal mask is not discounted, as in that formula).
+        Embedding lookups are not multiplies; the output projection is (tied or not).
+
+        Activation bytes per token per layer (Korthikanti et al. 2022, "Reducing Activation
+        Recomputation in Large Transformer Models", §4.1 and Table 2, 16-bit activations):
+        the GPT case s*b*h*(34 + 5*a*s/h) splits into a part outside the tensor-parallel
+        region that TP alone does not divide (LayerNorm inputs 4h, QKV and MLP inputs 4h,
+        dropout masks 2h: the "10"), a part TP divides (Q, K, V 6h, projection input 2h,
+        GeLU input and output 16h: the "24") and the attention-score part 5*a*s. It is
+        written here per term so that grouped-query attention, gated MLPs and the absence of
+        dropout change the right terms; for a GPT shape it reduces to Table 2 exactly.
+        """
+        h, f, s = self.d_model, self.d_ff, self.seq_len
+        q, kv = self.n_heads * self.hd, self.n_kv_heads * self.hd
+        masks = 2 * h if self.dropout else 0  # two 1-byte dropout masks of h per token
+        replicated = 4 * h + 2 * h + 2 * h + masks  # LN inputs, QKV input, MLP input, masks
+        mlp_inner = (6 if self.gated_mlp else 4) * f  # gate, up, product | GeLU in, out
+        split = 2 * q + 2 * kv + 2 * kv + 2 * q + mlp_inner  # Q, K, V, proj input, MLP
+        # Softmax output 2as (+ dropout mask as and dropout output 2as): Korthikanti's 5as.
+        scores = (5 if self.dropout else 2) * self.n_heads * s
+        attn_flops = 12 * self.n_layers * q * s
+        layer_mm = self.layer_params()
+        matmul = self.n_layers * layer_mm + self.vocab_size * h
+        # Forward FLOPs of one layer per token: 2 per matmul parameter + 4*s*q (QK^T, PV).
+        layer_fwd = 2 * layer_mm + 4 * s * q
+        return ModelCost(
+            name=self.name,
+            family="transformer",
+            n_layers=self.n_layers,
+            layer_params=float(layer_mm),
+            embed_params=float(self.embedding_params()),
+            head_params=float(self.head_params()),
+            tied_copy_params=float(self.vocab_size * h if self.tied_embeddings else 0),
+            other_params=float(self.final_norm_params()),
+            total_params=float(self.total_params()),
+            tokens_per_sample=s,
+            model_flops_per_token=6.0 * matmul + attn_flops,
+            full_recompute_flops_per_token=float(self.n_layers * layer_fwd),
+            # Selective recomputation re-runs QK^T, softmax and the product with V.
+            selective_recompute_flops_per_token=float(self.n_layers * 4 * s * q),
+            # FlashAttention's backward recomputes S = QK^T (Dao 2023, Algorithm 2).
+            flash_recompute_flops_per_token=float(self.n_layers * 2 * s * q) if flash_attention else 0.0,
+            act_replicated=float(replicated),
+            act_split=float(split),
+            act_scores=0.0 if flash_attention else float(scores),
+            act_checkpoint=float(2 * h),
+            logits_bytes_per_token=float(4 * self.vocab_size),
+            hidden=h,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            supports_model_parallel=True,
+            describe=self.describe(),
+        )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MLPShape:
+    """A multi-layer perceptron (a sextant 'mlp' workload): data parallel only."""
+
+    name: str
+    input_dim: int
+    hidden: tuple[int, ...]
+    num_classes: int
+    global_batch: int = 1
+    source: str = ""
+
+    def widths(self) -> list[int]:
+        return [self.input_dim, *self.hidden, self.num_classes]
+
+    def total_params(self) -> int:
+        w = self.widths()
+        return sum(a * b + b for a, b in zip(w[:-1], w[1:]))
+
+    def describe(self) -> str:
+        return "MLP " + "-".join(str(x) for x in self.widths())
+
+    def cost(self, *, flash_attention: bool = True) -> ModelCost:
+        w = self.widths()
+        n = float(self.total_params())
+        # Per sample, each layer keeps its input and its pre-activation for the backward pass;
+        # expressed in 16-bit bytes like the transformer terms (scaled for fp32 later).
+        acts = float(sum(2 * (a + b) for a, b in zip(w[:-1], w[1:])))
+        return ModelCost(
+            name=self.name,
+            family="mlp",
+            n_layers=1,
+            layer_params=n,
+            embed_params=0.0,
+            head_params=0.0,
+            tied_copy_params=0.0,
+            other_params=0.0,
+            total_params=n,
+            tokens_per_sample=1,
+            model_flops_per_token=6.0 * n,
+            full_recompute_flops_per_token=2.0 * n,
+            selective_recompute_flops_per_token=0.0,
+            flash_recompute_flops_per_token=0.0,
+            act_replicated=acts,
+            act_split=0.0,
+            act_scores=0.0,
+            act_checkpoint=2.0 * self.input_dim,
+            logits_bytes_per_token=4.0 * self.num_classes,
+            hidden=self.input_dim,
+            n_heads=1,
+            n_kv_heads=1,
+            supports_model_parallel=False,
+            describe=self.describe(),
+        )
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelCost:
+    """Per-token figures of one model (all the estimator reads)."""
+
+    name: str
+    family: str
+    n_layers: int
+    layer_params: float
+    """Parameters of one repeated block (all of the model for an MLP)."""
+    embed_params: float
+    """Input embedding (+ learned positions): on the first pipeline stage."""
+    head_params: float
+    """Untied output projection: on the last stage."""
+    tied_copy_params: float
+    """Copy of a tied embedding the last stage keeps when pp > 1 (Megatron-LM)."""
+    other_params: float
+    """Final norm."""
+    total_params: float
+    tokens_per_sample: int
+    model_flops_per_token: float
+    """Training FLOPs per token without recomputation (PaLM appendix B)."""
+    full_recompute_flops_per_token: float
+    """Extra FLOPs per token of re-running every layer's forward."""
+    selective_recompute_flops_per_token: float
+    """Extra FLOPs per token of re-running the attention core only."""
+    flash_recompute_flops_per_token: float
+    """Extra FLOPs FlashAttention's backward spends recomputing the scores."""
+    act_replicated: float
+    """Activation bytes per token per layer outside the TP region (Korthikanti's 10h)."""
+    act_split: float
+    """Activation bytes per token per layer inside the TP region (Korthikanti's 24h)."""
+    act_scores: float
+    """Attention-score bytes per token per layer (Korthikanti's 5as; 0 with flash)."""
+    act_checkpoint: float
+    """Bytes per token per layer kept under full recomputation (the layer input, 2h)."""
+    logits_bytes_per_token: float
+    """fp32 logits for the loss on the last stage (Korthikanti §4.3: 4sbv)."""
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    supports_model_parallel: bool
+    describe: str
+
+
+# --- presets ---------------------------------------------------------------------------------
+
+_LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1 and model card (4M-token global batch)"
+_LLAMA3 = ("Llama Team 2024, The Llama 3 Herd of Models, Table 3; global batch 16M tokens "
+           "(Table 4, 405B) used as the default for all sizes")
+
+PRESETS: dict[str, TransformerShape] = {
+    "gpt3-175b": TransformerShape(
+        name="gpt3-175b", n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, d_ff=49152,
+        vocab_size=50257, seq_len=2048, tied_embeddings=True, learned_positions=True,
+        biases=True, dropout=True, global_batch=1536,
+        source="Brown et al. 2020, GPT-3, Table 2.1; batch 1536 as in Narayanan et al. 2021 §5",
+    ),
+    "llama2-7b": TransformerShape(
+        name="llama2-7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008,
+        vocab_size=32000, seq_len=4096, gated_mlp=True, layernorm=False, global_batch=1024,
+        source=_LLAMA2,
+    ),
+    "llama2-13b": TransformerShape(
+        name="llama2-13b", n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_ff=13824,
+        vocab_size=32000, seq_len=4096, gated_mlp=True, layernorm=False, global_batch=1024,
+        source=_LLAMA2,
+    ),
+    "llama2-70b": TransformerShape(
+        name="llama2-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+        vocab_size=32000, seq_len=4096, gated_mlp=True, layernorm=False, global_batch=1024,
+        source=_LLAMA2,
+    ),
+    "llama3-8b": TransformerShape(
+        name="llama3-8b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
+        vocab_size=128256, seq_len=8192, gated_mlp=True, layernorm=False, global_batch=2048,
+        source=_LLAMA3,
+    ),
+    "llama3-70b": TransformerShape(
+        name="llama3-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+        vocab_size=128256, seq_len=8192, gated_mlp=True, layernorm=False, global_batch=2048,
+        source=_LLAMA3,
+    ),
+    "llama3-405b": TransformerShape(
+        name="llama3-405b", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8,
+        d_ff=53248, vocab_size=128256, seq_len=8192, gated_mlp=True, layernorm=False,
+        global_batch=2048, source=_LLAMA3,
+    ),
+    "palm-540b": TransformerShape(
+        name="palm-540b", n_layers=118, d_model=18432, n_heads=48, n_kv_heads=1, head_dim=256,
+        d_ff=73728, vocab_size=256000, seq_len=2048, gated_mlp=True, tied_embeddings=True,
+        layernorm=False, global_batch=2048,
+        source="Chowdhery et al. 2022, PaLM, Table 1 (multi-query attention, SwiGLU, shared "
+               "embeddings, final batch 2048 sequences)",
+    ),
+}
+
+ALIASES = {
+    "gpt3": "gpt3-175b",
+    "llama-7b": "llama2-7b",
+    "llama-13b": "llama2-13b",
+    "llama-70b": "llama2-70b",
+    "llama-8b": "llama3-8b",
+    "llama-405b": "llama3-405b",
+    "palm": "palm-540b",
+}
+
+
+def preset(name: str) -> TransformerShape:
+    key = ALIASES.get(name, name)
+    if key not in PRESETS:
+        allowed = ", ".join([*PRESETS, *ALIASES])
+        raise UserError(f"unknown model preset {name!r}; allowed: {allowed}")
+    return PRESETS[key]
+
+
+def megatron_gpt(*, n_layers: int, d_model: int, n_heads: int, seq_len: int = 2048,
+                 vocab_size: int = 51200, global_batch: int = 1, name: str = "gpt") -> TransformerShape:
+    """The GPT shapes of Narayanan et al. 2021 (Table 1: V = 51,200, s = 2048, ffn = 4h)."""
+    return TransformerShape(
+        name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_heads,
+        d_ff=4 * d_model, vocab_size=vocab_size, seq_len=seq_len, tied_embeddings=True,
+        learned_positions=True, biases=True, dropout=True, global_batch=global_batch,
+        source="Narayanan et al. 2021, Table 1",
+    )
+
+
+# --- workload files --------------------------------------------------------------------------
+
+_GPT_KEYS = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff")
+_MLP_KEYS = ("input_dim", "hidden", "num_classes")
+
+
+def shape_from_workload(raw: dict[str, Any], *, where: str = "workload") -> TransformerShape | MLPShape:
+    """Build a shape from a parsed sextant workload (only name, global_batch and [model] are
+    read; the rest of the file belongs to the runner)."""
+    model = raw.get("model")
+    if not isinstance(model, dict):
+        raise UserError(f"{where} has no [model] table")
+    family = model.get("family")
+    name = str(raw.get("name", "workload"))
+    batch = raw.get("global_batch", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UserError(f"{where}: global_batch must be an integer >= 1. Received: {batch!r}")
+    if family == "gpt":
+        values = {}
+        for key in _GPT_KEYS:
+            if key not in model:
+                raise UserError(f"{where}: model.{key} is required for a gpt model")
+            values[key] = model[key]
+        # sextant's gpt (sextant/init.py): pre-LayerNorm, GELU MLP, learned positions,
+        # biases on every linear layer except the untied output head, no dropout.
+        return TransformerShape(
+            name=name, n_kv_heads=values["n_heads"], learned_positions=True, biases=True,
+            layernorm=True, tied_embeddings=False, gated_mlp=False, dropout=False,
+            global_batch=batch, source=where, **values,
+        )
+    if family == "mlp":
+        for key in _MLP_KEYS:
+            if key not in model:
+                raise UserError(f"{where}: model.{key} is required for an mlp model")
+        hidden = model["hidden"]
+        if not isinstance(hidden, (list, tuple)) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in hidden
+        ):
+            raise UserError(f"{where}: model.hidden must be a list of integers. Received: {hidden!r}")
+        for key in ("input_dim", "num_classes"):
+            v = model[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{where}: model.{key} must be an integer >= 1. Received: {v!r}")
+        return MLPShape(
+            name=name, input_dim=model["input_dim"], hidden=tuple(hidden),
+            num_classes=model["num_classes"], global_batch=batch, source=where,
+        )
+    raise UserError(f"{where}: model.family must be 'gpt' or 'mlp'. Received: {family!r}")
+
+
+def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"workload file not found: {path}")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML: {exc}") from None
+    return shape_from_workload(raw, where=str(path))
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{max(0, 3 - int(math.log10(abs(n) / scale)) - 1)}f}{unit}"
+    return f"{n:.0f}"

@@ -1,0 +1,172 @@
+"""Enumerate every valid layout for N devices, evaluate them all at once, rank by throughput.
+
+A layout is (dp, tp, pp, interleave, ZeRO stage, micro-batch, recomputation, sequence
+parallelism, offload) with dp * tp * pp = N. The enumeration is a cartesian product built
+with numpy and filtered by validity masks, then `estimate.evaluate` computes every figure for
+the whole table in one pass: no Python loop runs per layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sextant.errors import UserError
+from sextant.planner.estimate import (
+    KNOBS,
+    Hardware,
+    Layout,
+    PlanOptions,
+    evaluate,
+    overhead_cause,
+)
+from sextant.planner.models import ModelCost
+
+MAX_MICRO_BATCH = 64
+INTERLEAVE = (1, 2, 4)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def enumerate_layouts(cost: ModelCost, devices: int, global_batch: int, *,
+                      max_micro_batch: int = MAX_MICRO_BATCH,
+                      fixed: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Every valid layout for `devices` devices as a table (one int array per knob).
+
+    `fixed` pins knobs (e.g. {"tp": 8}) to one value.
+    """
+    if devices < 1:
+        raise UserError(f"device count must be >= 1. Received: {devices}")
+    fixed = fixed or {}
+    mp = cost.supports_model_parallel
+    tps = [t for t in divisors(devices) if cost.n_heads % t == 0] if mp else [1]
+    rows = []  # (dp, tp, pp, mbs)
+    for tp in tps:
+        for pp in divisors(devices // tp) if mp else [1]:
+            if pp > cost.n_layers:
+                continue
+            dp = devices // (tp * pp)
+            if dp > global_batch or global_batch % dp:
+                continue
+            per_rank = global_batch // dp
+            for mbs in divisors(per_rank):
+                if mbs <= max_micro_batch:
+                    rows.append((dp, tp, pp, mbs))
+    if not rows:
+        return {k: np.zeros(0, dtype=np.int64) for k in KNOBS}
+    base = np.array(rows, dtype=np.int64)
+    # Options grid: zero x recompute x sp x offload x interleave.
+    opt = np.array(np.meshgrid([0, 1, 2, 3], [0, 1, 2], [0, 1], [0, 1, 2], list(INTERLEAVE),
+                               indexing="ij")).reshape(5, -1).T
+    nb, no = len(base), len(opt)
+    b = np.repeat(base, no, axis=0)
+    o = np.tile(opt, (nb, 1))
+    lay = {"dp": b[:, 0], "tp": b[:, 1], "pp": b[:, 2], "mbs": b[:, 3],
+           "zero": o[:, 0], "rc": o[:, 1], "sp": o[:, 2], "off": o[:, 3], "v": o[:, 4]}
+    m = global_batch // (lay["dp"] * lay["mbs"])
+    ok = (lay["dp"] > 1) | (lay["zero"] == 0)  # a ZeRO stage over one rank changes nothing
+    ok &= (lay["tp"] > 1) | (lay["sp"] == 0)
+    ok &= (lay["off"] < 2) | (lay["zero"] == 3)
+    ok &= (lay["v"] == 1) | ((lay["pp"] > 1) & (m % lay["pp"] == 0)
+                             & (cost.n_layers % (lay["pp"] * lay["v"]) == 0))
+    if cost.act_scores == 0:  # with FlashAttention selective recomputation saves nothing
+        ok &= lay["rc"] != 1
+    for key, value in fixed.items():
+        ok &= lay[key] == value
+    return {k: v[ok] for k, v in lay.items()}
+
+
+@dataclass(kw_only=True, slots=True)
+class SearchResult:
+    devices: int
+    layouts: dict[str, np.ndarray]
+    figures: dict[str, np.ndarray]
+    order: np.ndarray
+    """Indices of the fitting layouts, fastest first."""
+
+    @property
+    def count(self) -> int:
+        return int(len(self.layouts["dp"]))
+
+    @property
+    def fitting(self) -> int:
+        return int(self.figures["fits"].sum()) if self.count else 0
+
+    def best(self) -> int | None:
+        return int(self.order[0]) if len(self.order) else None
+
+    def layout(self, i: int) -> Layout:
+        return Layout.from_row(self.layouts, i)
+
+
+def search(cost: ModelCost, hw: Hardware, opts: PlanOptions, devices: int, *,
+           fixed: dict[str, int] | None = None,
+           max_micro_batch: int = MAX_MICRO_BATCH) -> SearchResult:
+    lay = enumerate_layouts(cost, devices, opts.global_batch, fixed=fixed,
+                            max_micro_batch=max_micro_batch)
+    if len(lay["dp"]) == 0:
+        return SearchResult(devices=devices, layouts=lay, figures={"fits": np.zeros(0, bool)},
+                            order=np.zeros(0, dtype=np.int64))
+    res = evaluate(cost, hw, opts, lay)
+    idx = np.flatnonzero(res["fits"])
+    # Fastest first; among equals, the one using less memory.
+    order = idx[np.lexsort((res["memory"][idx], -res["tokens_per_s"][idx]))]
+    return SearchResult(devices=devices, layouts=lay, figures=res, order=order)
+
+
+@dataclass(kw_only=True, slots=True)
+class ScalePoint:
+    devices: int
+    layout: Layout | None
+    tokens_per_s: float
+    mfu: float
+    speedup: float
+    efficiency: float
+    cause: str
+    cause_share: float
+
+
+def scaling_curve(cost: ModelCost, hw: Hardware, opts: PlanOptions, max_devices: int, *,
+                  fixed: dict[str, int] | None = None) -> list[ScalePoint]:
+    """Best layout at 1, 2, 4, ... devices up to max_devices (strong scaling: the global batch
+    stays fixed). Speed-up and efficiency are relative to the smallest count that fits."""
+    counts = []
+    n = 1
+    while n < max_devices:
+        counts.append(n)
+        n *= 2
+    counts.append(max_devices)
+    points: list[ScalePoint] = []
+    ref: tuple[int, float] | None = None
+    for n in counts:
+        pinned = {k: v for k, v in (fixed or {}).items() if k not in ("dp", "pp", "tp")}
+        result = search(cost, hw, opts, n, fixed=pinned)
+        best = result.best()
+        if best is None:
+            points.append(ScalePoint(devices=n, layout=None, tokens_per_s=0.0, mfu=0.0,
+                                     speedup=0.0, efficiency=0.0, cause="does not fit",
+                                     cause_share=0.0))
+            continue
+        tps = float(result.figures["tokens_per_s"][best])
+        if ref is None:
+            ref = (n, tps)
+        speedup = tps / ref[1]
+        cause, share = overhead_cause(result.figures, best, hw)
+        points.append(ScalePoint(
+            devices=n, layout=result.layout(best), tokens_per_s=tps,
+            mfu=float(result.figures["mfu"][best]), speedup=speedup,
+            efficiency=speedup * ref[0] / n, cause=cause, cause_share=share,
+        ))
+    return points
+
+
+def knee(points: list[ScalePoint], threshold: float) -> ScalePoint | None:
+    """The first device count whose scaling efficiency falls below `threshold`."""
+    for p in points:
+        if p.layout is not None and p.efficiency < threshold:
+            return p
+    return None

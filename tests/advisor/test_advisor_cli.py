@@ -1,0 +1,179 @@
+"""`sextant advise` through sextant.cli.main: exit codes 0 / 2 and what is printed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from sextant.advisor.profile import TEMPLATE
+from sextant.cli import main
+from tests.advisor.util import EXAMPLES, REPO, run
+
+STARTUP = str(EXAMPLES / "startup-nvidia-pytorch.toml")
+
+
+@pytest.fixture(autouse=True)
+def _no_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Never read a results store lying in the developer's working directory.
+    monkeypatch.setenv("SEXTANT_RESULTS", str(tmp_path / "absent" / "results.db"))
+
+
+def _fake_store(monkeypatch: pytest.MonkeyPatch, runs: list[dict]) -> list[str]:
+    opened: list[str] = []
+
+    class ResultsStore:
+        def __init__(self, path):
+            opened.append(str(path))
+
+        def runs(self):
+            return runs
+
+        def close(self):
+            pass
+
+    module = types.ModuleType("sextant.results.store")
+    module.ResultsStore = ResultsStore  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sextant.results.store", module)
+    return opened
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--profile", STARTUP]) == 0
+    out = capsys.readouterr().out
+    for text in ("Ranking", "pytorch", "scale.small.team-pytorch", "Rules that fired",
+                 "Cost assumptions", "Sensitivity:", "No measured evidence", "rule of thumb"):
+        assert text in out
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--profile", str(EXAMPLES / "tpu-research-lab-jax.toml"),
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["top"] == "jax" and data["ranking"][0]["candidate"] == "jax"
+    assert "scale.large.tpu-jax" in [f["id"] for f in data["fired"]]
+    assert data["rules_version"] == 1 and data["sensitivity"]["headline"]
+
+
+def test_markdown_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--profile", str(EXAMPLES / "mobile-product.toml"),
+                 "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## Stack advice: Mobile product")
+    assert "**Recommendation: tensorflow.**" in out and "`deploy.mobile-edge`" in out
+
+
+def test_measured_runs_from_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "results.db"
+    db.write_bytes(b"")  # the fake store reads nothing; the file only has to exist
+    opened = _fake_store(monkeypatch, [run(1, "torch", 1000.0), run(2, "jax", 4000.0)])
+    assert main(["advise", "--profile", STARTUP, "--db", str(db), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert opened == [str(db)]
+    pytorch = next(r for r in data["ranking"] if r["candidate"] == "pytorch")
+    assert pytorch["cost"]["throughput_factor"] == pytest.approx(0.25)
+    assert pytorch["cost"]["throughput_source"] == "measured"
+    assert not data["notes"]
+
+
+def test_env_overrides_the_default_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "env.db"
+    db.write_bytes(b"")
+    monkeypatch.setenv("SEXTANT_RESULTS", str(db))
+    opened = _fake_store(monkeypatch, [run(1, "torch", 1000.0)])
+    assert main(["advise", "--profile", STARTUP, "--json"]) == 0
+    assert opened == [str(db)]
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert notes and "no two frameworks" in notes[0]
+
+
+def test_missing_store_is_one_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--profile", STARTUP, "--db", str(tmp_path / "no.db"),
+                 "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert len(notes) == 1 and notes[0].startswith("No measured evidence")
+
+
+def test_init_writes_a_template_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "team.toml"
+    assert main(["advise", "--init", str(path)]) == 0
+    assert path.exists() and main(["advise", "--profile", str(path)]) == 0
+    assert main(["advise", "--init", str(path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_init_default_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["advise", "--init"]) == 0
+    assert (tmp_path / "sextant-profile.toml").exists()
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (TEMPLATE.replace('hardware = "nvidia"', 'hardware = "gpu"'),
+     "hardware: unknown value 'gpu'; allowed: nvidia, amd, tpu, ascend, apple, cpu"),
+    ('colour = "red"\n' + TEMPLATE, "unknown key 'colour'; allowed:"),
+    (TEMPLATE.replace('pytorch = "expert"', 'pytorch = "guru"'),
+     "experience.pytorch: unknown value 'guru'; allowed: none, some, expert"),
+])
+def test_bad_profile_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str,
+                             message: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(content)
+    assert main(["advise", "--profile", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sextant: error:") and message in err and err.count("\n") == 1
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--profile", str(tmp_path / "missing.toml")]) == 2
+    assert main(["advise", "--init", str(tmp_path / "x.toml"), "--profile", STARTUP]) == 2
+    with pytest.raises(SystemExit) as info:
+        main(["advise", "--profile", STARTUP, "--json", "--markdown"])
+    assert info.value.code == 2
+    assert main(["advise", "--profile", STARTUP, "--rules-file", str(tmp_path / "r.toml")]) == 2
+
+
+def test_no_profile_without_a_terminal_exits_2(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(isatty=lambda: False))
+    assert main(["advise"]) == 2
+    err = capsys.readouterr().err
+    assert "--profile" in err and "--init" in err
+
+
+def test_no_profile_on_a_terminal_asks(monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(isatty=lambda: True))
+    replies = {"Hardware": "apple", "model size": "3e9", "with mlx": "expert",
+               "Research or production": "research", "Price": "0.4",
+               "Number of devices": "1", "Expected training hours": "30",
+               "Engineer cost": "600", "Deadline": "2"}
+
+    def fake_input(prompt: str) -> str:
+        return next((v for k, v in replies.items() if k in prompt), "")
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert main(["advise", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{"):])["top"] == "mlx"
+
+
+def test_rules_listing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "--rules"]) == 0
+    assert "hw.ascend" in capsys.readouterr().out
+    assert main(["advise", "--rules", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["version"] == 1 and {"constraint", "rule", "evidence", "deadline"} == {
+        r["kind"] for r in data["rules"]}
+
+
+def test_import_pulls_in_no_framework() -> None:
+    code = ("import sys, sextant.advisor, sextant.advisor.cli; "
+            "bad = {'torch', 'jax', 'tensorflow'} & set(sys.modules); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)

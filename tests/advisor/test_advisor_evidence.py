@@ -1,0 +1,112 @@
+"""Measured evidence from run records, and how it changes the advice."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sextant.advisor import advise, evidence_from_runs, render_markdown, to_dict
+from sextant.errors import UserError
+from tests.advisor.util import profile, run
+
+
+def _by(evidence, candidate, metric):
+    return next(e for e in evidence if e.candidate == candidate and e.metric == metric)
+
+
+def test_throughput_ratio_against_the_fastest_at_matched_configs() -> None:
+    runs = [
+        run(1, "torch", 1000.0), run(2, "torch", 1200.0, mode="compiled", compile_time_s=30),
+        run(3, "jax", 2400.0, mode="compiled", compile_time_s=10),
+        run(4, "tensorflow", 600.0),
+        run(5, "jax", 9999.0, workload_hash="other"),  # alone on its workload: not compared
+    ]
+    ev = evidence_from_runs(runs)
+    assert _by(ev, "jax", "throughput_ratio").value == 1.0
+    assert _by(ev, "pytorch", "throughput_ratio").value == pytest.approx(0.5)  # best mode
+    assert _by(ev, "pytorch+deepspeed", "throughput_ratio").value == pytest.approx(0.5)
+    assert _by(ev, "tensorflow", "throughput_ratio").value == pytest.approx(0.25)
+    assert all(e.source == "measured" for e in ev)
+    assert set(_by(ev, "pytorch", "throughput_ratio").run_ids) == {"2", "3", "4"}
+    assert _by(ev, "pytorch", "compile_time_s").value == 30
+    assert not [e for e in ev if e.candidate == "mlx"]
+
+
+def test_scaling_memory_and_comm() -> None:
+    runs = [
+        run(1, "torch", 1000.0, peak_rss_bytes=3 * 2**30),
+        run(2, "torch", 1500.0, parallel="dp", workers=2, exposed_comm_share=0.2),
+        run(3, "torch", 2000.0, parallel="dp", workers=4, exposed_comm_share=0.4),
+        run(4, "jax", 1000.0, peak_rss_bytes=2**30),
+        run(5, "jax", 3800.0, parallel="dp", workers=4, exposed_comm_share=None),
+    ]
+    ev = evidence_from_runs(runs)
+    assert _by(ev, "pytorch", "scaling_efficiency").value == pytest.approx(0.5)  # largest dp
+    assert _by(ev, "jax", "scaling_efficiency").value == pytest.approx(0.95)
+    # 3x jax's memory single-process, equal at dp x4 (1 GiB each): geometric mean sqrt(3).
+    assert _by(ev, "pytorch", "memory_ratio").value == pytest.approx(3.0 ** 0.5)
+    assert _by(ev, "jax", "memory_ratio").value == 1.0
+    assert _by(ev, "pytorch", "peak_rss_bytes").value == 3 * 2**30
+    assert _by(ev, "pytorch", "exposed_comm_share").value == pytest.approx(0.3)
+    assert not [e for e in ev if e.candidate == "jax" and e.metric == "exposed_comm_share"]
+    # dp x4: torch 2000 vs jax 3800 also compared, geometric mean with single (1.0 each)
+    assert _by(ev, "pytorch", "throughput_ratio").value == pytest.approx((2000 / 3800) ** 0.5)
+
+
+def test_bad_and_irrelevant_runs() -> None:
+    with pytest.raises(UserError, match=r"run 7 lacks key\(s\) metrics"):
+        evidence_from_runs([{k: v for k, v in run(7, "torch", 1.0).items() if k != "metrics"}])
+    assert evidence_from_runs([run(1, "caffe", 10.0), run(2, "torch", 5.0)]) != []
+    only_failed = [run(1, "torch", 10.0), run(2, "jax", 50.0, status="failed")]
+    assert not [e for e in evidence_from_runs(only_failed) if e.metric == "throughput_ratio"]
+    assert evidence_from_runs([run(1, "torch", None), run(2, "jax", 0.0)]) == [
+        e for e in evidence_from_runs([run(1, "torch", None), run(2, "jax", 0.0)])
+        if e.metric != "throughput_ratio"
+    ]
+
+
+def test_evidence_does_not_depend_on_run_order() -> None:
+    runs = [run(i, fw, 100.0 + 37 * i, parallel=par, workers=w)
+            for i, (fw, par, w) in enumerate([("torch", "single", 1), ("jax", "single", 1),
+                                              ("tensorflow", "single", 1), ("torch", "dp", 2),
+                                              ("jax", "dp", 2)])]
+    shuffled = runs[:]
+    random.Random(4).shuffle(shuffled)
+    assert evidence_from_runs(runs) == evidence_from_runs(shuffled)
+
+
+def test_measured_throughput_changes_compute_cost() -> None:
+    p = profile()
+    plain = {r.candidate: r.cost for r in advise(p).ranking}
+    ev = evidence_from_runs([run(1, "torch", 1000.0), run(2, "jax", 2000.0)])
+    measured = advise(p, ev)
+    costs = {r.candidate: r.cost for r in measured.ranking}
+    assert costs["pytorch"].compute_usd == pytest.approx(2 * plain["pytorch"].compute_usd)
+    assert costs["pytorch"].throughput_source == "measured"
+    assert costs["jax"].compute_usd == pytest.approx(plain["jax"].compute_usd)
+    assert costs["tensorflow"].throughput_source == "rule of thumb"
+    assert any("measured for pytorch, pytorch+deepspeed, jax" in a for a in measured.assumptions)
+    # Output labels measured and rule-of-thumb evidence differently.
+    md = render_markdown(measured)
+    assert "| pytorch | throughput_ratio | 0.50x | measured |" in md
+    data = to_dict(measured)
+    assert {e["source"] for e in data["evidence"]} == {"measured"}
+
+
+def test_evidence_rules_fire_on_measurements() -> None:
+    ev = evidence_from_runs([
+        run(1, "torch", 1000.0), run(2, "torch", 1000.0, parallel="dp", workers=2),
+        run(3, "jax", 1000.0, mode="compiled", compile_time_s=300.0),
+    ])
+    advice = advise(profile(purpose="research"), ev)
+    fired = {f.id: f for f in advice.fired}
+    assert fired["measured.poor-scaling"].source == "measured"
+    assert dict(fired["measured.poor-scaling"].effect) == {"pytorch": -1.0,
+                                                          "pytorch+deepspeed": -1.0}
+    assert "50%" in fired["measured.poor-scaling"].detail
+    assert dict(fired["measured.slow-compile"].effect) == {"jax": -0.5}
+    pytorch = next(r for r in advice.ranking if r.candidate == "pytorch")
+    assert ("measured.poor-scaling", -1.0, "measured") in pytorch.reasons
+    # On one device scaling does not matter: the rule's condition does not hold.
+    assert "measured.poor-scaling" not in {f.id for f in advise(profile(devices=1), ev).fired}

@@ -1,0 +1,90 @@
+"""The CLI through the real console entry point: bad input is one line and exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import needs_torch, run_cli
+
+# Makes `torch` invisible to the import system, as on a machine without it.
+HIDE_TORCH = """
+import importlib.machinery
+_orig = importlib.machinery.PathFinder.find_spec
+def _find(name, path=None, target=None):
+    return None if name.split(".")[0] == "torch" else _orig(name, path, target)
+importlib.machinery.PathFinder.find_spec = staticmethod(_find)
+"""
+
+
+def assert_one_line_error(proc, fragment: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("sextant: error: ")
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_lists_commands() -> None:
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for cmd in ("run", "compare", "runs", "report"):
+        assert cmd in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["run", "--workload", "missing.toml"], "workload file not found: missing.toml"),
+        (["run", "--framework", "caffe"], "unknown framework 'caffe'; allowed: torch, jax, tensorflow"),
+        (["run", "--mode", "turbo"], "unknown mode 'turbo'; allowed: eager, compiled"),
+        (["run", "--parallel", "dp", "--workers", "0"], "workers must be an integer >= 1. Received: 0"),
+        (["run", "--workers", "two"], "argument --workers: invalid int value: 'two'"),
+        (["run", "--parallel", "pipeline"], "unknown parallel strategy 'pipeline'"),
+        (["run", "--workers", "2"], "parallel 'single' runs one worker"),
+        (["run", "--steps", "1"], "--steps must exceed the workload's measure.warmup_steps"),
+        (["compare", "--frameworks", "torch,caffe"], "unknown framework 'caffe' in --frameworks"),
+        (["runs", "list"], "no results store at"),
+        (["bogus"], "invalid choice: 'bogus'"),
+    ],
+)
+def test_bad_input(tmp_path: Path, args: list[str], fragment: str) -> None:
+    proc = run_cli(*args, "--db", str(tmp_path / "r.db"), cwd=tmp_path) if args[0] != "bogus" \
+        else run_cli(*args, cwd=tmp_path)
+    assert_one_line_error(proc, fragment)
+
+
+def test_bad_toml_and_unknown_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [\n")
+    assert_one_line_error(run_cli("run", "--workload", str(bad)), "is not valid TOML")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('name = "x"\nlayers = 3\n[model]\nfamily = "gpt"\n[data]\n'
+                       'dataset = "python-reference"\n')
+    assert_one_line_error(run_cli("run", "--workload", str(unknown)), "unknown key layers")
+
+
+def test_framework_not_installed(tmp_path: Path) -> None:
+    proc = run_cli("run", "--db", str(tmp_path / "r.db"), prelude=HIDE_TORCH)
+    assert_one_line_error(proc, "torch: not installed (pip install 'sextant[torch]')")
+    proc = run_cli("compare", "--db", str(tmp_path / "r.db"), prelude=HIDE_TORCH)
+    assert proc.returncode == 2
+    assert "torch: not installed (pip install 'sextant[torch]')" in proc.stdout
+
+
+def test_export_bad_format_with_store(tmp_path: Path) -> None:
+    from sextant.results.store import ResultsStore
+
+    ResultsStore(tmp_path / "r.db").close()
+    proc = run_cli("runs", "export", "--format", "xml", "--db", str(tmp_path / "r.db"))
+    assert_one_line_error(proc, "unknown export format 'xml'; allowed: csv, json")
+
+
+def test_corrupt_store_is_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    path.write_bytes(b"garbage" * 1000)
+    proc = run_cli("runs", "list", "--db", str(path))
+    assert_one_line_error(proc, "is not a sextant results database")
+    assert path.read_bytes() == b"garbage" * 1000

@@ -1,0 +1,65 @@
+"""`sextant compare` end to end through the console entry point, then runs and report."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import needs_torch, run_cli
+
+pytestmark = [needs_torch, pytest.mark.slow]
+
+
+def test_compare_runs_matrix_stores_and_reports(tmp_path: Path) -> None:
+    db = tmp_path / "out" / "results.db"
+    proc = run_cli("compare", "--steps", "8", "--db", str(db), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    out = proc.stdout
+    for label in ("torch eager", "torch compiled", "torch dp x2"):
+        assert re.search(rf"│ {label}\s+│", out), out
+    assert "ref" in out and "%" in out  # reference row, exposed communication share
+    report = db.parent / "report.html"
+    assert f"report: {report.resolve()}" in out
+    page = report.read_text()
+    assert "<svg" in page and "identical data flow" in page
+    # Self-contained: nothing loaded from anywhere.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+    assert "<script" not in page
+
+    listing = run_cli("runs", "list", "--db", str(db))
+    assert listing.returncode == 0 and listing.stdout.count("gpt-tiny") == 3
+    shown = json.loads(run_cli("runs", "show", "2", "--db", str(db)).stdout)
+    assert shown["strategy"]["mode"] == "compiled" and len(shown["losses"]) == 8
+    exported = run_cli("runs", "export", "--format", "csv", "--db", str(db)).stdout
+    rows = list(csv.DictReader(io.StringIO(exported)))
+    assert [r["parallel"] for r in rows] == ["single", "single", "dp"]
+    assert float(rows[2]["exposed_comm_s"]) == pytest.approx(
+        json.loads(run_cli("runs", "show", "3", "--db", str(db)).stdout)["metrics"]["exposed_comm_s"]
+    )
+    out_json = tmp_path / "runs.json"
+    assert run_cli("runs", "export", "--format", "json", "--out", str(out_json),
+                   "--db", str(db)).returncode == 0
+    assert len(json.loads(out_json.read_text())) == 3
+
+    again = run_cli("report", "--db", str(db), "--out", str(tmp_path / "r2.html"))
+    assert again.returncode == 0 and (tmp_path / "r2.html").read_text().count("<tr>") > 3
+
+
+def test_report_escapes_user_strings(tmp_path: Path) -> None:
+    from sextant.report import render_html
+    from tests.test_store import record
+
+    rec = record()
+    rec["workload"]["name"] = "<script>alert(1)</script>"
+    rec.update(label="torch dp x2", created_at="2026-11-30T00:00:00", id=1,
+               grad_norms=[1.0, 1.0, 1.0])
+    rec["metrics"].update(step_time_p10_s=0.01, step_time_p90_s=0.03, steps_timed=3,
+                          first_step_s=0.1, achieved_flops_per_s=1e9, peak_rss_bytes=1e8)
+    rec["ranks"] = []
+    page = render_html([rec])
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

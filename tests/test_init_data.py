@@ -1,0 +1,72 @@
+"""Canonical parameters and batches: deterministic, framework-neutral, worker-count-free."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sextant import data
+from sextant.init import count_params, flops_per_step, init_params, param_shapes
+from sextant.schedule import lr_table
+from sextant.workload import resolve_workload
+
+
+def test_params_deterministic_and_seeded() -> None:
+    model = resolve_workload("gpt-tiny").model
+    a, b = init_params(model, 0), init_params(model, 0)
+    assert list(a) == list(param_shapes(model))
+    for name in a:
+        assert a[name].dtype == np.float32
+        np.testing.assert_array_equal(a[name], b[name])
+    c = init_params(model, 1)
+    assert not np.array_equal(a["wte"], c["wte"])
+    assert sum(v.size for v in a.values()) == count_params(model)
+
+
+def test_param_values_keyed_by_name_not_order() -> None:
+    # A wider MLP has other layers, but a layer with the same name and shape keeps its values.
+    w = resolve_workload("digits-mlp")
+    small = init_params(w.model, 0)
+    bigger = init_params(w.model.__class__(hidden=(128, 128, 32)), 0)
+    np.testing.assert_array_equal(small["layers.0.weight"], bigger["layers.0.weight"])
+
+
+def test_global_batch_is_pure_function_of_seed_and_step() -> None:
+    w = resolve_workload("gpt-tiny")
+    x1, y1 = data.global_batch(w, 3)
+    x2, y2 = data.global_batch(w, 3)
+    np.testing.assert_array_equal(x1, x2)
+    assert x1.shape == (w.global_batch, w.model.seq_len)
+    np.testing.assert_array_equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+    assert not np.array_equal(x1, data.global_batch(w, 4)[0])
+    assert not np.array_equal(x1, data.global_batch(w.replace(seed=7), 3)[0])
+
+
+def test_shards_reassemble_the_global_batch() -> None:
+    w = resolve_workload("digits-mlp")
+    x, y = data.global_batch(w, 0)
+    for world in (1, 2, 4):
+        parts = [data.shard(x, r, world) for r in range(world)]
+        np.testing.assert_array_equal(np.concatenate(parts), x)
+
+
+def test_digits_are_the_real_dataset() -> None:
+    features, labels = data.digits()
+    assert features.shape == (1797, 64) and labels.shape == (1797,)
+    assert features.min() == 0.0 and features.max() == 1.0
+    assert np.bincount(labels).tolist()[:3] == [178, 182, 177]
+
+
+def test_lr_schedule_warmup_then_cosine() -> None:
+    w = resolve_workload("gpt-tiny")
+    lrs = lr_table(w.optimizer, w.steps)
+    opt = w.optimizer
+    assert np.isclose(lrs[0], opt.lr / opt.warmup_steps)
+    assert np.isclose(lrs[opt.warmup_steps - 1], opt.lr)
+    assert np.isclose(lrs[-1], opt.lr * opt.min_lr_ratio)
+    assert np.all(np.diff(lrs[opt.warmup_steps - 1:]) <= 0)
+
+
+def test_flops_formula() -> None:
+    model = resolve_workload("gpt-tiny").model
+    per_token = 6 * (count_params(model) - 256 * 64 - 64 * 64) + 12 * 2 * 64 * 64
+    assert flops_per_step(model, 16) == 16 * 64 * per_token
