@@ -15,7 +15,16 @@ from sextant.errors import UserError
 
 FRAMEWORKS = ("torch", "jax", "tensorflow")
 MODES = ("eager", "compiled")
-PARALLEL = ("single", "dp")
+# The parallel-strategy vocabulary shared by all backends (each supports a subset):
+#   single     one process, one device
+#   dp         data parallel; gradients all-reduced by the framework's own mechanism
+#              (torch DDP, XLA-inserted collectives over a jax Mesh, tf MultiWorkerMirrored)
+#   dp-manual  data parallel written by hand: per-device step with an explicit gradient
+#              mean (jax shard_map + pmean), the style articles contrast with declarative dp
+#   fsdp       parameters, gradients and optimizer state sharded across data-parallel ranks
+#              (ZeRO-3 style)
+#   ps         parameter servers hold the variables; workers push gradients asynchronously
+PARALLEL = ("single", "dp", "dp-manual", "fsdp", "ps")
 PRECISIONS = ("fp32",)
 
 
@@ -30,6 +39,11 @@ class Strategy:
     workers: int = 1
     """Worker processes."""
     precision: str = "fp32"
+    devices_per_worker: int = 1
+    """Devices inside each worker process (jax: host devices of one CPU process;
+    tensorflow: logical CPU devices under MirroredStrategy)."""
+    ps: int = 0
+    """Parameter-server processes (parallel 'ps' only)."""
     threads: int | None = None
     """Intra-op threads per worker; default: the machine's cores divided by the workers."""
 
@@ -46,10 +60,25 @@ class Strategy:
             )
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise UserError(f"workers must be an integer >= 1. Received: {self.workers!r}")
-        if self.parallel == "single" and self.workers != 1:
+        for name in ("devices_per_worker", "ps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"{name} must be an integer >= 0. Received: {value!r}")
+        if self.devices_per_worker < 1:
             raise UserError(
-                f"parallel 'single' runs one worker. Received: workers={self.workers}; "
+                f"devices_per_worker must be >= 1. Received: {self.devices_per_worker}"
+            )
+        if self.parallel == "single" and (self.workers != 1 or self.devices_per_worker != 1):
+            raise UserError(
+                f"parallel 'single' runs one worker on one device. Received: "
+                f"workers={self.workers}, devices_per_worker={self.devices_per_worker}; "
                 "use --parallel dp for several"
+            )
+        if self.parallel == "ps" and self.ps < 1:
+            raise UserError("parallel 'ps' needs at least one parameter server (--ps N)")
+        if self.parallel != "ps" and self.ps:
+            raise UserError(
+                f"--ps is only for parallel 'ps'. Received: parallel={self.parallel!r}, ps={self.ps}"
             )
         if self.precision not in PRECISIONS:
             raise UserError(
@@ -61,13 +90,22 @@ class Strategy:
             raise UserError(f"threads must be an integer >= 1. Received: {self.threads!r}")
 
     @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: the global batch is split this many ways."""
+        return self.workers * self.devices_per_worker
+
+    @property
     def label(self) -> str:
-        """Short human name, e.g. 'torch compiled', 'torch dp x2'."""
+        """Short human name, e.g. 'torch compiled', 'torch dp x2', 'jax fsdp 1x8'."""
         parts = [self.framework]
         if self.mode != "eager" or self.parallel == "single":
             parts.append(self.mode)
         if self.parallel != "single":
-            parts.append(f"{self.parallel} x{self.workers}")
+            size = (f"x{self.workers}" if self.devices_per_worker == 1
+                    else f"{self.workers}x{self.devices_per_worker}")
+            parts.append(f"{self.parallel} {size}")
+        if self.ps:
+            parts.append(f"ps{self.ps}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--profile", metavar="FILE", help="team profile TOML (see --init)")
     p.add_argument("--init", nargs="?", const=DEFAULT_PROFILE, default=None, metavar="PATH",
                    help=f"write a commented profile template (default: {DEFAULT_PROFILE})")
-    p.add_argument("--db", type=Path, default=None,
+    p.add_argument("--db", type=Path, default=None, metavar="PATH",
                    help="results database with measured runs (default: $SEXTANT_RESULTS or "
                         "./sextant-results/results.db)")
     out = p.add_mutually_exclusive_group()

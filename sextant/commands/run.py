@@ -25,11 +25,18 @@ def register(sub: Any) -> None:
                        description="Train one workload with one framework and strategy; "
                                    "store the measured run.")
     add_run_args(p)
-    p.add_argument("--framework", default="torch", help="torch (default)")
+    p.add_argument("--framework", default="torch", help="torch (default), jax or tensorflow")
     p.add_argument("--mode", default="eager", help="eager (default) or compiled")
-    p.add_argument("--parallel", default="single", help="single (default) or dp")
+    p.add_argument("--parallel", default="single",
+                   help="single (default), dp, dp-manual, fsdp or ps "
+                        "(`sextant capabilities` shows which framework supports which)")
     p.add_argument("--workers", type=int, default=None,
-                   help="worker processes (default: 1, or 2 with --parallel dp)")
+                   help="worker processes (default: 1, or 2 with a parallel strategy)")
+    p.add_argument("--devices-per-worker", type=int, default=1,
+                   help="devices inside each worker process (jax host devices, tensorflow "
+                        "logical CPUs; default: 1)")
+    p.add_argument("--ps", type=int, default=0,
+                   help="parameter-server processes (with --parallel ps)")
     p.add_argument("--threads", type=int, default=None,
                    help="threads per worker (default: cores / workers)")
     p.set_defaults(func=cmd_run)
@@ -49,9 +56,15 @@ def load_with_steps(args: argparse.Namespace) -> Workload:
 
 def cmd_run(args: argparse.Namespace) -> int:
     workload = load_with_steps(args)
-    workers = args.workers if args.workers is not None else (2 if args.parallel == "dp" else 1)
+    if args.workers is not None:
+        workers = args.workers
+    elif args.parallel == "single" or args.devices_per_worker > 1:
+        workers = 1
+    else:
+        workers = 2
     strategy = Strategy(framework=args.framework, mode=args.mode, parallel=args.parallel,
-                        workers=workers, threads=args.threads)
+                        workers=workers, devices_per_worker=args.devices_per_worker,
+                        ps=args.ps, threads=args.threads)
     require(strategy)
     out = console()
     with open_store(args) as store, RunProgress(out) as progress:
