@@ -25,6 +25,27 @@ class Capabilities:
     precisions: tuple[str, ...]
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ProcessLayout:
+    """The processes of one run. Primary ranks train and report measurements; the run ends
+    when they all exit cleanly. Service ranks (e.g. parameter servers) serve until then and
+    are stopped by the launcher; one that exits early fails the run."""
+
+    roles: tuple[str, ...]
+    """Role of each rank, e.g. ('worker', 'worker') or ('chief', 'ps', 'worker', 'worker')."""
+    primary: tuple[int, ...]
+
+    @classmethod
+    def workers(cls, n: int) -> ProcessLayout:
+        return cls(roles=("worker",) * n, primary=tuple(range(n)))
+
+
+def process_layout(backend: Any, strategy: Any) -> ProcessLayout:
+    """The backend's layout for a strategy (default: `workers` identical worker processes)."""
+    custom = getattr(backend, "process_layout", None)
+    return custom(strategy) if custom is not None else ProcessLayout.workers(strategy.workers)
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

@@ -90,20 +90,30 @@ def launch(
     on_event: EventHandler | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run all ranks; return each rank's result dict (rank order)."""
+    """Run all ranks; return each primary rank's result dict (rank order)."""
+    from sextant.backends.base import get_backend, process_layout
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    threads = strategy.threads or default_threads(strategy.workers)
+    layout = process_layout(get_backend(strategy.framework), strategy)
+    world = len(layout.roles)
+    threads = strategy.threads or default_threads(len(layout.primary))
+    ports = sorted({free_port() for _ in range(world + 1)})
+    while len(ports) < world + 1:
+        ports = sorted(set(ports) | {free_port()})
     plan = {
         "workload": workload.to_dict(),
         "strategy": strategy.to_dict(),
         "run_dir": str(run_dir),
         "threads": threads,
         "collective_timeout_s": collective_timeout_s,
+        "roles": list(layout.roles),
+        # One free loopback port per rank (for frameworks that want an address per process,
+        # such as TF_CONFIG), plus MASTER_PORT for the rendezvous.
+        "ports": ports[1:],
     }
     plan_path = run_dir / "plan.json"
     atomic_write_json(plan_path, plan)
-    port = free_port()
-    world = strategy.workers
+    port = ports[0]
     procs: list[subprocess.Popen[bytes]] = []
     tails = [_EventTail(run_dir / f"rank{r}.events.jsonl") for r in range(world)]
     try:
@@ -137,15 +147,17 @@ def launch(
                     if on_event is not None:
                         on_event(event)
             codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            failed = [(r, c) for r, c in enumerate(codes)
+                      if c not in (None, 0) or (c == 0 and r not in layout.primary)]
             if failed:
                 # The first rank to fail is the cause; the others usually fail because of it.
                 rank, code = failed[0]
+                role = "" if layout.roles[rank] == "worker" else f" ({layout.roles[rank]})"
                 raise RunFailed(
-                    f"{strategy.label}: rank {rank} {_describe_exit(code)}: "
+                    f"{strategy.label}: rank {rank}{role} {_describe_exit(code)}: "
                     f"{_last_error_line(run_dir, rank)} (logs: {run_dir})"
                 )
-            if all(c == 0 for c in codes):
+            if all(codes[r] == 0 for r in layout.primary):
                 break
             if time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
@@ -163,7 +175,7 @@ def launch(
                     pass
                 p.wait()
     results = []
-    for rank in range(world):
+    for rank in layout.primary:
         path = run_dir / f"rank{rank}.result.json"
         if not path.exists():
             raise RunFailed(f"{strategy.label}: rank {rank} exited without a result ({path})")

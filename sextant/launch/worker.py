@@ -38,9 +38,17 @@ class WorkerContext:
     run_dir: Path
     threads: int
     collective_timeout_s: float
+    roles: tuple[str, ...] = ()
+    """Role of every rank (see backends.base.ProcessLayout)."""
+    ports: tuple[int, ...] = ()
+    """A free loopback port reserved for every rank."""
     fault: str | None = None
     """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
     _events: TextIO | None = field(default=None, repr=False)
+
+    @property
+    def role(self) -> str:
+        return self.roles[self.rank]
 
     @property
     def is_distributed(self) -> bool:
@@ -68,6 +76,8 @@ def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContex
         run_dir=Path(plan["run_dir"]),
         threads=int(plan["threads"]),
         collective_timeout_s=float(plan["collective_timeout_s"]),
+        roles=tuple(plan.get("roles") or ("worker",) * int(env["WORLD_SIZE"])),
+        ports=tuple(plan.get("ports") or ()),
         fault=env.get("SEXTANT_TEST_FAULT") or None,
     )
 

@@ -419,6 +419,7 @@ def evaluate(cost: ModelCost, hw: Hardware, opts: PlanOptions,
         "step_no_overlap": step_no_overlap, "tokens_per_s": tokens_per_s, "mfu": mfu, "hfu": hfu,
         "hw_flops_per_token": hw_flops_tok * np.ones_like(n),
         "tp_inter": tp_out > 1, "dp_inter": dp_out > 1, "pp_inter": pp_inter & multi,
+        "offload": off >= 1, "weights_bound": t_weights > t_flops,
     }
 
 
@@ -434,7 +435,8 @@ def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[st
     if key == "bubble":
         return "pipeline bubble", share
     if key == "optimizer":
-        return "optimizer step (offload/host)" if hw.host else "optimizer step", share
+        return ("CPU offload (host link and host optimizer step)" if bool(res["offload"][i])
+                else "optimizer step"), share
     inter_flag = {"tp_comm": "tp_inter", "pp_comm": "pp_inter", "dp_exposed": "dp_inter"}[key]
     link = hw.inter if bool(res[inter_flag][i]) else hw.intra
     where = "inter-node" if bool(res[inter_flag][i]) else "intra-node"

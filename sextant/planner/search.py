@@ -72,7 +72,7 @@ def enumerate_layouts(cost: ModelCost, devices: int, global_batch: int, *,
     ok &= (lay["tp"] > 1) | (lay["sp"] == 0)
     ok &= (lay["off"] < 2) | (lay["zero"] == 3)
     ok &= (lay["v"] == 1) | ((lay["pp"] > 1) & (m % lay["pp"] == 0)
-                             & (cost.n_layers % (lay["pp"] * lay["v"]) == 0))
+                             & (lay["pp"] * lay["v"] <= cost.n_layers))
     if cost.act_scores == 0:  # with FlashAttention selective recomputation saves nothing
         ok &= lay["rc"] != 1
     for key, value in fixed.items():

@@ -1,0 +1,344 @@
+"""`sextant calibrate`: measure this machine for the planner.
+
+* GEMM FLOP/s (float32, 2 n^3 FLOPs per n x n product) with numpy and, if installed, torch,
+  each with 1 thread and with all threads, each in its own child process (thread counts are
+  fixed before the library loads; torch is never imported into the planner's process).
+* Memory bandwidth: a 256 MiB numpy copy (read + write bytes over time), best of 5.
+* All-reduce time between 2 real worker processes (torch.distributed, gloo backend, TCP on
+  127.0.0.1, a free port) for messages of 1 KiB to 64 MiB, median of repeated calls, fitted by
+  least squares to t = alpha + beta * bytes. Relative residuals are minimised (each point
+  weighted by 1/t), so that the microsecond-scale small messages count as much as the large
+  ones; alpha is the latency, 1/beta the bandwidth.
+
+The result is JSON (schema 1) at ./sextant-results/calibration.json unless --out says where;
+the planner then fills its 'cpu-local' accelerator and 'loopback' link from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sextant.errors import RunFailed, UserError
+from sextant.planner.catalogue import DEFAULT_CALIBRATION
+
+GEMM_N = 1024
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+_GEMM_SCRIPT = r"""
+import json, sys, time
+lib, n, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if lib == "torch":
+    import torch
+    torch.set_num_threads(threads)
+    a = torch.randn(n, n); b = torch.randn(n, n)
+    mm = lambda: torch.mm(a, b)
+    version = torch.__version__
+else:
+    import numpy as np
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32); b = rng.standard_normal((n, n), dtype=np.float32)
+    mm = lambda: a @ b
+    version = np.__version__
+for _ in range(3):
+    mm()
+times = []
+deadline = time.perf_counter() + 1.0
+while len(times) < 5 or (time.perf_counter() < deadline and len(times) < 200):
+    t0 = time.perf_counter(); mm(); times.append(time.perf_counter() - t0)
+times.sort()
+print(json.dumps({"seconds_median": times[len(times) // 2], "seconds_best": times[0],
+                  "reps": len(times), "version": version}))
+"""
+
+
+def default_out() -> Path:
+    return DEFAULT_CALIBRATION
+
+
+def host_info() -> dict[str, Any]:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": cores, "memory_bytes": memory, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def _child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for var in THREAD_VARS:
+        env[var] = str(threads)
+    return env
+
+
+def measure_gemm(lib: str, threads: int, n: int = GEMM_N, timeout: float = 60.0) -> dict[str, Any]:
+    """FLOP/s of an n x n float32 matrix product in a child process with `threads` threads."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _GEMM_SCRIPT, lib, str(n), str(threads)],
+            capture_output=True, text=True, timeout=timeout, env=_child_env(threads),
+        )
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"GEMM measurement ({lib}, {threads} threads) timed out after {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RunFailed(f"GEMM measurement ({lib}, {threads} threads) failed: {tail[0]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["flops"] = 2.0 * n**3 / out["seconds_median"]
+    return out
+
+
+def measure_memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
+    """Bytes/s of a large copy (counting the read and the write), best of 5."""
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * src.nbytes / best
+
+
+def message_sizes(max_bytes: int) -> list[int]:
+    sizes, size = [], 1024
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 4
+    return sizes
+
+
+def fit_alpha_beta(sizes, times) -> dict[str, float]:
+    """Least squares fit of t = alpha + beta * bytes, minimising relative residuals."""
+    m = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if len(m) < 2:
+        raise UserError("an alpha-beta fit needs at least 2 message sizes")
+    a = np.stack([1.0 / t, m / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    pred = alpha + beta * m
+    rel = (pred - t) / t
+    ss_res = float(((pred - t) ** 2).sum())
+    ss_tot = float(((t - t.mean()) ** 2).sum()) or 1.0
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta),
+            "bandwidth_bytes_per_s": float(1.0 / beta) if beta > 0 else 0.0,
+            "r2": 1.0 - ss_res / ss_tot, "max_rel_residual": float(np.abs(rel).max()),
+            "median_rel_residual": float(np.median(np.abs(rel)))}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure_allreduce(max_bytes: int = 64 * 2**20, timeout: float = 120.0,
+                      world: int = 2) -> dict[str, Any]:
+    """All-reduce medians between `world` gloo worker processes on 127.0.0.1."""
+    if importlib.util.find_spec("torch") is None:
+        raise UserError("all-reduce calibration needs PyTorch: pip install sextant[torch]")
+    port = _free_port()
+    sizes = message_sizes(max_bytes)
+    with tempfile.TemporaryDirectory(prefix="sextant-cal-") as tmp:
+        out = Path(tmp) / "allreduce.json"
+        procs = []
+        for rank in range(world):
+            cmd = [sys.executable, "-m", "sextant.planner.calibrate", "--worker",
+                   "--rank", str(rank), "--world", str(world), "--port", str(port),
+                   "--sizes", ",".join(map(str, sizes)), "--out", str(out),
+                   "--timeout", str(int(timeout))]
+            procs.append(subprocess.Popen(cmd, env=_child_env(1), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + timeout
+        failed = None
+        for rank, proc in enumerate(procs):
+            try:
+                _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))
+            except subprocess.TimeoutExpired:
+                failed = (rank, f"timed out after {timeout:.0f} s")
+                break
+            if proc.returncode != 0 and failed is None:
+                tail = err.strip().splitlines()[-1:] or ["no output"]
+                failed = (rank, f"exit code {proc.returncode}: {tail[0]}")
+        if failed is not None:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+            raise RunFailed(f"all-reduce calibration worker rank {failed[0]} {failed[1]}")
+        data = json.loads(out.read_text())
+    data["fit"] = fit_alpha_beta(data["sizes_bytes"], data["times_s"])
+    return data
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One gloo rank: time all_reduce for each size; rank 0 writes the medians."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                            rank=args.rank, world_size=args.world,
+                            timeout=timedelta(seconds=args.timeout))
+    sizes = [int(x) for x in args.sizes.split(",")]
+    medians, p10, p90, reps_used = [], [], [], []
+    for size in sizes:
+        x = torch.ones(max(size // 4, 1), dtype=torch.float32)
+        for _ in range(3):
+            dist.all_reduce(x)
+        # Both ranks run the same number of calls: rank 0 decides it from a timed probe.
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        probe = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.broadcast(probe, 0)
+        reps = int(min(50, max(5, 0.25 / max(float(probe.item()), 1e-6))))
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        medians.append(times[len(times) // 2])
+        p10.append(times[len(times) // 10])
+        p90.append(times[min(len(times) - 1, (9 * len(times)) // 10)])
+        reps_used.append(reps)
+    dist.barrier()
+    if args.rank == 0:
+        Path(args.out).write_text(json.dumps({
+            "backend": "gloo", "world_size": args.world, "address": "127.0.0.1",
+            "sizes_bytes": sizes, "times_s": medians, "p10_s": p10, "p90_s": p90,
+            "reps": reps_used, "torch": torch.__version__,
+        }))
+    dist.destroy_process_group()
+    return 0
+
+
+def calibrate(*, out: str | Path | None = None, max_bytes: int = 64 * 2**20,
+              timeout: float = 120.0, progress=None) -> dict[str, Any]:
+    started = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if progress is not None:
+            progress.write(f"calibrate: {msg}\n")
+            progress.flush()
+
+    host = host_info()
+    gemm: dict[str, Any] = {}
+    libs = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    for lib in libs:
+        say(f"GEMM {GEMM_N}x{GEMM_N} float32 with {lib} (1 and {host['cores']} threads)")
+        one = measure_gemm(lib, 1)
+        full = measure_gemm(lib, host["cores"]) if host["cores"] > 1 else one
+        gemm[lib] = {"n": GEMM_N, "dtype": "float32", "version": one["version"],
+                     "flops_1_thread": one["flops"], "flops_all_threads": full["flops"],
+                     "threads": host["cores"]}
+    say("memory copy bandwidth (256 MiB)")
+    mem_bw = measure_memory_bandwidth()
+    allreduce = None
+    notes = []
+    if "torch" in libs:
+        say(f"all-reduce between 2 gloo processes, 1 KiB to {max_bytes // 2**20} MiB")
+        ar = measure_allreduce(max_bytes=max_bytes, timeout=timeout)
+        allreduce = {k: v for k, v in ar.items() if k != "fit"} | ar["fit"]
+    else:
+        notes.append("PyTorch not installed: all-reduce not measured (pip install sextant[torch])")
+    doc = {
+        "schema": 1,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": host,
+        "gemm": gemm,
+        "memory_bw_bytes_per_s": mem_bw,
+        "allreduce": allreduce,
+        "seconds": time.perf_counter() - started,
+        "notes": notes,
+    }
+    path = Path(out) if out else default_out()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write calibration to {path}: {exc}") from None
+    doc["path"] = str(path)
+    return doc
+
+
+def render_calibration(doc: dict[str, Any], console, path) -> None:
+    from rich.table import Table
+
+    h = doc["host"]
+    console.print(f"[bold]{h['cpu']}[/bold], {h['cores']} cores, "
+                  f"{h['memory_bytes'] / 1e9:.1f} GB RAM")
+    t = Table(title="GEMM float32", title_justify="left")
+    for col in ("library", "1 thread GFLOP/s", f"{h['cores']} threads GFLOP/s"):
+        t.add_column(col, justify="left" if col == "library" else "right")
+    for lib, g in doc["gemm"].items():
+        t.add_row(f"{lib} {g['version']}", f"{g['flops_1_thread'] / 1e9:.1f}",
+                  f"{g['flops_all_threads'] / 1e9:.1f}")
+    console.print(t)
+    console.print(f"memory copy bandwidth: {doc['memory_bw_bytes_per_s'] / 1e9:.1f} GB/s")
+    ar = doc.get("allreduce")
+    if ar:
+        t = Table(title="all-reduce, 2 gloo processes on 127.0.0.1", title_justify="left")
+        for col in ("bytes", "median", "fit", "error"):
+            t.add_column(col, justify="right")
+        for m, s in zip(ar["sizes_bytes"], ar["times_s"]):
+            fit = ar["alpha_s"] + ar["beta_s_per_byte"] * m
+            t.add_row(f"{m:,}", f"{s * 1e3:.3f} ms", f"{fit * 1e3:.3f} ms", f"{(fit - s) / s:+.0%}")
+        console.print(t)
+        console.print(f"fit: alpha = {ar['alpha_s'] * 1e6:.1f} us, beta = "
+                      f"{ar['beta_s_per_byte'] * 1e9:.4f} ns/byte "
+                      f"({ar['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s), "
+                      f"median |error| {ar['median_rel_residual']:.0%}, "
+                      f"max {ar['max_rel_residual']:.0%}")
+    for note in doc.get("notes", []):
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"saved to {path} in {doc['seconds']:.1f} s; plan with "
+                  "--accelerator cpu-local --network loopback")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sextant.planner.calibrate")
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--sizes", default="1024")
+    p.add_argument("--out", default="")
+    p.add_argument("--timeout", type=int, default=120)
+    args = p.parse_args(argv)
+    if not args.worker:
+        p.error("this module runs calibration workers; use 'sextant calibrate'")
+    return _worker(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

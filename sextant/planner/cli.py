@@ -1,0 +1,273 @@
+"""`sextant plan` and `sextant calibrate`.
+
+Only argparse and the planner's own numpy modules are imported at registration; the planner
+never imports an ML framework (calibrate runs torch in child processes only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from sextant.errors import UserError
+
+EPILOG = """examples:
+  sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
+  sextant plan --model gpt3-175b --gpus 4096 --accelerator a100-80gb --search
+  sextant plan --workload workloads/gpt-small.toml --gpus 2 --accelerator cpu-local --network loopback
+  sextant plan --validate          (predicted vs measured step time of the local runs)
+  sextant plan --references        (the planner against published figures, docs/validation.md)
+  sextant plan --list              (presets, accelerators, networks)
+"""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="plan a training run on a cluster you do not have yet: memory, time, cost, scaling",
+        description="Analytical planner: will the model fit, how fast will it train, where does "
+        "adding devices stop paying, what must the network be. Formulas and their sources: "
+        "docs/planner.md.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_argument_group("model")
+    src.add_argument("--model", help="architecture preset (see --list), e.g. llama-70b, gpt3-175b")
+    src.add_argument("--workload", metavar="FILE", help="a sextant workload TOML instead of --model")
+    hw = p.add_argument_group("hardware")
+    hw.add_argument("--gpus", "--devices", dest="gpus", type=int, metavar="N",
+                    help="number of accelerators")
+    hw.add_argument("--accelerator", default="h100-sxm", help="catalogue accelerator (default h100-sxm)")
+    hw.add_argument("--network", help="inter-node link (default: the accelerator's usual one)")
+    hw.add_argument("--intra-link", help="intra-node link (default: the accelerator's)")
+    hw.add_argument("--gpus-per-node", type=int, help="devices per node (default: catalogue)")
+    hw.add_argument("--nics-per-node", type=int, help="network ports per node (default: one per device)")
+    hw.add_argument("--catalogue", metavar="FILE", help="TOML merged over the bundled catalogue")
+    hw.add_argument("--calibration", metavar="FILE",
+                    help="calibration JSON (default ./sextant-results/calibration.json)")
+    tr = p.add_argument_group("training")
+    tr.add_argument("--tokens", type=float, help="tokens to train, e.g. 2e12 (time and cost)")
+    tr.add_argument("--global-batch", type=int, help="sequences per step (default: the model's)")
+    tr.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
+                    help="default bf16 where the accelerator has it, else fp16, else fp32")
+    tr.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    tr.add_argument("--price-per-hour", type=float, help="USD per device-hour (default: catalogue estimate)")
+    lay = p.add_argument_group("layout (each one given is pinned; the others are searched)")
+    lay.add_argument("--dp", type=int)
+    lay.add_argument("--tp", type=int)
+    lay.add_argument("--pp", type=int)
+    lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
+    lay.add_argument("--mbs", type=int, help="micro-batch size")
+    lay.add_argument("--recompute", choices=("none", "selective", "full"))
+    lay.add_argument("--sp", choices=("on", "off"), help="sequence parallelism")
+    lay.add_argument("--offload", choices=("none", "optimizer", "params"))
+    lay.add_argument("--interleave", type=int, help="model chunks per pipeline stage")
+    asm = p.add_argument_group("assumptions")
+    asm.add_argument("--mfu", type=float, default=None,
+                     help="compute efficiency: fraction of peak the kernels reach (default 0.5)")
+    asm.add_argument("--overlap", type=float, default=1.0,
+                     help="fraction of data-parallel comm that may hide behind backward (default 1)")
+    asm.add_argument("--tp-overlap", type=float, default=0.0)
+    asm.add_argument("--link-efficiency", type=float, default=1.0)
+    asm.add_argument("--fragmentation", type=float, default=0.10)
+    asm.add_argument("--overhead-gb", type=float, default=None,
+                     help="runtime memory per device before tensors (default 1 GB; 0.3 on cpu-local)")
+    asm.add_argument("--no-flash-attention", action="store_true",
+                     help="store attention scores (2021-era stacks, Korthikanti's 5as term)")
+    out = p.add_argument_group("output")
+    out.add_argument("--search", action="store_true", help="also print the best layouts ranked")
+    out.add_argument("--top", type=int, default=10, help="rows of --search (default 10)")
+    out.add_argument("--threshold", type=float, default=0.8,
+                     help="scaling efficiency threshold for the knee (default 0.8)")
+    out.add_argument("--no-curve", action="store_true", help="skip the scaling curve")
+    out.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    modes = p.add_argument_group("other modes")
+    modes.add_argument("--validate", action="store_true",
+                       help="predicted vs measured step time of the runs in the results store")
+    modes.add_argument("--db", metavar="PATH", help="results store for --validate")
+    modes.add_argument("--references", action="store_true",
+                       help="the planner against published figures (docs/validation.md)")
+    modes.add_argument("--only", metavar="ID", help="with --references: one reference")
+    modes.add_argument("--list", action="store_true", help="list presets, accelerators, networks")
+    p.set_defaults(func=run_plan)
+
+    c = subparsers.add_parser(
+        "calibrate",
+        help="measure this machine (GEMM FLOP/s, memory bandwidth, all-reduce alpha/beta)",
+        description="Measure this machine for the planner's 'cpu-local' accelerator and "
+        "'loopback' link: GEMM FLOP/s with numpy and torch (1 thread and all threads), memory "
+        "copy bandwidth, and all-reduce time between 2 gloo processes on 127.0.0.1 from 1 KB "
+        "to 64 MB, fitted by least squares to t = alpha + beta * bytes.",
+    )
+    c.add_argument("--out", metavar="PATH", help="default ./sextant-results/calibration.json")
+    c.add_argument("--max-bytes", type=int, default=64 * 2**20,
+                   help="largest all-reduce message (default 64 MiB)")
+    c.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds allowed for the worker processes (default 120)")
+    c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    c.set_defaults(func=run_calibrate)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from sextant.planner.catalogue import load_catalogue
+
+    if args.list:
+        return _list(load_catalogue(args.catalogue, args.calibration), args.json)
+    if args.references:
+        from sextant.planner.references import render_references, run_references
+
+        rows = run_references(only=args.only)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            render_references(rows, _console())
+        return 0
+    if args.validate:
+        from sextant.planner.validate import render_validation, validate
+
+        rows = validate(db=args.db, calibration=args.calibration, catalogue=args.catalogue)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            render_validation(rows, _console())
+        return 0
+    doc = plan_from_args(args)
+    if args.json:
+        print(json.dumps(doc, indent=2, default=float))
+    else:
+        from sextant.planner.render import render_plan
+
+        render_plan(doc, _console())
+    return 0
+
+
+def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.estimate import PlanOptions, resolve_hardware
+    from sextant.planner.models import load_workload_shape, preset
+    from sextant.planner.plan import PlanRequest, make_plan
+
+    if bool(args.model) == bool(args.workload):
+        raise UserError("give exactly one of --model PRESET or --workload FILE "
+                        "(see 'sextant plan --list')")
+    if args.gpus is None:
+        raise UserError("--gpus N is required (the number of accelerators to plan for)")
+    shape = preset(args.model) if args.model else load_workload_shape(args.workload)
+    cat = load_catalogue(args.catalogue, args.calibration)
+    acc = cat.accelerator(args.accelerator)
+    precision = args.precision or next(
+        (p for p in ("bf16", "fp16", "fp32") if p in acc.peak_flops), "fp32")
+    if acc.measured and args.precision is None:
+        precision = "fp32"
+    overhead = args.overhead_gb
+    if overhead is None:
+        overhead = 0.3 if acc.measured else 1.0
+    options = PlanOptions(
+        precision=precision, optimizer=args.optimizer,
+        global_batch=args.global_batch or shape.global_batch,
+        compute_efficiency=0.5 if args.mfu is None else args.mfu,
+        overlap=args.overlap, tp_overlap=args.tp_overlap, link_efficiency=args.link_efficiency,
+        fragmentation=args.fragmentation, fixed_overhead_gb=overhead,
+        flash_attention=not args.no_flash_attention,
+        devices_per_node=args.gpus_per_node, nics_per_node=args.nics_per_node,
+    )
+    hw = resolve_hardware(cat, args.accelerator, args.network, intra_link=args.intra_link,
+                          options=options)
+    pinned: dict[str, Any] = {}
+    for key in ("dp", "tp", "pp", "zero", "mbs", "recompute", "offload", "interleave"):
+        value = getattr(args, key)
+        if value is not None:
+            pinned[key] = value
+    if args.sp is not None:
+        pinned["sp"] = args.sp == "on"
+    for key in ("dp", "tp", "pp", "mbs", "interleave"):
+        if key in pinned and pinned[key] < 1:
+            raise UserError(f"--{key} must be >= 1. Received: {pinned[key]}")
+    if args.top < 0:
+        raise UserError(f"--top must be >= 0. Received: {args.top}")
+    if not 0 < args.threshold <= 1:
+        raise UserError(f"--threshold must be in (0, 1]. Received: {args.threshold}")
+    if args.price_per_hour is not None and args.price_per_hour < 0:
+        raise UserError(f"--price-per-hour must be >= 0. Received: {args.price_per_hour}")
+    req = PlanRequest(
+        shape=shape, devices=args.gpus, accelerator=args.accelerator, network=args.network,
+        intra_link=args.intra_link, options=options, pinned=pinned, tokens=args.tokens,
+        price_per_hour=args.price_per_hour, threshold=args.threshold,
+        top=args.top if args.search else 0, curve=not args.no_curve,
+    )
+    return make_plan(req, cat, hw)
+
+
+def _list(cat, as_json: bool) -> int:
+    from sextant.planner.models import ALIASES, PRESETS
+
+    doc = {
+        "presets": {k: {"params": v.total_params(), "shape": v.describe(), "source": v.source}
+                    for k, v in PRESETS.items()},
+        "aliases": ALIASES,
+        "accelerators": {k: {"name": a.name, "peak_tflops": {p: f / 1e12 for p, f in a.peak_flops.items()},
+                             "memory_gb": None if a.memory_bytes is None else a.memory_bytes / 1e9,
+                             "price_per_hour": cat.price(k), "source": a.source}
+                         for k, a in cat.accelerators.items()},
+        "links": {k: {"name": link.name, "bandwidth_gbs": link.bandwidth / 1e9,
+                      "latency_us": link.latency * 1e6, "source": link.source}
+                  for k, link in cat.links.items()},
+        "prices": {"date": cat.price_date, "basis": cat.price_basis},
+    }
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    t = Table(title="Model presets", title_justify="left")
+    for col in ("name", "parameters", "shape"):
+        t.add_column(col)
+    for k, v in doc["presets"].items():
+        t.add_row(k, f"{v['params'] / 1e9:.2f}B", v["shape"])
+    console.print(t)
+    console.print("aliases: " + ", ".join(f"{a} -> {b}" for a, b in ALIASES.items()))
+    t = Table(title="Accelerators (dense peak)", title_justify="left")
+    for col in ("name", "bf16 TFLOP/s", "fp32 TFLOP/s", "memory GB", "$/hour"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for k, a in doc["accelerators"].items():
+        pk = a["peak_tflops"]
+        t.add_row(k, f"{pk['bf16']:g}" if "bf16" in pk else "-",
+                  f"{pk['fp32']:g}" if "fp32" in pk else "-",
+                  "measured" if a["memory_gb"] is None else f"{a['memory_gb']:.1f}",
+                  "-" if a["price_per_hour"] is None else f"{a['price_per_hour']:.2f}")
+    console.print(t)
+    t = Table(title="Links", title_justify="left")
+    for col in ("name", "GB/s per device", "latency us"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for k, link in doc["links"].items():
+        t.add_row(k, f"{link['bandwidth_gbs']:g}" if link["bandwidth_gbs"] else "measured",
+                  f"{link['latency_us']:.3g}")
+    console.print(t)
+    console.print(f"prices: {cat.price_basis} ({cat.price_date}); catalogue: {cat.path}")
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from sextant.planner.calibrate import calibrate, default_out, render_calibration
+
+    if args.max_bytes < 1024:
+        raise UserError(f"--max-bytes must be >= 1024. Received: {args.max_bytes}")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be > 0. Received: {args.timeout}")
+    out = args.out or default_out()
+    doc = calibrate(out=out, max_bytes=args.max_bytes, timeout=args.timeout,
+                    progress=None if args.json else sys.stderr)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        render_calibration(doc, _console(), out)
+    return 0

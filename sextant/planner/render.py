@@ -1,0 +1,138 @@
+"""Tables for plan documents (rich). Numbers are formatted here only; the document holds the
+exact values (printed as-is by --json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+GB = 1e9
+
+
+def _t(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def render_plan(doc: dict[str, Any], console: Console) -> None:
+    m, hw, lay = doc["model"], doc["hardware"], doc["layout"]
+    a = doc["assumptions"]
+    console.print(
+        f"[bold]{m['name']}[/bold] ({_count(m['params'])} parameters; {m['shape']}) on "
+        f"[bold]{hw['devices']} x {hw['accelerator']}[/bold] ({hw['nodes']} node(s) of "
+        f"{hw['devices_per_node']}; intra {hw['intra_link']}, network {hw['network']}), "
+        f"{hw['precision']}, global batch {a['global_batch']} "
+        f"({a['tokens_per_step']:,} tokens/step)"
+    )
+    searched = doc.get("layout_searched") or []
+    how = "best of the search" if searched else "as given"
+    console.print(f"layout: [bold]{lay['label']}[/bold] ({how}; "
+                  f"{doc['search']['layouts_evaluated']:,} layouts evaluated, "
+                  f"{doc['search']['layouts_fitting']:,} fit, "
+                  f"{doc['search']['seconds'] * 1e3:.0f} ms)")
+
+    mem = doc["memory"]
+    t = Table(title="Memory per device", title_justify="left")
+    t.add_column("component")
+    t.add_column("GB", justify="right")
+    t.add_column("share", justify="right")
+    rows = [("parameters", mem["params"]), ("gradients", mem["grads"]),
+            ("optimizer state", mem["optimizer"]), ("ZeRO-3 gathered layers", mem["zero3_buffers"]),
+            ("activations", mem["activations"]),
+            ("allowance (fragmentation + runtime)", mem["allowance"])]
+    for name, value in rows:
+        if value:
+            t.add_row(name, f"{value / GB:,.2f}", _share(value, mem["total"]))
+    t.add_row("[bold]total[/bold]", f"[bold]{mem['total'] / GB:,.2f}[/bold]", "")
+    verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"
+    t.add_row(f"capacity ({verdict})", f"{mem['capacity'] / GB:,.2f}", "")
+    if mem["host_offload"]:
+        t.add_row("offloaded to host memory", f"{mem['host_offload'] / GB:,.2f}", "")
+    console.print(t)
+
+    tm = doc["time"]
+    t = Table(title="Step time", title_justify="left")
+    t.add_column("part")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    for name, key in (("compute", "compute"), ("optimizer step / offload", "optimizer"),
+                      ("tensor-parallel comm", "tp_comm"), ("pipeline sends", "pp_comm"),
+                      ("pipeline bubble", "bubble"), ("exposed data-parallel comm", "dp_exposed")):
+        if tm[key] or key == "compute":
+            t.add_row(name, _t(tm[key]), _share(tm[key], tm["step"]))
+    t.add_row("[bold]step[/bold]", f"[bold]{_t(tm['step'])}[/bold]", "")
+    if tm["step_no_overlap"] > tm["step"] * 1.0005:
+        t.add_row("step with no comm/compute overlap", _t(tm["step_no_overlap"]), "")
+    console.print(t)
+
+    th = doc["throughput"]
+    console.print(
+        f"throughput: [bold]{th['tokens_per_s']:,.0f} tokens/s[/bold] "
+        f"({th['samples_per_s']:,.1f} samples/s), MFU {th['mfu']:.1%} "
+        f"(hardware FLOPs incl. recomputation {th['hfu']:.1%}), "
+        f"{th['model_tflops_per_device']:.1f} model TFLOP/s per device; "
+        f"largest overhead: {tm['main_overhead']} ({tm['main_overhead_share']:.1%})"
+    )
+    tr = doc.get("training")
+    if tr:
+        cost = ("cost unknown (no price for this accelerator: --price-per-hour)"
+                if tr["cost_usd"] is None else
+                f"${tr['cost_usd']:,.0f} at ${tr['price_per_device_hour']:.2f}/device-hour "
+                f"({tr['price_basis']})")
+        console.print(
+            f"train {tr['tokens']:.3g} tokens: [bold]{tr['days']:,.1f} days[/bold] "
+            f"({tr['days_no_overlap']:,.1f} with no overlap), "
+            f"{tr['device_hours']:,.0f} device-hours, {cost}"
+        )
+
+    if doc.get("search", {}).get("top"):
+        t = Table(title="Best layouts", title_justify="left")
+        for col in ("#", "layout", "tokens/s", "MFU", "step", "GB/device", "exposed DP",
+                    "bubble", "TP comm"):
+            t.add_column(col, justify="left" if col == "layout" else "right")
+        for i, r in enumerate(doc["search"]["top"], 1):
+            t.add_row(str(i), r["layout"], f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+                      _t(r["step"]), f"{r['memory'] / GB:.1f}", _t(r["dp_exposed"]),
+                      _t(r["bubble"]), _t(r["tp_comm"]))
+        console.print(t)
+
+    if doc.get("scaling"):
+        t = Table(title="Scaling (fixed global batch, best layout per size)", title_justify="left")
+        for col in ("devices", "layout", "tokens/s", "speed-up", "efficiency", "MFU",
+                    "largest overhead"):
+            t.add_column(col, justify="left" if col in ("layout", "largest overhead") else "right")
+        for p in doc["scaling"]:
+            if p["layout"] is None:
+                t.add_row(str(p["devices"]), "does not fit", "-", "-", "-", "-", "-")
+                continue
+            t.add_row(str(p["devices"]), p["layout"], f"{p['tokens_per_s']:,.0f}",
+                      f"{p['speedup']:.2f}x", f"{p['efficiency']:.0%}", f"{p['mfu']:.1%}",
+                      f"{p['main_overhead']} ({p['overhead_share']:.0%})")
+        console.print(t)
+        k = doc.get("knee")
+        if k:
+            console.print(f"efficiency falls below {k['threshold']:.0%} at [bold]{k['devices']} "
+                          f"devices[/bold] ({k['efficiency']:.0%}); cause: {k['cause']}")
+        else:
+            console.print("efficiency stays above the threshold up to "
+                          f"{doc['hardware']['devices']} devices")
+    for w in doc["warnings"]:
+        console.print(f"[yellow]note:[/yellow] {w}")
