@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from sextant.errors import UserError
 from sextant.init import count_params, flops_per_step
 from sextant.launch.local import launch
 from sextant.measure.stats import paired_median_difference, summarize
@@ -114,6 +115,11 @@ def execute(
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Launch, aggregate, store; returns the run record (with `id` when stored)."""
+    if workload.global_batch % strategy.replicas:
+        raise UserError(
+            f"global_batch {workload.global_batch} is not divisible by the "
+            f"{strategy.replicas} data-parallel replicas of {strategy.label}"
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = strategy.label.replace(" ", "-")
     run_dir = runs_dir / f"{stamp}-{workload.name}-{slug}-{time.monotonic_ns() % 10**6:06d}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sextant.backends import require
+from sextant.backends import get_backend, require
+from sextant.backends.base import REGISTRY
 from sextant.commands.common import (
     RunProgress,
     add_run_args,
@@ -26,7 +27,9 @@ def register(sub: Any) -> None:
                                    "store the measured run.")
     add_run_args(p)
     p.add_argument("--framework", default="torch", help="torch (default), jax or tensorflow")
-    p.add_argument("--mode", default="eager", help="eager (default) or compiled")
+    p.add_argument("--mode", default=None,
+                   help="eager or compiled (default: the framework's usual way: eager for "
+                        "torch, compiled (jit) for jax)")
     p.add_argument("--parallel", default="single",
                    help="single (default), dp, dp-manual, fsdp or ps "
                         "(`sextant capabilities` shows which framework supports which)")
@@ -62,7 +65,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers = 1
     else:
         workers = 2
-    strategy = Strategy(framework=args.framework, mode=args.mode, parallel=args.parallel,
+    mode = args.mode
+    if mode is None:
+        mode = (get_backend(args.framework).capabilities().modes[0]
+                if args.framework in REGISTRY else "eager")
+    strategy = Strategy(framework=args.framework, mode=mode, parallel=args.parallel,
                         workers=workers, devices_per_worker=args.devices_per_worker,
                         ps=args.ps, threads=args.threads)
     require(strategy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,9 +36,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def usable_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def default_threads(workers: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // workers)
+    return max(1, len(usable_cores()) // workers)
+
+
+def core_sets(layout_primary: tuple[int, ...], world: int, threads: int) -> list[list[int] | None]:
+    """CPU cores each rank is pinned to: primary rank i gets its own `threads` cores when the
+    machine has enough, so frameworks whose thread pools size themselves from the affinity
+    mask (XLA, TensorFlow) use the same share as those told a thread count (torch). Service
+    ranks and oversubscribed runs are not pinned."""
+    cores = usable_cores()
+    if not hasattr(os, "sched_setaffinity") or len(layout_primary) * threads > len(cores):
+        return [None] * world
+    sets: list[list[int] | None] = [None] * world
+    for i, rank in enumerate(layout_primary):
+        sets[rank] = cores[i * threads : (i + 1) * threads]
+    return sets
 
 
 class _EventTail:
@@ -70,13 +90,21 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+
 def _last_error_line(run_dir: Path, rank: int) -> str:
+    """The exception line of a rank's traceback (frameworks append notes after it)."""
     for name in (f"rank{rank}.error.txt", f"rank{rank}.stderr.log"):
         path = run_dir / name
         if path.exists():
-            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()
+                     if ln.strip()]
+            exceptions = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+            if exceptions:
+                return exceptions[-1][:500]
             if lines:
-                return lines[-1].strip()
+                return lines[-1][:500]
     return "no error output"
 
 
@@ -107,6 +135,7 @@ def launch(
         "threads": threads,
         "collective_timeout_s": collective_timeout_s,
         "roles": list(layout.roles),
+        "cpus": core_sets(layout.primary, world, threads),
         # One free loopback port per rank (for frameworks that want an address per process,
         # such as TF_CONFIG), plus MASTER_PORT for the rendezvous.
         "ports": ports[1:],

@@ -85,6 +85,9 @@ def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContex
 def main(argv: list[str]) -> int:
     plan = json.loads(Path(argv[0]).read_text())
     ctx = context_from_plan(plan, dict(os.environ))
+    cpus = (plan.get("cpus") or [None] * ctx.world)[ctx.rank]
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     from sextant.backends.base import get_backend
 
     try:

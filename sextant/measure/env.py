@@ -41,6 +41,7 @@ def fingerprint(**extra: object) -> dict[str, object]:
         "machine": platform.machine(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "numpy": package_version("numpy"),
     }
     out.update(extra)

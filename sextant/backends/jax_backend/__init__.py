@@ -1,0 +1,36 @@
+"""JAX backend: one jitted, donated train step; data parallel and FSDP over a Mesh, and a
+hand-written shard_map variant; workers joined with jax.distributed.
+
+JAX is imported only inside `run`, in the worker process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sextant.backends.base import Capabilities
+
+
+class JaxBackend:
+    name = "jax"
+    package = "jax"
+    extra = "jax"
+
+    def capabilities(self) -> Capabilities:
+        # Only jit: op-by-op JAX dispatch is not how anyone trains, and measuring it would
+        # compare PyTorch against a strawman.
+        return Capabilities(modes=("compiled",), parallel=("single", "dp", "dp-manual", "fsdp"),
+                            precisions=("fp32",))
+
+    def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
+        return [
+            {"mode": "compiled", "parallel": "single", "workers": 1},
+            {"mode": "compiled", "parallel": "dp", "workers": workers},
+            {"mode": "compiled", "parallel": "dp-manual", "workers": workers},
+            {"mode": "compiled", "parallel": "fsdp", "workers": workers},
+        ]
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        from sextant.backends.jax_backend.train import run
+
+        return run(ctx)

@@ -1,0 +1,221 @@
+"""One JAX worker: a pure train step under jax.jit with donated buffers, optax AdamW.
+
+Strategies over a 1-D device Mesh with axis 'data' (the devices of every worker process,
+joined by jax.distributed):
+- single:    one device, plain jit.
+- dp:        batch sharded on 'data', parameters replicated; XLA inserts the gradient
+             all-reduce (declarative).
+- dp-manual: the same step written per device with jax.shard_map and an explicit
+             lax.pmean of loss and gradients (the hand-controlled style).
+- fsdp:      parameters and optimizer state sharded on 'data' along their first divisible
+             axis (ZeRO-3 style); XLA inserts all-gathers and reduce-scatters.
+
+The no-sync variant used for the exposed-communication figure is the shard_map step without
+the pmean: every device updates its replica from its local gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from sextant import data
+from sextant.errors import UserError
+from sextant.init import decays, init_params
+from sextant.measure.env import fingerprint, package_version
+from sextant.measure.loop import timed_training
+from sextant.schedule import lr_table
+
+
+class RecompiledError(RuntimeError):
+    pass
+
+
+def run(ctx: Any) -> dict[str, Any]:
+    import jax
+
+    if ctx.strategy.devices_per_worker > 1:
+        jax.config.update("jax_num_cpu_devices", ctx.strategy.devices_per_worker)
+    if ctx.world > 1:
+        jax.distributed.initialize(
+            coordinator_address=f"{ctx.master_addr}:{ctx.master_port}",
+            num_processes=ctx.world,
+            process_id=ctx.rank,
+            initialization_timeout=int(ctx.collective_timeout_s),
+            heartbeat_timeout_seconds=int(ctx.collective_timeout_s),
+        )
+    try:
+        return _train(ctx)
+    finally:
+        if ctx.world > 1:
+            jax.distributed.shutdown()
+
+
+def _fsdp_spec(shape: tuple[int, ...], n: int) -> Any:
+    from jax.sharding import PartitionSpec as P
+
+    for axis, size in enumerate(shape):
+        if size % n == 0:
+            return P(*([None] * axis + ["data"]))
+    return P()  # too small to split evenly: replicated
+
+
+def _train(ctx: Any) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from sextant.backends.jax_backend.model import loss_fn
+
+    workload, strategy = ctx.workload, ctx.strategy
+    spec = workload.model
+    parallel = strategy.parallel
+    devices = jax.devices()
+    n = len(devices)
+    if workload.global_batch % n:
+        raise UserError(
+            f"global_batch {workload.global_batch} is not divisible by {n} devices"
+        )
+    mesh = Mesh(np.array(devices), ("data",))
+    replicated = NamedSharding(mesh, P())
+    batch_sharding = NamedSharding(mesh, P("data"))
+
+    params_np = init_params(spec, workload.seed)
+    if parallel == "fsdp":
+        param_sh = {k: NamedSharding(mesh, _fsdp_spec(v.shape, n)) for k, v in params_np.items()}
+    else:
+        param_sh = {k: replicated for k in params_np}
+    params = {
+        k: jax.make_array_from_callback(v.shape, param_sh[k], lambda idx, v=v: v[idx])
+        for k, v in params_np.items()
+    }
+
+    opt_spec = workload.optimizer
+    lrs = jnp.asarray(lr_table(opt_spec, workload.steps))
+    last = workload.steps - 1
+    # optax.adamw matches torch.optim.AdamW: bias-corrected moments, eps added to
+    # sqrt(v_hat) (= sqrt(v)/sqrt(1-b2^t) + eps), decoupled decay lr*wd*p on masked params.
+    optimizer = optax.adamw(
+        learning_rate=lambda count: lrs[jnp.minimum(count, last)],
+        b1=opt_spec.beta1, b2=opt_spec.beta2, eps=opt_spec.eps,
+        weight_decay=opt_spec.weight_decay,
+        mask={k: decays(k, v.shape) for k, v in params_np.items()},
+    )
+    def state_sharding(path: tuple, leaf: Any) -> NamedSharding:
+        # Moments mirror their parameter's sharding; counters are replicated.
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        return param_sh[keys[-1]] if keys and keys[-1] in param_sh else replicated
+
+    state_sh = jax.tree_util.tree_map_with_path(state_sharding,
+                                                jax.eval_shape(optimizer.init, params))
+    opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
+
+    grad_fn = jax.value_and_grad(functools.partial(loss_fn, spec))
+
+    def apply(params: Any, opt_state: Any, loss: jax.Array, grads: Any) -> tuple:
+        norm = optax.global_norm(grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, jnp.stack([loss, norm])
+
+    def declarative_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple:
+        loss, grads = grad_fn(params, x, y)
+        return apply(params, opt_state, loss, grads)
+
+    def per_device_step(sync: bool) -> Any:
+        def local(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple:
+            loss, grads = grad_fn(params, x, y)  # this device's shard only
+            if sync:
+                loss = jax.lax.pmean(loss, "data")
+                grads = jax.lax.pmean(grads, "data")
+            return apply(params, opt_state, loss, grads)
+
+        # check_vma=False: classic shard_map semantics, where gradients of replicated
+        # parameters are per-device and the pmean above is the only reduction.
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
+                             out_specs=(P(), P(), P()), check_vma=False)
+
+    donate = (0, 1)
+    if parallel == "single":
+        device = devices[0]
+        train_step = jax.jit(declarative_step, donate_argnums=donate)
+    elif parallel == "dp-manual":
+        train_step = jax.jit(per_device_step(True), donate_argnums=donate)
+    else:
+        train_step = jax.jit(
+            declarative_step,
+            in_shardings=(param_sh, state_sh, batch_sharding, batch_sharding),
+            out_shardings=(param_sh, state_sh, replicated),
+            donate_argnums=donate,
+        )
+    nosync_step = (jax.jit(per_device_step(False), donate_argnums=donate)
+                   if parallel in ("dp", "dp-manual") else None)
+
+    def fetch(i: int) -> tuple[jax.Array, jax.Array]:
+        x, y = data.global_batch(workload, i)
+        if ctx.fault == "shape-change" and i == workload.measure.warmup_steps + 1:
+            x, y = x[:-n], y[:-n]  # test hook: a batch of another shape after warm-up
+        if parallel == "single":
+            return jax.device_put(x, device), jax.device_put(y, device)
+        x = data.shard(x, ctx.rank, ctx.world)
+        y = data.shard(y, ctx.rank, ctx.world)
+        return (jax.make_array_from_process_local_data(batch_sharding, x),
+                jax.make_array_from_process_local_data(batch_sharding, y))
+
+    state = {"params": params, "opt": opt_state, "calls": 0, "cache": None}
+    warmup = workload.measure.warmup_steps
+
+    def run_step(fn: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+        state["params"], state["opt"], metrics = fn(state["params"], state["opt"], *batch)
+        return metrics
+
+    def step(batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+        metrics = run_step(train_step, batch)
+        state["calls"] += 1
+        size = train_step._cache_size()
+        if state["calls"] == warmup:
+            state["cache"] = size
+        elif state["cache"] is not None and size > state["cache"]:
+            raise RecompiledError(
+                f"the train step recompiled after warm-up (call {state['calls']}, "
+                f"{size} compiled versions): an input changed shape, dtype or sharding"
+            )
+        return metrics
+
+    def step_nosync(batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+        return run_step(nosync_step, batch)
+
+    def to_floats(handles: list[jax.Array]) -> list[tuple[float, float]]:
+        return [tuple(np.asarray(h.addressable_data(0)).tolist()) for h in handles]
+
+    result = timed_training(
+        ctx, fetch=fetch, step=step, block=jax.block_until_ready, to_floats=to_floats,
+        step_nosync=step_nosync if nosync_step is not None else None,
+    )
+    local_bytes = sum(
+        shard.data.nbytes for leaf in jax.tree.leaves(state["params"])
+        for shard in leaf.addressable_shards
+    )
+    result["details"] = {
+        "optimizer": f"optax.adamw (optax {optax.__version__})",
+        "step": {"single": "jit", "dp": "jit over Mesh(data), batch sharded, params replicated",
+                 "dp-manual": "jit(shard_map) with lax.pmean of gradients",
+                 "fsdp": "jit over Mesh(data), params and optimizer state sharded"}[parallel],
+        "devices": n,
+        "local_param_bytes": local_bytes,
+        "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,
+    }
+    result["fingerprint"] = fingerprint(
+        framework="jax",
+        framework_version=jax.__version__,
+        jaxlib=package_version("jaxlib"),
+        optax=optax.__version__,
+        threads=ctx.threads,
+        device=f"{devices[0].platform} x{len(jax.local_devices())} per process",
+        cuda=None,
+        gpu=devices[0].device_kind if devices[0].platform == "gpu" else None,
+    )
+    return result
