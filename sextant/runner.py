@@ -94,6 +94,8 @@ def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict
             "step_time": summarize(r["step_times_s"][warm:]),
             "step_times_s": r["step_times_s"],
             "data_wait_median_s": float(np.median(r["data_times_s"][warm:])),
+            "rows_per_step": r.get("rows_per_step"),
+            "checkpoint_times_s": r.get("checkpoint_times_s", []),
             "peak_rss_bytes": r["peak_rss_bytes"],
             "rss_start_bytes": r.get("rss_start_bytes"),
             "local_losses": r["losses"],

@@ -112,10 +112,11 @@ class RunProgress:
         if kind == "start":
             self.progress.update(self.task, status="training")
         elif kind == "step":
-            self.progress.update(
-                self.task, completed=event["step"],
-                status=f"loss {event['loss']:.4f}  {event['step_time_s'] * 1e3:.1f} ms/step",
-            )
+            fields = {"completed": event["step"]}
+            if event.get("loss") is not None:
+                fields["status"] = (f"loss {event['loss']:.4f}  "
+                                    f"{event['step_time_s'] * 1e3:.1f} ms/step")
+            self.progress.update(self.task, **fields)
         elif kind == "phase":
             self.progress.update(self.task, status=f"measuring {event['name']}")
 

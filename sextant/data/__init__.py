@@ -71,3 +71,16 @@ def shard(array: np.ndarray, rank: int, world: int) -> np.ndarray:
         raise UserError(f"global batch {size} is not divisible by {world} workers")
     per = size // world
     return array[rank * per : (rank + 1) * per]
+
+
+def local_batch(workload: Workload, step: int, rank: int, world: int,
+                fault: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's shard of global batch `step`.
+
+    Test hook: SEXTANT_TEST_FAULT=skew-rank-R gives rank R twice its share (its slice
+    repeated), the data skew a badly balanced loader produces."""
+    x, y = global_batch(workload, step)
+    x, y = shard(x, rank, world), shard(y, rank, world)
+    if fault and f"skew-rank-{rank}" in fault.split(","):
+        x, y = np.concatenate([x, x]), np.concatenate([y, y])
+    return x, y

@@ -94,6 +94,10 @@ def main(argv: list[str]) -> int:
         backend = get_backend(ctx.strategy.framework)
         result = backend.run(ctx)
         result.update(rank=ctx.rank, world=ctx.world)
+        if ctx.fault and f"fingerprint-rank-{ctx.rank}" in ctx.fault.split(","):
+            # Test hook: this rank reports another framework version, as a node with a
+            # different install would.
+            result["fingerprint"]["framework_version"] = "0.0.0-mismatch"
         atomic_write_json(ctx.run_dir / f"rank{ctx.rank}.result.json", result)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must be reported with its rank

@@ -42,38 +42,64 @@ def timed_training(
     block: Callable[[Any], None],
     to_floats: Callable[[list[Any]], list[tuple[float, float]]],
     step_nosync: Callable[[Any], Any] | None = None,
+    start_step: int = 0,
+    checkpoint: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
+    """Train steps [start_step, workload.steps); see the module docstring.
+
+    `checkpoint(k)` is called after step k when k is a multiple of `checkpoint_every`
+    (outside the timed region; its duration is recorded apart)."""
     workload = ctx.workload
     steps = workload.steps
     log_every = workload.measure.log_every
+    every = getattr(ctx, "checkpoint_every", 0) if checkpoint is not None else 0
+    faults = Faults(ctx)
     step_times: list[float] = []
     data_times: list[float] = []
+    rows: list[int | None] = []
     losses: list[float] = []
     grad_norms: list[float] = []
+    checkpoint_times: list[float] = []
     pending: list[Any] = []
+
+    def flush() -> None:
+        for loss_value, grad_norm in to_floats(pending):
+            losses.append(loss_value)
+            grad_norms.append(grad_norm)
+        pending.clear()
 
     memory.reset_peak()
     rss_start = memory.current_rss()
-    ctx.emit("start", steps=steps)
-    for i in range(steps):
+    ctx.emit("start", steps=steps, start_step=start_step)
+    for i in range(start_step, steps):
         t0 = time.perf_counter()
         batch = fetch(i)
+        faults.loader()
         t1 = time.perf_counter()
         loss = step(batch)
         block(loss)
+        faults.straggle()
         t2 = time.perf_counter()
         step_times.append(t2 - t0)
         data_times.append(t1 - t0)
+        rows.append(_rows(batch))
         pending.append(loss)
-        if i == 1 and ctx.fault == f"kill-rank-{ctx.rank}":
-            # Test hook: this rank dies mid-training as if the OOM killer had struck.
-            os.kill(os.getpid(), signal.SIGKILL)
+        faults.maybe_die(i + 1)
+        # One event per step and rank (a JSON line, ~20 us, after the step's clock stopped);
+        # the loss is read back from the framework only every `log_every` steps.
         if (i + 1) % log_every == 0 or i + 1 == steps:
-            for loss_value, grad_norm in to_floats(pending):
-                losses.append(loss_value)
-                grad_norms.append(grad_norm)
-            pending.clear()
-            ctx.emit("step", step=i + 1, loss=losses[-1], step_time_s=step_times[-1])
+            flush()
+            loss_now: float | None = losses[-1]
+        else:
+            loss_now = None
+        ctx.emit("step", step=i + 1, loss=loss_now, step_time_s=step_times[-1],
+                 data_time_s=data_times[-1], rows=rows[-1])
+        if every and (i + 1) % every == 0:
+            flush()
+            tc = time.perf_counter()
+            checkpoint(i + 1)
+            checkpoint_times.append(time.perf_counter() - tc)
+            ctx.emit("checkpoint", step=i + 1, seconds=checkpoint_times[-1])
     peak_train = memory.peak_rss()
 
     sync_times: list[float] = []
@@ -95,9 +121,58 @@ def timed_training(
         "data_times_s": data_times,
         "losses": losses,
         "grad_norms": grad_norms,
+        "start_step": start_step,
+        "rows_per_step": rows,
+        "checkpoint_times_s": checkpoint_times,
         "warmup_steps": workload.measure.warmup_steps,
         "peak_rss_bytes": peak_train,
         "rss_start_bytes": rss_start,
         "sync_step_times_s": sync_times,
         "nosync_step_times_s": nosync_times,
     }
+
+
+def _rows(batch: Any) -> int | None:
+    """Samples in this rank's batch, when the batch is an (inputs, targets) pair."""
+    try:
+        return int(len(batch[0]))
+    except (TypeError, IndexError, KeyError):
+        return None
+
+
+class Faults:
+    """Test hooks (SEXTANT_TEST_FAULT, comma-separated) that make a worker misbehave on
+    purpose, so the tests can prove each check fails when it should:
+
+    kill-rank-R[-at-S]   rank R SIGKILLs itself after step S (default 2), like the OOM killer
+    slow-rank-R[-MS]     rank R sleeps MS ms (default 50) in every step: a straggler
+    slow-loader[-MS]     every rank's batch takes MS ms (default 30) longer: a slow loader
+    Handled elsewhere: sum-gradients (torch DDP), shape-change (jax), skew-rank-R (data),
+    fingerprint-rank-R (worker).
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.rank = ctx.rank
+        self.kill_at: int | None = None
+        self.straggle_s = 0.0
+        self.loader_s = 0.0
+        for fault in (ctx.fault or "").split(","):
+            parts = fault.strip().split("-")
+            if fault.startswith("kill-rank-") and int(parts[2]) == ctx.rank:
+                self.kill_at = int(parts[4]) if len(parts) > 4 else 2
+            elif fault.startswith("slow-rank-") and int(parts[2]) == ctx.rank:
+                self.straggle_s = (int(parts[3]) if len(parts) > 3 else 50) / 1e3
+            elif fault.startswith("slow-loader"):
+                self.loader_s = (int(parts[2]) if len(parts) > 2 else 30) / 1e3
+
+    def maybe_die(self, step: int) -> None:
+        if self.kill_at == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def straggle(self) -> None:
+        if self.straggle_s:
+            time.sleep(self.straggle_s)
+
+    def loader(self) -> None:
+        if self.loader_s:
+            time.sleep(self.loader_s)

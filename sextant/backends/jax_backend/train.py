@@ -160,8 +160,7 @@ def _train(ctx: Any) -> dict[str, Any]:
             x, y = x[:-n], y[:-n]  # test hook: a batch of another shape after warm-up
         if parallel == "single":
             return jax.device_put(x, device), jax.device_put(y, device)
-        x = data.shard(x, ctx.rank, ctx.world)
-        y = data.shard(y, ctx.rank, ctx.world)
+        x, y = data.shard(x, ctx.rank, ctx.world), data.shard(y, ctx.rank, ctx.world)
         return (jax.make_array_from_process_local_data(batch_sharding, x),
                 jax.make_array_from_process_local_data(batch_sharding, y))
 

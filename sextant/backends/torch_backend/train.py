@@ -93,9 +93,7 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
     counter = {"k": 0}
 
     def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = data.global_batch(workload, i)
-        x = data.shard(x, ctx.rank, ctx.world)
-        y = data.shard(y, ctx.rank, ctx.world)
+        x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
         return (torch.from_numpy(x).to(device, non_blocking=True),
                 torch.from_numpy(y).to(device, non_blocking=True))
 
