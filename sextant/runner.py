@@ -61,6 +61,9 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
         "data_wait_share": data_wait / median,
         "final_loss": float(losses[-1]),
         "threads_per_worker": ranks[0]["fingerprint"].get("threads"),
+        "resumed_from_step": ranks[0].get("start_step", 0),
+        "checkpoint_save_median_s": (float(np.median(ranks[0]["checkpoint_times_s"]))
+                                     if ranks[0].get("checkpoint_times_s") else None),
         "exposed_comm_s": None,
         "exposed_comm_share": None,
     }
@@ -96,6 +99,9 @@ def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict
             "data_wait_median_s": float(np.median(r["data_times_s"][warm:])),
             "rows_per_step": r.get("rows_per_step"),
             "checkpoint_times_s": r.get("checkpoint_times_s", []),
+            "memory_accounting": r.get("memory_accounting"),
+            "comm": r.get("comm"),
+            "final_params_sha256": r.get("final_params_sha256"),
             "peak_rss_bytes": r["peak_rss_bytes"],
             "rss_start_bytes": r.get("rss_start_bytes"),
             "local_losses": r["losses"],

@@ -21,11 +21,16 @@ MODES = ("eager", "compiled")
 #              (torch DDP, XLA-inserted collectives over a jax Mesh, tf MultiWorkerMirrored)
 #   dp-manual  data parallel written by hand: per-device step with an explicit gradient
 #              mean (jax shard_map + pmean), the style articles contrast with declarative dp
+#   zero1      data parallel with the optimizer state sharded across ranks (ZeRO stage 1)
+#   zero2      ... and the gradients sharded too (ZeRO stage 2)
 #   fsdp       parameters, gradients and optimizer state sharded across data-parallel ranks
 #              (ZeRO-3 style)
 #   ps         parameter servers hold the variables; workers push gradients asynchronously
-PARALLEL = ("single", "dp", "dp-manual", "fsdp", "ps")
-PRECISIONS = ("fp32",)
+PARALLEL = ("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "ps")
+PRECISIONS = ("fp32", "bf16")
+# Gradient-communication compression: cast to 16 bits before the all-reduce, or PowerSGD
+# (low-rank, with error feedback).
+COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -39,6 +44,17 @@ class Strategy:
     workers: int = 1
     """Worker processes."""
     precision: str = "fp32"
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; gradients are communicated once per step. The global
+    batch is unchanged, so the losses must equal the grad_accum=1 run."""
+    compress: str = "none"
+    """Gradient-communication compression (data-parallel strategies only)."""
+    checkpoint_every: int = 0
+    """Save a checkpoint after every K steps (0: never)."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go (required with checkpoint_every or resume)."""
+    resume: bool = False
+    """Continue from the newest valid checkpoint in checkpoint_dir."""
     devices_per_worker: int = 1
     """Devices inside each worker process (jax: host devices of one CPU process;
     tensorflow: logical CPU devices under MirroredStrategy)."""
@@ -84,6 +100,24 @@ class Strategy:
             raise UserError(
                 f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}"
             )
+        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
+                or self.grad_accum < 1:
+            raise UserError(f"grad_accum must be an integer >= 1. Received: {self.grad_accum!r}")
+        if self.compress not in COMPRESSIONS:
+            raise UserError(
+                f"unknown compression {self.compress!r}; allowed: {', '.join(COMPRESSIONS)}"
+            )
+        if self.compress != "none" and self.parallel in ("single", "ps"):
+            raise UserError(
+                f"--compress applies to gradient all-reduces; parallel {self.parallel!r} has none"
+            )
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:
+            raise UserError(
+                f"checkpoint_every must be an integer >= 0. Received: {self.checkpoint_every!r}"
+            )
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise UserError("--checkpoint-every and --resume need --checkpoint-dir")
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
@@ -106,6 +140,12 @@ class Strategy:
             parts.append(f"{self.parallel} {size}")
         if self.ps:
             parts.append(f"ps{self.ps}")
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        if self.grad_accum > 1:
+            parts.append(f"accum{self.grad_accum}")
+        if self.compress != "none":
+            parts.append(f"compress={self.compress}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,8 +21,13 @@ if TYPE_CHECKING:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Capabilities:
     modes: tuple[str, ...]
+    """Execution modes; the first is the default."""
     parallel: tuple[str, ...]
     precisions: tuple[str, ...]
+    compress: tuple[str, ...] = ("none",)
+    grad_accum: bool = False
+    checkpoint: tuple[str, ...] = ()
+    """Parallel strategies whose runs can be checkpointed and resumed."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -104,4 +109,19 @@ def require(strategy: Any) -> Backend:
             raise UserError(
                 f"{backend.name} does not support {axis} {value!r}; supported: {', '.join(allowed)}"
             )
+    if strategy.compress not in caps.compress:
+        raise UserError(
+            f"{backend.name} does not support compression {strategy.compress!r}; "
+            f"supported: {', '.join(caps.compress)}"
+        )
+    if strategy.grad_accum > 1 and not caps.grad_accum:
+        raise UserError(f"{backend.name} does not support gradient accumulation yet")
+    if (strategy.checkpoint_every or strategy.resume) and strategy.parallel not in caps.checkpoint:
+        raise UserError(
+            f"{backend.name} cannot checkpoint parallel {strategy.parallel!r}; "
+            f"checkpointing works with: {', '.join(caps.checkpoint) or 'nothing yet'}"
+        )
+    check = getattr(backend, "check", None)
+    if check is not None:
+        check(strategy)  # combinations the flat capability lists cannot express
     return backend

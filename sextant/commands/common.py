@@ -34,6 +34,27 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
 
 
+def add_lever_args(p: argparse.ArgumentParser) -> None:
+    """The distributed-training levers (see `sextant capabilities` for who supports what)."""
+    p.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (mixed: bf16 "
+                   "compute, fp32 master weights)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step (global batch unchanged; default 1)")
+    p.add_argument("--compress", default="none",
+                   help="gradient-communication compression: none (default), bf16, fp16, powersgd")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="save a checkpoint every K steps (default: never)")
+    p.add_argument("--checkpoint-dir", default=None, help="checkpoint directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest valid checkpoint in --checkpoint-dir")
+
+
+def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
+    return {"precision": args.precision, "grad_accum": args.grad_accum,
+            "compress": args.compress, "checkpoint_every": args.checkpoint_every,
+            "checkpoint_dir": args.checkpoint_dir, "resume": args.resume}
+
+
 def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore:
     return ResultsStore(args.db if args.db is not None else default_path(), create=create)
 
@@ -74,19 +95,29 @@ def fmt_share(x: float | None) -> str:
 
 
 class RunProgress:
-    """Live progress of runs (rich), fed by the workers' rank-0 events.
+    """Live view of runs (rich), fed with every rank's events (sextant.monitor.live).
 
-    On a terminal it is an animated table of bars; elsewhere (CI, a pipe) it prints one line
-    per finished run, so logs stay readable.
+    On a terminal: one animated row per run with step, loss (mean of the ranks), ms/step,
+    tokens/s, exposed-communication share (once measured), resident memory per rank and GPU
+    utilisation (NVML, where there is a GPU). Elsewhere (CI, a pipe) it prints one line per
+    finished run, so logs stay readable. When a run finishes its ranks' events are merged
+    into `<run_dir>/metrics.jsonl`, and with `tensorboard=DIR` written as TensorBoard scalars
+    under DIR/<run>.
     """
 
-    def __init__(self, out: Console) -> None:
+    def __init__(self, out: Console, tensorboard: Path | str | None = None) -> None:
         self.console = out
         self.live = out.is_terminal
+        self.tensorboard = Path(tensorboard) if tensorboard is not None else None
+        if self.tensorboard is not None:
+            from sextant.monitor.tensorboard import check_logdir
+
+            check_logdir(self.tensorboard)
         self.progress = Progress(
             TextColumn("{task.description:<24}"),
             BarColumn(bar_width=24),
             TextColumn("{task.completed:>4.0f}/{task.total:<4.0f}"),
+            TextColumn("{task.fields[stats]}"),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             console=out,
@@ -94,6 +125,13 @@ class RunProgress:
             disable=not self.live,
         )
         self.task: Any = None
+        self.stats: Any = None
+        self._gpu: Any = None
+        if self.live:
+            from sextant.monitor.gpu import GpuSampler
+
+            sampler = GpuSampler()
+            self._gpu = sampler if sampler.available else None
 
     def __enter__(self) -> RunProgress:
         self.progress.__enter__()
@@ -102,38 +140,69 @@ class RunProgress:
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(*exc)
 
-    def start(self, label: str, steps: int) -> None:
-        self.task = self.progress.add_task(label, total=steps, status="starting workers")
+    def start(self, label: str, steps: int, workload: Any = None) -> None:
+        """`workload` (optional) turns samples/s into tokens/s."""
+        from sextant.monitor.live import LiveStats
+
+        tokens = workload.global_batch * workload.tokens_per_sample if workload else None
+        self.stats = LiveStats(tokens, sample_processes=self.live, gpu=self._gpu)
+        self.task = self.progress.add_task(label, total=steps, status="starting workers",
+                                           stats="")
 
     def on_event(self, event: dict[str, Any]) -> None:
-        if event.get("rank") != 0 or self.task is None:
+        if self.task is None or self.stats is None:
             return
+        self.stats.update(event)
         kind = event["event"]
-        if kind == "start":
-            self.progress.update(self.task, status="training")
-        elif kind == "step":
-            fields = {"completed": event["step"]}
-            if event.get("loss") is not None:
-                fields["status"] = (f"loss {event['loss']:.4f}  "
-                                    f"{event['step_time_s'] * 1e3:.1f} ms/step")
-            self.progress.update(self.task, **fields)
+        fields: dict[str, Any] = {"completed": self.stats.step, "stats": self.stats.text()}
+        if kind == "start" and event.get("rank") == 0:
+            fields["status"] = "training"
         elif kind == "phase":
-            self.progress.update(self.task, status=f"measuring {event['name']}")
+            fields["status"] = f"measuring {event['name']}"
+        elif kind == "resumed" and event.get("rank") == 0:
+            fields["status"] = f"resumed at step {event['step']}"
+        self.progress.update(self.task, **fields)
 
     def finish(self, label: str, record: dict[str, Any] | None, error: str | None = None) -> None:
+        stats = self.stats
+        if record is not None:
+            self._write_metrics(label, record)
+            if stats is not None:
+                stats.exposed_comm = record["metrics"].get("exposed_comm_share")
         if self.task is not None:
-            status = f"[red]failed[/red]" if error else "[green]done[/green]"
-            self.progress.update(self.task, status=status)
+            status = "[red]failed[/red]" if error else "[green]done[/green]"
+            update: dict[str, Any] = {"status": status}
+            if stats is not None:
+                update["stats"] = stats.text()
+            self.progress.update(self.task, **update)
         if not self.live:
             if error:
                 self.console.print(f"{label}: failed: {error}", markup=False)
             else:
                 m = record["metrics"]  # type: ignore[index]
+                ranks = record.get("ranks") or []  # type: ignore[union-attr]
+                rss = "|".join(fmt_bytes_mb(r.get("peak_rss_bytes")) for r in ranks)
+                comm = m.get("exposed_comm_share")
                 self.console.print(
                     f"{label}: done, {fmt_ms(m['step_time_median_s'])} ms/step median, "
-                    f"final loss {m['final_loss']:.4f}"
-                )
+                    f"{fmt_rate(m['tokens_per_s'])} tokens/s, final loss {m['final_loss']:.4f}"
+                    + (f", exposed comm {fmt_share(comm)}" if comm is not None else "")
+                    + (f", peak RSS {rss} MB" if rss else ""), markup=False)
         self.task = None
+        self.stats = None
+
+    def _write_metrics(self, label: str, record: dict[str, Any]) -> None:
+        run_dir = record.get("run_dir")
+        if not run_dir:
+            return
+        from sextant.monitor.metrics import merged_records, write_metrics
+
+        write_metrics(run_dir)
+        if self.tensorboard is not None:
+            from sextant.monitor.tensorboard import write_tensorboard
+
+            name = f"{record.get('id', '')}-{label}".strip("-").replace(" ", "-")
+            write_tensorboard(merged_records(run_dir), self.tensorboard, name=name)
 
 
 def max_loss_diff(losses: list[float], reference: list[float]) -> float | None:

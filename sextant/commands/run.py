@@ -9,6 +9,8 @@ from sextant.backends import get_backend, require
 from sextant.backends.base import REGISTRY
 from sextant.commands.common import (
     RunProgress,
+    add_lever_args,
+    lever_fields,
     add_run_args,
     comparison_table,
     console,
@@ -40,6 +42,7 @@ def register(sub: Any) -> None:
                         "logical CPUs; default: 1)")
     p.add_argument("--ps", type=int, default=0,
                    help="parameter-server processes (with --parallel ps)")
+    add_lever_args(p)
     p.add_argument("--threads", type=int, default=None,
                    help="threads per worker (default: cores / workers)")
     p.set_defaults(func=cmd_run)
@@ -71,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 if args.framework in REGISTRY else "eager")
     strategy = Strategy(framework=args.framework, mode=mode, parallel=args.parallel,
                         workers=workers, devices_per_worker=args.devices_per_worker,
-                        ps=args.ps, threads=args.threads)
+                        ps=args.ps, threads=args.threads, **lever_fields(args))
     require(strategy)
     out = console()
     with open_store(args) as store, RunProgress(out) as progress:

@@ -44,6 +44,7 @@ def timed_training(
     step_nosync: Callable[[Any], Any] | None = None,
     start_step: int = 0,
     checkpoint: Callable[[int], None] | None = None,
+    on_trained: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Train steps [start_step, workload.steps); see the module docstring.
 
@@ -52,7 +53,7 @@ def timed_training(
     workload = ctx.workload
     steps = workload.steps
     log_every = workload.measure.log_every
-    every = getattr(ctx, "checkpoint_every", 0) if checkpoint is not None else 0
+    every = ctx.strategy.checkpoint_every if checkpoint is not None else 0
     faults = Faults(ctx)
     step_times: list[float] = []
     data_times: list[float] = []
@@ -63,6 +64,8 @@ def timed_training(
     pending: list[Any] = []
 
     def flush() -> None:
+        if not pending:
+            return
         for loss_value, grad_norm in to_floats(pending):
             losses.append(loss_value)
             grad_norms.append(grad_norm)
@@ -101,6 +104,8 @@ def timed_training(
             checkpoint_times.append(time.perf_counter() - tc)
             ctx.emit("checkpoint", step=i + 1, seconds=checkpoint_times[-1])
     peak_train = memory.peak_rss()
+    if on_trained is not None:
+        on_trained()  # e.g. export the final parameters before the timing-only pairs
 
     sync_times: list[float] = []
     nosync_times: list[float] = []

@@ -19,8 +19,23 @@ class JaxBackend:
     def capabilities(self) -> Capabilities:
         # Only jit: op-by-op JAX dispatch is not how anyone trains, and measuring it would
         # compare PyTorch against a strawman.
-        return Capabilities(modes=("compiled",), parallel=("single", "dp", "dp-manual", "fsdp"),
-                            precisions=("fp32",))
+        return Capabilities(
+            modes=("compiled",),
+            parallel=("single", "dp", "dp-manual", "zero1", "fsdp"),
+            precisions=("fp32", "bf16"),
+            compress=("none", "bf16", "fp16"),
+            grad_accum=True,
+            checkpoint=(),
+        )
+
+    def check(self, strategy: Any) -> None:
+        from sextant.errors import UserError
+
+        if strategy.compress != "none" and strategy.parallel != "dp-manual":
+            raise UserError(
+                "jax compresses gradients by casting before the hand-written pmean: --compress "
+                f"needs parallel dp-manual. Received: parallel={strategy.parallel!r}"
+            )
 
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
         return [

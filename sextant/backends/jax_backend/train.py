@@ -24,6 +24,7 @@ import numpy as np
 from sextant import data
 from sextant.errors import UserError
 from sextant.init import decays, init_params
+from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
@@ -85,10 +86,11 @@ def _train(ctx: Any) -> dict[str, Any]:
     batch_sharding = NamedSharding(mesh, P("data"))
 
     params_np = init_params(spec, workload.seed)
-    if parallel == "fsdp":
-        param_sh = {k: NamedSharding(mesh, _fsdp_spec(v.shape, n)) for k, v in params_np.items()}
-    else:
-        param_sh = {k: replicated for k in params_np}
+    sharded = {k: NamedSharding(mesh, _fsdp_spec(v.shape, n)) for k, v in params_np.items()}
+    param_sh = sharded if parallel == "fsdp" else {k: replicated for k in params_np}
+    # ZeRO-1: the optimizer moments are sharded, the parameters replicated (XLA all-gathers
+    # the updated parameters); fsdp shards both.
+    moment_sh = sharded if parallel in ("zero1", "fsdp") else param_sh
     params = {
         k: jax.make_array_from_callback(v.shape, param_sh[k], lambda idx, v=v: v[idx])
         for k, v in params_np.items()
@@ -108,13 +110,49 @@ def _train(ctx: Any) -> dict[str, Any]:
     def state_sharding(path: tuple, leaf: Any) -> NamedSharding:
         # Moments mirror their parameter's sharding; counters are replicated.
         keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-        return param_sh[keys[-1]] if keys and keys[-1] in param_sh else replicated
+        return moment_sh[keys[-1]] if keys and keys[-1] in moment_sh else replicated
 
     state_sh = jax.tree_util.tree_map_with_path(state_sharding,
                                                 jax.eval_shape(optimizer.init, params))
     opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
 
-    grad_fn = jax.value_and_grad(functools.partial(loss_fn, spec))
+    accum = strategy.grad_accum
+    compute_dtype = jnp.bfloat16 if strategy.precision == "bf16" else jnp.float32
+
+    def precision_loss(p: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        # bf16: compute with bf16 copies of the fp32 master weights; the loss (softmax
+        # cross-entropy) is taken in fp32.
+        if compute_dtype != jnp.float32:
+            p = jax.tree.map(lambda a: a.astype(compute_dtype), p)
+            if x.dtype == jnp.float32:
+                x = x.astype(compute_dtype)
+        return loss_fn(spec, p, x, y).astype(jnp.float32)
+
+    single_grad = jax.value_and_grad(precision_loss)
+
+    def grad_fn(p: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
+        if accum == 1:
+            return single_grad(p, x, y)
+        # K micro-batches, gradients summed in a scan; micro-batch k takes the rows with
+        # index = k (mod K), so every device keeps its own rows.
+        def micro(a: jax.Array) -> jax.Array:
+            return a.reshape(a.shape[0] // accum, accum, *a.shape[1:]).swapaxes(0, 1)
+
+        def body(carry: tuple, batch: tuple) -> tuple:
+            loss, grads = single_grad(p, *batch)
+            return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], grads)), None
+
+        zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, p))
+        (loss, grads), _ = jax.lax.scan(body, zero, (micro(x), micro(y)))
+        return loss / accum, jax.tree.map(lambda g: g / accum, grads)
+
+    wire = {"bf16": jnp.bfloat16, "fp16": jnp.float16}.get(strategy.compress)
+
+    def mean_over_devices(tree: Any) -> Any:
+        if wire is None:
+            return jax.lax.pmean(tree, "data")
+        # Compression: cast to 16 bits before the collective, back to fp32 after.
+        return jax.tree.map(lambda g: jax.lax.pmean(g.astype(wire), "data").astype(g.dtype), tree)
 
     def apply(params: Any, opt_state: Any, loss: jax.Array, grads: Any) -> tuple:
         norm = optax.global_norm(grads)
@@ -130,7 +168,7 @@ def _train(ctx: Any) -> dict[str, Any]:
             loss, grads = grad_fn(params, x, y)  # this device's shard only
             if sync:
                 loss = jax.lax.pmean(loss, "data")
-                grads = jax.lax.pmean(grads, "data")
+                grads = mean_over_devices(grads)
             return apply(params, opt_state, loss, grads)
 
         # check_vma=False: classic shard_map semantics, where gradients of replicated
@@ -194,17 +232,29 @@ def _train(ctx: Any) -> dict[str, Any]:
         ctx, fetch=fetch, step=step, block=jax.block_until_ready, to_floats=to_floats,
         step_nosync=step_nosync if nosync_step is not None else None,
     )
-    local_bytes = sum(
-        shard.data.nbytes for leaf in jax.tree.leaves(state["params"])
-        for shard in leaf.addressable_shards
-    )
+    def local_bytes(tree: Any) -> int:
+        # Bytes this process holds for its first device (its own shard, or a full replica).
+        first = jax.local_devices()[0]
+        return sum(s.data.nbytes for leaf in jax.tree.leaves(tree)
+                   for s in leaf.addressable_shards if s.device == first)
+
+    local_bytes_params = local_bytes(state["params"])
+    result["memory_accounting"] = {
+        "params": local_bytes_params,
+        "grads": None,  # live only inside the compiled step; XLA does not expose them
+        "optimizer_state": local_bytes(state["opt"]),
+        "parameters": int(sum(v.size for v in params_np.values())),
+    }
+    result["comm"] = {"planned_bytes_per_step": bytes_per_step(strategy, sum(
+        v.size for v in params_np.values())), "measured_grad_payload_bytes_per_step": None}
     result["details"] = {
         "optimizer": f"optax.adamw (optax {optax.__version__})",
         "step": {"single": "jit", "dp": "jit over Mesh(data), batch sharded, params replicated",
                  "dp-manual": "jit(shard_map) with lax.pmean of gradients",
+                 "zero1": "jit over Mesh(data), params replicated, optimizer state sharded",
                  "fsdp": "jit over Mesh(data), params and optimizer state sharded"}[parallel],
         "devices": n,
-        "local_param_bytes": local_bytes,
+        "local_param_bytes": local_bytes_params,
         "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,
     }
     result["fingerprint"] = fingerprint(

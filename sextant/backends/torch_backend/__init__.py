@@ -16,8 +16,27 @@ class TorchBackend:
     extra = "torch"
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(modes=("eager", "compiled"), parallel=("single", "dp"),
-                            precisions=("fp32",))
+        return Capabilities(
+            modes=("eager", "compiled"),
+            parallel=("single", "dp", "zero1", "zero2", "fsdp"),
+            precisions=("fp32", "bf16"),
+            compress=("none", "bf16", "fp16", "powersgd"),
+            grad_accum=True,
+            # ZeroRedundancyOptimizer's state dict is consolidated on one rank, which
+            # torch.distributed.checkpoint does not read back: zero1 is not checkpointed.
+            checkpoint=("single", "dp", "zero2", "fsdp"),
+        )
+
+    def check(self, strategy: Any) -> None:
+        from sextant.errors import UserError
+
+        if strategy.compress != "none" and strategy.parallel not in ("dp", "zero1"):
+            raise UserError(
+                f"torch compresses gradients through DDP communication hooks: --compress "
+                f"needs parallel dp or zero1. Received: parallel={strategy.parallel!r}"
+            )
+        if strategy.devices_per_worker != 1:
+            raise UserError("torch runs one device per worker process; use --workers")
 
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
         """The strategies `sextant compare` runs by default."""

@@ -1,13 +1,23 @@
-"""One PyTorch worker: build, wrap (DDP, compile), train under the shared timed loop.
+"""One PyTorch worker: build, parallelize, train under the shared timed loop.
 
-Written the way PyTorch's own recipes do it: fused AdamW (foreach where fused is not
-available), grads set to None, no .item() in the step (losses are stacked and read back every
-`log_every` steps), DDP with gradient-as-bucket-view, torch.compile around the DDP module.
+Written the way PyTorch's own recipes (torchtitan) do it, and applied in their order:
+sharding (FSDP2 `fully_shard`, per block then the root) or DDP, then torch.compile around the
+result; fused AdamW (foreach where fused is not available), or ZeroRedundancyOptimizer for
+ZeRO-1; grads set to None; no .item() in the step (losses are stacked and read back every
+`log_every` steps); bf16 by autocast over fp32 master weights; gradient accumulation with
+the gradient sync switched off for all but the last micro-batch.
+
+Parallel strategies: single, dp (DDP), zero1 (DDP + ZeroRedundancyOptimizer), zero2 (FSDP2,
+reshard_after_forward=False: parameters gathered once per step and kept through backward,
+gradients reduce-scattered, optimizer state sharded), fsdp (FSDP2, resharded after forward:
+ZeRO-3).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import hashlib
 import os
 from typing import Any
 
@@ -16,45 +26,25 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from sextant import checkpoint as ckpt
 from sextant import data
 from sextant.backends.torch_backend import model as tm
 from sextant.init import decays, init_params
+from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
 
-
-def _sum_gradients_hook(state, bucket):  # noqa: ANN001 - DDP rejects non-GradBucket annotations
-    """The deliberate bug behind SEXTANT_TEST_FAULT=sum-gradients: all-reduce without the
-    division by world size. The parity tests must fail on it."""
-    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
-
-
-def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
-           ctx: Any) -> tuple[torch.optim.Optimizer, str]:
-    spec = ctx.workload.optimizer
-    decay, no_decay = [], []
-    for key, p in net.named_parameters():
-        canonical = names[key]
-        (decay if decays(canonical, params[canonical].shape) else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": spec.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    kwargs = dict(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
-    try:
-        return torch.optim.AdamW(groups, fused=True, **kwargs), "fused"
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, foreach=True, **kwargs), "foreach"
+DDP_STRATEGIES = ("dp", "zero1")
+FSDP_STRATEGIES = ("zero2", "fsdp")
 
 
 def run(ctx: Any) -> dict[str, Any]:
-    workload, strategy = ctx.workload, ctx.strategy
     torch.set_num_threads(ctx.threads)
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{ctx.local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-
     if ctx.is_distributed:
         dist.init_process_group(
             backend="nccl" if cuda else "gloo",
@@ -70,84 +60,327 @@ def run(ctx: Any) -> dict[str, Any]:
             dist.destroy_process_group()
 
 
+# --- gradient communication hooks (DDP) ------------------------------------------------
+
+
+def _sum_gradients_hook(state, bucket):  # noqa: ANN001 - DDP rejects non-GradBucket annotations
+    """The deliberate bug behind SEXTANT_TEST_FAULT=sum-gradients: all-reduce without the
+    division by world size. The parity tests must fail on it."""
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _bf16_compress_hook(state, bucket):  # noqa: ANN001
+    """Cast to bf16, all-reduce, average, cast back. (torch's own bf16_compress_hook refuses
+    to run without CUDA; this is the same algorithm.)"""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def decompress(f):  # noqa: ANN001, ANN202
+        buffer.copy_(f.value()[0])
+        return buffer
+
+    return fut.then(decompress)
+
+
+def _install_hook(ddp: DDP, ctx: Any) -> dict[str, int]:
+    """Register the communication hook for the strategy's compression, wrapped so that it
+    counts the gradient bytes DDP hands over (before compression): the measured side of the
+    bytes-per-step figure. Returns the counter."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    compress = ctx.strategy.compress
+    state: Any = None
+    if ctx.fault and "sum-gradients" in ctx.fault.split(","):
+        inner = _sum_gradients_hook
+    elif compress == "fp16":
+        inner = default_hooks.fp16_compress_hook
+    elif compress == "bf16":
+        inner = _bf16_compress_hook
+    elif compress == "powersgd":
+        # Rank-1 PowerSGD with error feedback, compressing from the second step on (the
+        # first step all-reduces uncompressed gradients to start the error feedback).
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2, min_compression_rate=1)
+        inner = powerSGD_hook.powerSGD_hook
+    else:
+        inner = default_hooks.allreduce_hook
+    counter = {"bytes": 0}
+
+    def counting_hook(state, bucket):  # noqa: ANN001, ANN202
+        buffer = bucket.buffer()
+        counter["bytes"] += buffer.numel() * buffer.element_size()
+        return inner(state, bucket)
+
+    ddp.register_comm_hook(state, counting_hook)
+    return counter
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _nbytes(tensors: Any) -> int:
+    return int(sum(_local(t).numel() * _local(t).element_size() for t in tensors))
+
+
+def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard here
+    return _nbytes(v for state in inner.state.values() for v in state.values()
+                   if torch.is_tensor(v))
+
+
+def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
+           ctx: Any) -> tuple[torch.optim.Optimizer, str]:
+    spec = ctx.workload.optimizer
+    decay, no_decay = [], []
+    for key, p in net.named_parameters():
+        canonical = names[key]
+        (decay if decays(canonical, params[canonical].shape) else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": spec.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    kwargs: dict[str, Any] = dict(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
+    if ctx.strategy.parallel == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
+                                       foreach=True, **kwargs), "ZeroRedundancyOptimizer(AdamW)"
+    try:
+        return torch.optim.AdamW(groups, fused=True, **kwargs), "AdamW (fused)"
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, foreach=True, **kwargs), "AdamW (foreach)"
+
+
+def _apply_fsdp(module: torch.nn.Module, net: torch.nn.Module, ctx: Any) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    mesh = init_device_mesh(device_type, (ctx.world,))
+    reshard = ctx.strategy.parallel == "fsdp"
+    # Per transformer block first (each block's parameters are gathered just in time), then
+    # the root for what is left (embeddings, final norm, head).
+    for block in getattr(net, "blocks", []):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+
+
+def _full_canonical(net: torch.nn.Module, names: list[str]) -> dict[str, np.ndarray] | None:
+    """The whole model in canonical layout, on rank 0 (gathered from shards if needed)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(
+        net, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    out = {}
+    for name in names:
+        key, transpose = tm._torch_name(name)
+        value = state[key].detach().cpu().float().numpy()
+        out[name] = np.ascontiguousarray(value.T if transpose else value)
+    return out
+
+
+def params_digest(params: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for name, value in params.items():
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
+# --- the worker ------------------------------------------------------------------------
+
+
 def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
     workload, strategy = ctx.workload, ctx.strategy
+    parallel = strategy.parallel
     params = init_params(workload.model, workload.seed)
     net = tm.build(workload.model)
     tm.load_canonical(net, params)
     names = tm.canonical_names(net, params)
     net.to(device)
-    optimizer, optimizer_impl = _adamw(net, names, params, ctx)
-    lrs = lr_table(workload.optimizer, workload.steps).tolist()
 
     module: torch.nn.Module = tm.WithLoss(net)
     ddp: DDP | None = None
-    if strategy.parallel == "dp":
+    counter: dict[str, int] | None = None
+    if parallel in DDP_STRATEGIES:
         ddp = DDP(module, broadcast_buffers=False, gradient_as_bucket_view=True)
-        if ctx.fault == "sum-gradients":
-            ddp.register_comm_hook(None, _sum_gradients_hook)
+        counter = _install_hook(ddp, ctx)
         module = ddp
+    elif parallel in FSDP_STRATEGIES:
+        _apply_fsdp(module, net, ctx)
+    optimizer, optimizer_impl = _adamw(net, names, params, ctx)
     if strategy.mode == "compiled":
         module = torch.compile(module)
 
-    counter = {"k": 0}
+    lrs = lr_table(workload.optimizer, workload.steps).tolist()
+    counter_k = {"k": 0}
+    accum = strategy.grad_accum
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
+                if strategy.precision == "bf16" else contextlib.nullcontext())
+    accounting: dict[str, int] = {}
+    trainable = list(net.parameters())
+
+    def grad_norm() -> torch.Tensor:
+        # Global L2 norm of the (already reduced) gradients, without a host sync.
+        norm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None],
+                                             foreach=True)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def update() -> torch.Tensor:
+        norm = grad_norm()
+        if not accounting:
+            accounting["grads"] = _nbytes(p.grad for p in trainable if p.grad is not None)
+        k = min(counter_k["k"], len(lrs) - 1)
+        for group in optimizer.param_groups:
+            group["lr"] = lrs[k]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        counter_k["k"] += 1
+        if "optimizer_state" not in accounting:
+            accounting["params"] = _nbytes(trainable)
+            accounting["optimizer_state"] = _optimizer_state_bytes(optimizer)
+        return norm
+
+    def sync_context(last: bool, sync: bool) -> Any:
+        """Whether this micro-batch's backward communicates gradients."""
+        if ddp is not None and not (last and sync):
+            return ddp.no_sync()
+        if parallel in FSDP_STRATEGIES:
+            _root(module).set_requires_gradient_sync(last and sync)
+        return contextlib.nullcontext()
+
+    def train_step(batch: tuple[torch.Tensor, torch.Tensor], sync: bool = True) -> torch.Tensor:
+        x, y = batch
+        if accum == 1:
+            with sync_context(True, sync):
+                with autocast:
+                    loss = module(x, y)
+                loss.backward()
+            return torch.stack((loss.detach().float(), update()))
+        total = torch.zeros((), device=device)
+        for k, (xk, yk) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
+            with sync_context(k == accum - 1, sync):
+                with autocast:
+                    loss = module(xk, yk) / accum
+                loss.backward()
+            total += loss.detach().float()
+        return torch.stack((total, update()))
 
     def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
         return (torch.from_numpy(x).to(device, non_blocking=True),
                 torch.from_numpy(y).to(device, non_blocking=True))
 
-    grads_of = [p for p in net.parameters()]
-
-    def grad_norm() -> torch.Tensor:
-        # Global L2 norm of the (already all-reduced) gradients, without a host sync.
-        norms = torch._foreach_norm([p.grad for p in grads_of if p.grad is not None])
-        return torch.linalg.vector_norm(torch.stack(norms))
-
-    def update() -> torch.Tensor:
-        norm = grad_norm()
-        k = min(counter["k"], len(lrs) - 1)
-        for group in optimizer.param_groups:
-            group["lr"] = lrs[k]
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        counter["k"] += 1
-        return norm
-
-    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        loss = module(*batch)
-        loss.backward()
-        return torch.stack((loss.detach(), update()))
-
-    def step_nosync(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        assert ddp is not None
-        with ddp.no_sync():
-            loss = module(*batch)
-            loss.backward()
-        return torch.stack((loss.detach(), update()))
-
-    def block(loss: torch.Tensor) -> None:
+    def block(handle: torch.Tensor) -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
     def to_floats(handles: list[torch.Tensor]) -> list[tuple[float, float]]:
         return [tuple(pair) for pair in torch.stack(handles).cpu().tolist()]
 
+    # --- checkpoints (torch.distributed.checkpoint, sealed by sextant.checkpoint) ---------
+    start_step = 0
+    notes: list[str] = []
+
+    def barrier() -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def save(step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        root = strategy.checkpoint_dir
+        if ctx.rank == 0:
+            import shutil
+
+            shutil.rmtree(ckpt.partial_dir(root, step), ignore_errors=True)
+        barrier()
+        model_sd, optim_sd = get_state_dict(net, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=ckpt.partial_dir(root, step))
+        barrier()
+        if ctx.rank == 0:
+            ckpt.seal(root, step, {"world": ctx.world, "framework": "torch",
+                                   "strategy": strategy.label,
+                                   "workload_hash": workload.content_hash()})
+        barrier()
+
+    if strategy.resume:
+        step_found, directory, refusals = ckpt.latest_valid(strategy.checkpoint_dir)
+        for refusal in refusals:
+            notes.append(refusal)
+            ctx.emit("warning", message=refusal)
+        if directory is not None:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            model_sd, optim_sd = get_state_dict(net, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            dcp.load(state, checkpoint_id=directory)
+            set_state_dict(net, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+            start_step = counter_k["k"] = int(step_found)
+            notes.append(f"resumed from {directory.name}")
+            ctx.emit("resumed", step=start_step, checkpoint=str(directory))
+        else:
+            notes.append("no valid checkpoint found: started from step 0")
+        barrier()
+
+    def export_final() -> None:
+        # Taken right after the last training step, before the exposed-communication pairs
+        # (which keep updating the parameters, for timing only).
+        final = _full_canonical(net, list(params))
+        if final is not None:
+            np.savez(ctx.run_dir / "final_params.npz", **final)
+            exported["sha256"] = params_digest(final)
+
+    exported: dict[str, str] = {}
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     result = timed_training(
-        ctx, fetch=fetch, step=step, block=block, to_floats=to_floats,
-        step_nosync=step_nosync if ddp is not None else None,
+        ctx, fetch=fetch, step=train_step, block=block, to_floats=to_floats,
+        step_nosync=(lambda b: train_step(b, sync=False)) if ddp is not None else None,
+        start_step=start_step,
+        checkpoint=save if strategy.checkpoint_every else None,
+        on_trained=export_final,
     )
     if cuda:
         result["device_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+
+    if exported:
+        result["final_params_sha256"] = exported["sha256"]
+
+    n_params = sum(v.size for v in params.values())
+    result["memory_accounting"] = {**accounting, "parameters": n_params}
+    planned = bytes_per_step(strategy, n_params)
+    result["comm"] = {
+        "planned_bytes_per_step": planned,
+        "measured_grad_payload_bytes_per_step": (
+            counter["bytes"] / max(1, counter_k["k"] - start_step) if counter is not None
+            else None
+        ),
+    }
     result["details"] = {
-        "optimizer": f"torch.optim.AdamW ({optimizer_impl})",
+        "optimizer": f"torch.optim.{optimizer_impl}",
         "wrapping": " + ".join(
-            w for w, on in (("DDP", ddp is not None), ("torch.compile", strategy.mode == "compiled"))
-            if on
+            w for w, on in (
+                ("DDP", ddp is not None), ("FSDP2 fully_shard", parallel in FSDP_STRATEGIES),
+                ("torch.compile", strategy.mode == "compiled"),
+                ("autocast bf16", strategy.precision == "bf16"),
+            ) if on
         ) or "none",
-        "collectives": ("nccl" if cuda else "gloo") if ddp is not None else None,
+        "collectives": ("nccl" if cuda else "gloo") if dist.is_initialized() else None,
+        "compression": strategy.compress,
+        "notes": notes,
     }
     result["fingerprint"] = fingerprint(
         framework="torch",
@@ -159,3 +392,8 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
         omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
     )
     return result
+
+
+def _root(module: torch.nn.Module) -> torch.nn.Module:
+    """The FSDP root under an optional torch.compile wrapper."""
+    return getattr(module, "_orig_mod", module)
