@@ -21,9 +21,11 @@ COMMAND_MODULES = (
     "sextant.commands.run",
     "sextant.commands.compare",
     "sextant.commands.runs",
+    "sextant.commands.capabilities",
     "sextant.planner.cli",
     "sextant.advisor.cli",
     "sextant.commands.report",
+    "sextant.commands.check",
 )
 
 

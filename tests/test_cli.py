@@ -8,12 +8,14 @@ import pytest
 
 from tests.helpers import needs_torch, run_cli
 
-# Makes `torch` invisible to the import system, as on a machine without it.
-HIDE_TORCH = """
+def hide(*packages: str) -> str:
+    """Python that makes `packages` invisible to the import system, as on a machine
+    without them."""
+    return f"""
 import importlib.machinery
 _orig = importlib.machinery.PathFinder.find_spec
 def _find(name, path=None, target=None):
-    return None if name.split(".")[0] == "torch" else _orig(name, path, target)
+    return None if name.split(".")[0] in {packages!r} else _orig(name, path, target)
 importlib.machinery.PathFinder.find_spec = staticmethod(_find)
 """
 
@@ -67,11 +69,18 @@ def test_bad_toml_and_unknown_key(tmp_path: Path) -> None:
 
 
 def test_framework_not_installed(tmp_path: Path) -> None:
-    proc = run_cli("run", "--db", str(tmp_path / "r.db"), prelude=HIDE_TORCH)
+    proc = run_cli("run", "--db", str(tmp_path / "r.db"), prelude=hide("torch"))
     assert_one_line_error(proc, "torch: not installed (pip install 'sextant[torch]')")
-    proc = run_cli("compare", "--db", str(tmp_path / "r.db"), prelude=HIDE_TORCH)
+    proc = run_cli("compare", "--frameworks", "torch", "--db", str(tmp_path / "r.db"),
+                   prelude=hide("torch"))
+    assert_one_line_error(proc, "torch: not installed (pip install 'sextant[torch]')")
+    # Without any framework, compare names each missing one, then says what to install.
+    proc = run_cli("compare", "--db", str(tmp_path / "r.db"),
+                   prelude=hide("torch", "jax", "tensorflow"))
     assert proc.returncode == 2
-    assert "torch: not installed (pip install 'sextant[torch]')" in proc.stdout
+    for name in ("torch", "jax", "tensorflow"):
+        assert f"{name}: not installed (pip install 'sextant[{name}]')" in proc.stdout
+    assert "no framework is installed" in proc.stderr
 
 
 def test_export_bad_format_with_store(tmp_path: Path) -> None:

@@ -150,7 +150,7 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
 
     Each run is a dict with id, framework ('torch' | 'jax' | 'tensorflow'), mode, parallel,
     workers, workload_name, workload_hash and metrics (step_time_*_s, tokens_per_s, the
-    run's total throughput over all workers; peak_rss_bytes, per rank; compile_time_s;
+    run's total throughput over all workers; peak_rss_bytes, per rank; compile_s (as compile_time_s);
     exposed_comm_share, may be None). Runs of frameworks sextant has no candidate for are
     ignored; missing or None metrics are skipped. The result is sorted (candidate, metric),
     so the same runs always give the same evidence.
@@ -201,7 +201,7 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                           f"{len(shares)} parallel run(s)", tuple(sorted(i for _, i in shares))))
 
         compiles = [(v, str(r["id"])) for r in fw_runs if r["mode"] == "compiled"
-                    and (v := _number(r["metrics"], "compile_time_s", positive=False))
+                    and (v := _number(r["metrics"], "compile_s", positive=False))
                     is not None]
         if compiles:
             value = statistics.median(v for v, _ in compiles)

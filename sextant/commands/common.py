@@ -115,7 +115,7 @@ class RunProgress:
             check_logdir(self.tensorboard)
         self.progress = Progress(
             TextColumn("{task.description:<24}"),
-            BarColumn(bar_width=24),
+            BarColumn(bar_width=16),
             TextColumn("{task.completed:>4.0f}/{task.total:<4.0f}"),
             TextColumn("{task.fields[stats]}"),
             TextColumn("{task.fields[status]}"),

@@ -22,6 +22,7 @@ from sextant.commands.common import (
 )
 from sextant.commands.run import load_with_steps
 from sextant.errors import RunFailed, UserError
+from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import Strategy
 
@@ -33,6 +34,7 @@ def register(sub: Any) -> None:
                                    "default strategies (same weights, same batches), print "
                                    "the comparison and write the HTML report.")
     add_run_args(p)
+    add_monitor_args(p)
     p.add_argument("--frameworks", default=None,
                    help=f"comma-separated subset of: {', '.join(REGISTRY)} (default: all installed)")
     p.add_argument("--workers", type=int, default=2,
@@ -40,6 +42,11 @@ def register(sub: Any) -> None:
     p.add_argument("--report", type=Path, default=None,
                    help="where to write the HTML report (default: next to the results database)")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
+    p.add_argument("--levers", action="store_true",
+                   help="instead of comparing frameworks, pull each distributed-training lever "
+                        "(sharding, accumulation, bf16, compression) on one framework (the first "
+                        "of --frameworks, default torch) and show what each changed against "
+                        "plain data parallel")
     p.set_defaults(func=cmd_compare)
 
 
@@ -56,6 +63,67 @@ def _frameworks(spec: str | None) -> list[str]:
     return names
 
 
+# The levers `compare --levers` pulls, each against plain data parallel (fp32, no
+# accumulation, no compression). A lever the framework does not support is skipped.
+LEVERS: tuple[dict[str, Any], ...] = (
+    {"parallel": "zero1"}, {"parallel": "zero2"}, {"parallel": "fsdp"},
+    {"grad_accum": 4}, {"precision": "bf16"},
+    {"compress": "bf16"}, {"compress": "fp16"}, {"compress": "powersgd"},
+)
+
+
+def lever_strategies(framework: str, workers: int) -> list[Strategy]:
+    backend = get_backend(framework)
+    if not available(framework):
+        raise UserError(f"{framework}: not installed (pip install 'sextant[{backend.extra}]')")
+    mode = backend.capabilities().modes[0]
+    base = {"framework": framework, "mode": mode, "parallel": "dp", "workers": workers}
+    out = [Strategy(**base)]
+    for lever in LEVERS:
+        fields = {**base, **lever}
+        if "compress" in lever and framework == "jax":
+            fields["parallel"] = "dp-manual"  # jax compresses in its hand-written pmean
+        try:
+            strategy = Strategy(**fields)
+            require(strategy)
+        except UserError:
+            continue
+        out.append(strategy)
+    return out
+
+
+def lever_table(records: list[dict[str, Any]]) -> Any:
+    """What each lever changed against the first (baseline) record."""
+    from rich.table import Table
+
+    from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_share
+
+    base = records[0]
+    table = Table(title=f"levers against {base['label']}", title_justify="left",
+                  header_style="bold")
+    for col in ("run", "step ms", "Δ step", "exposed comm", "planned MB/step/rank",
+                "params MB/rank", "opt state MB/rank", "peak RSS MB", "final loss",
+                "Δ loss"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+    for rec in records:
+        m, r0 = rec["metrics"], rec["ranks"][0]
+        acc = r0.get("memory_accounting") or {}
+        planned = ((r0.get("comm") or {}).get("planned_bytes_per_step") or {}).get("total")
+        delta_t = m["step_time_median_s"] / base["metrics"]["step_time_median_s"] - 1
+        delta_l = m["final_loss"] - base["metrics"]["final_loss"]
+        table.add_row(
+            rec["label"], fmt_ms(m["step_time_median_s"]),
+            "base" if rec is base else f"{delta_t:+.0%}",
+            fmt_share(m.get("exposed_comm_share")),
+            "-" if planned is None or planned != planned else f"{planned / 2**20:.2f}",
+            f"{acc['params'] / 2**20:.2f}" if acc.get("params") is not None else "-",
+            f"{acc['optimizer_state'] / 2**20:.2f}" if acc.get("optimizer_state") else "-",
+            fmt_bytes_mb(m["peak_rss_bytes"]), f"{m['final_loss']:.4f}",
+            "base" if rec is base else f"{delta_l:+.1e}",
+        )
+    return table
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     workload = load_with_steps(args)
     if args.workers < 1:
@@ -63,7 +131,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = console()
     explicit = args.frameworks is not None
     strategies: list[Strategy] = []
-    for name in _frameworks(args.frameworks):
+    if args.levers:
+        strategies = lever_strategies(_frameworks(args.frameworks or "torch")[0], args.workers)
+    for name in ([] if args.levers else _frameworks(args.frameworks)):
         backend = get_backend(name)
         if not available(name):
             message = f"{name}: not installed (pip install 'sextant[{backend.extra}]')"
@@ -84,9 +154,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         out.print(f"[bold]{workload.name}[/bold]: {len(strategies)} runs, "
                   f"{workload.steps} steps each, global batch {workload.global_batch}")
-        with RunProgress(out) as progress:
+        with RunProgress(out, tensorboard=args.tensorboard) as progress:
             for strategy in strategies:
-                progress.start(strategy.label, workload.steps)
+                progress.start(strategy.label, workload.steps, workload=workload)
                 try:
                     record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
                                      group_id=group, on_event=progress.on_event,
@@ -97,7 +167,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                     continue
                 progress.finish(strategy.label, record)
                 records.append(record)
-        if records:
+        if records and args.levers:
+            out.print(lever_table(records))
+        elif records:
             out.print(comparison_table(
                 records, f"{workload.name} - speed-up and max |Δloss| against {records[0]['label']}"
             ))

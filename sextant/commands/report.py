@@ -1,29 +1,67 @@
-"""`sextant report`: write the HTML report of the latest (or a chosen) compare."""
+"""`sextant report`: write the report of the latest (or a chosen) compare.
+
+    sextant report [--format html|md|json] [--out FILE|-] [--profile FILE] [--group ID] [--db PATH]
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from sextant.commands.common import add_store_args, console, open_store
+from sextant.errors import UserError
+
+FORMATS = ("html", "md", "json")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("report", help="write the self-contained HTML report",
-                       description="Write one self-contained HTML page of a compare's runs.")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output file (default: report.html next to the results database)")
+    p = sub.add_parser(
+        "report", help="write the report (self-contained HTML, Markdown or JSON)",
+        description="Write the report of a compare's runs: recommendation (with --profile), "
+                    "claims check, throughput, scaling, communication, memory, loss parity, "
+                    "compile times and environment. The HTML page is one self-contained file.")
+    p.add_argument("--format", default="html", metavar="FORMAT",
+                   help=f"{' | '.join(FORMATS)} (default: html)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="output file, or - for stdout (default: report.html, report.md or "
+                        "report.json next to the results database)")
+    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                   help="team profile TOML: put the advisor's recommendation, with the measured "
+                        "runs as evidence, at the top (e.g. "
+                        "examples/profiles/startup-nvidia-pytorch.toml)")
     p.add_argument("--group", default=None, help="compare group id (default: the latest)")
     add_store_args(p)
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sextant.report import write_report
+    from sextant.report import render, write_report
 
+    fmt = str(args.format).lower()
+    if fmt == "markdown":
+        fmt = "md"
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {args.format!r}; allowed: {', '.join(FORMATS)}")
+    if args.profile is not None and not args.profile.is_file():
+        raise UserError(f"--profile {args.profile}: no such file; write one with "
+                        "'sextant advise --init' or use examples/profiles/*.toml")
     with open_store(args, create=False) as store:
-        path = write_report(store, args.out or store.path.parent / "report.html",
-                            group_id=args.group)
-    console().print(f"report: {path.resolve()}")
+        if args.out == "-":
+            from sextant.report.html import load_advice
+
+            group = args.group or store.latest_group()
+            runs = store.runs(group_id=group) if group else []
+            if not runs:
+                raise UserError(f"no compare results in {store.path}"
+                                + (f" for group {group!r}" if group else "")
+                                + "; run 'sextant compare' first")
+            advice = load_advice(args.profile, runs) if args.profile else None
+            sys.stdout.write(render(runs, fmt, advice=advice, group_id=group,
+                                    profile_path=str(args.profile) if args.profile else None))
+            return 0
+        out = Path(args.out) if args.out else store.path.parent / f"report.{fmt}"
+        path = write_report(store, out, group_id=args.group, fmt=fmt, profile=args.profile)
+    console().print(f"report: {path.resolve()}", markup=False)
     return 0

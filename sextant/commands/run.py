@@ -18,6 +18,7 @@ from sextant.commands.common import (
     runs_dir,
 )
 from sextant.errors import RunFailed, UserError
+from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from sextant.workload import Workload, resolve_workload
@@ -28,6 +29,7 @@ def register(sub: Any) -> None:
                        description="Train one workload with one framework and strategy; "
                                    "store the measured run.")
     add_run_args(p)
+    add_monitor_args(p)
     p.add_argument("--framework", default="torch", help="torch (default), jax or tensorflow")
     p.add_argument("--mode", default=None,
                    help="eager or compiled (default: the framework's usual way: eager for "
@@ -77,8 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                         ps=args.ps, threads=args.threads, **lever_fields(args))
     require(strategy)
     out = console()
-    with open_store(args) as store, RunProgress(out) as progress:
-        progress.start(strategy.label, workload.steps)
+    with open_store(args) as store, RunProgress(out, tensorboard=args.tensorboard) as progress:
+        progress.start(strategy.label, workload.steps, workload=workload)
         try:
             record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
                              on_event=progress.on_event, timeout_s=args.timeout)

@@ -203,6 +203,14 @@ def launch(
                 except ProcessLookupError:
                     pass
                 p.wait()
+        # Every rank's per-step events, merged into one schema-versioned metrics.jsonl (also
+        # for failed runs: the steps before the failure are what a user debugs with).
+        from sextant.monitor import write_metrics
+
+        try:
+            write_metrics(run_dir)
+        except (OSError, ValueError) as exc:  # never hide the run's own error behind this
+            sys.stderr.write(f"sextant: could not write {run_dir}/metrics.jsonl: {exc}\n")
     results = []
     for rank in layout.primary:
         path = run_dir / f"rank{rank}.result.json"

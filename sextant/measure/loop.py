@@ -43,6 +43,7 @@ def timed_training(
     to_floats: Callable[[list[Any]], list[tuple[float, float]]],
     step_nosync: Callable[[Any], Any] | None = None,
     start_step: int = 0,
+    rows_of: Callable[[Any], int | None] | None = None,
     checkpoint: Callable[[int], None] | None = None,
     on_trained: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def timed_training(
         t2 = time.perf_counter()
         step_times.append(t2 - t0)
         data_times.append(t1 - t0)
-        rows.append(_rows(batch))
+        rows.append((rows_of or _rows)(batch))
         pending.append(loss)
         faults.maybe_die(i + 1)
         # One event per step and rank (a JSON line, ~20 us, after the step's clock stopped);
@@ -96,7 +97,7 @@ def timed_training(
         else:
             loss_now = None
         ctx.emit("step", step=i + 1, loss=loss_now, step_time_s=step_times[-1],
-                 data_time_s=data_times[-1], rows=rows[-1])
+                 data_time_s=data_times[-1], rows=rows[-1], rss_bytes=memory.current_rss())
         if every and (i + 1) % every == 0:
             flush()
             tc = time.perf_counter()

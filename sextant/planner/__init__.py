@@ -1,1 +1,57 @@
-"""The analytical planner (placeholder; public API filled in below)."""
+"""The analytical planner: memory, FLOPs, communication and scaling of data / ZeRO / FSDP /
+tensor / pipeline parallel training on a catalogue of accelerators and networks, searched with
+numpy and calibrated by measurement. Formulas and sources: docs/planner.md.
+
+Importing this package imports numpy only (never an ML framework).
+"""
+
+from sextant.planner.catalogue import Accelerator, Catalogue, Link, load_catalogue
+from sextant.planner.comms import bus_factor
+from sextant.planner.estimate import (
+    Hardware,
+    Layout,
+    PlanOptions,
+    check_layout,
+    evaluate,
+    evaluate_one,
+    resolve_hardware,
+)
+from sextant.planner.memory import activation_bytes_per_layer, model_state_bytes
+from sextant.planner.models import (
+    MLPShape,
+    ModelCost,
+    TransformerShape,
+    load_workload_shape,
+    preset,
+    shape_from_workload,
+)
+from sextant.planner.plan import PlanRequest, make_plan
+from sextant.planner.search import enumerate_layouts, scaling_curve, search
+
+__all__ = [
+    "Accelerator",
+    "Catalogue",
+    "Hardware",
+    "Layout",
+    "Link",
+    "MLPShape",
+    "ModelCost",
+    "PlanOptions",
+    "PlanRequest",
+    "TransformerShape",
+    "activation_bytes_per_layer",
+    "bus_factor",
+    "check_layout",
+    "enumerate_layouts",
+    "evaluate",
+    "evaluate_one",
+    "load_catalogue",
+    "load_workload_shape",
+    "make_plan",
+    "model_state_bytes",
+    "preset",
+    "resolve_hardware",
+    "scaling_curve",
+    "search",
+    "shape_from_workload",
+]

@@ -23,9 +23,20 @@ DEFAULT_CALIBRATION = Path("sextant-results") / "calibration.json"
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 _ACC_KEYS = {
-    "name", "bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "memory_gib",
-    "memory_bw_gbs", "devices_per_node", "intra_link", "inter_link", "host_link", "source",
-    "verified", "measured",
+    "name",
+    "bf16_tflops",
+    "fp16_tflops",
+    "tf32_tflops",
+    "fp32_tflops",
+    "memory_gib",
+    "memory_bw_gbs",
+    "devices_per_node",
+    "intra_link",
+    "inter_link",
+    "host_link",
+    "source",
+    "verified",
+    "measured",
 }
 _LINK_KEYS = {"name", "bandwidth_gbs", "latency_us", "source", "measured", "latency_assumed"}
 
@@ -106,9 +117,7 @@ class Catalogue:
 
     def accelerator(self, key: str) -> Accelerator:
         if key not in self.accelerators:
-            raise UserError(
-                f"unknown accelerator {key!r}; allowed: {', '.join(self.accelerators)}"
-            )
+            raise UserError(f"unknown accelerator {key!r}; allowed: {', '.join(self.accelerators)}")
         acc = self.accelerators[key]
         if acc.measured and acc.memory_bytes is None:
             raise UserError(
@@ -131,12 +140,16 @@ class Catalogue:
     def price(self, key: str) -> float | None:
         return self.prices.get(key)
 
-    def with_calibration(self, calib: dict[str, Any]) -> Catalogue:
-        """Fill cpu-local and loopback from a calibration document (see calibrate.py)."""
+    def with_calibration(self, calib: dict[str, Any], *, library: str | None = None) -> Catalogue:
+        """Fill cpu-local and loopback from a calibration document (see calibrate.py).
+        `library` picks that GEMM measurement (e.g. 'torch' for torch runs) when present;
+        otherwise the fastest library measured is this machine's peak."""
         accs = dict(self.accelerators)
         links = dict(self.links)
         host = calib.get("host", {})
         gemm = calib.get("gemm", {})
+        if library and (gemm.get(library) or {}).get("flops_all_threads"):
+            gemm = {library: gemm[library]}
         best = _best_gemm(gemm)
         if "cpu-local" in accs and best is not None:
             peak_all, peak_one = best
@@ -257,7 +270,9 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
     where = f"accelerators.{key}"
     unknown = sorted(set(raw) - _ACC_KEYS)
     if unknown:
-        raise UserError(f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(_ACC_KEYS))}")
+        raise UserError(
+            f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(_ACC_KEYS))}"
+        )
     if not raw.get("source"):
         raise UserError(f"{where} must cite a source")
     peaks = {}
@@ -290,7 +305,9 @@ def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
     where = f"links.{key}"
     unknown = sorted(set(raw) - _LINK_KEYS)
     if unknown:
-        raise UserError(f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(_LINK_KEYS))}")
+        raise UserError(
+            f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(_LINK_KEYS))}"
+        )
     if not raw.get("source"):
         raise UserError(f"{where} must cite a source")
     measured = bool(raw.get("measured", False))

@@ -16,7 +16,7 @@ from sextant.errors import UserError
 EPILOG = """examples:
   sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
   sextant plan --model gpt3-175b --gpus 4096 --accelerator a100-80gb --search
-  sextant plan --workload workloads/gpt-small.toml --gpus 2 --accelerator cpu-local --network loopback
+  sextant plan --workload gpt-small.toml --gpus 2 --accelerator cpu-local --network loopback
   sextant plan --validate          (predicted vs measured step time of the local runs)
   sextant plan --references        (the planner against published figures, docs/validation.md)
   sextant plan --list              (presets, accelerators, networks)
@@ -35,25 +35,40 @@ def register(subparsers: Any) -> None:
     )
     src = p.add_argument_group("model")
     src.add_argument("--model", help="architecture preset (see --list), e.g. llama-70b, gpt3-175b")
-    src.add_argument("--workload", metavar="FILE", help="a sextant workload TOML instead of --model")
+    src.add_argument(
+        "--workload", metavar="FILE", help="a sextant workload TOML instead of --model"
+    )
     hw = p.add_argument_group("hardware")
-    hw.add_argument("--gpus", "--devices", dest="gpus", type=int, metavar="N",
-                    help="number of accelerators")
-    hw.add_argument("--accelerator", default="h100-sxm", help="catalogue accelerator (default h100-sxm)")
+    hw.add_argument(
+        "--gpus", "--devices", dest="gpus", type=int, metavar="N", help="number of accelerators"
+    )
+    hw.add_argument(
+        "--accelerator", default="h100-sxm", help="catalogue accelerator (default h100-sxm)"
+    )
     hw.add_argument("--network", help="inter-node link (default: the accelerator's usual one)")
     hw.add_argument("--intra-link", help="intra-node link (default: the accelerator's)")
     hw.add_argument("--gpus-per-node", type=int, help="devices per node (default: catalogue)")
-    hw.add_argument("--nics-per-node", type=int, help="network ports per node (default: one per device)")
+    hw.add_argument(
+        "--nics-per-node", type=int, help="network ports per node (default: one per device)"
+    )
     hw.add_argument("--catalogue", metavar="FILE", help="TOML merged over the bundled catalogue")
-    hw.add_argument("--calibration", metavar="FILE",
-                    help="calibration JSON (default ./sextant-results/calibration.json)")
+    hw.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="calibration JSON (default ./sextant-results/calibration.json)",
+    )
     tr = p.add_argument_group("training")
     tr.add_argument("--tokens", type=float, help="tokens to train, e.g. 2e12 (time and cost)")
     tr.add_argument("--global-batch", type=int, help="sequences per step (default: the model's)")
-    tr.add_argument("--precision", choices=("bf16", "fp16", "fp32"),
-                    help="default bf16 where the accelerator has it, else fp16, else fp32")
+    tr.add_argument(
+        "--precision",
+        choices=("bf16", "fp16", "fp32"),
+        help="default bf16 where the accelerator has it, else fp16, else fp32",
+    )
     tr.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    tr.add_argument("--price-per-hour", type=float, help="USD per device-hour (default: catalogue estimate)")
+    tr.add_argument(
+        "--price-per-hour", type=float, help="USD per device-hour (default: catalogue estimate)"
+    )
     lay = p.add_argument_group("layout (each one given is pinned; the others are searched)")
     lay.add_argument("--dp", type=int)
     lay.add_argument("--tp", type=int)
@@ -65,31 +80,62 @@ def register(subparsers: Any) -> None:
     lay.add_argument("--offload", choices=("none", "optimizer", "params"))
     lay.add_argument("--interleave", type=int, help="model chunks per pipeline stage")
     asm = p.add_argument_group("assumptions")
-    asm.add_argument("--mfu", type=float, default=None,
-                     help="compute efficiency: fraction of peak the kernels reach (default 0.5)")
-    asm.add_argument("--overlap", type=float, default=1.0,
-                     help="fraction of data-parallel comm that may hide behind backward (default 1)")
+    asm.add_argument(
+        "--mfu",
+        type=float,
+        default=None,
+        help="compute efficiency: fraction of peak the kernels reach (default 0.5)",
+    )
+    asm.add_argument(
+        "--overlap",
+        type=float,
+        default=0.5,
+        help="fraction of data-parallel comm that may hide behind compute "
+        "(default 0.5; the plan also shows 0)",
+    )
     asm.add_argument("--tp-overlap", type=float, default=0.0)
     asm.add_argument("--link-efficiency", type=float, default=1.0)
     asm.add_argument("--fragmentation", type=float, default=0.10)
-    asm.add_argument("--overhead-gb", type=float, default=None,
-                     help="runtime memory per device before tensors (default 1 GB; 0.3 on cpu-local)")
-    asm.add_argument("--no-flash-attention", action="store_true",
-                     help="store attention scores (2021-era stacks, Korthikanti's 5as term)")
+    asm.add_argument(
+        "--overhead-gb",
+        type=float,
+        default=None,
+        help="runtime memory per device before tensors (default 1 GB; 0.3 on cpu-local)",
+    )
+    asm.add_argument(
+        "--no-flash-attention",
+        action="store_true",
+        help="store attention scores (2021-era stacks, Korthikanti's 5as term)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--search", action="store_true", help="also print the best layouts ranked")
     out.add_argument("--top", type=int, default=10, help="rows of --search (default 10)")
-    out.add_argument("--threshold", type=float, default=0.8,
-                     help="scaling efficiency threshold for the knee (default 0.8)")
+    out.add_argument(
+        "--threshold",
+        type=float,
+        default=0.8,
+        help="scaling efficiency threshold for the knee (default 0.8)",
+    )
     out.add_argument("--no-curve", action="store_true", help="skip the scaling curve")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
     modes = p.add_argument_group("other modes")
-    modes.add_argument("--validate", action="store_true",
-                       help="predicted vs measured step time of the runs in the results store")
+    modes.add_argument(
+        "--validate",
+        action="store_true",
+        help="predicted vs measured step time of the runs in the results store",
+    )
     modes.add_argument("--db", metavar="PATH", help="results store for --validate")
-    modes.add_argument("--references", action="store_true",
-                       help="the planner against published figures (docs/validation.md)")
+    modes.add_argument(
+        "--references",
+        action="store_true",
+        help="the planner against published figures (docs/validation.md)",
+    )
     modes.add_argument("--only", metavar="ID", help="with --references: one reference")
+    modes.add_argument(
+        "--markdown",
+        action="store_true",
+        help="with --references: the markdown table of docs/validation.md",
+    )
     modes.add_argument("--list", action="store_true", help="list presets, accelerators, networks")
     p.set_defaults(func=run_plan)
 
@@ -102,10 +148,18 @@ def register(subparsers: Any) -> None:
         "to 64 MB, fitted by least squares to t = alpha + beta * bytes.",
     )
     c.add_argument("--out", metavar="PATH", help="default ./sextant-results/calibration.json")
-    c.add_argument("--max-bytes", type=int, default=64 * 2**20,
-                   help="largest all-reduce message (default 64 MiB)")
-    c.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds allowed for the worker processes (default 120)")
+    c.add_argument(
+        "--max-bytes",
+        type=int,
+        default=64 * 2**20,
+        help="largest all-reduce message (default 64 MiB)",
+    )
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds allowed for the worker processes (default 120)",
+    )
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
     c.set_defaults(func=run_calibrate)
 
@@ -122,10 +176,16 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.list:
         return _list(load_catalogue(args.catalogue, args.calibration), args.json)
     if args.references:
-        from sextant.planner.references import render_references, run_references
+        from sextant.planner.references import (
+            references_markdown,
+            render_references,
+            run_references,
+        )
 
         rows = run_references(only=args.only)
-        if args.json:
+        if args.markdown:
+            print(references_markdown(rows))
+        elif args.json:
             print(json.dumps(rows, indent=2))
         else:
             render_references(rows, _console())
@@ -156,31 +216,39 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from sextant.planner.plan import PlanRequest, make_plan
 
     if bool(args.model) == bool(args.workload):
-        raise UserError("give exactly one of --model PRESET or --workload FILE "
-                        "(see 'sextant plan --list')")
+        raise UserError(
+            "give exactly one of --model PRESET or --workload FILE (see 'sextant plan --list')"
+        )
     if args.gpus is None:
         raise UserError("--gpus N is required (the number of accelerators to plan for)")
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     acc = cat.accelerator(args.accelerator)
     precision = args.precision or next(
-        (p for p in ("bf16", "fp16", "fp32") if p in acc.peak_flops), "fp32")
+        (p for p in ("bf16", "fp16", "fp32") if p in acc.peak_flops), "fp32"
+    )
     if acc.measured and args.precision is None:
         precision = "fp32"
     overhead = args.overhead_gb
     if overhead is None:
         overhead = 0.3 if acc.measured else 1.0
     options = PlanOptions(
-        precision=precision, optimizer=args.optimizer,
+        precision=precision,
+        optimizer=args.optimizer,
         global_batch=args.global_batch or shape.global_batch,
         compute_efficiency=0.5 if args.mfu is None else args.mfu,
-        overlap=args.overlap, tp_overlap=args.tp_overlap, link_efficiency=args.link_efficiency,
-        fragmentation=args.fragmentation, fixed_overhead_gb=overhead,
+        overlap=args.overlap,
+        tp_overlap=args.tp_overlap,
+        link_efficiency=args.link_efficiency,
+        fragmentation=args.fragmentation,
+        fixed_overhead_gb=overhead,
         flash_attention=not args.no_flash_attention,
-        devices_per_node=args.gpus_per_node, nics_per_node=args.nics_per_node,
+        devices_per_node=args.gpus_per_node,
+        nics_per_node=args.nics_per_node,
     )
-    hw = resolve_hardware(cat, args.accelerator, args.network, intra_link=args.intra_link,
-                          options=options)
+    hw = resolve_hardware(
+        cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
+    )
     pinned: dict[str, Any] = {}
     for key in ("dp", "tp", "pp", "zero", "mbs", "recompute", "offload", "interleave"):
         value = getattr(args, key)
@@ -198,10 +266,18 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.price_per_hour is not None and args.price_per_hour < 0:
         raise UserError(f"--price-per-hour must be >= 0. Received: {args.price_per_hour}")
     req = PlanRequest(
-        shape=shape, devices=args.gpus, accelerator=args.accelerator, network=args.network,
-        intra_link=args.intra_link, options=options, pinned=pinned, tokens=args.tokens,
-        price_per_hour=args.price_per_hour, threshold=args.threshold,
-        top=args.top if args.search else 0, curve=not args.no_curve,
+        shape=shape,
+        devices=args.gpus,
+        accelerator=args.accelerator,
+        network=args.network,
+        intra_link=args.intra_link,
+        options=options,
+        pinned=pinned,
+        tokens=args.tokens,
+        price_per_hour=args.price_per_hour,
+        threshold=args.threshold,
+        top=args.top if args.search else 0,
+        curve=not args.no_curve,
     )
     return make_plan(req, cat, hw)
 
@@ -210,16 +286,30 @@ def _list(cat, as_json: bool) -> int:
     from sextant.planner.models import ALIASES, PRESETS
 
     doc = {
-        "presets": {k: {"params": v.total_params(), "shape": v.describe(), "source": v.source}
-                    for k, v in PRESETS.items()},
+        "presets": {
+            k: {"params": v.total_params(), "shape": v.describe(), "source": v.source}
+            for k, v in PRESETS.items()
+        },
         "aliases": ALIASES,
-        "accelerators": {k: {"name": a.name, "peak_tflops": {p: f / 1e12 for p, f in a.peak_flops.items()},
-                             "memory_gb": None if a.memory_bytes is None else a.memory_bytes / 1e9,
-                             "price_per_hour": cat.price(k), "source": a.source}
-                         for k, a in cat.accelerators.items()},
-        "links": {k: {"name": link.name, "bandwidth_gbs": link.bandwidth / 1e9,
-                      "latency_us": link.latency * 1e6, "source": link.source}
-                  for k, link in cat.links.items()},
+        "accelerators": {
+            k: {
+                "name": a.name,
+                "peak_tflops": {p: f / 1e12 for p, f in a.peak_flops.items()},
+                "memory_gb": None if a.memory_bytes is None else a.memory_bytes / 1e9,
+                "price_per_hour": cat.price(k),
+                "source": a.source,
+            }
+            for k, a in cat.accelerators.items()
+        },
+        "links": {
+            k: {
+                "name": link.name,
+                "bandwidth_gbs": link.bandwidth / 1e9,
+                "latency_us": link.latency * 1e6,
+                "source": link.source,
+            }
+            for k, link in cat.links.items()
+        },
         "prices": {"date": cat.price_date, "basis": cat.price_basis},
     }
     if as_json:
@@ -240,17 +330,23 @@ def _list(cat, as_json: bool) -> int:
         t.add_column(col, justify="left" if col == "name" else "right")
     for k, a in doc["accelerators"].items():
         pk = a["peak_tflops"]
-        t.add_row(k, f"{pk['bf16']:g}" if "bf16" in pk else "-",
-                  f"{pk['fp32']:g}" if "fp32" in pk else "-",
-                  "measured" if a["memory_gb"] is None else f"{a['memory_gb']:.1f}",
-                  "-" if a["price_per_hour"] is None else f"{a['price_per_hour']:.2f}")
+        t.add_row(
+            k,
+            f"{pk['bf16']:g}" if "bf16" in pk else "-",
+            f"{pk['fp32']:g}" if "fp32" in pk else "-",
+            "measured" if a["memory_gb"] is None else f"{a['memory_gb']:.1f}",
+            "-" if a["price_per_hour"] is None else f"{a['price_per_hour']:.2f}",
+        )
     console.print(t)
     t = Table(title="Links", title_justify="left")
     for col in ("name", "GB/s per device", "latency us"):
         t.add_column(col, justify="left" if col == "name" else "right")
     for k, link in doc["links"].items():
-        t.add_row(k, f"{link['bandwidth_gbs']:g}" if link["bandwidth_gbs"] else "measured",
-                  f"{link['latency_us']:.3g}")
+        t.add_row(
+            k,
+            f"{link['bandwidth_gbs']:g}" if link["bandwidth_gbs"] else "measured",
+            f"{link['latency_us']:.3g}",
+        )
     console.print(t)
     console.print(f"prices: {cat.price_basis} ({cat.price_date}); catalogue: {cat.path}")
     return 0
@@ -264,8 +360,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UserError(f"--timeout must be > 0. Received: {args.timeout}")
     out = args.out or default_out()
-    doc = calibrate(out=out, max_bytes=args.max_bytes, timeout=args.timeout,
-                    progress=None if args.json else sys.stderr)
+    doc = calibrate(
+        out=out,
+        max_bytes=args.max_bytes,
+        timeout=args.timeout,
+        progress=None if args.json else sys.stderr,
+    )
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

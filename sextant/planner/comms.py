@@ -54,10 +54,15 @@ def ring_reduce_scatter(m, n, bw, lat):
 ring_all_gather = ring_reduce_scatter  # the same cost, the data flowing the other way
 
 
+def ceil_log2(n):
+    """ceil(log2(n)) for integer-valued n >= 1, exactly and without a logarithm: the binary
+    exponent of n - 1 (frexp(x) = (f, e) with x = f * 2**e, 0.5 <= f < 1)."""
+    return np.frexp(np.maximum(_arr(n), 1.0) - 1.0)[1].astype(np.float64)
+
+
 def tree_all_reduce(m, n, bw, lat):
     m, n = _arr(m), _arr(n)
-    steps = np.ceil(np.log2(np.maximum(n, 1.0)))
-    return np.where(n > 1, 2.0 * steps * lat + 2.0 * m / (TREE_BW_FACTOR * bw), 0.0)
+    return np.where(n > 1, 2.0 * ceil_log2(n) * lat + 2.0 * m / (TREE_BW_FACTOR * bw), 0.0)
 
 
 def all_reduce(m, n, bw, lat, call=0.0):

@@ -35,12 +35,7 @@ import numpy as np
 from sextant.errors import UserError
 from sextant.planner import comms
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
-from sextant.planner.memory import (
-    activation_bytes_per_layer,
-    model_state_bytes,
-    pipeline_inflight,
-    state_bytes,
-)
+from sextant.planner.memory import state_bytes
 from sextant.planner.models import ModelCost
 
 RECOMPUTE = ("none", "selective", "full")
@@ -63,9 +58,10 @@ class PlanOptions:
     """Fraction of peak FLOP/s the compute kernels reach (the MFU of the compute phase).
     Published end-to-end reference points are listed in docs/planner.md; the planner's own
     end-to-end MFU comes out lower by the bubble and exposed communication."""
-    overlap: float = 1.0
-    """Fraction of data-parallel communication that may hide behind backward compute
-    (bounded by the available compute); 0 = none hidden. The plan also shows the 0 case."""
+    overlap: float = 0.5
+    """Fraction of data-parallel communication that may hide behind compute (bounded by the
+    compute available to hide it). Not a measured figure: the neutral midpoint between the two
+    bounds every plan also reports (1 = everything that fits is hidden, 0 = nothing)."""
     tp_overlap: float = 0.0
     """Fraction of tensor-parallel communication hidden (0: Megatron-LM 2021 does not)."""
     link_efficiency: float = 1.0
@@ -87,9 +83,14 @@ class PlanOptions:
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise UserError(f"precision must be bf16, fp16 or fp32. Received: {self.precision!r}")
         state_bytes(self.precision, self.optimizer)
-        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) \
-                or self.global_batch < 1:
-            raise UserError(f"global batch must be an integer >= 1. Received: {self.global_batch!r}")
+        if (
+            isinstance(self.global_batch, bool)
+            or not isinstance(self.global_batch, int)
+            or self.global_batch < 1
+        ):
+            raise UserError(
+                f"global batch must be an integer >= 1. Received: {self.global_batch!r}"
+            )
         for key, lo, hi in (("compute_efficiency", 0.0, 1.0), ("link_efficiency", 0.0, 1.0)):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and lo < value <= hi):
@@ -106,8 +107,9 @@ class PlanOptions:
             raise UserError(f"host_bw_gbs must be > 0. Received: {self.host_bw_gbs!r}")
         for key in ("devices_per_node", "nics_per_node"):
             value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
                 raise UserError(f"{key} must be an integer >= 1. Received: {value!r}")
 
 
@@ -176,19 +178,29 @@ class Layout:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
-            "dp": np.array([self.dp]), "tp": np.array([self.tp]), "pp": np.array([self.pp]),
-            "zero": np.array([self.zero]), "mbs": np.array([self.mbs]),
-            "rc": np.array([RECOMPUTE.index(self.recompute)]), "sp": np.array([int(self.sp)]),
-            "off": np.array([OFFLOAD.index(self.offload)]), "v": np.array([self.interleave]),
+            "dp": np.array([self.dp]),
+            "tp": np.array([self.tp]),
+            "pp": np.array([self.pp]),
+            "zero": np.array([self.zero]),
+            "mbs": np.array([self.mbs]),
+            "rc": np.array([RECOMPUTE.index(self.recompute)]),
+            "sp": np.array([int(self.sp)]),
+            "off": np.array([OFFLOAD.index(self.offload)]),
+            "v": np.array([self.interleave]),
         }
 
     @staticmethod
     def from_row(arrays: dict[str, np.ndarray], i: int) -> Layout:
         return Layout(
-            dp=int(arrays["dp"][i]), tp=int(arrays["tp"][i]), pp=int(arrays["pp"][i]),
-            zero=int(arrays["zero"][i]), mbs=int(arrays["mbs"][i]),
-            recompute=RECOMPUTE[int(arrays["rc"][i])], sp=bool(arrays["sp"][i]),
-            offload=OFFLOAD[int(arrays["off"][i])], interleave=int(arrays["v"][i]),
+            dp=int(arrays["dp"][i]),
+            tp=int(arrays["tp"][i]),
+            pp=int(arrays["pp"][i]),
+            zero=int(arrays["zero"][i]),
+            mbs=int(arrays["mbs"][i]),
+            recompute=RECOMPUTE[int(arrays["rc"][i])],
+            sp=bool(arrays["sp"][i]),
+            offload=OFFLOAD[int(arrays["off"][i])],
+            interleave=int(arrays["v"][i]),
         )
 
 
@@ -200,8 +212,10 @@ def check_layout(cost: ModelCost, layout: Layout, devices: int, global_batch: in
             f"{layout.pp} = {layout.devices}, devices={devices}"
         )
     if not cost.supports_model_parallel and (layout.tp > 1 or layout.pp > 1):
-        raise UserError(f"{cost.name} ({cost.family}) supports data parallelism only; "
-                        f"received tp={layout.tp}, pp={layout.pp}")
+        raise UserError(
+            f"{cost.name} ({cost.family}) supports data parallelism only; "
+            f"received tp={layout.tp}, pp={layout.pp}"
+        )
     if cost.n_heads % layout.tp:
         raise UserError(
             f"tp must divide the number of attention heads. Received: tp={layout.tp}, "
@@ -245,8 +259,14 @@ class Hardware:
         return self.inter.bandwidth * self.nics_per_node / self.devices_per_node
 
 
-def resolve_hardware(cat: Catalogue, accelerator: str, network: str | None = None, *,
-                     intra_link: str | None = None, options: PlanOptions | None = None) -> Hardware:
+def resolve_hardware(
+    cat: Catalogue,
+    accelerator: str,
+    network: str | None = None,
+    *,
+    intra_link: str | None = None,
+    options: PlanOptions | None = None,
+) -> Hardware:
     acc = cat.accelerator(accelerator)
     inter = cat.link(network or acc.inter_link)
     intra_key = intra_link or acc.intra_link
@@ -257,8 +277,9 @@ def resolve_hardware(cat: Catalogue, accelerator: str, network: str | None = Non
     if not intra_key:
         g = opts.devices_per_node or 1
     nics = opts.nics_per_node or g
-    return Hardware(accelerator=acc, intra=intra, inter=inter, host=host, devices_per_node=g,
-                    nics_per_node=nics)
+    return Hardware(
+        accelerator=acc, intra=intra, inter=inter, host=host, devices_per_node=g, nics_per_node=nics
+    )
 
 
 def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.ndarray:
@@ -268,15 +289,38 @@ def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.nda
     n = np.asarray(devices_on_node, dtype=np.float64)
     if not acc.shared_node:
         return np.full_like(n, peak)
-    (t1, f1), (cores, fall) = acc.flops_by_threads
+    (_, f1), (cores, fall) = acc.flops_by_threads
     threads = np.maximum(1.0, np.floor(cores / np.maximum(n, 1.0)))
     per = f1 + (fall - f1) * (threads - 1.0) / max(cores - 1.0, 1.0)
     return np.where(n >= cores, fall / np.maximum(n, 1.0), per)
 
 
-def evaluate(cost: ModelCost, hw: Hardware, opts: PlanOptions,
-             lay: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Memory and time of every layout in `lay` (arrays of equal length; see KNOBS)."""
+CHUNK = 16384  # rows per pass: keeps numpy temporaries in cache (about 1.5x faster)
+
+
+def evaluate(
+    cost: ModelCost,
+    hw: Hardware,
+    opts: PlanOptions,
+    lay: dict[str, np.ndarray],
+    keys: tuple[str, ...] | None = None,
+) -> dict[str, np.ndarray]:
+    """Memory and time of every layout in `lay` (arrays of equal length; see KNOBS).
+    `keys` limits the figures returned (the search keeps three for a million rows)."""
+    rows = len(lay["dp"])
+    if rows <= CHUNK:
+        res = _evaluate(cost, hw, opts, lay)
+        return res if keys is None else {k: res[k] for k in keys}
+    parts = []
+    for i in range(0, rows, CHUNK):
+        res = _evaluate(cost, hw, opts, {k: v[i : i + CHUNK] for k, v in lay.items()})
+        parts.append(res if keys is None else {k: res[k] for k in keys})
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+
+def _evaluate(
+    cost: ModelCost, hw: Hardware, opts: PlanOptions, lay: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     f = np.float64
     dp, tp, pp = lay["dp"].astype(f), lay["tp"].astype(f), lay["pp"].astype(f)
     zero, rc, off = lay["zero"], lay["rc"], lay["off"]
@@ -292,75 +336,98 @@ def evaluate(cost: ModelCost, hw: Hardware, opts: PlanOptions,
     s = float(cost.tokens_per_sample)
     m = batch / (dp * mbs)  # micro-batches per step per pipeline
     tok_mb = mbs * s
+    full_rc, sel_rc, no_rc = rc == 2, rc == 1, rc == 0
+    z1, z2, z3 = zero >= 1, zero >= 2, zero >= 3
 
     # --- parameters per device, first and last pipeline stage -------------------------------
     L = float(cost.n_layers)
-    lps = np.ceil(L / pp)
+    lps = np.ceil(L / pp)  # layers on the fullest stage
     layer_dev = lps * cost.layer_params / tp
     single = (L * cost.layer_params + cost.embed_params + cost.head_params + cost.other_params) / tp
     multi = pp > 1
     psi_first = np.where(multi, layer_dev + cost.embed_params / tp, single)
     psi_last = np.where(
-        multi, layer_dev + (cost.head_params + cost.tied_copy_params + cost.other_params) / tp,
-        single)
+        multi,
+        layer_dev + (cost.head_params + cost.tied_copy_params + cost.other_params) / tp,
+        single,
+    )
 
-    st_first = model_state_bytes(psi_first, dp, zero, precision=opts.precision,
-                                 optimizer=opts.optimizer, offload=off)
-    st_last = model_state_bytes(psi_last, dp, zero, precision=opts.precision,
-                                optimizer=opts.optimizer, offload=off)
-    # ZeRO-3 / FSDP materialise a layer's full parameters for compute, plus one prefetched.
-    gather = np.where(zero >= 3, 2.0 * cost.layer_params / tp * pb, 0.0)
+    # Model-state bytes per parameter after ZeRO sharding and offload (memory.model_state_bytes
+    # written as per-parameter coefficients, so both stages cost one multiply each).
+    inv_dp = 1.0 / dp
+    c_params = pb * np.where(z3, inv_dp, 1.0) * (off < 2)
+    c_grads = gb * np.where(z2, inv_dp, 1.0)
+    c_opt_all = ob * np.where(z1, inv_dp, 1.0)
+    c_opt = c_opt_all * (off < 1)
+    c_host = c_opt_all * (off >= 1) + pb * np.where(z3, inv_dp, 1.0) * (off >= 2)
+    c_states = c_params + c_grads + c_opt
+    # ZeRO-3 / FSDP materialise a layer's full parameters for compute, plus one prefetched
+    # (FSDP's default forward/backward prefetch of the next unit).
+    gather = z3 * (np.minimum(2.0, lps) * cost.layer_params * pb / tp)
 
-    # --- activations -----------------------------------------------------------------------
-    per_layer = activation_bytes_per_layer(cost, tok_mb, tp, sp, rc, act_scale)
-    per_layer_nore = activation_bytes_per_layer(cost, tok_mb, tp, sp, 0, act_scale)
-    working = np.where(rc == 2, per_layer_nore, 0.0)  # the layer being recomputed
-    logits = tok_mb * cost.logits_bytes_per_token / tp
-    act_first = per_layer * lps * pipeline_inflight(pp, m, v) + working + np.where(multi, 0.0, logits)
+    # --- activations (memory.activation_bytes_per_layer, inlined) -----------------------------
+    inv_tp = 1.0 / tp
+    sp_div = np.where(sp, inv_tp, 1.0)
+    rep = cost.act_replicated * sp_div
+    sel = tok_mb * (rep + cost.act_split * inv_tp) * act_scale
+    full = sel + tok_mb * (cost.act_scores * inv_tp) * act_scale
+    ckpt = tok_mb * (cost.act_checkpoint * act_scale) * sp_div
+    per_layer = np.where(no_rc, full, np.where(sel_rc, sel, ckpt))
+    working = full_rc * full  # the layer being recomputed
+    logits = tok_mb * cost.logits_bytes_per_token * inv_tp
+    inflight = np.minimum(pp, m) * np.where(v > 1, 1.0 + (pp - 1.0) / (pp * v), 1.0)
+    act_first = per_layer * lps * inflight + working + np.where(multi, 0.0, logits)
     act_last = np.where(multi, per_layer * lps + working + logits, act_first)
 
     frag = 1.0 + opts.fragmentation
     fixed = opts.fixed_overhead_gb * 1e9
-    mem_first = (st_first["total"] + gather + act_first) * frag + fixed
-    mem_last = (st_last["total"] + gather + act_last) * frag + fixed
-    worst_last = mem_last > mem_first
-    mem = np.where(worst_last, mem_last, mem_first)
-
-    def pick(key):
-        return np.where(worst_last, st_last[key], st_first[key])
+    raw_first = psi_first * c_states + gather + act_first
+    raw_last = psi_last * c_states + gather + act_last
+    worst_last = raw_last > raw_first
+    raw = np.where(worst_last, raw_last, raw_first)
+    psi_worst = np.where(worst_last, psi_last, psi_first)
+    mem = raw * frag + fixed
 
     if acc.shared_node:
         capacity = acc.memory_bytes / np.minimum(n, g)
         mem_bw = (acc.memory_bw or np.inf) / np.minimum(n, g)
     else:
         capacity = np.full_like(n, acc.memory_bytes)
-        mem_bw = np.full_like(n, acc.memory_bw or np.inf)
+        mem_bw = acc.memory_bw or np.inf
     fits = mem <= capacity
 
     # --- compute ---------------------------------------------------------------------------
-    extra = np.where(rc == 2, cost.full_recompute_flops_per_token + cost.flash_recompute_flops_per_token,
-                     np.where(rc == 1, cost.selective_recompute_flops_per_token,
-                              cost.flash_recompute_flops_per_token))
+    extra = np.where(
+        full_rc,
+        cost.full_recompute_flops_per_token + cost.flash_recompute_flops_per_token,
+        np.where(
+            sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
+        ),
+    )
     hw_flops_tok = cost.model_flops_per_token + extra
     tokens_step = batch * s
-    peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
-    t_flops = tokens_step * hw_flops_tok / n / (peak * opts.compute_efficiency)
+    if acc.shared_node:
+        peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
+    else:
+        peak = acc.peak(opts.precision)
+    t_flops = (tokens_step / (opts.compute_efficiency * peak)) * hw_flops_tok / n
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
     # and twice backward (+1 forward with full recomputation).
     psi_stage = np.maximum(psi_first, psi_last)
-    reads = np.where(rc == 2, 4.0, 3.0)
-    t_weights = m * reads * psi_stage * pb / mem_bw
+    t_weights = (m * (3.0 + full_rc)) * psi_stage * (pb / mem_bw)
     t_compute = np.maximum(t_flops, t_weights)
 
     # Optimizer step on the local shard: memory-bound, ~2 * (param + optimizer) + grad bytes.
-    psi_opt = psi_stage / np.where(zero >= 1, dp, 1.0)
+    psi_opt = psi_stage * np.where(z1, inv_dp, 1.0)
     opt_traffic = psi_opt * (2.0 * (pb + ob) + gb)
     host_bw = opts.host_bw_gbs * 1e9
     pcie = hw.host.bandwidth if hw.host is not None else np.inf
-    t_opt_dev = opt_traffic / mem_bw
-    t_offload = psi_opt * (gb + pb) / pcie + opt_traffic / host_bw
-    t_offload = t_offload + np.where(off >= 2, m * 2.0 * psi_stage / dp * pb / pcie, 0.0)
-    t_opt = np.where(off >= 1, t_offload, t_opt_dev)
+    t_offload = (
+        psi_opt * ((gb + pb) / pcie)
+        + opt_traffic / host_bw
+        + (off >= 2) * (m * 2.0 * pb / pcie) * psi_stage * inv_dp
+    )
+    t_opt = np.where(off >= 1, t_offload, opt_traffic / mem_bw)
 
     # --- communication -----------------------------------------------------------------------
     le = opts.link_efficiency
@@ -370,29 +437,33 @@ def evaluate(cost: ModelCost, hw: Hardware, opts: PlanOptions,
     # Ranks are placed tensor-parallel first, then data-parallel, then pipeline (Megatron-LM).
     tp_in = np.minimum(tp, g)
     tp_out = np.ceil(tp / g)
-    dp_in = np.where(tp < g, np.clip(np.floor(g / tp), 1.0, dp), 1.0)
+    dp_in = np.where(tp < g, np.minimum(np.maximum(np.floor(g / tp), 1.0), dp), 1.0)
     dp_out = np.ceil(dp / dp_in)
 
-    m_tp = tok_mb * cost.hidden * act_bytes
-    n_coll = np.where(rc == 2, 6.0, 4.0)
-    t_tp = m * lps * n_coll * comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter)
-    t_tp = t_tp * (1.0 - opts.tp_overlap)
+    m_tp = tok_mb * (cost.hidden * act_bytes)
+    tp_multi = tp > 1
+    t_tp = (m * lps * (4.0 + 2.0 * full_rc) * (1.0 - opts.tp_overlap)) * np.where(
+        tp_multi, comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter), 0.0
+    )
 
     pp_inter = n > g
-    m_pp = tok_mb * cost.hidden * act_bytes / tp
-    send = np.where(pp_inter, comms.p2p(m_pp, inter[0], inter[1], inter[2]),
-                    comms.p2p(m_pp, intra[0], intra[1], intra[2]))
-    t_pp = np.where(multi, 2.0 * m * v * send, 0.0)
+    m_pp = m_m = tok_mb * (cost.hidden * act_bytes) * inv_tp
+    send = np.where(
+        pp_inter,
+        comms.p2p(m_pp, inter[0], inter[1], inter[2]),
+        comms.p2p(m_m, intra[0], intra[1], intra[2]),
+    )
+    t_pp = multi * (2.0 * m * v * send)
 
     t_bubble = (pp - 1.0) / (v * m) * (t_compute + t_tp + t_pp)
 
     grad_b = psi_stage * gb
-    param_b = psi_stage * pb
     ar = comms.hier_all_reduce(grad_b, dp_in, dp_out, intra, inter)
     rs = comms.hier_reduce_scatter(grad_b, dp_in, dp_out, intra, inter)
-    ag = comms.hier_all_gather(param_b, dp_in, dp_out, intra, inter)
-    t_dp = np.select([zero == 0, zero == 1, zero == 2], [ar, rs + ag, m * rs + ag],
-                     m * (2.0 * ag + rs))
+    ag = rs if pb == gb else comms.hier_all_gather(psi_stage * pb, dp_in, dp_out, intra, inter)
+    t_dp = np.select(
+        [zero == 0, zero == 1, zero == 2], [ar, rs + ag, m * rs + ag], m * (2.0 * ag + rs)
+    )
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
     hidden_dp = np.minimum(opts.overlap * t_dp, window)
@@ -402,32 +473,55 @@ def evaluate(cost: ModelCost, hw: Hardware, opts: PlanOptions,
     step_no_overlap = step + hidden_dp
     tokens_per_s = tokens_step / step
     nominal = acc.peak(opts.precision)
-    mfu = cost.model_flops_per_token * tokens_per_s / (n * nominal)
-    hfu = hw_flops_tok * tokens_per_s / (n * nominal)
+    per_peak = tokens_per_s / (n * nominal)
+    mfu = cost.model_flops_per_token * per_peak
+    hfu = hw_flops_tok * per_peak
+    act = np.where(worst_last, act_last, act_first)
 
     return {
-        "devices": n, "microbatches": m, "fits": fits, "memory": mem, "capacity": capacity,
-        "mem_params": pick("params"), "mem_grads": pick("grads"), "mem_optimizer": pick("optimizer"),
-        "mem_host": pick("host"), "mem_gather": gather,
-        "mem_activations": np.where(worst_last, act_last, act_first),
-        "mem_overhead": mem - np.where(worst_last, st_last["total"] + gather + act_last,
-                                       st_first["total"] + gather + act_first),
+        "devices": n,
+        "microbatches": m,
+        "fits": fits,
+        "memory": mem,
+        "capacity": capacity,
+        "mem_params": psi_worst * c_params,
+        "mem_grads": psi_worst * c_grads,
+        "mem_optimizer": psi_worst * c_opt,
+        "mem_host": psi_worst * c_host,
+        "mem_gather": gather,
+        "mem_activations": act,
+        "mem_overhead": mem - raw,
         "params_per_device": psi_stage,
-        "compute": t_compute, "compute_flops_bound": t_flops, "compute_memory_bound": t_weights,
-        "optimizer": t_opt, "tp_comm": t_tp, "pp_comm": t_pp, "bubble": t_bubble,
-        "dp_comm": t_dp, "dp_exposed": t_dp_exposed, "step": step,
-        "step_no_overlap": step_no_overlap, "tokens_per_s": tokens_per_s, "mfu": mfu, "hfu": hfu,
+        "compute": t_compute,
+        "compute_flops_bound": t_flops,
+        "compute_memory_bound": t_weights,
+        "optimizer": t_opt,
+        "tp_comm": t_tp,
+        "pp_comm": t_pp,
+        "bubble": t_bubble,
+        "dp_comm": t_dp,
+        "dp_exposed": t_dp_exposed,
+        "step": step,
+        "step_no_overlap": step_no_overlap,
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu,
+        "hfu": hfu,
         "hw_flops_per_token": hw_flops_tok * np.ones_like(n),
-        "tp_inter": tp_out > 1, "dp_inter": dp_out > 1, "pp_inter": pp_inter & multi,
-        "offload": off >= 1, "weights_bound": t_weights > t_flops,
+        "tp_inter": tp_out > 1,
+        "dp_inter": dp_out > 1,
+        "pp_inter": pp_inter & multi,
+        "offload": off >= 1,
+        "weights_bound": t_weights > t_flops,
     }
 
 
 def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[str, float]:
     """The largest non-compute part of row i's step, named with the link it runs on."""
     parts = {
-        "tp_comm": res["tp_comm"][i], "pp_comm": res["pp_comm"][i],
-        "bubble": res["bubble"][i], "dp_exposed": res["dp_exposed"][i],
+        "tp_comm": res["tp_comm"][i],
+        "pp_comm": res["pp_comm"][i],
+        "bubble": res["bubble"][i],
+        "dp_exposed": res["dp_exposed"][i],
         "optimizer": res["optimizer"][i],
     }
     key = max(parts, key=lambda k: parts[k])
@@ -435,15 +529,22 @@ def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[st
     if key == "bubble":
         return "pipeline bubble", share
     if key == "optimizer":
-        return ("CPU offload (host link and host optimizer step)" if bool(res["offload"][i])
-                else "optimizer step"), share
+        return (
+            "CPU offload (host link and host optimizer step)"
+            if bool(res["offload"][i])
+            else "optimizer step"
+        ), share
     inter_flag = {"tp_comm": "tp_inter", "pp_comm": "pp_inter", "dp_exposed": "dp_inter"}[key]
-    link = hw.inter if bool(res[inter_flag][i]) else hw.intra
-    where = "inter-node" if bool(res[inter_flag][i]) else "intra-node"
-    what = {"tp_comm": "tensor-parallel all-reduces", "pp_comm": "pipeline sends",
-            "dp_exposed": "exposed data-parallel sync"}[key]
-    bw = link.bandwidth if link is hw.intra else hw.inter_bw_per_device
-    return f"{what} over {link.key} ({where}, {bw / 1e9:.3g} GB/s per device)", share
+    crosses = bool(res[inter_flag][i])
+    link = hw.inter if crosses else hw.intra
+    what = {
+        "tp_comm": "TP all-reduces",
+        "pp_comm": "pipeline sends",
+        "dp_exposed": "exposed DP sync",
+    }[key]
+    bw = hw.inter_bw_per_device if crosses else hw.intra.bandwidth
+    where = "inter-node" if crosses else "intra-node"
+    return f"{what} on {link.key} ({where}, {bw / 1e9:.3g} GB/s/device)", share
 
 
 @dataclass(kw_only=True, slots=True)

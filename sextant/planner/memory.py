@@ -42,8 +42,9 @@ def state_bytes(precision: str, optimizer: str = "adam") -> tuple[int, int, int]
     return STATE_BYTES[(kind, optimizer)]
 
 
-def model_state_bytes(params, dp=1, zero=0, *, precision: str = "bf16",
-                      optimizer: str = "adam", offload=0) -> dict[str, np.ndarray]:
+def model_state_bytes(
+    params, dp=1, zero=0, *, precision: str = "bf16", optimizer: str = "adam", offload=0
+) -> dict[str, np.ndarray]:
     """Per-device bytes of parameters, gradients and optimizer state (ZeRO §5).
 
     `params` is the parameter count this device holds before data-parallel sharding (the
@@ -62,8 +63,13 @@ def model_state_bytes(params, dp=1, zero=0, *, precision: str = "bf16",
     host = np.where(offload >= 1, o, 0.0) + np.where(offload >= 2, p, 0.0)
     o_dev = np.where(offload >= 1, 0.0, o)
     p_dev = np.where(offload >= 2, 0.0, p)
-    return {"params": p_dev, "grads": g, "optimizer": o_dev, "host": host,
-            "total": p_dev + g + o_dev}
+    return {
+        "params": p_dev,
+        "grads": g,
+        "optimizer": o_dev,
+        "host": host,
+        "total": p_dev + g + o_dev,
+    }
 
 
 def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=1.0):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import tomllib
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,16 @@ class TransformerShape:
     """Where the numbers come from."""
 
     def __post_init__(self) -> None:
-        for key in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
-                    "seq_len", "global_batch"):
+        for key in (
+            "n_layers",
+            "d_model",
+            "n_heads",
+            "n_kv_heads",
+            "d_ff",
+            "vocab_size",
+            "seq_len",
+            "global_batch",
+        ):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"model.{key} must be an integer >= 1. Received: {value!r}")
@@ -122,10 +131,10 @@ class TransformerShape:
         """Reduce the shape to the per-token figures of the estimator.
 
         FLOPs (Chowdhery et al. 2022, PaLM, appendix B; Kaplan et al. 2020 §2.1): a training
-        token costs 6 FLOPs per parameter that takes part in a matrix multiply (2 forward,
-        4 backward) plus 12 * L * (heads * head_dim) * s for the attention scores and their
-        product with the values (the causal mask is not discounted, as in that formula).
-        Embedding lookups are not multiplies; the output projection is (tied or not).
+        token costs 6 FLOPs per parameter (2 forward, 4 backward) plus
+        12 * L * (heads * head_dim) * s for the attention scores and their product with the
+        values (the causal mask is not discounted, as in that formula). Embedding lookups are
+        not multiplies and are left out of N; the output projection is in (tied or not).
 
         Activation bytes per token per layer (Korthikanti et al. 2022, "Reducing Activation
         Recomputation in Large Transformer Models", §4.1 and Table 2, 16-bit activations):
@@ -146,7 +155,9 @@ class TransformerShape:
         scores = (5 if self.dropout else 2) * self.n_heads * s
         attn_flops = 12 * self.n_layers * q * s
         layer_mm = self.layer_params()
-        matmul = self.n_layers * layer_mm + self.vocab_size * h
+        # N of "6N": every parameter but the looked-up embedding and position tables (the
+        # norms' few parameters are counted too, as sextant/init.py counts them).
+        matmul = self.n_layers * layer_mm + self.vocab_size * h + self.final_norm_params()
         # Forward FLOPs of one layer per token: 2 per matmul parameter + 4*s*q (QK^T, PV).
         layer_fwd = 2 * layer_mm + 4 * s * q
         return ModelCost(
@@ -165,7 +176,9 @@ class TransformerShape:
             # Selective recomputation re-runs QK^T, softmax and the product with V.
             selective_recompute_flops_per_token=float(self.n_layers * 4 * s * q),
             # FlashAttention's backward recomputes S = QK^T (Dao 2023, Algorithm 2).
-            flash_recompute_flops_per_token=float(self.n_layers * 2 * s * q) if flash_attention else 0.0,
+            flash_recompute_flops_per_token=float(self.n_layers * 2 * s * q)
+            if flash_attention
+            else 0.0,
             act_replicated=float(replicated),
             act_split=float(split),
             act_scores=0.0 if flash_attention else float(scores),
@@ -195,7 +208,7 @@ class MLPShape:
 
     def total_params(self) -> int:
         w = self.widths()
-        return sum(a * b + b for a, b in zip(w[:-1], w[1:]))
+        return sum(a * b + b for a, b in pairwise(w))
 
     def describe(self) -> str:
         return "MLP " + "-".join(str(x) for x in self.widths())
@@ -205,7 +218,7 @@ class MLPShape:
         n = float(self.total_params())
         # Per sample, each layer keeps its input and its pre-activation for the backward pass;
         # expressed in 16-bit bytes like the transformer terms (scaled for fp32 later).
-        acts = float(sum(2 * (a + b) for a, b in zip(w[:-1], w[1:])))
+        acts = float(sum(2 * (a + b) for a, b in pairwise(w)))
         return ModelCost(
             name=self.name,
             family="mlp",
@@ -281,52 +294,128 @@ class ModelCost:
 # --- presets ---------------------------------------------------------------------------------
 
 _LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1 and model card (4M-token global batch)"
-_LLAMA3 = ("Llama Team 2024, The Llama 3 Herd of Models, Table 3; global batch 16M tokens "
-           "(Table 4, 405B) used as the default for all sizes")
+_LLAMA3 = (
+    "Llama Team 2024, The Llama 3 Herd of Models, Table 3; global batch 16M tokens "
+    "(Table 4, 405B) used as the default for all sizes"
+)
 
 PRESETS: dict[str, TransformerShape] = {
     "gpt3-175b": TransformerShape(
-        name="gpt3-175b", n_layers=96, d_model=12288, n_heads=96, n_kv_heads=96, d_ff=49152,
-        vocab_size=50257, seq_len=2048, tied_embeddings=True, learned_positions=True,
-        biases=True, dropout=True, global_batch=1536,
+        name="gpt3-175b",
+        n_layers=96,
+        d_model=12288,
+        n_heads=96,
+        n_kv_heads=96,
+        d_ff=49152,
+        vocab_size=50257,
+        seq_len=2048,
+        tied_embeddings=True,
+        learned_positions=True,
+        biases=True,
+        dropout=True,
+        global_batch=1536,
         source="Brown et al. 2020, GPT-3, Table 2.1; batch 1536 as in Narayanan et al. 2021 §5",
     ),
     "llama2-7b": TransformerShape(
-        name="llama2-7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008,
-        vocab_size=32000, seq_len=4096, gated_mlp=True, layernorm=False, global_batch=1024,
+        name="llama2-7b",
+        n_layers=32,
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=32,
+        d_ff=11008,
+        vocab_size=32000,
+        seq_len=4096,
+        gated_mlp=True,
+        layernorm=False,
+        global_batch=1024,
         source=_LLAMA2,
     ),
     "llama2-13b": TransformerShape(
-        name="llama2-13b", n_layers=40, d_model=5120, n_heads=40, n_kv_heads=40, d_ff=13824,
-        vocab_size=32000, seq_len=4096, gated_mlp=True, layernorm=False, global_batch=1024,
+        name="llama2-13b",
+        n_layers=40,
+        d_model=5120,
+        n_heads=40,
+        n_kv_heads=40,
+        d_ff=13824,
+        vocab_size=32000,
+        seq_len=4096,
+        gated_mlp=True,
+        layernorm=False,
+        global_batch=1024,
         source=_LLAMA2,
     ),
     "llama2-70b": TransformerShape(
-        name="llama2-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
-        vocab_size=32000, seq_len=4096, gated_mlp=True, layernorm=False, global_batch=1024,
+        name="llama2-70b",
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=28672,
+        vocab_size=32000,
+        seq_len=4096,
+        gated_mlp=True,
+        layernorm=False,
+        global_batch=1024,
         source=_LLAMA2,
     ),
     "llama3-8b": TransformerShape(
-        name="llama3-8b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
-        vocab_size=128256, seq_len=8192, gated_mlp=True, layernorm=False, global_batch=2048,
+        name="llama3-8b",
+        n_layers=32,
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
+        vocab_size=128256,
+        seq_len=8192,
+        gated_mlp=True,
+        layernorm=False,
+        global_batch=2048,
         source=_LLAMA3,
     ),
     "llama3-70b": TransformerShape(
-        name="llama3-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
-        vocab_size=128256, seq_len=8192, gated_mlp=True, layernorm=False, global_batch=2048,
+        name="llama3-70b",
+        n_layers=80,
+        d_model=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=28672,
+        vocab_size=128256,
+        seq_len=8192,
+        gated_mlp=True,
+        layernorm=False,
+        global_batch=2048,
         source=_LLAMA3,
     ),
     "llama3-405b": TransformerShape(
-        name="llama3-405b", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8,
-        d_ff=53248, vocab_size=128256, seq_len=8192, gated_mlp=True, layernorm=False,
-        global_batch=2048, source=_LLAMA3,
+        name="llama3-405b",
+        n_layers=126,
+        d_model=16384,
+        n_heads=128,
+        n_kv_heads=8,
+        d_ff=53248,
+        vocab_size=128256,
+        seq_len=8192,
+        gated_mlp=True,
+        layernorm=False,
+        global_batch=2048,
+        source=_LLAMA3,
     ),
     "palm-540b": TransformerShape(
-        name="palm-540b", n_layers=118, d_model=18432, n_heads=48, n_kv_heads=1, head_dim=256,
-        d_ff=73728, vocab_size=256000, seq_len=2048, gated_mlp=True, tied_embeddings=True,
-        layernorm=False, global_batch=2048,
+        name="palm-540b",
+        n_layers=118,
+        d_model=18432,
+        n_heads=48,
+        n_kv_heads=1,
+        head_dim=256,
+        d_ff=73728,
+        vocab_size=256000,
+        seq_len=2048,
+        gated_mlp=True,
+        tied_embeddings=True,
+        layernorm=False,
+        global_batch=2048,
         source="Chowdhery et al. 2022, PaLM, Table 1 (multi-query attention, SwiGLU, shared "
-               "embeddings, final batch 2048 sequences)",
+        "embeddings, final batch 2048 sequences)",
     ),
 }
 
@@ -349,13 +438,31 @@ def preset(name: str) -> TransformerShape:
     return PRESETS[key]
 
 
-def megatron_gpt(*, n_layers: int, d_model: int, n_heads: int, seq_len: int = 2048,
-                 vocab_size: int = 51200, global_batch: int = 1, name: str = "gpt") -> TransformerShape:
+def megatron_gpt(
+    *,
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    seq_len: int = 2048,
+    vocab_size: int = 51200,
+    global_batch: int = 1,
+    name: str = "gpt",
+) -> TransformerShape:
     """The GPT shapes of Narayanan et al. 2021 (Table 1: V = 51,200, s = 2048, ffn = 4h)."""
     return TransformerShape(
-        name=name, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_heads,
-        d_ff=4 * d_model, vocab_size=vocab_size, seq_len=seq_len, tied_embeddings=True,
-        learned_positions=True, biases=True, dropout=True, global_batch=global_batch,
+        name=name,
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=n_heads,
+        d_ff=4 * d_model,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        tied_embeddings=True,
+        learned_positions=True,
+        biases=True,
+        dropout=True,
+        global_batch=global_batch,
         source="Narayanan et al. 2021, Table 1",
     )
 
@@ -366,7 +473,9 @@ _GPT_KEYS = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff")
 _MLP_KEYS = ("input_dim", "hidden", "num_classes")
 
 
-def shape_from_workload(raw: dict[str, Any], *, where: str = "workload") -> TransformerShape | MLPShape:
+def shape_from_workload(
+    raw: dict[str, Any], *, where: str = "workload"
+) -> TransformerShape | MLPShape:
     """Build a shape from a parsed sextant workload (only name, global_batch and [model] are
     read; the rest of the file belongs to the runner)."""
     model = raw.get("model")
@@ -386,9 +495,17 @@ def shape_from_workload(raw: dict[str, Any], *, where: str = "workload") -> Tran
         # sextant's gpt (sextant/init.py): pre-LayerNorm, GELU MLP, learned positions,
         # biases on every linear layer except the untied output head, no dropout.
         return TransformerShape(
-            name=name, n_kv_heads=values["n_heads"], learned_positions=True, biases=True,
-            layernorm=True, tied_embeddings=False, gated_mlp=False, dropout=False,
-            global_batch=batch, source=where, **values,
+            name=name,
+            n_kv_heads=values["n_heads"],
+            learned_positions=True,
+            biases=True,
+            layernorm=True,
+            tied_embeddings=False,
+            gated_mlp=False,
+            dropout=False,
+            global_batch=batch,
+            source=where,
+            **values,
         )
     if family == "mlp":
         for key in _MLP_KEYS:
@@ -398,14 +515,20 @@ def shape_from_workload(raw: dict[str, Any], *, where: str = "workload") -> Tran
         if not isinstance(hidden, (list, tuple)) or not all(
             isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in hidden
         ):
-            raise UserError(f"{where}: model.hidden must be a list of integers. Received: {hidden!r}")
+            raise UserError(
+                f"{where}: model.hidden must be a list of integers. Received: {hidden!r}"
+            )
         for key in ("input_dim", "num_classes"):
             v = model[key]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UserError(f"{where}: model.{key} must be an integer >= 1. Received: {v!r}")
         return MLPShape(
-            name=name, input_dim=model["input_dim"], hidden=tuple(hidden),
-            num_classes=model["num_classes"], global_batch=batch, source=where,
+            name=name,
+            input_dim=model["input_dim"],
+            hidden=tuple(hidden),
+            num_classes=model["num_classes"],
+            global_batch=batch,
+            source=where,
         )
     raise UserError(f"{where}: model.family must be 'gpt' or 'mlp'. Received: {family!r}")
 

@@ -13,7 +13,6 @@ import numpy as np
 from sextant.errors import UserError
 from sextant.planner.catalogue import Catalogue
 from sextant.planner.estimate import (
-    KNOBS,
     OFFLOAD,
     RECOMPUTE,
     Hardware,
@@ -23,7 +22,7 @@ from sextant.planner.estimate import (
     evaluate_one,
 )
 from sextant.planner.models import MLPShape, TransformerShape
-from sextant.planner.search import knee, scaling_curve, search
+from sextant.planner.search import knee, scaling_curve, search, starts_below
 
 SLOW_NETWORK_BPS = 10e9 / 8  # 10 Gb/s
 
@@ -50,8 +49,17 @@ class PlanRequest:
     curve: bool = True
 
 
-_PIN_TO_KNOB = {"dp": "dp", "tp": "tp", "pp": "pp", "zero": "zero", "mbs": "mbs",
-                "recompute": "rc", "sp": "sp", "offload": "off", "interleave": "v"}
+_PIN_TO_KNOB = {
+    "dp": "dp",
+    "tp": "tp",
+    "pp": "pp",
+    "zero": "zero",
+    "mbs": "mbs",
+    "recompute": "rc",
+    "sp": "sp",
+    "offload": "off",
+    "interleave": "v",
+}
 
 
 def _pins_as_knobs(pinned: dict[str, Any]) -> dict[str, int]:
@@ -78,6 +86,11 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     cost = req.shape.cost(flash_attention=req.options.flash_attention)
     opts = req.options
     acc = hw.accelerator
+    if req.pinned.get("offload", "none") != "none" and hw.host is None:
+        raise UserError(
+            f"{acc.key} keeps tensors in host memory already: --offload does not "
+            "apply (use --offload none)"
+        )
     knobs = _pins_as_knobs(req.pinned)
     started = time.perf_counter()
     result = search(cost, hw, opts, req.devices, fixed=knobs)
@@ -102,53 +115,81 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     warnings = _warnings(req, cat, hw, ev, layout)
     doc: dict[str, Any] = {
         "model": {
-            "name": req.shape.name, "family": cost.family, "params": cost.total_params,
-            "shape": cost.describe, "source": req.shape.source,
+            "name": req.shape.name,
+            "family": cost.family,
+            "params": cost.total_params,
+            "shape": cost.describe,
+            "source": req.shape.source,
             "model_flops_per_token": cost.model_flops_per_token,
         },
         "hardware": {
-            "accelerator": acc.key, "accelerator_name": acc.name, "devices": req.devices,
+            "accelerator": acc.key,
+            "accelerator_name": acc.name,
+            "devices": req.devices,
             "devices_per_node": hw.devices_per_node,
             "nodes": -(-req.devices // hw.devices_per_node),
-            "intra_link": hw.intra.key, "network": hw.inter.key,
+            "intra_link": hw.intra.key,
+            "network": hw.inter.key,
             "inter_bw_per_device": hw.inter_bw_per_device,
             "intra_bw": hw.intra.bandwidth,
-            "peak_flops": acc.peak(opts.precision), "memory_bytes": float(ev["capacity"]),
-            "precision": opts.precision, "catalogue": cat.path,
+            "peak_flops": acc.peak(opts.precision),
+            "memory_bytes": float(ev["capacity"]),
+            "precision": opts.precision,
+            "catalogue": cat.path,
         },
         "assumptions": {
-            "compute_efficiency": opts.compute_efficiency, "overlap": opts.overlap,
-            "tp_overlap": opts.tp_overlap, "link_efficiency": opts.link_efficiency,
-            "fragmentation": opts.fragmentation, "fixed_overhead_gb": opts.fixed_overhead_gb,
-            "flash_attention": opts.flash_attention, "optimizer": opts.optimizer,
-            "global_batch": opts.global_batch, "tokens_per_step": tokens_step,
+            "compute_efficiency": opts.compute_efficiency,
+            "overlap": opts.overlap,
+            "tp_overlap": opts.tp_overlap,
+            "link_efficiency": opts.link_efficiency,
+            "fragmentation": opts.fragmentation,
+            "fixed_overhead_gb": opts.fixed_overhead_gb,
+            "flash_attention": opts.flash_attention,
+            "optimizer": opts.optimizer,
+            "global_batch": opts.global_batch,
+            "tokens_per_step": tokens_step,
         },
         "layout": _layout_doc(layout),
         "layout_searched": sorted(set(_PIN_TO_KNOB) - set(req.pinned)),
         "memory": {
-            "params": ev["mem_params"], "grads": ev["mem_grads"],
-            "optimizer": ev["mem_optimizer"], "zero3_buffers": ev["mem_gather"],
-            "activations": ev["mem_activations"], "allowance": ev["mem_overhead"],
-            "total": ev["memory"], "capacity": ev["capacity"], "fits": ev["fits"],
+            "params": ev["mem_params"],
+            "grads": ev["mem_grads"],
+            "optimizer": ev["mem_optimizer"],
+            "zero3_buffers": ev["mem_gather"],
+            "activations": ev["mem_activations"],
+            "allowance": ev["mem_overhead"],
+            "total": ev["memory"],
+            "capacity": ev["capacity"],
+            "fits": ev["fits"],
             "host_offload": ev["mem_host"],
         },
         "time": {
-            "compute": ev["compute"], "optimizer": ev["optimizer"], "tp_comm": ev["tp_comm"],
-            "pp_comm": ev["pp_comm"], "bubble": ev["bubble"], "dp_exposed": ev["dp_exposed"],
-            "dp_comm_total": ev["dp_comm"], "step": ev["step"],
+            "compute": ev["compute"],
+            "optimizer": ev["optimizer"],
+            "tp_comm": ev["tp_comm"],
+            "pp_comm": ev["pp_comm"],
+            "bubble": ev["bubble"],
+            "dp_exposed": ev["dp_exposed"],
+            "dp_comm_total": ev["dp_comm"],
+            "step": ev["step"],
             "step_no_overlap": ev["step_no_overlap"],
-            "main_overhead": ev["overhead_cause"], "main_overhead_share": ev["overhead_share"],
+            "main_overhead": ev["overhead_cause"],
+            "main_overhead_share": ev["overhead_share"],
         },
         "throughput": {
             "tokens_per_s": ev["tokens_per_s"],
             "samples_per_s": ev["tokens_per_s"] / cost.tokens_per_sample,
-            "mfu": ev["mfu"], "hfu": ev["hfu"],
-            "model_tflops_per_device": cost.model_flops_per_token * ev["tokens_per_s"]
-            / req.devices / 1e12,
+            "mfu": ev["mfu"],
+            "hfu": ev["hfu"],
+            "model_tflops_per_device": cost.model_flops_per_token
+            * ev["tokens_per_s"]
+            / req.devices
+            / 1e12,
             "tokens_per_s_no_overlap": tokens_step / ev["step_no_overlap"],
         },
         "search": {
-            "layouts_evaluated": result.count, "layouts_fitting": result.fitting,
+            "layouts_evaluated": result.count,
+            "layouts_fitting": result.fitting,
             "seconds": search_s,
             "top": [_search_row(result, int(i)) for i in result.order[: req.top]],
         },
@@ -159,22 +200,47 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         started = time.perf_counter()
         points = scaling_curve(cost, hw, opts, req.devices, fixed=knobs)
         doc["scaling"] = [
-            {"devices": p.devices, "layout": p.layout.label() if p.layout else None,
-             "tokens_per_s": p.tokens_per_s, "speedup": p.speedup, "efficiency": p.efficiency,
-             "mfu": p.mfu, "main_overhead": p.cause, "overhead_share": p.cause_share}
+            {
+                "devices": p.devices,
+                "layout": p.layout.label() if p.layout else None,
+                "tokens_per_s": p.tokens_per_s,
+                "speedup": p.speedup,
+                "efficiency": p.efficiency,
+                "mfu": p.mfu,
+                "main_overhead": p.cause,
+                "overhead_share": p.cause_share,
+            }
             for p in points
         ]
         k = knee(points, req.threshold)
-        doc["knee"] = None if k is None else {
-            "devices": k.devices, "efficiency": k.efficiency, "cause": k.cause,
-            "threshold": req.threshold,
-        }
+        doc["threshold"] = req.threshold
+        doc["knee"] = (
+            None
+            if k is None
+            else {
+                "devices": k.devices,
+                "efficiency": k.efficiency,
+                "cause": k.cause,
+                "threshold": req.threshold,
+            }
+        )
+        low = starts_below(points, req.threshold)
+        doc["starts_below"] = (
+            None
+            if low is None
+            else {
+                "devices": low.devices,
+                "efficiency": low.efficiency,
+                "cause": low.cause,
+                "threshold": req.threshold,
+            }
+        )
         doc["scaling_seconds"] = time.perf_counter() - started
         previous = None
         for p in points:
             if p.layout is None:
                 continue
-            if previous is not None and p.tokens_per_s < previous.tokens_per_s:
+            if previous is not None and p.tokens_per_s < previous.tokens_per_s * 0.995:
                 warnings.append(
                     f"{p.devices} devices are slower than {previous.devices} "
                     f"({p.tokens_per_s:,.0f} vs {previous.tokens_per_s:,.0f} tokens/s): "
@@ -191,17 +257,22 @@ def _default_layout(devices: int, pinned: dict[str, Any]) -> dict[str, Any]:
 
 
 def _search_row(result, i: int) -> dict[str, Any]:
-    f = result.figures
+    f = result.row(i)
     return {
-        "layout": result.layout(i).label(), "tokens_per_s": float(f["tokens_per_s"][i]),
-        "step": float(f["step"][i]), "mfu": float(f["mfu"][i]),
-        "memory": float(f["memory"][i]), "dp_exposed": float(f["dp_exposed"][i]),
-        "bubble": float(f["bubble"][i]), "tp_comm": float(f["tp_comm"][i]),
+        "layout": result.layout(i).label(),
+        "tokens_per_s": float(f["tokens_per_s"][0]),
+        "step": float(f["step"][0]),
+        "mfu": float(f["mfu"][0]),
+        "memory": float(f["memory"][0]),
+        "dp_exposed": float(f["dp_exposed"][0]),
+        "bubble": float(f["bubble"][0]),
+        "tp_comm": float(f["tp_comm"][0]),
     }
 
 
-def _training(req: PlanRequest, cat: Catalogue, acc_key: str, ev: dict[str, Any],
-              tokens_step: int) -> dict[str, Any] | None:
+def _training(
+    req: PlanRequest, cat: Catalogue, acc_key: str, ev: dict[str, Any], tokens_step: int
+) -> dict[str, Any] | None:
     if not req.tokens:
         return None
     if req.tokens <= 0:
@@ -210,19 +281,24 @@ def _training(req: PlanRequest, cat: Catalogue, acc_key: str, ev: dict[str, Any]
     hours = seconds / 3600
     price = req.price_per_hour if req.price_per_hour is not None else cat.price(acc_key)
     out = {
-        "tokens": req.tokens, "steps": req.tokens / tokens_step, "seconds": seconds,
-        "days": seconds / 86400, "device_hours": hours * req.devices,
+        "tokens": req.tokens,
+        "steps": req.tokens / tokens_step,
+        "seconds": seconds,
+        "days": seconds / 86400,
+        "device_hours": hours * req.devices,
         "days_no_overlap": req.tokens / (tokens_step / ev["step_no_overlap"]) / 86400,
         "price_per_device_hour": price,
-        "price_basis": "given with --price-per-hour" if req.price_per_hour is not None
+        "price_basis": "given with --price-per-hour"
+        if req.price_per_hour is not None
         else f"{cat.price_basis} ({cat.price_date})",
         "cost_usd": None if price is None else hours * req.devices * price,
     }
     return out
 
 
-def _warnings(req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any],
-              layout: Layout) -> list[str]:
+def _warnings(
+    req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any], layout: Layout
+) -> list[str]:
     out: list[str] = []
     acc = hw.accelerator
     multi_node = req.devices > hw.devices_per_node
@@ -238,8 +314,9 @@ def _warnings(req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any]
             "smallest)"
         )
     if layout.tp > hw.devices_per_node:
-        out.append(f"tensor parallelism ({layout.tp}) spans nodes: its all-reduces run on "
-                   f"{hw.inter.key}")
+        out.append(
+            f"tensor parallelism ({layout.tp}) spans nodes: its all-reduces run on {hw.inter.key}"
+        )
     if not acc.verified:
         out.append(f"{acc.key}: catalogue figures are not vendor-published ({acc.source})")
     for link in {hw.intra.key: hw.intra, hw.inter.key: hw.inter}.values():
@@ -248,17 +325,27 @@ def _warnings(req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any]
     step = ev["step"]
     exposed = ev["tp_comm"] + ev["pp_comm"] + ev["dp_exposed"]
     if exposed > 0.25 * step:
-        out.append(f"exposed communication is {exposed / step:.0%} of the step ({ev['overhead_cause']})")
+        out.append(
+            f"exposed communication is {exposed / step:.0%} of the step ({ev['overhead_cause']})"
+        )
     if ev["bubble"] > 0.2 * step:
-        out.append(f"pipeline bubble is {ev['bubble'] / step:.0%} of the step: more micro-batches "
-                   "(larger global batch or smaller micro-batch) or an interleaved schedule help")
+        out.append(
+            f"pipeline bubble is {ev['bubble'] / step:.0%} of the step: more micro-batches "
+            "(larger global batch or smaller micro-batch) or an interleaved schedule help"
+        )
     if ev["weights_bound"]:
-        out.append("compute is bound by weight reads (micro-batch too small for the memory "
-                   "bandwidth): a larger micro-batch helps")
+        out.append(
+            "compute is bound by weight reads (micro-batch too small for the memory "
+            "bandwidth): a larger micro-batch helps"
+        )
     if acc.measured:
-        out.append("this machine's peak is a measured GEMM rate (sextant calibrate); "
-                   "compute efficiency is relative to it")
+        out.append(
+            "this machine's peak is a measured GEMM rate (sextant calibrate); "
+            "compute efficiency is relative to it"
+        )
     else:
-        out.append(f"compute efficiency {req.options.compute_efficiency:.2f} of peak is an "
-                   "assumption (--mfu); published reference points: docs/planner.md")
+        out.append(
+            f"compute efficiency {req.options.compute_efficiency:.2f} of peak is an "
+            "assumption (--mfu); published reference points: docs/planner.md"
+        )
     return out

@@ -44,20 +44,26 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     )
     searched = doc.get("layout_searched") or []
     how = "best of the search" if searched else "as given"
-    console.print(f"layout: [bold]{lay['label']}[/bold] ({how}; "
-                  f"{doc['search']['layouts_evaluated']:,} layouts evaluated, "
-                  f"{doc['search']['layouts_fitting']:,} fit, "
-                  f"{doc['search']['seconds'] * 1e3:.0f} ms)")
+    console.print(
+        f"layout: [bold]{lay['label']}[/bold] ({how}; "
+        f"{doc['search']['layouts_evaluated']:,} layouts evaluated, "
+        f"{doc['search']['layouts_fitting']:,} fit, "
+        f"{doc['search']['seconds'] * 1e3:.0f} ms)"
+    )
 
     mem = doc["memory"]
     t = Table(title="Memory per device", title_justify="left")
     t.add_column("component")
     t.add_column("GB", justify="right")
     t.add_column("share", justify="right")
-    rows = [("parameters", mem["params"]), ("gradients", mem["grads"]),
-            ("optimizer state", mem["optimizer"]), ("ZeRO-3 gathered layers", mem["zero3_buffers"]),
-            ("activations", mem["activations"]),
-            ("allowance (fragmentation + runtime)", mem["allowance"])]
+    rows = [
+        ("parameters", mem["params"]),
+        ("gradients", mem["grads"]),
+        ("optimizer state", mem["optimizer"]),
+        ("ZeRO-3 gathered layers", mem["zero3_buffers"]),
+        ("activations", mem["activations"]),
+        ("allowance (fragmentation + runtime)", mem["allowance"]),
+    ]
     for name, value in rows:
         if value:
             t.add_row(name, f"{value / GB:,.2f}", _share(value, mem["total"]))
@@ -73,9 +79,14 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     t.add_column("part")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
-    for name, key in (("compute", "compute"), ("optimizer step / offload", "optimizer"),
-                      ("tensor-parallel comm", "tp_comm"), ("pipeline sends", "pp_comm"),
-                      ("pipeline bubble", "bubble"), ("exposed data-parallel comm", "dp_exposed")):
+    for name, key in (
+        ("compute", "compute"),
+        ("optimizer step / offload", "optimizer"),
+        ("tensor-parallel comm", "tp_comm"),
+        ("pipeline sends", "pp_comm"),
+        ("pipeline bubble", "bubble"),
+        ("exposed data-parallel comm", "dp_exposed"),
+    ):
         if tm[key] or key == "compute":
             t.add_row(name, _t(tm[key]), _share(tm[key], tm["step"]))
     t.add_row("[bold]step[/bold]", f"[bold]{_t(tm['step'])}[/bold]", "")
@@ -93,10 +104,12 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     )
     tr = doc.get("training")
     if tr:
-        cost = ("cost unknown (no price for this accelerator: --price-per-hour)"
-                if tr["cost_usd"] is None else
-                f"${tr['cost_usd']:,.0f} at ${tr['price_per_device_hour']:.2f}/device-hour "
-                f"({tr['price_basis']})")
+        cost = (
+            "cost unknown (no price for this accelerator: --price-per-hour)"
+            if tr["cost_usd"] is None
+            else f"${tr['cost_usd']:,.0f} at ${tr['price_per_device_hour']:.2f}/device-hour "
+            f"({tr['price_basis']})"
+        )
         console.print(
             f"train {tr['tokens']:.3g} tokens: [bold]{tr['days']:,.1f} days[/bold] "
             f"({tr['days_no_overlap']:,.1f} with no overlap), "
@@ -105,34 +118,58 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
 
     if doc.get("search", {}).get("top"):
         t = Table(title="Best layouts", title_justify="left")
-        for col in ("#", "layout", "tokens/s", "MFU", "step", "GB/device", "exposed DP",
-                    "bubble", "TP comm"):
+        for col in ("#", "layout", "tokens/s", "MFU", "step", "GB/dev", "comm+bubble"):
             t.add_column(col, justify="left" if col == "layout" else "right")
         for i, r in enumerate(doc["search"]["top"], 1):
-            t.add_row(str(i), r["layout"], f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
-                      _t(r["step"]), f"{r['memory'] / GB:.1f}", _t(r["dp_exposed"]),
-                      _t(r["bubble"]), _t(r["tp_comm"]))
+            over = r["dp_exposed"] + r["bubble"] + r["tp_comm"]
+            t.add_row(
+                str(i),
+                r["layout"],
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['mfu']:.1%}",
+                _t(r["step"]),
+                f"{r['memory'] / GB:.1f}",
+                _share(over, r["step"]),
+            )
         console.print(t)
 
     if doc.get("scaling"):
-        t = Table(title="Scaling (fixed global batch, best layout per size)", title_justify="left")
-        for col in ("devices", "layout", "tokens/s", "speed-up", "efficiency", "MFU",
-                    "largest overhead"):
+        t = Table(
+            title="Scaling (fixed global batch, best layout per size; efficiency = share "
+            "of the ideal compute-only throughput)",
+            title_justify="left",
+        )
+        for col in ("devices", "layout", "tokens/s", "speed-up", "eff.", "largest overhead"):
             t.add_column(col, justify="left" if col in ("layout", "largest overhead") else "right")
         for p in doc["scaling"]:
             if p["layout"] is None:
-                t.add_row(str(p["devices"]), "does not fit", "-", "-", "-", "-", "-")
+                t.add_row(str(p["devices"]), "does not fit", "-", "-", "-", "-")
                 continue
-            t.add_row(str(p["devices"]), p["layout"], f"{p['tokens_per_s']:,.0f}",
-                      f"{p['speedup']:.2f}x", f"{p['efficiency']:.0%}", f"{p['mfu']:.1%}",
-                      f"{p['main_overhead']} ({p['overhead_share']:.0%})")
+            cause = p["main_overhead"].split(" (")[0]
+            t.add_row(
+                str(p["devices"]),
+                p["layout"],
+                f"{p['tokens_per_s']:,.0f}",
+                f"{p['speedup']:.2f}x",
+                f"{p['efficiency']:.0%}",
+                f"{cause} {p['overhead_share']:.0%}",
+            )
         console.print(t)
-        k = doc.get("knee")
+        low, k, thr = doc.get("starts_below"), doc.get("knee"), doc["threshold"]
+        if low:
+            console.print(
+                f"at {low['devices']} devices, the fewest that fit, efficiency is "
+                f"already {low['efficiency']:.0%} (< {thr:.0%}): {low['cause']}"
+            )
         if k:
-            console.print(f"efficiency falls below {k['threshold']:.0%} at [bold]{k['devices']} "
-                          f"devices[/bold] ({k['efficiency']:.0%}); cause: {k['cause']}")
-        else:
-            console.print("efficiency stays above the threshold up to "
-                          f"{doc['hardware']['devices']} devices")
+            console.print(
+                f"efficiency falls below {thr:.0%} at [bold]{k['devices']} "
+                f"devices[/bold] ({k['efficiency']:.0%}); cause: {k['cause']}"
+            )
+        elif any(p["efficiency"] >= thr for p in doc["scaling"] if p["layout"]):
+            console.print(
+                f"{'after that, ' if low else ''}efficiency stays at or above "
+                f"{thr:.0%} up to {doc['hardware']['devices']} devices"
+            )
     for w in doc["warnings"]:
         console.print(f"[yellow]note:[/yellow] {w}")

@@ -20,6 +20,7 @@ from sextant.planner.estimate import (
     PlanOptions,
     evaluate,
     overhead_cause,
+    per_device_peak,
 )
 from sextant.planner.models import ModelCost
 
@@ -32,12 +33,19 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def enumerate_layouts(cost: ModelCost, devices: int, global_batch: int, *,
-                      max_micro_batch: int = MAX_MICRO_BATCH,
-                      fixed: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+def enumerate_layouts(
+    cost: ModelCost,
+    devices: int,
+    global_batch: int,
+    *,
+    max_micro_batch: int = MAX_MICRO_BATCH,
+    fixed: dict[str, int] | None = None,
+    offload: bool = True,
+) -> dict[str, np.ndarray]:
     """Every valid layout for `devices` devices as a table (one int array per knob).
 
-    `fixed` pins knobs (e.g. {"tp": 8}) to one value.
+    `fixed` pins knobs (e.g. {"tp": 8}) to one value; `offload` False leaves CPU offload out
+    (devices whose memory is the host's, such as cpu-local or Apple silicon).
     """
     if devices < 1:
         raise UserError(f"device count must be >= 1. Received: {devices}")
@@ -60,19 +68,36 @@ def enumerate_layouts(cost: ModelCost, devices: int, global_batch: int, *,
         return {k: np.zeros(0, dtype=np.int64) for k in KNOBS}
     base = np.array(rows, dtype=np.int64)
     # Options grid: zero x recompute x sp x offload x interleave.
-    opt = np.array(np.meshgrid([0, 1, 2, 3], [0, 1, 2], [0, 1], [0, 1, 2], list(INTERLEAVE),
-                               indexing="ij")).reshape(5, -1).T
+    opt = (
+        np.array(
+            np.meshgrid([0, 1, 2, 3], [0, 1, 2], [0, 1], [0, 1, 2], list(INTERLEAVE), indexing="ij")
+        )
+        .reshape(5, -1)
+        .T
+    )
     nb, no = len(base), len(opt)
     b = np.repeat(base, no, axis=0)
     o = np.tile(opt, (nb, 1))
-    lay = {"dp": b[:, 0], "tp": b[:, 1], "pp": b[:, 2], "mbs": b[:, 3],
-           "zero": o[:, 0], "rc": o[:, 1], "sp": o[:, 2], "off": o[:, 3], "v": o[:, 4]}
+    lay = {
+        "dp": b[:, 0],
+        "tp": b[:, 1],
+        "pp": b[:, 2],
+        "mbs": b[:, 3],
+        "zero": o[:, 0],
+        "rc": o[:, 1],
+        "sp": o[:, 2],
+        "off": o[:, 3],
+        "v": o[:, 4],
+    }
     m = global_batch // (lay["dp"] * lay["mbs"])
     ok = (lay["dp"] > 1) | (lay["zero"] == 0)  # a ZeRO stage over one rank changes nothing
     ok &= (lay["tp"] > 1) | (lay["sp"] == 0)
     ok &= (lay["off"] < 2) | (lay["zero"] == 3)
-    ok &= (lay["v"] == 1) | ((lay["pp"] > 1) & (m % lay["pp"] == 0)
-                             & (lay["pp"] * lay["v"] <= cost.n_layers))
+    if not offload:
+        ok &= lay["off"] == 0
+    ok &= (lay["v"] == 1) | (
+        (lay["pp"] > 1) & (m % lay["pp"] == 0) & (lay["pp"] * lay["v"] <= cost.n_layers)
+    )
     if cost.act_scores == 0:  # with FlashAttention selective recomputation saves nothing
         ok &= lay["rc"] != 1
     for key, value in fixed.items():
@@ -80,17 +105,24 @@ def enumerate_layouts(cost: ModelCost, devices: int, global_batch: int, *,
     return {k: v[ok] for k, v in lay.items()}
 
 
+RANK_KEYS = ("fits", "memory", "tokens_per_s")
+
+
 @dataclass(kw_only=True, slots=True)
 class SearchResult:
     devices: int
     layouts: dict[str, np.ndarray]
     figures: dict[str, np.ndarray]
+    """The ranking figures of every layout (RANK_KEYS); `row` has all figures of one."""
     order: np.ndarray
     """Indices of the fitting layouts, fastest first."""
+    cost: ModelCost
+    hw: Hardware
+    opts: PlanOptions
 
     @property
     def count(self) -> int:
-        return int(len(self.layouts["dp"]))
+        return len(self.layouts["dp"])
 
     @property
     def fitting(self) -> int:
@@ -102,20 +134,48 @@ class SearchResult:
     def layout(self, i: int) -> Layout:
         return Layout.from_row(self.layouts, i)
 
+    def row(self, i: int) -> dict[str, np.ndarray]:
+        """Every figure of layout i (arrays of length 1, as `evaluate` returns them)."""
+        return evaluate(
+            self.cost, self.hw, self.opts, {k: v[i : i + 1] for k, v in self.layouts.items()}
+        )
 
-def search(cost: ModelCost, hw: Hardware, opts: PlanOptions, devices: int, *,
-           fixed: dict[str, int] | None = None,
-           max_micro_batch: int = MAX_MICRO_BATCH) -> SearchResult:
-    lay = enumerate_layouts(cost, devices, opts.global_batch, fixed=fixed,
-                            max_micro_batch=max_micro_batch)
+
+def search(
+    cost: ModelCost,
+    hw: Hardware,
+    opts: PlanOptions,
+    devices: int,
+    *,
+    fixed: dict[str, int] | None = None,
+    max_micro_batch: int = MAX_MICRO_BATCH,
+) -> SearchResult:
+    lay = enumerate_layouts(
+        cost,
+        devices,
+        opts.global_batch,
+        fixed=fixed,
+        max_micro_batch=max_micro_batch,
+        offload=hw.host is not None,
+    )
     if len(lay["dp"]) == 0:
-        return SearchResult(devices=devices, layouts=lay, figures={"fits": np.zeros(0, bool)},
-                            order=np.zeros(0, dtype=np.int64))
-    res = evaluate(cost, hw, opts, lay)
+        empty = {"fits": np.zeros(0, bool), "memory": np.zeros(0), "tokens_per_s": np.zeros(0)}
+        return SearchResult(
+            devices=devices,
+            layouts=lay,
+            figures=empty,
+            order=np.zeros(0, dtype=np.int64),
+            cost=cost,
+            hw=hw,
+            opts=opts,
+        )
+    res = evaluate(cost, hw, opts, lay, keys=RANK_KEYS)
     idx = np.flatnonzero(res["fits"])
     # Fastest first; among equals, the one using less memory.
     order = idx[np.lexsort((res["memory"][idx], -res["tokens_per_s"][idx]))]
-    return SearchResult(devices=devices, layouts=lay, figures=res, order=order)
+    return SearchResult(
+        devices=devices, layouts=lay, figures=res, order=order, cost=cost, hw=hw, opts=opts
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -125,13 +185,23 @@ class ScalePoint:
     tokens_per_s: float
     mfu: float
     speedup: float
+    """Throughput relative to the smallest device count that fits."""
     efficiency: float
+    """Share of the ideal: tokens/s over what n devices would reach doing nothing but the
+    model's FLOPs at the assumed compute efficiency (= MFU / compute efficiency): what
+    communication, bubbles, recomputation and offload cost."""
     cause: str
     cause_share: float
 
 
-def scaling_curve(cost: ModelCost, hw: Hardware, opts: PlanOptions, max_devices: int, *,
-                  fixed: dict[str, int] | None = None) -> list[ScalePoint]:
+def scaling_curve(
+    cost: ModelCost,
+    hw: Hardware,
+    opts: PlanOptions,
+    max_devices: int,
+    *,
+    fixed: dict[str, int] | None = None,
+) -> list[ScalePoint]:
     """Best layout at 1, 2, 4, ... devices up to max_devices (strong scaling: the global batch
     stays fixed). Speed-up and efficiency are relative to the smallest count that fits."""
     counts = []
@@ -147,26 +217,59 @@ def scaling_curve(cost: ModelCost, hw: Hardware, opts: PlanOptions, max_devices:
         result = search(cost, hw, opts, n, fixed=pinned)
         best = result.best()
         if best is None:
-            points.append(ScalePoint(devices=n, layout=None, tokens_per_s=0.0, mfu=0.0,
-                                     speedup=0.0, efficiency=0.0, cause="does not fit",
-                                     cause_share=0.0))
+            points.append(
+                ScalePoint(
+                    devices=n,
+                    layout=None,
+                    tokens_per_s=0.0,
+                    mfu=0.0,
+                    speedup=0.0,
+                    efficiency=0.0,
+                    cause="does not fit",
+                    cause_share=0.0,
+                )
+            )
             continue
-        tps = float(result.figures["tokens_per_s"][best])
+        row = result.row(best)
+        tps = float(row["tokens_per_s"][0])
         if ref is None:
             ref = (n, tps)
         speedup = tps / ref[1]
-        cause, share = overhead_cause(result.figures, best, hw)
-        points.append(ScalePoint(
-            devices=n, layout=result.layout(best), tokens_per_s=tps,
-            mfu=float(result.figures["mfu"][best]), speedup=speedup,
-            efficiency=speedup * ref[0] / n, cause=cause, cause_share=share,
-        ))
+        cause, share = overhead_cause(row, 0, hw)
+        peak = float(per_device_peak(hw.accelerator, opts.precision, min(n, hw.devices_per_node)))
+        ideal = n * peak * opts.compute_efficiency / cost.model_flops_per_token
+        points.append(
+            ScalePoint(
+                devices=n,
+                layout=result.layout(best),
+                tokens_per_s=tps,
+                mfu=float(row["mfu"][0]),
+                speedup=speedup,
+                efficiency=tps / ideal,
+                cause=cause,
+                cause_share=share,
+            )
+        )
     return points
 
 
 def knee(points: list[ScalePoint], threshold: float) -> ScalePoint | None:
-    """The first device count whose scaling efficiency falls below `threshold`."""
+    """The device count at which scaling efficiency drops below `threshold` after having been
+    at or above it (a curve that starts below it, because the smallest count that fits needs
+    recomputation or offload, is reported by `starts_below`)."""
+    seen_above = False
     for p in points:
-        if p.layout is not None and p.efficiency < threshold:
+        if p.layout is None:
+            continue
+        if p.efficiency >= threshold:
+            seen_above = True
+        elif seen_above:
             return p
+    return None
+
+
+def starts_below(points: list[ScalePoint], threshold: float) -> ScalePoint | None:
+    fitting = [p for p in points if p.layout is not None]
+    if fitting and fitting[0].efficiency < threshold:
+        return fitting[0]
     return None

@@ -1,232 +1,574 @@
 """Render stored runs as one self-contained HTML page (inline CSS and SVG, nothing fetched).
 
-Every string that came from a user (workload names, descriptions, paths) is escaped.
+The page renders the dict of `sextant.report.model.build_report`; every string in it that
+came from a user (workload names and descriptions, profile names, paths, labels) is escaped.
 """
 
 from __future__ import annotations
 
-import html
 import json
-import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sextant import __version__
-from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, max_loss_diff
+from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED
+from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
+from sextant.report.charts import (
+    DASHES,
+    colour_for,
+    e,
+    hbar_chart,
+    line_chart,
+    stacked_hbar_chart,
+)
+from sextant.report.model import PARITY_ATOL, build_report
 from sextant.results.store import ResultsStore
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
-           "#e377c2", "#7f7f7f", "#bcbd22")
+__all__ = ["FORMATS", "PARITY_ATOL", "load_advice", "render", "render_html", "write_report"]
+
+FORMATS = ("html", "md", "json")
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
-max-width:1100px;color:#1d2330;padding:0 1rem}
-h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;margin-top:2rem;
-border-bottom:1px solid #dde;padding-bottom:.3rem}
-.sub{color:#5a6275;margin-top:0}
-table{border-collapse:collapse;width:100%;font-size:.9rem;margin:.5rem 0}
-th,td{padding:.35rem .6rem;border-bottom:1px solid #e6e8ef;text-align:right}
-th:first-child,td:first-child{text-align:left}th{background:#f4f6fa}
-.callout{background:#f4f8ff;border-left:4px solid #1f77b4;padding:.8rem 1rem;margin:1rem 0}
-.ok{color:#2a7a2a;font-weight:600}.bad{color:#b22;font-weight:600}
-code,pre{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85rem}
-pre{background:#f6f7f9;padding:.8rem;overflow-x:auto}
-svg text{font-family:system-ui,sans-serif;font-size:11px;fill:#333}
-.legend span{display:inline-block;margin-right:1rem;font-size:.85rem}
-.legend i{display:inline-block;width:12px;height:3px;margin-right:4px;vertical-align:middle}
-footer{margin-top:3rem;color:#7a8190;font-size:.8rem}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
+margin:0;color:#1d2330;background:#f5f6f8;line-height:1.45}
+main{max-width:1120px;margin:0 auto;padding:1.6rem 1.4rem 3rem}
+h1{font-size:1.75rem;margin:.1rem 0 .2rem}
+h2{font-size:1.25rem;margin:0 0 .6rem}
+h3{font-size:1rem;margin:1rem 0 .4rem}
+.eyebrow{text-transform:uppercase;letter-spacing:.08em;font-size:.75rem;color:#5c6577;
+font-weight:600}
+.sub{color:#5a6275;margin:0 0 1rem}
+section{background:#fff;border:1px solid #e3e6ec;border-radius:10px;padding:1.1rem 1.3rem;
+margin:1rem 0}
+.hero{display:grid;grid-template-columns:1.35fr 1fr;gap:1.2rem;border-left:6px solid #1864ab}
+.hero.advice{border-left-color:#2b8a3e}
+.big{font-size:1.9rem;font-weight:700;margin:.1rem 0 .3rem;color:#10243e}
+.hero p{margin:.35rem 0}
+.why{margin:.4rem 0;padding-left:1.1rem}.why li{margin:.25rem 0}
+.hint{background:#fff9db;border:1px solid #ffe066;border-radius:6px;padding:.5rem .7rem;
+font-size:.92rem}
+.cards{display:grid;grid-template-columns:repeat(4,1fr);gap:.8rem;margin:1rem 0}
+.card{background:#fff;border:1px solid #e3e6ec;border-radius:10px;padding:.8rem 1rem}
+.card .k{font-size:.78rem;color:#5c6577;text-transform:uppercase;letter-spacing:.05em;
+font-weight:600}
+.card .v{font-size:1.45rem;font-weight:700;margin:.15rem 0;color:#10243e}
+.card .d{font-size:.85rem;color:#4a5263}
+.card.good{border-top:4px solid #2b8a3e}.card.warn{border-top:4px solid #e03131}
+.card.info{border-top:4px solid #1864ab}.card.neutral{border-top:4px solid #868e96}
+table{border-collapse:collapse;width:100%;font-size:.88rem;margin:.5rem 0}
+th,td{padding:.4rem .55rem;border-bottom:1px solid #edf0f4;text-align:right;vertical-align:top}
+th:first-child,td:first-child{text-align:left}
+th{background:#f4f6fa;font-weight:600;color:#343a46}
+td.l,th.l{text-align:left}
+table.claims td:nth-child(1){width:34%}table.claims td:nth-child(2){width:12%}
+table.claims td:nth-child(4){width:27%}table.claims code{font-size:.76rem}
+td:not(.l){white-space:nowrap}table:not(.claims) td:first-child{white-space:nowrap}
+.pill{display:inline-block;padding:.12rem .55rem;border-radius:999px;font-size:.8rem;
+font-weight:600;white-space:nowrap}
+.pill.holds{background:#d3f9d8;color:#1b5e20}.pill.nohold{background:#ffe3e3;color:#a51111}
+.pill.nm{background:#e9ecef;color:#495057}
+.tag{white-space:nowrap;font-size:.72rem;padding:.05rem .4rem;border-radius:4px;background:#e7f5ff;
+color:#1864ab;margin-left:.3rem}.tag.rot{background:#f1f3f5;color:#495057}
+.ok{color:#2a7a2a;font-weight:600}.bad{color:#c92a2a;font-weight:600}
+.muted,.small{color:#5c6577;font-size:.85rem}
+code,pre{font-family:ui-monospace,Menlo,Consolas,"DejaVu Sans Mono",monospace;font-size:.82rem}
+code{background:#f1f3f5;padding:.05rem .3rem;border-radius:4px}
+pre{background:#f6f7f9;padding:.8rem;overflow-x:auto;border-radius:6px}
+svg{display:block;margin:.3rem 0}
+svg text{font-family:system-ui,"DejaVu Sans",sans-serif;font-size:12px;fill:#343a46}
+svg text.tick{font-size:11px;fill:#6c7587}svg text.axis{font-size:12px;fill:#5c6577}
+svg text.val{font-size:11.5px;fill:#212529;font-weight:600}
+.legend{font-size:.85rem;margin:.2rem 0 .4rem}
+.legend span{display:inline-block;margin-right:1.1rem}
+.legend i{display:inline-block;width:18px;height:3px;margin-right:5px;vertical-align:middle}
+nav.toc{font-size:.85rem;margin:.2rem 0 0}nav.toc a{margin-right:.9rem;color:#1864ab}
+details summary{cursor:pointer;color:#1864ab;margin:.4rem 0}
+footer{margin-top:2rem;color:#7a8190;font-size:.8rem}
+@media (max-width:800px){.hero{grid-template-columns:1fr}.cards{grid-template-columns:1fr 1fr}}
+@media print{body{background:#fff}section{break-inside:avoid}}
 """
 
-# fp32 loss agreement considered "identical data flow" in the report's verdict; the tests
-# hold backends to tighter, per-case tolerances (docs/methodology.md).
-PARITY_ATOL = 1e-3
+VERDICT_CLASS = {HOLDS: "holds", NOT_HOLD: "nohold", NOT_MEASURED: "nm"}
+SECTIONS = (("claims", "Claims check"), ("speed", "Throughput"), ("scaling", "Scaling"),
+            ("comm", "Communication"), ("memory", "Memory"), ("parity", "Loss parity"),
+            ("compile", "Compile time"), ("env", "Environment"))
 
 
-def e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x < 100 else f"{x:.0f}"
 
 
-def _line_chart(series: list[tuple[str, list[float]]], *, width: int = 760, height: int = 300,
-                xlabel: str = "step", ylabel: str = "loss") -> str:
-    points = [v for _, ys in series for v in ys]
-    if not points:
-        return "<p>No data.</p>"
-    lo, hi = min(points), max(points)
-    span = (hi - lo) or 1.0
-    n = max(len(ys) for _, ys in series)
-    left, right, top, bottom = 56, 16, 12, 36
-    w, h = width - left - right, height - top - bottom
-
-    def x(i: int) -> float:
-        return left + (w * i / max(1, n - 1))
-
-    def y(v: float) -> float:
-        return top + h * (1 - (v - lo) / span)
-
-    parts = [f'<svg viewBox="0 0 {width} {height}" width="100%" role="img" '
-             f'aria-label="{e(ylabel)} by {e(xlabel)}">']
-    for k in range(5):
-        v = lo + span * k / 4
-        parts.append(f'<line x1="{left}" x2="{left + w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
-                     f'stroke="#e6e8ef"/><text x="{left - 6}" y="{y(v) + 4:.1f}" '
-                     f'text-anchor="end">{v:.3g}</text>')
-    for k in range(0, n, max(1, n // 8)):
-        parts.append(f'<text x="{x(k):.1f}" y="{top + h + 16}" text-anchor="middle">{k + 1}</text>')
-    parts.append(f'<text x="{left + w / 2}" y="{height - 4}" text-anchor="middle">{e(xlabel)}</text>')
-    for idx, (name, ys) in enumerate(series):
-        color = PALETTE[idx % len(PALETTE)]
-        dash = ' stroke-dasharray="6 4"' if idx % 2 else ""
-        path = " ".join(f"{'M' if i == 0 else 'L'}{x(i):.1f},{y(v):.1f}" for i, v in enumerate(ys))
-        parts.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="1.6"{dash}>'
-                     f'<title>{e(name)}</title></path>')
-    parts.append("</svg>")
-    legend = "".join(
-        f'<span><i style="background:{PALETTE[i % len(PALETTE)]}"></i>{e(name)}</span>'
-        for i, (name, _) in enumerate(series)
-    )
-    return "".join(parts) + f'<div class="legend">{legend}</div>'
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
 
 
-def _range_chart(rows: list[tuple[str, float, float, float]], *, unit: str = "ms") -> str:
-    """Horizontal bars of medians with p10-p90 whiskers."""
-    if not rows:
-        return ""
-    hi = max(r[3] for r in rows) or 1.0
-    left, width, bar = 190, 760, 22
-    height = 20 + bar * len(rows) + 20
-    scale = (width - left - 70) / hi
-    parts = [f'<svg viewBox="0 0 {width} {height}" width="100%" role="img" '
-             f'aria-label="step time per run">']
-    for i, (name, median, p10, p90) in enumerate(rows):
-        y0 = 10 + i * bar
-        color = PALETTE[i % len(PALETTE)]
-        parts.append(
-            f'<text x="{left - 8}" y="{y0 + 14}" text-anchor="end">{e(name)}</text>'
-            f'<rect x="{left}" y="{y0 + 3}" width="{median * scale:.1f}" height="{bar - 8}" '
-            f'fill="{color}" opacity=".75"><title>median {median:.2f} {unit}</title></rect>'
-            f'<line x1="{left + p10 * scale:.1f}" x2="{left + p90 * scale:.1f}" '
-            f'y1="{y0 + bar / 2:.1f}" y2="{y0 + bar / 2:.1f}" stroke="#222" stroke-width="1.5"/>'
-            f'<text x="{left + p90 * scale + 6:.1f}" y="{y0 + 14}">{median:.1f} {unit}</text>'
+def _ratio(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}x" if v >= 10 else f"{v:.1f}x"
+
+
+def _money(v: float | None) -> str:
+    return "-" if v is None else f"${v:,.0f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def _cells(values: Sequence[Any], left: int = 1) -> str:
+    return "".join(f'<td{" class=l" if i < left else ""}>{e(v)}</td>'
+                   for i, v in enumerate(values))
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
+    th = "".join(f'<th{" class=l" if i < left else ""}>{e(h)}</th>' for i, h in enumerate(head))
+    body = "".join(f"<tr>{_cells(r, left)}</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _run_colour(report: Mapping[str, Any], label: str) -> str:
+    for row in report["runs"]:
+        if row["label"] == label:
+            return colour_for(row["framework"], row["shade"])
+    return "#868e96"
+
+
+# -- top of the page ----------------------------------------------------------------------
+
+def _hero(report: Mapping[str, Any]) -> str:
+    rec = report["recommendation"]
+    s = report["summary"]
+    fastest = s["fastest"]
+    if rec["source"] == "advisor":
+        reasons = "".join(
+            f'<li><b>{r["delta"]:+g}</b> {e(r["rationale"] or r["id"])}'
+            f'<span class="tag{"" if r["source"] == "measured" else " rot"}">'
+            f'{e(r["source"])}</span></li>'
+            for r in rec["reasons"][:4]
+        ) or "<li>no rule distinguishes the candidates for this profile</li>"
+        runner = rec["ranking"][1] if len(rec["ranking"]) > 1 else None
+        left = (
+            '<div class="eyebrow">Recommended stack</div>'
+            f'<div class="big">{e(rec["top"])}</div>'
+            + (f'<p class="small">for {e(rec["profile_name"])}</p>'
+               if rec.get("profile_name") else "")
+            + f'<p>{e(rec["headline"])}</p>'
+            f'<ul class="why">{reasons}</ul>'
+            f'<p class="small">Cost of ownership {_money(rec["tco_usd"])} (compute '
+            f'{_money(rec["compute_usd"])}, people {_money(rec["people_usd"])})'
+            + (f'; runner-up {e(runner["candidate"])} at {_money(runner["tco_usd"])}'
+               if runner else "") + "</p>"
         )
-    parts.append("</svg>")
-    return "".join(parts)
+        ranking = _table(("#", "stack", "score", "cost of ownership"),
+                         [(r["rank"], r["candidate"], f'{r["score"]:.2f}', _money(r["tco_usd"]))
+                          for r in rec["ranking"][:5]], left=2)
+        notes = "".join(f'<p class="small">{e(n)}</p>' for n in rec["notes"])
+        profile = Path(rec["profile"]).name if rec.get("profile") else "-"
+        right = (f'<div class="eyebrow">Ranking</div>{ranking}'
+                 f'<p class="small">Team profile <code>{e(profile)}</code>; rules and costs: '
+                 f'Full advice below.</p>{notes}')
+        return (f'<section class="hero advice"><div>{left}</div><div>{right}</div>'
+                '</section>')
+
+    if fastest:
+        ref = s["reference"]
+        vs = (f' &middot; {_x(fastest["speedup_vs_reference"])} the speed of {e(ref)}'
+              if fastest["run"] != ref and fastest["speedup_vs_reference"] else "")
+        headline = (f'<div class="big">{e(fastest["run"])} is fastest here</div>'
+                    f'<p>{e(fmt_rate(fastest["tokens_per_s"]))} tokens/s, '
+                    f'{e(fmt_ms(fastest["step_time_s"]))} ms per step (median){vs}.</p>')
+    else:
+        headline = '<div class="big">No timed run</div>'
+    parity = ('<p><span class="ok">Same training in every run</span>: identical weights and '
+              'batches, losses agree step by step, so the speeds are comparable.</p>'
+              if s["parity_ok"] else
+              '<p><span class="bad">The runs did not train the same thing</span>: their losses '
+              'disagree, so their speeds are not comparable (see Loss parity).</p>')
+    left = f'<div class="eyebrow">Measured on this machine</div>{headline}{parity}'
+    right = (f'<div class="eyebrow">Which stack should your team choose?</div>'
+             f'<p>This page shows measurements only. For a recommendation that weighs them '
+             f'with your team, hardware and deadline, give a team profile:</p>'
+             f'<p class="hint"><code>{e(rec["hint"])}</code></p>'
+             f'<p class="small">Write your own profile with <code>sextant advise --init</code>.'
+             f'</p>')
+    return f'<section class="hero"><div>{left}</div><div>{right}</div></section>'
 
 
-def render_html(runs: list[dict[str, Any]]) -> str:
-    if not runs:
-        raise UserError("no runs to report; run 'sextant compare' first")
-    ref = runs[0]
-    workload = ref["workload"]
-    fastest = min(runs, key=lambda r: r["metrics"]["step_time_median_s"])
-    diffs = [max_loss_diff(r["losses"], ref["losses"]) or 0.0 for r in runs]
-    worst = max(diffs)
-    parity_ok = worst <= PARITY_ATOL
-    speedup = ref["metrics"]["step_time_median_s"] / fastest["metrics"]["step_time_median_s"]
+def _cards(report: Mapping[str, Any]) -> str:
+    s = report["summary"]
+    cards = []
+    f = s["fastest"]
+    if f:
+        cards.append(("info", "Fastest", fmt_rate(f["tokens_per_s"]) + " tok/s",
+                      f'{f["run"]}' + (f', {_x(f["speedup_vs_reference"])} {s["reference"]}'
+                                       if f["run"] != s["reference"] else "")))
+    if s["parity_ok"]:
+        cards.append(("good", "Same training", "Yes",
+                      f'losses within {s["parity_max_diff"]:.0e} at every step'))
+    else:
+        cards.append(("warn", "Same training", "No",
+                      f'losses differ by up to {s["parity_max_diff"]:.1e}'))
+    lean = s["leanest"]
+    if lean:
+        detail = lean["run"]
+        if lean["heaviest_run"] and lean["heaviest_run"] != lean["run"]:
+            detail += (f' (most: {lean["heaviest_run"]}, '
+                       f'{fmt_bytes_mb(lean["heaviest_peak_rss_bytes"])} MB)')
+        cards.append(("neutral", "Least memory / worker",
+                      f'{fmt_bytes_mb(lean["peak_rss_bytes"])} MB', detail))
+    c = s["claims"]
+    cards.append(("good" if c[HOLDS] else "neutral", "Claims checked",
+                  f'{c[HOLDS]} of {sum(c.values())} hold',
+                  f'{c[NOT_HOLD]} do not hold here, {c[NOT_MEASURED]} not measured'))
+    if len(cards) < 4 and s["scaling"]:
+        p = s["scaling"][0]
+        cards.append(("neutral", "Scaling", _x(p["speedup_vs_one"]),
+                      f'{p["series"]} at {p["workers"]} workers vs one'))
+    return '<div class="cards">' + "".join(
+        f'<div class="card {cls}"><div class="k">{e(k)}</div><div class="v">{e(v)}</div>'
+        f'<div class="d">{e(d)}</div></div>' for cls, k, v, d in cards[:4]
+    ) + "</div>"
 
+
+# -- sections -------------------------------------------------------------------------------
+
+def _claims(report: Mapping[str, Any]) -> str:
     rows = []
-    for rec, diff in zip(runs, diffs):
-        m = rec["metrics"]
+    for c in report["claims"]:
+        measured = (e(c["figure"]) if c["verdict"] != NOT_MEASURED
+                    else f'<span class="muted">{e(c["reason"])}</span>')
+        if c["details"] and c["verdict"] != NOT_MEASURED and len(c["details"]) > 1:
+            measured += (f'<details class="small"><summary>all {len(c["details"])} '
+                         'comparisons</summary>'
+                         + "<br>".join(e(d) for d in c["details"]) + "</details>")
+        command = f'<code>{e(c["command"])}</code>' if c["command"] else "-"
         rows.append(
-            "<tr>" + "".join(f"<td>{e(c)}</td>" for c in (
-                rec.get("label") or rec["strategy"]["framework"],
-                f"{rec['strategy']['workers']} x {m.get('threads_per_worker') or '?'}",
-                f"{fmt_ms(m['step_time_median_s'])} ({fmt_ms(m['step_time_p10_s'])}-"
-                f"{fmt_ms(m['step_time_p90_s'])}), n={m['steps_timed']}",
-                fmt_rate(m["tokens_per_s"]),
-                f"{ref['metrics']['step_time_median_s'] / m['step_time_median_s']:.2f}x",
-                f"{m['first_step_s']:.2f}",
-                fmt_rate(m["achieved_flops_per_s"]) + "FLOP/s",
-                fmt_bytes_mb(m["peak_rss_bytes"]),
-                fmt_share(m.get("exposed_comm_share")),
-                f"{m['final_loss']:.4f}",
-                "ref" if rec is ref else f"{diff:.1e}",
-            )) + "</tr>"
+            f'<tr><td class="l"><b>{e(c["claim"])}</b><br><span class="small">'
+            f'{e(c["compared"])}; {e(c["rule"])}.</span></td>'
+            f'<td class="l"><span class="pill {VERDICT_CLASS[c["verdict"]]}">'
+            f'{e(c["verdict"])}</span></td><td class="l">{measured}</td>'
+            f'<td class="l">{command}</td></tr>'
         )
-    rank_rows = []
-    for rec in runs:
-        for rank in rec["ranks"]:
-            st = rank["step_time"]
-            rank_rows.append(
-                "<tr>" + "".join(f"<td>{e(c)}</td>" for c in (
-                    rec.get("label"), rank["rank"], fmt_ms(st["median"]),
-                    f"{fmt_ms(st['p10'])}-{fmt_ms(st['p90'])}",
-                    fmt_ms(rank["data_wait_median_s"]), fmt_bytes_mb(rank["peak_rss_bytes"]),
-                    rank["fingerprint"].get("threads"),
-                )) + "</tr>"
-            )
-    loss_chart = _line_chart([(r.get("label", "?"), r["losses"]) for r in runs])
-    time_chart = _range_chart([
-        (r.get("label", "?"), r["metrics"]["step_time_median_s"] * 1e3,
-         r["metrics"]["step_time_p10_s"] * 1e3, r["metrics"]["step_time_p90_s"] * 1e3)
-        for r in runs
-    ])
-    comm_rows = "".join(
-        "<tr>" + "".join(f"<td>{e(c)}</td>" for c in (
-            r.get("label"), fmt_ms(r["metrics"].get("sync_step_median_s")),
-            fmt_ms(r["metrics"].get("nosync_step_median_s")),
-            fmt_ms(r["metrics"].get("exposed_comm_s")),
-            fmt_share(r["metrics"].get("exposed_comm_share")),
-        )) + "</tr>"
-        for r in runs if r["metrics"].get("exposed_comm_s") is not None
+    return (
+        '<section id="claims"><h2>Claims check: what articles say, what this workload shows'
+        '</h2><p class="small">Ratios of median step times; the range pairs one run\'s p10 '
+        'with the other\'s p90, so it shows step-to-step spread, not the uncertainty of the '
+        'median. Rules and thresholds: docs/report.md.</p><table class="claims"><thead><tr>'
+        '<th class="l">Claim</th><th class="l">Verdict</th><th class="l">Measured here</th>'
+        '<th class="l">Reproduce</th></tr></thead><tbody>' + "".join(rows)
+        + "</tbody></table></section>"
     )
-    fp = ref["fingerprint"]
-    env_rows = "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in sorted(fp.items()))
-    verdict = (
-        f'<span class="ok">identical data flow</span>: every run\'s loss stays within '
-        f"{worst:.1e} of {e(ref.get('label'))} at every step"
-        if parity_ok else
-        f'<span class="bad">losses disagree</span> by up to {worst:.2e}: the runs did not '
-        "train the same thing, so their speeds are not comparable"
+
+
+def _speed(report: Mapping[str, Any]) -> str:
+    runs = report["runs"]
+    rows = []
+    for r in runs:
+        st, t = r["step_time_s"], r["tokens_per_s"]
+        rows.append((
+            r["label"], f'{r["workers"]} x {r["threads_per_worker"] or "?"}',
+            fmt_rate(t["median"]) + (f' ({fmt_rate(t["low"])}-{fmt_rate(t["high"])})'
+                                     if t["low"] is not None else ""),
+            f'{fmt_ms(st["median"])} ({fmt_ms(st["p10"])}-{fmt_ms(st["p90"])})',
+            st["n"] if st["n"] is not None else "-",
+            "ref" if r["index"] == 0 else _x(r["speedup_vs_reference"]),
+            fmt_rate(r["achieved_flops_per_s"]) + "FLOP/s"
+            if r["achieved_flops_per_s"] is not None else "-",
+            fmt_share(r["data_wait_share"]),
+            fmt_bytes_mb(r["peak_rss_bytes"]),
+            f'{r["final_loss"]:.4f}' if r["final_loss"] is not None else "-",
+        ))
+    table = _table(("run", "workers x thr", "tokens/s (range)", "step ms median (p10-p90)",
+                    "n", "speed-up", "achieved", "data wait", "peak RSS MB/worker",
+                    "final loss"), rows)
+    chart = hbar_chart(
+        [{"name": r["label"], "value": r["tokens_per_s"]["median"],
+          "low": r["tokens_per_s"]["low"], "high": r["tokens_per_s"]["high"],
+          "colour": colour_for(r["framework"], r["shade"])} for r in runs],
+        label="tokens per second per run", unit="tokens/s (median; whisker: p10-p90 steps)",
+        fmt=fmt_rate,
     )
+    ref = e(report["summary"]["reference"])
+    return ('<section id="speed"><h2>Throughput and step time per framework and strategy</h2>'
+            f'<p class="small">Higher is better. Speed-up is against {ref}; the whisker is the '
+            f'throughput of the p90 and p10 steps.</p>{chart}{table}</section>')
+
+
+def _scaling(report: Mapping[str, Any]) -> str:
+    sc = report["scaling"]
+    if not sc["series"]:
+        return ('<section id="scaling"><h2>Scaling with workers</h2><p class="muted">No '
+                'multi-worker run in this report: run <code>sextant compare --workers 2</code>.'
+                '</p></section>')
+    series = []
+    for i, s in enumerate(sc["series"]):
+        colour = colour_for(s["framework"], s["shade"])
+        pts = [(p["workers"], p["tokens_per_s"]) for p in s["points"]]
+        series.append({"name": s["name"], "colour": colour, "dash": "", "points": pts,
+                       "width": 2.4,
+                       "ranges": [(p["workers"], p["low"], p["high"]) for p in s["points"]]})
+        base = s["points"][0] if s["points"][0]["workers"] == 1 else None
+        if base:
+            top = s["points"][-1]["workers"]
+            series.append({"name": "linear", "colour": colour, "dash": "4 4", "ghost": True,
+                           "width": 1.2, "points": [(1, base["tokens_per_s"]),
+                                                    (top, base["tokens_per_s"] * top)]})
+    chart = line_chart(series, label="throughput by workers", xlabel="workers (replicas)",
+                       ylabel="tokens/s", integer_x=True, markers=True, height=300)
+    rows = [(s["name"], p["workers"], fmt_rate(p["tokens_per_s"]),
+             _x(p["speedup_vs_one"]), _pct(p["efficiency"]), p["run"])
+            for s in sc["series"] for p in s["points"]]
+    table = _table(("series", "workers", "tokens/s", "vs one worker", "efficiency", "run"), rows)
+    return (f'<section id="scaling"><h2>Scaling with workers</h2><p class="small">Measured '
+            f'throughput against worker count (same global batch, split across workers); '
+            f'faint dashed lines are perfect linear scaling from one worker. '
+            f'{e(sc["prediction_note"])}</p>{chart}{table}</section>')
+
+
+def _comm(report: Mapping[str, Any]) -> str:
+    comm = report["communication"]
+    if not comm:
+        return ('<section id="comm"><h2>Communication vs compute</h2><p class="muted">No '
+                'data-parallel run with exposed communication in this report.</p></section>')
+    chart = stacked_hbar_chart(
+        [{"name": c["run"], "values": [c["compute_s"] * 1e3, max(0.0, c["exposed_comm_s"]) * 1e3]}
+         for c in comm],
+        [("compute (step - exposed comm)", "#4dabf7"), ("exposed communication", "#f76707")],
+        label="compute and exposed communication per step", unit="ms per synced step",
+        fmt=lambda v: f"{v:.1f} ms",
+    )
+    rows = [(c["run"], fmt_ms(c["step_s"]), fmt_ms(c["nosync_step_s"]), fmt_ms(c["compute_s"]),
+             fmt_ms(c["exposed_comm_s"]), fmt_share(c["exposed_comm_share"])) for c in comm]
+    table = _table(("run", "step with sync ms", "without sync ms", "compute ms",
+                    "exposed comm ms", "share"), rows)
+    return ('<section id="comm"><h2>Communication vs compute</h2><p class="small">Exposed '
+            'communication = median difference of alternating steps with and without gradient '
+            'synchronisation (same workers, same step); it is the part of the all-reduce the '
+            'step waits for. A negative value is noise and is drawn as zero.</p>'
+            f'{chart}{table}</section>')
+
+
+def _memory(report: Mapping[str, Any]) -> str:
+    mem = report["memory"]
+    ranks = mem["ranks"]
+    if not ranks:
+        return ('<section id="memory"><h2>Memory per rank</h2><p class="muted">No memory '
+                'measured.</p></section>')
+    rows_chart = []
+    for r in ranks:
+        name = r["run"] + (f' · rank {r["rank"]}' if r["rank"] is not None else "")
+        if r["rss_start_bytes"] is not None and r["growth_bytes"] is not None:
+            values = [r["rss_start_bytes"] / 2**20, max(0.0, r["growth_bytes"]) / 2**20]
+        else:
+            values = [r["peak_rss_bytes"] / 2**20 if r["peak_rss_bytes"] else 0.0, 0.0]
+        rows_chart.append({"name": name, "values": values})
+    chart = stacked_hbar_chart(
+        rows_chart, [("resident when training starts (runtime, libraries, model)", "#748ffc"),
+                     ("growth during training (activations, optimizer, caches)", "#f783ac")],
+        label="peak resident memory per rank", unit="MB (peak RSS)",
+        fmt=lambda v: f"{v:,.0f} MB",
+    )
+    state = mem["model_state_bytes"]
+    note = (f' Model state (fp32 weights, gradients and Adam moments, 16 bytes x '
+            f'{mem["params"]:,.0f} parameters) is {state / 2**20:,.1f} MB per replica: the '
+            f'rest is the framework itself.' if state else "")
+    rows = [(r["run"], "-" if r["rank"] is None else r["rank"],
+             fmt_bytes_mb(r["rss_start_bytes"]), fmt_bytes_mb(r["growth_bytes"]),
+             fmt_bytes_mb(r["peak_rss_bytes"]), fmt_ms(r["step_time_median_s"]),
+             fmt_ms(r["data_wait_median_s"]), r["threads"] if r["threads"] is not None else "-")
+            for r in ranks]
+    table = _table(("run", "rank", "at start MB", "growth MB", "peak MB", "step ms median",
+                    "data wait ms", "threads"), rows)
+    return (f'<section id="memory"><h2>Memory per rank</h2><p class="small">Peak resident '
+            f'set of each worker process during training (VmHWM, reset before the first '
+            f'step).{e(note)}</p>{chart}{table}</section>')
+
+
+def _parity(report: Mapping[str, Any]) -> str:
+    p = report["parity"]
+    series = []
+    for i, c in enumerate(p["curves"]):
+        colour = _run_colour(report, c["run"])
+        series.append({"name": c["run"], "colour": colour, "dash": DASHES[i % len(DASHES)],
+                       "width": max(1.3, 4.5 - i * 0.6),
+                       "points": [(k + 1, v) for k, v in enumerate(c["losses"])]})
+    chart = line_chart(series, label="loss by step", xlabel="step", ylabel="loss", height=300)
+    if p["ok"]:
+        verdict = (f'<span class="ok">identical data flow</span>: every run\'s loss stays within '
+                   f'{p["max_diff"]:.1e} of {e(p["reference"])} at every step '
+                   f'(threshold {p["atol"]:g})')
+    else:
+        verdict = (f'<span class="bad">losses disagree</span> by up to {p["max_diff"]:.2e}: '
+                   'the runs did not train the same thing, so their speeds are not comparable')
+    rows = [(r["run"], r["precision"],
+             "ref" if r["max_diff"] is None and r["run"] == p["reference"]
+             else ("-" if r["max_diff"] is None else f'{r["max_diff"]:.1e}'),
+             "yes" if r["held_to_parity"] else "no")
+            for r in p["per_run"]]
+    table = _table(("run", "precision", "max |Δloss| vs reference", "held to parity"), rows)
+    note = f'<p class="small">{e(p["note"])}.</p>' if p["note"] else ""
+    return ('<section id="parity"><h2>Loss curves: the parity proof</h2>'
+            f'<p><b>Verdict:</b> {verdict}.</p><p class="small">Same initial weights and the '
+            'same global batches in every run: in fp32 the curves lie on top of each other. A '
+            f'curve that leaves the others means a bug in that run\'s data flow.</p>{chart}'
+            f'{note}{table}</section>')
+
+
+def _compile(report: Mapping[str, Any]) -> str:
+    comp = report["compile"]
+    if not comp:
+        return ('<section id="compile"><h2>Compile time</h2><p class="muted">No first-step '
+                'time measured.</p></section>')
+    chart = stacked_hbar_chart(
+        [{"name": c["run"], "values": [min(c["steady_step_s"], c["first_step_s"]),
+                                       max(0.0, c["first_step_s"] - c["steady_step_s"])]}
+         for c in comp],
+        [("a steady step", "#4dabf7"), ("first-step extra (tracing, compilation)", "#fab005")],
+        label="first step vs steady step", unit="seconds (first step)",
+        fmt=lambda v: f"{v:.2f} s",
+    )
+    rows = [(c["run"], c["mode"], _fmt_s(c["first_step_s"]), fmt_ms(c["steady_step_s"]),
+             _fmt_s(c["compile_s"]), _ratio(c["first_over_steady"])) for c in comp]
+    table = _table(("run", "mode", "first step s", "steady step ms", "first-step extra s",
+                    "first / steady"), rows)
+    return ('<section id="compile"><h2>Compile time: first step vs steady state</h2>'
+            '<p class="small">The first step includes tracing and compilation (jit, '
+            'torch.compile, XLA); compile = first step - steady median. torch.compile keeps an '
+            'on-disk cache, so a second run on the same machine compiles faster '
+            f'(docs/methodology.md).</p>{chart}{table}</section>')
+
+
+def _env(report: Mapping[str, Any]) -> str:
+    env = report["environment"]
+    rows = [(k, "-" if v is None else v) for k, v in sorted(env["fingerprint"].items())]
+    rows += [(f"{fw} version", v) for fw, v in sorted(env["framework_versions"].items())]
+    workload = json.dumps(report["workload"], indent=2, sort_keys=True)
+    return ('<section id="env"><h2>Environment</h2>'
+            + _table(("", "value"), rows, left=2)
+            + f'<details><summary>Workload definition (hash {e(report["workload_hash"] or "-")})'
+              f'</summary><pre>{e(workload)}</pre></details></section>')
+
+
+def _advice_details(report: Mapping[str, Any]) -> str:
+    rec = report["recommendation"]
+    if rec["source"] != "advisor":
+        return ""
+    a = rec["advice"]
+    fired = _table(("rule", "source", "effect", "rationale"), [
+        (f["id"], f["source"],
+         ("excludes " + ", ".join(f["excludes"])) if f["excludes"]
+         else ", ".join(f"{c} {d:+g}" for c, d in f["effect"].items()) or "none",
+         f["rationale"] + (f' ({f["detail"]})' if f["detail"] else ""))
+        for f in a["fired"]], left=4)
+    evidence = _table(("candidate", "metric", "value", "source", "how"), [
+        (x["candidate"], x["metric"], f'{x["value"]:.3g}', x["source"], x["detail"])
+        for x in a["evidence"]], left=2)
+    assumptions = "".join(f"<li>{e(x)}</li>" for x in a["assumptions"])
+    breaks = "".join(f'<li>{e(b["label"])}: {e(b["new_top"])} ranks first at '
+                     f'{b["value"]:,.4g} (now {b["current"]:,.4g})</li>'
+                     for b in a["sensitivity"]["break_evens"])
+    return ('<section id="advice"><h2>Full advice</h2><details><summary>Rules that fired, '
+            'evidence, cost assumptions and sensitivity</summary>'
+            f'<h3>Rules that fired</h3>{fired}<h3>Evidence</h3>{evidence}'
+            f'<h3>Cost assumptions</h3><ul>{assumptions}</ul>'
+            f'<h3>Sensitivity</h3><p>{e(a["sensitivity"]["headline"])}</p><ul>{breaks}</ul>'
+            '</details></section>')
+
+
+def html_from_report(report: Mapping[str, Any]) -> str:
+    w = report["workload"]
+    fp = report["environment"]["fingerprint"]
+    frameworks = sorted({r["framework"] for r in report["runs"]})
+    machine = ", ".join(str(x) for x in (
+        fp.get("cpu"), f'{fp["cpu_count"]} cores' if fp.get("cpu_count") else None,
+        fp.get("gpu")) if x)
+    sub = " · ".join(x for x in (
+        str(w.get("description") or ""), f'{len(report["runs"])} runs',
+        str(report.get("created_at") or "")[:16].replace("T", " "), machine) if x)
+    toc = "".join(f'<a href="#{k}">{e(v)}</a>' for k, v in SECTIONS)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>sextant report: {e(workload['name'])}</title><style>{CSS}</style></head>
-<body>
-<h1>sextant report: {e(workload['name'])}</h1>
-<p class="sub">{e(workload.get('description', ''))} &middot; {len(runs)} runs &middot;
-{e(ref['created_at'][:19])} &middot; {e(fp.get('cpu'))}, {e(fp.get('cpu_count'))} cores</p>
-<div class="callout">
-<p><b>Fastest here:</b> {e(fastest.get('label'))}, {fmt_ms(fastest['metrics']['step_time_median_s'])}
-ms per step (median), {speedup:.2f}x the speed of {e(ref.get('label'))}.</p>
-<p><b>Same training, checked:</b> {verdict}.</p>
-</div>
-<h2>Runs side by side</h2>
-<table><thead><tr><th>run</th><th>workers x threads</th><th>step ms median (p10-p90)</th>
-<th>tokens/s</th><th>speed-up</th><th>first step s</th><th>achieved</th>
-<th>peak RSS MB/worker</th><th>exposed comm</th><th>final loss</th><th>max |&Delta;loss|</th>
-</tr></thead><tbody>{''.join(rows)}</tbody></table>
-<h2>Step time (median bar, p10-p90 whisker)</h2>{time_chart}
-<h2>Loss curves (the parity proof)</h2>
-<p>Same initial weights and the same global batches in every run: in fp32 the curves lie on
-top of each other. A curve that leaves the others means a bug in that run's data flow.</p>
-{loss_chart}
-<h2>Communication vs compute</h2>
-{"<p>Exposed communication = median difference of alternating steps with and without "
- "gradient synchronisation (same workers, same step).</p><table><thead><tr><th>run</th>"
- "<th>step with sync ms</th><th>without sync ms</th><th>exposed ms</th><th>share</th></tr>"
- "</thead><tbody>" + comm_rows + "</tbody></table>" if comm_rows else
- "<p>No data-parallel run in this report.</p>"}
-<h2>Per rank</h2>
-<table><thead><tr><th>run</th><th>rank</th><th>step ms median</th><th>p10-p90</th>
-<th>data wait ms</th><th>peak RSS MB</th><th>threads</th></tr></thead>
-<tbody>{''.join(rank_rows)}</tbody></table>
-<h2>Workload</h2><pre>{e(json.dumps(workload, indent=2))}</pre>
-<h2>Environment</h2><table><tbody>{env_rows}</tbody></table>
-<footer>sextant {e(__version__)} &middot; written {e(time.strftime('%Y-%m-%d %H:%M'))} &middot;
-how each figure is measured: docs/methodology.md</footer>
-</body></html>
+<title>sextant report: {e(w.get('name', '?'))}</title><style>{CSS}</style></head>
+<body><main>
+<div class="eyebrow">sextant report</div>
+<h1>{e(w.get('name', '?'))} on {e(', '.join(frameworks))}</h1>
+<p class="sub">{e(sub)}</p>
+{_hero(report)}
+{_cards(report)}
+<nav class="toc">{toc}</nav>
+{_claims(report)}
+{_speed(report)}
+{_scaling(report)}
+{_comm(report)}
+{_memory(report)}
+{_parity(report)}
+{_compile(report)}
+{_advice_details(report)}
+{_env(report)}
+<footer>sextant {e(report['sextant'])} · group {e(report.get('group_id') or '-')} · written
+{e(report['generated_at'][:16].replace('T', ' '))} · how each figure is measured:
+docs/methodology.md · how to read this page: docs/report.md</footer>
+</main></body></html>
 """
 
 
-def write_report(store: ResultsStore, path: str | Path, *, group_id: str | None = None) -> Path:
+def render_html(runs: list[dict[str, Any]], *, advice: Any = None,
+                profile_path: str | None = None, group_id: str | None = None) -> str:
+    """The HTML page of `runs` (one compare group; the first run is the reference)."""
+    return html_from_report(build_report(runs, advice=advice, profile_path=profile_path,
+                                         group_id=group_id))
+
+
+def render(runs: list[dict[str, Any]], fmt: str = "html", *, advice: Any = None,
+           profile_path: str | None = None, group_id: str | None = None) -> str:
+    """The report of `runs` in one of FORMATS."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    report = build_report(runs, advice=advice, profile_path=profile_path, group_id=group_id)
+    if fmt == "json":
+        return json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
+    if fmt == "md":
+        from sextant.report.markdown import markdown_from_report
+
+        return markdown_from_report(report)
+    return html_from_report(report)
+
+
+def load_advice(profile: str | Path, runs: list[dict[str, Any]]) -> Any:
+    """The advisor's Advice for a team profile, with these runs as measured evidence."""
+    from sextant.advisor import advise, evidence_from_runs, load_profile
+
+    team = load_profile(profile)
+    evidence = evidence_from_runs(runs)
+    notes = []
+    if not any(x.metric == "throughput_ratio" for x in evidence):
+        notes.append("No two frameworks measured on the same configuration in this report: "
+                     "compute costs use rules of thumb.")
+    return advise(team, evidence, None, notes)
+
+
+def write_report(store: ResultsStore, path: str | Path, *, group_id: str | None = None,
+                 fmt: str = "html", profile: str | Path | None = None) -> Path:
     """Write the report of one compare group (default: the latest) atomically."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
     group = group_id or store.latest_group()
     if group is None:
         raise UserError(f"no compare results in {store.path}; run 'sextant compare' first")
     runs = store.runs(group_id=group)
+    if not runs:
+        raise UserError(f"no runs of group {group!r} in {store.path}; "
+                        "'sextant runs list' shows the stored runs")
+    advice = load_advice(profile, runs) if profile is not None else None
     path = Path(path)
-    atomic_write_text(path, render_html(runs))
+    atomic_write_text(path, render(runs, fmt, advice=advice,
+                                   profile_path=str(profile) if profile is not None else None,
+                                   group_id=group))
     return path

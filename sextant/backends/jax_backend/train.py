@@ -228,8 +228,13 @@ def _train(ctx: Any) -> dict[str, Any]:
     def to_floats(handles: list[jax.Array]) -> list[tuple[float, float]]:
         return [tuple(np.asarray(h.addressable_data(0)).tolist()) for h in handles]
 
+    def local_rows(batch: tuple[jax.Array, jax.Array]) -> int:
+        # Rows this process feeds (its devices' shards), not the global batch.
+        return sum(s.data.shape[0] for s in batch[0].addressable_shards)
+
     result = timed_training(
         ctx, fetch=fetch, step=step, block=jax.block_until_ready, to_floats=to_floats,
+        rows_of=local_rows,
         step_nosync=step_nosync if nosync_step is not None else None,
     )
     def local_bytes(tree: Any) -> int:

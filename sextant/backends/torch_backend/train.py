@@ -338,12 +338,14 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
     def export_final() -> None:
         # Taken right after the last training step, before the exposed-communication pairs
         # (which keep updating the parameters, for timing only).
+        if counter is not None:  # payload of the training steps only
+            exported["payload_per_step"] = counter["bytes"] / (counter_k["k"] - start_step)
         final = _full_canonical(net, list(params))
         if final is not None:
             np.savez(ctx.run_dir / "final_params.npz", **final)
             exported["sha256"] = params_digest(final)
 
-    exported: dict[str, str] = {}
+    exported: dict[str, Any] = {}
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     result = timed_training(
@@ -364,10 +366,7 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
     planned = bytes_per_step(strategy, n_params)
     result["comm"] = {
         "planned_bytes_per_step": planned,
-        "measured_grad_payload_bytes_per_step": (
-            counter["bytes"] / max(1, counter_k["k"] - start_step) if counter is not None
-            else None
-        ),
+        "measured_grad_payload_bytes_per_step": exported.get("payload_per_step"),
     }
     result["details"] = {
         "optimizer": f"torch.optim.{optimizer_impl}",

@@ -1,0 +1,27 @@
+"""The claims check: what articles say about training stacks, next to what was measured here.
+
+Pure functions over results-store run records (plain dicts); importing this package imports
+no ML framework. Rules, thresholds and the runs each claim compares: docs/report.md.
+"""
+
+from sextant.claims.check import (
+    HOLDS,
+    NOT_HOLD,
+    NOT_MEASURED,
+    VERDICTS,
+    Claim,
+    check_claims,
+    run_field,
+    speedup,
+)
+
+__all__ = [
+    "HOLDS",
+    "NOT_HOLD",
+    "NOT_MEASURED",
+    "VERDICTS",
+    "Claim",
+    "check_claims",
+    "run_field",
+    "speedup",
+]

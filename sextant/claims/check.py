@@ -1,0 +1,482 @@
+"""Check the articles' claims against stored runs of one workload.
+
+Every check is a pure function of run records (the dicts of `ResultsStore.runs()`; fields
+may sit at the top level or, in constructed records, only in `strategy`). A check compares
+runs of the *same workload* (same workload_hash), picks "plain" runs (fp32, no gradient
+compression, no gradient accumulation) unless the claim is about precision or compression,
+and returns a `Claim` with the measured figure, its spread, a verdict and the command that
+reproduces the measurement.
+
+Spread of a ratio of step times: the median ratio, and the range obtained by pairing one
+run's p10 with the other's p90 (and p90 with p10). It is deliberately wide: it is the range
+of step-to-step ratios, not a confidence interval of the medians. Verdicts rest on the median
+ratio against the thresholds below (docs/report.md, "Claims check").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+HOLDS = "holds"
+NOT_HOLD = "does not hold here"
+NOT_MEASURED = "not measured"
+VERDICTS = (HOLDS, NOT_HOLD, NOT_MEASURED)
+
+COMPILE_MIN_SPEEDUP = 1.10
+"""torch.compile: eager / compiled median step >= 1.10 (the claim's lower end, 10%)."""
+JAX_MIN_SAVING = 0.10
+"""JAX vs eager PyTorch: JAX's median step at least 10% shorter (half the claimed ~20%,
+still well beyond the few percent that medians move between repeated runs)."""
+MIXED_MIN_SPEEDUP = 1.5
+"""Mixed precision: fp32 / bf16 median step >= 1.5 ("roughly doubles")."""
+SLOWER_BELOW = 0.95
+"""Adding workers: some multi-worker run's throughput below 0.95 x its one-process run."""
+LESS_MEMORY_BELOW = 0.95
+"""TensorFlow memory: its peak RSS below 0.95 x every other framework's, every config."""
+
+_EPS = 1e-9
+"""Ratios at a threshold count as reaching it (0.22 / 0.20 is 1.0999999999999999)."""
+
+_DEFAULTS: dict[str, Any] = {
+    "mode": "eager", "parallel": "single", "workers": 1, "precision": "fp32",
+    "compress": "none", "grad_accum": 1, "devices_per_worker": 1,
+}
+
+
+@dataclass(kw_only=True, frozen=True)
+class Claim:
+    """One claim, what was compared, the measured figure and the verdict."""
+
+    id: str
+    """Stable key: compile, jax-vs-eager, mixed-precision, compression, workers-slower,
+    tf-memory."""
+    claim: str
+    """The claim as articles state it."""
+    compared: str
+    """Which runs are compared, in words."""
+    rule: str
+    """When the verdict is 'holds'."""
+    verdict: str
+    """holds | does not hold here | not measured."""
+    figure: str
+    """The measured figure with its spread, in words ('-' when not measured)."""
+    value: float | None = None
+    """Headline ratio (see `unit`)."""
+    low: float | None = None
+    high: float | None = None
+    """Spread of the headline ratio (p10/p90 pairing; over ranks for memory)."""
+    unit: str = ""
+    """What `value` is, e.g. 'speed-up (x)'."""
+    details: tuple[str, ...] = ()
+    """Every comparison made, one line each."""
+    command: str = ""
+    """Command that reproduces (or would measure) it; '' when none exists yet."""
+    reason: str = ""
+    """Why it was not measured."""
+    run_ids: tuple[Any, ...] = field(default=())
+    """Results-store runs it rests on."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "claim": self.claim, "compared": self.compared, "rule": self.rule,
+            "verdict": self.verdict, "figure": self.figure, "value": self.value,
+            "low": self.low, "high": self.high, "unit": self.unit,
+            "details": list(self.details), "command": self.command, "reason": self.reason,
+            "run_ids": list(self.run_ids),
+        }
+
+
+# -- run access -------------------------------------------------------------------------
+
+def run_field(run: Mapping[str, Any], key: str) -> Any:
+    """A strategy field of a run: top-level column first, then `strategy`, then default."""
+    value = run.get(key)
+    if value is None:
+        value = (run.get("strategy") or {}).get(key)
+    return _DEFAULTS.get(key) if value is None else value
+
+
+def _metric(run: Mapping[str, Any], key: str) -> float | None:
+    value = (run.get("metrics") or {}).get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _workload_key(run: Mapping[str, Any]) -> str:
+    return str(run.get("workload_hash")
+               or json.dumps(run.get("workload") or {}, sort_keys=True))
+
+
+def _label(run: Mapping[str, Any]) -> str:
+    if run.get("label"):
+        return str(run["label"])
+    parts = [run_field(run, "framework"), run_field(run, "mode")]
+    if run_field(run, "parallel") != "single":
+        parts.append(f"{run_field(run, 'parallel')} x{run_field(run, 'workers')}")
+    return " ".join(str(p) for p in parts)
+
+
+def _plain(run: Mapping[str, Any]) -> bool:
+    return (run_field(run, "precision") == "fp32" and run_field(run, "compress") == "none"
+            and int(run_field(run, "grad_accum")) == 1)
+
+
+def _single(run: Mapping[str, Any]) -> bool:
+    return run_field(run, "parallel") == "single"
+
+
+def _multi(run: Mapping[str, Any]) -> bool:
+    return (not _single(run)
+            and int(run_field(run, "workers")) * int(run_field(run, "devices_per_worker")) > 1)
+
+
+def _config(run: Mapping[str, Any], *skip: str) -> tuple[Any, ...]:
+    keys = ("framework", "mode", "parallel", "workers", "devices_per_worker", "precision",
+            "compress", "grad_accum")
+    return tuple(run_field(run, k) for k in keys if k not in skip)
+
+
+def _pick(runs: Sequence[Mapping[str, Any]], cond: Callable[[Mapping[str, Any]], bool]
+          ) -> Mapping[str, Any] | None:
+    """The latest run (last in store order) satisfying cond that has a step time."""
+    found = [r for r in runs if cond(r) and _metric(r, "step_time_median_s")]
+    return found[-1] if found else None
+
+
+# -- ratios -----------------------------------------------------------------------------
+
+def speedup(base: Mapping[str, Any], new: Mapping[str, Any]
+            ) -> tuple[float, float | None, float | None] | None:
+    """How many times faster `new` steps than `base`: base median / new median, with the
+    range (base p10 / new p90, base p90 / new p10). None without both medians."""
+    b, n = _metric(base, "step_time_median_s"), _metric(new, "step_time_median_s")
+    if not b or not n:
+        return None
+    b10, b90 = _metric(base, "step_time_p10_s"), _metric(base, "step_time_p90_s")
+    n10, n90 = _metric(new, "step_time_p10_s"), _metric(new, "step_time_p90_s")
+    low = b10 / n90 if b10 and n90 else None
+    high = b90 / n10 if b90 and n10 else None
+    return b / n, low, high
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _span(low: float | None, high: float | None) -> str:
+    if low is None or high is None:
+        return ""
+    return f" (range {low:.2f}-{high:.2f}x)"
+
+
+def _faster(what: str, value: float) -> str:
+    """'compiled 25% faster', '... 17% slower' or '... same speed' (within 0.5%)."""
+    if abs(value - 1) < 0.005:
+        return f"{what} runs at the same speed"
+    return f"{what} {abs(value - 1) * 100:.0f}% {'faster' if value > 1 else 'slower'}"
+
+
+def _median_item(items: list[Any], key: Callable[[Any], float]) -> Any:
+    ordered = sorted(items, key=key)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+# -- commands ---------------------------------------------------------------------------
+
+def _compare_cmd(workload: Mapping[str, Any], frameworks: Sequence[str],
+                 workers: int | None = None) -> str:
+    parts = ["sextant", "compare", "--workload", shlex.quote(str(workload.get("name", "?")))]
+    if workload.get("steps"):
+        parts += ["--steps", str(workload["steps"])]
+    parts += ["--frameworks", ",".join(frameworks)]
+    if workers is not None and workers != 2:
+        parts += ["--workers", str(workers)]
+    return " ".join(parts)
+
+
+def _show_cmd(ids: Sequence[Any]) -> str:
+    return "; ".join(f"sextant runs show {i}" for i in ids)
+
+
+def _ids(*runs: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(r.get("id") for r in runs if r.get("id") is not None)
+
+
+# -- the claims -------------------------------------------------------------------------
+
+def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
+    base = dict(
+        id="compile", claim="torch.compile gives a 10-30% speed-up",
+        compared="torch compiled vs torch eager, one process each",
+        rule=f"holds if eager / compiled median step >= {COMPILE_MIN_SPEEDUP:.2f}x",
+        unit="speed-up (x)", command=_compare_cmd(workload, ["torch"]),
+    )
+    eager = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
+                  and run_field(r, "mode") == "eager" and _plain(r))
+    compiled = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
+                     and run_field(r, "mode") == "compiled" and _plain(r))
+    ratio = speedup(eager, compiled) if eager and compiled else None
+    if ratio is None:
+        missing = "torch eager" if eager is None else "torch compiled"
+        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+                     reason=f"no one-process {missing} run of this workload")
+    value, low, high = ratio
+    figure = f"{_x(value)}: {_faster('compiled', value)}{_span(low, high)}"
+    detail = (f"{_label(eager)} {_ms(eager)} ms vs {_label(compiled)} {_ms(compiled)} ms "
+              "median step")
+    return Claim(**base, verdict=HOLDS if value >= COMPILE_MIN_SPEEDUP - _EPS else NOT_HOLD,
+                 figure=figure, value=value, low=low, high=high, details=(detail,),
+                 run_ids=_ids(eager, compiled))
+
+
+def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
+    base = dict(
+        id="jax-vs-eager",
+        claim="JAX (XLA) is faster than eager PyTorch and saves ~20% compute",
+        compared="jax (jit) vs torch eager, one process each",
+        rule=f"holds if JAX's median step is at least {JAX_MIN_SAVING:.0%} shorter "
+             f"(speed-up >= {1 / (1 - JAX_MIN_SAVING):.2f}x)",
+        unit="speed-up (x)", command=_compare_cmd(workload, ["torch", "jax"]),
+    )
+    torch = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
+                  and run_field(r, "mode") == "eager" and _plain(r))
+    jax = (_pick(runs, lambda r: run_field(r, "framework") == "jax" and _single(r)
+                 and run_field(r, "mode") == "compiled" and _plain(r))
+           or _pick(runs, lambda r: run_field(r, "framework") == "jax" and _single(r)
+                    and _plain(r)))
+    ratio = speedup(torch, jax) if torch and jax else None
+    if ratio is None:
+        missing = "torch eager" if torch is None else "jax"
+        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+                     reason=f"no one-process {missing} run of this workload")
+    value, low, high = ratio
+    saving = 1 - 1 / value
+    figure = (f"{_x(value)}: JAX's step takes {abs(saving) * 100:.0f}% "
+              f"{'less' if saving >= 0 else 'more'} time{_span(low, high)}")
+    detail = f"{_label(torch)} {_ms(torch)} ms vs {_label(jax)} {_ms(jax)} ms median step"
+    return Claim(**base, verdict=HOLDS if saving >= JAX_MIN_SAVING - _EPS else NOT_HOLD,
+                 figure=figure, value=value, low=low, high=high, details=(detail,),
+                 run_ids=_ids(torch, jax))
+
+
+def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
+                          ) -> Claim:
+    base = dict(
+        id="mixed-precision", claim="Mixed precision (bf16) roughly doubles training speed",
+        compared="bf16 vs fp32, same framework, mode, parallel strategy and workers",
+        rule=f"holds if fp32 / bf16 median step >= {MIXED_MIN_SPEEDUP:.1f}x "
+             "(middle pair of several)",
+        unit="speed-up (x)",
+    )
+    pairs = []
+    for low_p in runs:
+        if run_field(low_p, "precision") != "bf16" or run_field(low_p, "compress") != "none":
+            continue
+        key = _config(low_p, "precision")
+        full = _pick(runs, lambda r: _config(r, "precision") == key
+                     and run_field(r, "precision") == "fp32")
+        ratio = speedup(full, low_p) if full else None
+        if ratio is not None:
+            pairs.append((full, low_p, ratio))
+    if not pairs:
+        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+                     reason="no bf16 run with a matching fp32 run of this workload")
+    full, low_p, (value, low, high) = _median_item(pairs, key=lambda p: p[2][0])
+    details = tuple(f"{_label(f)} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
+                    for f, b, r in pairs)
+    return Claim(**base, verdict=HOLDS if value >= MIXED_MIN_SPEEDUP - _EPS else NOT_HOLD,
+                 figure=f"{_x(value)} faster in bf16{_span(low, high)}", value=value, low=low,
+                 high=high, details=details, command=_show_cmd(_ids(full, low_p)),
+                 run_ids=tuple(i for f, b, _ in pairs for i in _ids(f, b)))
+
+
+def _compute_s(run: Mapping[str, Any]) -> float | None:
+    step = _metric(run, "sync_step_median_s") or _metric(run, "step_time_median_s")
+    comm = _metric(run, "exposed_comm_s")
+    if step is None or comm is None:
+        return None
+    return step - max(comm, 0.0)
+
+
+def _with_compress(run: Mapping[str, Any]) -> str:
+    label, compress = _label(run), str(run_field(run, "compress"))
+    return label if compress in label else f"{label} ({compress})"
+
+
+def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
+                      ) -> Claim:
+    base = dict(
+        id="compression",
+        claim="Gradient compression trades CPU time for network bandwidth",
+        compared="data-parallel run with gradient compression vs the same run without",
+        rule="holds if exposed communication falls and compute (synced step - exposed "
+             "communication) rises",
+        unit="exposed communication with / without (x)",
+    )
+    pairs = []
+    for comp in runs:
+        if run_field(comp, "compress") == "none" or _single(comp):
+            continue
+        key = _config(comp, "compress")
+        plain = _pick(runs, lambda r: _config(r, "compress") == key
+                      and run_field(r, "compress") == "none")
+        if plain is None:
+            continue
+        comm_c, comm_p = _metric(comp, "exposed_comm_s"), _metric(plain, "exposed_comm_s")
+        work_c, work_p = _compute_s(comp), _compute_s(plain)
+        if None in (comm_c, comm_p, work_c, work_p) or comm_p <= 0 or work_p <= 0:
+            continue
+        pairs.append((plain, comp, comm_c / comm_p, work_c / work_p))
+    if not pairs:
+        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+                     reason="no data-parallel run with gradient compression and a matching "
+                            "run without, both with exposed communication measured")
+    plain, comp, comm_ratio, work_ratio = _median_item(pairs, key=lambda p: p[2])
+    step = speedup(plain, comp)
+    figure = (f"exposed communication {_x(comm_ratio)}, compute {_x(work_ratio)}"
+              + (f"; step {_x(step[0])} faster{_span(step[1], step[2])}" if step else ""))
+    details = tuple(
+        f"{_with_compress(c)} vs {_label(p)}: exposed comm "
+        f"{_ms_of(_metric(p, 'exposed_comm_s'))} -> {_ms_of(_metric(c, 'exposed_comm_s'))} ms, "
+        f"compute {_ms_of(_compute_s(p))} -> {_ms_of(_compute_s(c))} ms"
+        for p, c, _, _ in pairs
+    )
+    holds = comm_ratio < 1.0 and work_ratio > 1.0
+    return Claim(**base, verdict=HOLDS if holds else NOT_HOLD, figure=figure, value=comm_ratio,
+                 details=details, command=_show_cmd(_ids(plain, comp)),
+                 run_ids=tuple(i for p, c, _, _ in pairs for i in _ids(p, c)))
+
+
+def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
+    multi = [r for r in runs if _multi(r) and _plain(r) and _metric(r, "step_time_median_s")]
+    frameworks = list(dict.fromkeys(str(run_field(r, "framework")) for r in multi)) or ["torch"]
+    workers = max((int(run_field(r, "workers")) for r in multi), default=2)
+    base = dict(
+        id="workers-slower", claim="Adding workers can make training slower",
+        compared="throughput of each multi-worker run vs one process, same framework and "
+                 "mode, same global batch",
+        rule=f"holds if some multi-worker run is below {SLOWER_BELOW:.2f}x",
+        unit="throughput multi / single (x)",
+        command=_compare_cmd(workload, frameworks, workers),
+    )
+    pairs = []
+    for run in multi:
+        single = _pick(runs, lambda r: _single(r) and _plain(r)
+                       and run_field(r, "framework") == run_field(run, "framework")
+                       and run_field(r, "mode") == run_field(run, "mode"))
+        ratio = speedup(single, run) if single else None
+        if ratio is not None:
+            pairs.append((single, run, ratio))
+    if not pairs:
+        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+                     reason="no multi-worker run with a one-process run of the same framework "
+                            "and mode")
+    single, run, (value, low, high) = min(pairs, key=lambda p: p[2][0])
+    details = tuple(f"{_label(r)}: {_x(v)} the throughput of {_label(s)}{_span(lo, hi)}"
+                    for s, r, (v, lo, hi) in pairs)
+    figure = (f"{_label(run)}: {_x(value)} the throughput of {_label(single)}"
+              f"{_span(low, high)}")
+    return Claim(**base, verdict=HOLDS if value < SLOWER_BELOW - _EPS else NOT_HOLD,
+                 figure=figure, value=value, low=low, high=high, details=details,
+                 run_ids=tuple(i for s, r, _ in pairs for i in _ids(s, r)))
+
+
+def _rss_range(run: Mapping[str, Any]) -> tuple[float, float] | None:
+    peak = _metric(run, "peak_rss_bytes")
+    ranks = [float(r["peak_rss_bytes"]) for r in run.get("ranks") or []
+             if isinstance(r, Mapping) and isinstance(r.get("peak_rss_bytes"), int | float)
+             and r["peak_rss_bytes"] > 0]
+    if ranks:
+        return min(ranks), max(ranks)
+    return (peak, peak) if peak else None
+
+
+def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
+    base = dict(
+        id="tf-memory", claim="TensorFlow uses less memory than PyTorch and JAX",
+        compared="peak RSS per worker, same parallel strategy and workers, each framework "
+                 "at its leanest mode",
+        rule=f"holds if below {LESS_MEMORY_BELOW:.2f}x every other framework, in every "
+             "matched configuration",
+        unit="peak RSS TensorFlow / other (x)",
+        command=_compare_cmd(workload, ["tensorflow", "torch", "jax"]),
+    )
+    leanest: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
+    for run in runs:
+        if not _plain(run) or not _metric(run, "peak_rss_bytes"):
+            continue
+        config = (run_field(run, "parallel"), int(run_field(run, "workers")),
+                  int(run_field(run, "devices_per_worker")))
+        per_fw = leanest.setdefault(config, {})
+        fw = str(run_field(run, "framework"))
+        if fw not in per_fw or (_metric(run, "peak_rss_bytes")
+                                < _metric(per_fw[fw], "peak_rss_bytes")):
+            per_fw[fw] = run
+    pairs = []
+    for config in sorted(leanest, key=str):
+        per_fw = leanest[config]
+        tf = per_fw.get("tensorflow")
+        if tf is None:
+            continue
+        for fw in sorted(per_fw):
+            if fw == "tensorflow":
+                continue
+            other = per_fw[fw]
+            value = _metric(tf, "peak_rss_bytes") / _metric(other, "peak_rss_bytes")
+            t_lo, t_hi = _rss_range(tf)
+            o_lo, o_hi = _rss_range(other)
+            pairs.append((tf, other, value, t_lo / o_hi, t_hi / o_lo))
+    if not pairs:
+        has_tf = any(run_field(r, "framework") == "tensorflow" for r in runs)
+        reason = ("no torch or jax run with the same parallel strategy and workers as a "
+                  "TensorFlow run" if has_tf else
+                  "no TensorFlow run of this workload (pip install 'sextant[tensorflow]')")
+        return Claim(**base, verdict=NOT_MEASURED, figure="-", reason=reason)
+    tf, other, value, low, high = max(pairs, key=lambda p: p[2])
+    details = tuple(f"{_label(t)} {_mb(t)} MB vs {_label(o)} {_mb(o)} MB: {_x(v)}"
+                    for t, o, v, _, _ in pairs)
+    figure = (f"{_label(tf)} {_mb(tf)} MB vs {_label(other)} {_mb(other)} MB: {_x(value)}"
+              + (f" (range over ranks {low:.2f}-{high:.2f}x)" if high - low > 1e-9 else ""))
+    holds = all(v < LESS_MEMORY_BELOW - _EPS for _, _, v, _, _ in pairs)
+    return Claim(**base, verdict=HOLDS if holds else NOT_HOLD, figure=figure, value=value,
+                 low=low, high=high, details=details,
+                 run_ids=tuple(dict.fromkeys(i for t, o, *_ in pairs for i in _ids(t, o))))
+
+
+CHECKS = (claim_compile, claim_jax, claim_mixed_precision, claim_compression, claim_workers,
+          claim_tf_memory)
+
+
+def check_claims(runs: Sequence[Mapping[str, Any]], *, workload_hash: str | None = None
+                 ) -> list[Claim]:
+    """Every claim, in a fixed order, over the successful runs of one workload (default:
+    the workload of the last run)."""
+    ok = [r for r in runs if r.get("status", "ok") == "ok"]
+    if not ok:
+        workload: Mapping[str, Any] = runs[-1].get("workload") or {} if runs else {}
+        return [check([], workload) for check in CHECKS]
+    key = workload_hash or _workload_key(ok[-1])
+    same = [r for r in ok if _workload_key(r) == key or r.get("workload_hash") == key]
+    workload = (same[-1] if same else ok[-1]).get("workload") or {}
+    return [check(same, workload) for check in CHECKS]
+
+
+# -- small formatters (no import from sextant.commands: this package stays standalone) ---
+
+def _ms_of(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _ms(run: Mapping[str, Any]) -> str:
+    return _ms_of(_metric(run, "step_time_median_s"))
+
+
+def _mb(run: Mapping[str, Any]) -> str:
+    value = _metric(run, "peak_rss_bytes")
+    return "-" if value is None else f"{value / 2**20:,.0f}"

@@ -1,0 +1,49 @@
+"""`sextant capabilities`: which framework supports which strategy and lever."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+
+from sextant.backends import available, get_backend
+from sextant.backends.base import REGISTRY
+from sextant.commands.common import console
+from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("capabilities", help="which framework supports which strategy and lever",
+                       description="Print the matrix of frameworks x strategies and levers.")
+    p.set_defaults(func=cmd_capabilities)
+
+
+def matrix() -> tuple[list[str], list[tuple[str, list[bool | str]]]]:
+    names = list(REGISTRY)
+    caps = {n: get_backend(n).capabilities() for n in names}
+    rows: list[tuple[str, list[bool | str]]] = [
+        ("installed", ["yes" if available(n) else "no" for n in names])]
+    rows += [(f"mode {m}", [m in caps[n].modes for n in names]) for m in MODES]
+    rows += [(f"parallel {p}", [p in caps[n].parallel for n in names]) for p in PARALLEL]
+    rows += [(f"precision {p}", [p in caps[n].precisions for n in names]) for p in PRECISIONS]
+    rows += [(f"compress {c}", [c in caps[n].compress for n in names])
+             for c in COMPRESSIONS if c != "none"]
+    rows.append(("grad accumulation", [caps[n].grad_accum for n in names]))
+    rows.append(("checkpoint/resume", [", ".join(caps[n].checkpoint) or False for n in names]))
+    return names, rows
+
+
+def cmd_capabilities(args: argparse.Namespace) -> int:
+    names, rows = matrix()
+    table = Table(header_style="bold", title="what each backend supports "
+                  "(asking for anything else is an error naming what is supported)",
+                  title_justify="left")
+    table.add_column("")
+    for name in names:
+        table.add_column(name, justify="center")
+    for label, cells in rows:
+        table.add_row(label, *("✓" if c is True else "-" if c is False else str(c)
+                               for c in cells))
+    console().print(table)
+    return 0

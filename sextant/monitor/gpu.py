@@ -1,0 +1,77 @@
+"""GPU utilisation and memory through NVML, where there is a GPU; nothing otherwise.
+
+pynvml is used when installed; otherwise the NVML library that ships with the NVIDIA driver
+(libnvidia-ml.so.1) is called directly through ctypes, so no package is needed. Without a
+driver (CPU machines, macOS) `GpuSampler().sample()` returns [] and nothing is shown.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+
+class _Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+class GpuSampler:
+    """`sample()` -> [{index, util_percent, mem_used_bytes, mem_total_bytes}] per GPU."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._lib: Any = None
+        self._handles: list[Any] = []
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                             for i in range(pynvml.nvmlDeviceGetCount())]
+            return
+        except Exception:  # noqa: BLE001 - no pynvml, no driver: try the C library, or none
+            self._nvml = None
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return
+            count = ctypes.c_uint()
+            if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+                return
+            for i in range(count.value):
+                handle = ctypes.c_void_p()
+                if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) == 0:
+                    self._handles.append(handle)
+            self._lib = lib
+        except (OSError, AttributeError):
+            self._handles = []
+
+    @property
+    def available(self) -> bool:
+        return bool(self._handles)
+
+    def sample(self) -> list[dict[str, Any]]:
+        out = []
+        for index, handle in enumerate(self._handles):
+            try:
+                if self._nvml is not None:
+                    util = self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                    mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+                    used, total = mem.used, mem.total
+                else:
+                    u, m = _Utilization(), _Memory()
+                    if (self._lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(u))
+                            or self._lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(m))):
+                        continue
+                    util, used, total = u.gpu, m.used, m.total
+            except Exception:  # noqa: BLE001 - a GPU that stops answering is not shown
+                continue
+            out.append({"index": index, "util_percent": int(util),
+                        "mem_used_bytes": int(used), "mem_total_bytes": int(total)})
+        return out

@@ -1,0 +1,494 @@
+"""The planner against published figures (`sextant plan --references`; docs/validation.md).
+
+Each reference is a number a paper or model card published, the planner's figure for the same
+setting, and the relative error. The settings the papers do not state (micro-batch size,
+interleaving, cluster size for GPU-hour totals) are written next to each row: they are the
+planner's defaults or the simplest choice, never tuned to reduce the error. Default
+assumptions (compute efficiency 0.5, overlap 0.5) are used throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sextant.errors import UserError
+from sextant.planner.catalogue import load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.memory import model_state_bytes
+from sextant.planner.models import TransformerShape, megatron_gpt, preset
+from sextant.planner.search import search
+
+ZERO = "Rajbhandari et al. 2020 (ZeRO)"
+MEG = "Narayanan et al. 2021 (Megatron-LM, SC21)"
+KOR = "Korthikanti et al. 2022 (activation recomputation)"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Reference:
+    id: str
+    source: str
+    quantity: str
+    unit: str
+    published: float
+    planner: Callable[[], float]
+    setting: str
+    command: str = ""
+
+
+def _cat():
+    return load_catalogue(calibration=None)
+
+
+def _megatron_tflops(
+    shape: TransformerShape,
+    layout: Layout,
+    batch: int,
+    *,
+    recompute: str = "full",
+    sp: bool = False,
+) -> float:
+    """TFLOP/s per GPU as Narayanan et al. count it (eq. 3, which includes the recomputation
+    forward pass: F = 96 B s l h^2 (1 + s/6h + V/16lh)) over the planner's step time."""
+    opts = PlanOptions(global_batch=batch, flash_attention=False)
+    hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
+    lay = Layout(
+        dp=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        zero=layout.zero,
+        mbs=layout.mbs,
+        recompute=recompute,
+        sp=sp,
+    )
+    f = evaluate_one(shape.cost(flash_attention=False), hw, opts, lay).figures
+    s, layers, h, v = shape.seq_len, shape.n_layers, shape.d_model, shape.vocab_size
+    flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    return flops / (f["step"] * lay.devices) / 1e12
+
+
+def _best(
+    shape: TransformerShape,
+    devices: int,
+    acc: str,
+    net: str,
+    *,
+    batch: int | None = None,
+    fixed: dict[str, int] | None = None,
+    flash: bool = True,
+    devices_per_node: int | None = None,
+) -> dict[str, Any]:
+    opts = PlanOptions(
+        global_batch=batch or shape.global_batch,
+        flash_attention=flash,
+        devices_per_node=devices_per_node,
+    )
+    hw = resolve_hardware(_cat(), acc, net, options=opts)
+    res = search(shape.cost(flash_attention=flash), hw, opts, devices, fixed=fixed)
+    best = res.best()
+    if best is None:
+        raise UserError(f"reference setting does not fit: {shape.name} on {devices} {acc}")
+    row = res.row(best)
+    return {k: float(v[0]) for k, v in row.items() if v.dtype != bool} | {
+        "layout": res.layout(best).label()
+    }
+
+
+def _gpu_hours(shape: TransformerShape, devices: int, acc: str, net: str, tokens: float) -> float:
+    f = _best(shape, devices, acc, net)
+    return tokens / f["tokens_per_s"] * devices / 3600
+
+
+def _states_gb(params: float, dp: int, zero: int) -> float:
+    return float(model_state_bytes(params, dp, zero)["total"]) / 1e9
+
+
+# Narayanan et al. 2021, Table 1: (params B, heads, hidden, layers, t, p, GPUs, batch, TF/s).
+MEGATRON_TABLE1 = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+
+
+def _gpt175() -> TransformerShape:
+    return megatron_gpt(
+        n_layers=96, d_model=12288, n_heads=96, global_batch=1536, name="gpt-174.6b"
+    )
+
+
+def _gpt530(batch: int) -> TransformerShape:
+    return megatron_gpt(
+        n_layers=105, d_model=20480, n_heads=128, global_batch=batch, name="gpt-529.6b"
+    )
+
+
+def _korthikanti_mfu(recompute: str, sp: bool) -> float:
+    shape = _gpt530(2240)
+    opts = PlanOptions(global_batch=2240, flash_attention=False)
+    hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
+    lay = Layout(dp=8, tp=8, pp=35, mbs=1, recompute=recompute, sp=sp)
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, lay).figures["mfu"]
+
+
+def _references() -> list[Reference]:
+    refs: list[Reference] = []
+    for stage, published, what in (
+        (0, 120.0, "plain data parallel"),
+        (1, 31.4, "optimizer-state sharding (ZeRO-1)"),
+        (2, 16.6, "+ gradient sharding (ZeRO-2)"),
+        (3, 1.9, "+ parameter sharding (ZeRO-3)"),
+    ):
+        refs.append(
+            Reference(
+                id=f"zero-fig1-stage{stage}",
+                source=f"{ZERO}, Figure 1",
+                quantity=f"model states per device, 7.5B params, 64 GPUs, {what}",
+                unit="GB",
+                published=published,
+                planner=lambda s=stage: _states_gb(7.5e9, 64, s),
+                setting="mixed-precision Adam (K = 12); the figure prints one decimal",
+            )
+        )
+    refs.append(
+        Reference(
+            id="zero-gpt2-states",
+            source=f"{ZERO}, §3.1",
+            quantity="model states of GPT-2 1.5B (mixed-precision Adam, 16 bytes/param)",
+            unit="GB",
+            published=24.0,
+            planner=lambda: _states_gb(1.5e9, 1, 0),
+            setting="1 device",
+        )
+    )
+    refs.append(
+        Reference(
+            id="zero-gpt2-fp16",
+            source=f"{ZERO}, §3.1",
+            quantity="fp16 weights of GPT-2 1.5B",
+            unit="GB",
+            published=3.0,
+            planner=lambda: float(model_state_bytes(1.5e9)["params"]) / 1e9,
+            setting="1 device",
+        )
+    )
+
+    for params, heads, hidden, layers, *_ in (
+        MEGATRON_TABLE1[0],
+        MEGATRON_TABLE1[3],
+        MEGATRON_TABLE1[6],
+        MEGATRON_TABLE1[9],
+    ):
+        refs.append(
+            Reference(
+                id=f"megatron-params-{params:g}b",
+                source=f"{MEG}, Table 1",
+                quantity=f"parameters of the {layers}-layer, h={hidden} GPT",
+                unit="B",
+                published=params,
+                planner=lambda n=layers, h=hidden, a=heads: (
+                    megatron_gpt(n_layers=n, d_model=h, n_heads=a).total_params() / 1e9
+                ),
+                setting="V = 51,200, s = 2048, ffn = 4h; the paper rounds to 0.1B",
+            )
+        )
+
+    for params, heads, hidden, layers, t, p, n, batch, tflops in MEGATRON_TABLE1:
+
+        def fn(heads=heads, hidden=hidden, layers=layers, t=t, p=p, n=n, batch=batch):
+            shape = megatron_gpt(n_layers=layers, d_model=hidden, n_heads=heads, global_batch=batch)
+            return _megatron_tflops(shape, Layout(dp=n // (t * p), tp=t, pp=p), batch)
+
+        refs.append(
+            Reference(
+                id=f"megatron-t1-{params:g}b",
+                source=f"{MEG}, Table 1",
+                quantity=f"TFLOP/s per GPU, {params:g}B on {n} A100 (t={t}, p={p}, batch {batch})",
+                unit="TFLOP/s",
+                published=float(tflops),
+                planner=fn,
+                setting="a100-80gb + ib-hdr (8 ports/node), full recomputation, micro-batch 1, "
+                "non-interleaved (not stated per row in the paper)",
+            )
+        )
+
+    for n, published in ((384, 153), (768, 149), (1536, 141)):
+        refs.append(
+            Reference(
+                id=f"megatron-t2-ptdp-{n}",
+                source=f"{MEG}, Table 2",
+                quantity=f"TFLOP/s per GPU, 174.6B PTD-P (t=8, p=12) on {n} A100, batch 1536",
+                unit="TFLOP/s",
+                published=float(published),
+                planner=lambda n=n: _megatron_tflops(
+                    _gpt175(), Layout(dp=n // 96, tp=8, pp=12), 1536
+                ),
+                setting="full recomputation, micro-batch 1",
+            )
+        )
+    for n, mbs, published in ((384, 4, 144), (1536, 1, 44)):
+        refs.append(
+            Reference(
+                id=f"megatron-t2-zero3-{n}",
+                source=f"{MEG}, Table 2",
+                quantity=f"TFLOP/s per GPU, 174.6B ZeRO-3 (no model parallelism) on {n} A100, "
+                f"micro-batch {mbs}",
+                unit="TFLOP/s",
+                published=float(published),
+                planner=lambda n=n, mbs=mbs: _megatron_tflops(
+                    _gpt175(), Layout(dp=n, zero=3, mbs=mbs), 1536
+                ),
+                setting="full recomputation, overlap 0.5",
+            )
+        )
+
+    refs.append(
+        Reference(
+            id="megatron-gpt3-days",
+            source=f"{MEG}, §5.1 (estimate)",
+            quantity="days to train 174.6B on 300B tokens, 1024 A100, batch 1536",
+            unit="days",
+            published=34.0,
+            planner=lambda: (
+                300e9
+                / _best(_gpt175(), 1024, "a100-80gb", "ib-hdr", batch=1536, flash=False)[
+                    "tokens_per_s"
+                ]
+                / 86400
+            ),
+            setting="best layout of the search (2021 stack: no FlashAttention)",
+        )
+    )
+    refs.append(
+        Reference(
+            id="megatron-1t-days",
+            source=f"{MEG}, §5.1 (estimate)",
+            quantity="days to train the 1T model on 450B tokens, 3072 A100",
+            unit="days",
+            published=84.0,
+            planner=lambda: 450e9 / (3072 * 2048 / _step_of_1t()) / 86400,
+            setting="Table 1 layout (t=8, p=64, batch 3072), full recomputation",
+        )
+    )
+
+    refs.append(
+        Reference(
+            id="gpt3-compute",
+            source="Brown et al. 2020 (GPT-3), Table D.1",
+            quantity="training compute of GPT-3 175B on 300B tokens",
+            unit="1e21 FLOP",
+            published=314.0,
+            planner=lambda: preset("gpt3-175b").cost().model_flops_per_token * 300e9 / 1e21,
+            setting="planner counts the attention term 12·L·h·s as well (PaLM appendix B)",
+            command="sextant plan --model gpt3-175b --gpus 1024 --accelerator a100-80gb --json",
+        )
+    )
+
+    for name, published in (
+        ("llama2-7b", 184_320),
+        ("llama2-13b", 368_640),
+        ("llama2-70b", 1_720_320),
+    ):
+        refs.append(
+            Reference(
+                id=f"{name}-gpu-hours",
+                source="Touvron et al. 2023 (Llama 2), model card",
+                quantity=f"A100-80GB GPU-hours to pre-train {name} on 2T tokens",
+                unit="GPU-h",
+                published=float(published),
+                planner=lambda name=name: _gpu_hours(
+                    preset(name), 2048, "a100-80gb", "ib-hdr", 2e12
+                ),
+                setting="2048 GPUs (cluster size not published), 200 Gb/s InfiniBand, best layout",
+                command=f"sextant plan --model {name} --gpus 2048 --accelerator a100-80gb "
+                "--network ib-hdr --tokens 2e12",
+            )
+        )
+    for name, devices, published in (
+        ("llama3-8b", 4096, 1.46e6),
+        ("llama3-70b", 4096, 7.0e6),
+        ("llama3-405b", 16384, 30.84e6),
+    ):
+        refs.append(
+            Reference(
+                id=f"{name}-gpu-hours",
+                source="Llama 3.1 model card (meta-llama/llama-models)",
+                quantity=f"H100-80GB GPU-hours to pre-train Llama 3.1 {name[7:].upper()} on ~15T "
+                "tokens",
+                unit="GPU-h",
+                published=published,
+                planner=lambda name=name, d=devices: _gpu_hours(
+                    preset(name), d, "h100-sxm", "ethernet-400g", 15e12
+                ),
+                setting=f"{devices} GPUs (16K for 405B per the paper; not published for the "
+                "others), 400 Gb/s RoCE, best layout; the card's totals include failures and the "
+                "long-context stage",
+                command=f"sextant plan --model {name} --gpus {devices} --accelerator h100-sxm "
+                "--network ethernet-400g --tokens 15e12",
+            )
+        )
+    for devices, published in ((8192, 0.43), (16384, 0.41)):
+        refs.append(
+            Reference(
+                id=f"llama3-405b-mfu-{devices}",
+                source="Llama Team 2024 (Llama 3), Table 4",
+                quantity=f"BF16 MFU of 405B on {devices} H100 (TP 8, PP 16, DP {devices // 128})",
+                unit="MFU",
+                published=published,
+                planner=lambda d=devices: _best(
+                    preset("llama3-405b"), d, "h100-sxm", "ethernet-400g", fixed={"tp": 8, "pp": 16}
+                )["mfu"],
+                setting="16M-token batch, seq 8192; the rest of the layout searched",
+                command=f"sextant plan --model llama3-405b --gpus {devices} --accelerator h100-sxm "
+                "--network ethernet-400g --tp 8 --pp 16",
+            )
+        )
+    refs.append(
+        Reference(
+            id="palm-540b-mfu",
+            source="Chowdhery et al. 2022 (PaLM), Table 3",
+            quantity="MFU of PaLM 540B on 6144 TPU v4 (two pods of 3072)",
+            unit="MFU",
+            published=0.462,
+            planner=lambda: _best(
+                preset("palm-540b"), 6144, "tpu-v4", "ethernet-100g", devices_per_node=3072
+            )["mfu"],
+            setting="pods of 3072 chips joined by 100 Gb/s Ethernet per node port (assumed), best "
+            "layout",
+            command="sextant plan --model palm-540b --gpus 6144 --accelerator tpu-v4 "
+            "--network ethernet-100g --gpus-per-node 3072",
+        )
+    )
+    refs.append(
+        Reference(
+            id="korthikanti-530b-mfu-selective",
+            source=f"{KOR}, abstract",
+            quantity="MFU of 530B on 2240 A100, sequence parallelism + selective recomputation",
+            unit="MFU",
+            published=0.542,
+            planner=lambda: _korthikanti_mfu("selective", True),
+            setting="t=8, p=35, dp=8, micro-batch 1, batch 2240 (assumed)",
+        )
+    )
+    refs.append(
+        Reference(
+            id="korthikanti-530b-mfu-full",
+            source=f"{KOR}, abstract",
+            quantity="MFU of 530B on 2240 A100, full recomputation",
+            unit="MFU",
+            published=0.421,
+            planner=lambda: _korthikanti_mfu("full", False),
+            setting="t=8, p=35, dp=8, micro-batch 1, batch 2240 (assumed)",
+        )
+    )
+    refs.append(
+        Reference(
+            id="korthikanti-530b-speedup",
+            source=f"{KOR}, abstract",
+            quantity="speed-up of selective recomputation + SP over full recomputation",
+            unit="x",
+            published=0.542 / 0.421,
+            planner=lambda: _korthikanti_mfu("selective", True) / _korthikanti_mfu("full", False),
+            setting="as above",
+        )
+    )
+    return refs
+
+
+def _step_of_1t() -> float:
+    _, heads, hidden, layers, t, p, n, batch, _ = MEGATRON_TABLE1[-1]
+    shape = megatron_gpt(n_layers=layers, d_model=hidden, n_heads=heads, global_batch=batch)
+    opts = PlanOptions(global_batch=batch, flash_attention=False)
+    hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
+    lay = Layout(dp=n // (t * p), tp=t, pp=p, recompute="full")
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, lay).figures["step"]
+
+
+def run_references(only: str | None = None) -> list[dict[str, Any]]:
+    refs = _references()
+    if only is not None:
+        refs = [r for r in refs if r.id == only]
+        if not refs:
+            raise UserError(
+                f"unknown reference {only!r}; allowed: {', '.join(r.id for r in _references())}"
+            )
+    rows = []
+    for r in refs:
+        value = float(r.planner())
+        rows.append(
+            {
+                "id": r.id,
+                "source": r.source,
+                "quantity": r.quantity,
+                "unit": r.unit,
+                "published": r.published,
+                "planner": value,
+                "error": (value - r.published) / r.published,
+                "setting": r.setting,
+                "command": r.command or f"sextant plan --references --only {r.id}",
+            }
+        )
+    return rows
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "MFU":
+        return f"{value:.1%}"
+    if unit == "GPU-h":
+        return f"{value:,.0f}"
+    if unit == "x":
+        return f"{value:.2f}"
+    return f"{value:,.3g}" if value < 1000 else f"{value:,.0f}"
+
+
+def render_references(rows: list[dict[str, Any]], console) -> None:
+    from rich.table import Table
+
+    t = Table(title="Planner vs published figures (default assumptions)", title_justify="left")
+    for col in ("id", "quantity", "unit", "published", "planner", "error"):
+        t.add_column(col, justify="left" if col in ("id", "quantity") else "right")
+    for r in rows:
+        t.add_row(
+            r["id"],
+            r["quantity"],
+            r["unit"],
+            _fmt(r["published"], r["unit"]),
+            _fmt(r["planner"], r["unit"]),
+            f"{r['error']:+.1%}",
+        )
+    console.print(t)
+    errs = sorted(abs(r["error"]) for r in rows)
+    if errs:
+        console.print(
+            f"{len(errs)} references: median |error| {errs[len(errs) // 2]:.1%}, "
+            f"max {errs[-1]:.1%}. Sources and settings: --json or docs/validation.md"
+        )
+
+
+def references_markdown(rows: list[dict[str, Any]]) -> str:
+    """The table of docs/validation.md (`sextant plan --references --markdown`)."""
+    lines = [
+        "| id | published (source) | planner | error | setting / command |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        unit = "" if r["unit"] in ("MFU", "x") else f" {r['unit']}"
+        lines.append(
+            f"| `{r['id']}` | {r['quantity']}: **{_fmt(r['published'], r['unit'])}{unit}** "
+            f"({r['source']}) | {_fmt(r['planner'], r['unit'])}{unit} | {r['error']:+.1%} | "
+            f"{r['setting']}; `{r['command']}` |"
+        )
+    errs = sorted(abs(r["error"]) for r in rows)
+    lines.append("")
+    lines.append(
+        f"{len(rows)} references; median |error| {errs[len(errs) // 2]:.1%}, max {errs[-1]:.1%}."
+    )
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""`sextant plan --validate`: the planner's step time against the runs measured on this
+machine (the results store of `sextant compare` / `sextant run`).
+
+Predictions use the calibrated 'cpu-local' accelerator and 'loopback' link. The one figure the
+planner cannot know from first principles, the compute efficiency of the framework's kernels
+on this workload, is fitted on the single-process run of the same workload, framework, mode
+and precision (that row's error is therefore ~0 by construction and marked "fit"); every
+other run (data parallel over several processes) is then a genuine prediction of how
+per-worker compute shrinks and all-reduce time grows. Without a single-process run, the
+default efficiency (0.5) is used and marked "assumed".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import UserError
+from sextant.planner.catalogue import load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.models import shape_from_workload
+
+DEFAULT_DB = Path("sextant-results") / "results.db"
+_HINT = "run 'sextant compare' (or 'sextant run') first to measure local runs"
+
+
+def load_runs(db: str | Path | None) -> list[dict[str, Any]]:
+    path = Path(db or os.environ.get("SEXTANT_RESULTS") or DEFAULT_DB)
+    if not path.is_file():
+        raise UserError(f"no results store at {path}; {_HINT}")
+    try:
+        from sextant.results.store import ResultsStore
+    except ImportError:
+        raise UserError(f"the results store (sextant.results) is not available; {_HINT}") from None
+    store = ResultsStore(path)
+    try:
+        runs = store.runs()
+    finally:
+        close = getattr(store, "close", None)
+        if close:
+            close()
+    if not runs:
+        raise UserError(f"the results store {path} has no runs; {_HINT}")
+    return runs
+
+
+def _layout(run: dict[str, Any], global_batch: int) -> Layout | None:
+    parallel = str(run.get("parallel", "single"))
+    workers = int(run.get("workers") or 1)
+    zero = {"dp": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}.get(parallel)
+    if parallel == "single":
+        return Layout(dp=1, mbs=global_batch)
+    if zero is None or global_batch % workers:
+        return None
+    return Layout(dp=workers, zero=zero, mbs=global_batch // workers)
+
+
+def _precision(run: dict[str, Any]) -> str:
+    p = run.get("precision") or (run.get("strategy") or {}).get("precision") or "fp32"
+    return p if p in ("bf16", "fp16", "fp32") else "fp32"
+
+
+def validate(
+    *,
+    db: str | Path | None = None,
+    calibration: str | Path | None = None,
+    catalogue: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    runs = load_runs(db)
+    cat = load_catalogue(catalogue, calibration)
+    if cat.calibration is None:
+        raise UserError(
+            "validation predicts with this machine's measured figures: run "
+            "'sextant calibrate' first (or pass --calibration FILE)"
+        )
+    rows: list[dict[str, Any]] = []
+    prepared = []
+    for run in runs:
+        base = {
+            "id": run.get("id"),
+            "framework": run.get("framework"),
+            "mode": run.get("mode"),
+            "parallel": run.get("parallel"),
+            "workers": run.get("workers"),
+        }
+        metrics = run.get("metrics") or {}
+        measured = metrics.get("step_time_median_s")
+        workload = run.get("workload") or {}
+        if not measured or not isinstance(workload, dict) or "model" not in workload:
+            rows.append({**base, "skipped": "no step time or workload recorded"})
+            continue
+        try:
+            shape = shape_from_workload(workload, where=f"run {run.get('id')}")
+        except UserError as exc:
+            rows.append({**base, "skipped": str(exc)})
+            continue
+        layout = _layout(run, shape.global_batch)
+        if layout is None:
+            rows.append(
+                {
+                    **base,
+                    "skipped": f"parallel strategy {run.get('parallel')!r} "
+                    "is not modelled by --validate",
+                }
+            )
+            continue
+        prepared.append((run, base, shape, layout, float(measured), metrics))
+
+    def group(run):
+        return (
+            (run.get("workload") or {}).get("name"),
+            run.get("workload_hash"),
+            run.get("framework"),
+            run.get("mode"),
+            _precision(run),
+        )
+
+    def machine(run):
+        # The GEMM rate of the run's own library where calibrate measured it.
+        return cat.with_calibration(cat.calibration, library=str(run.get("framework")))
+
+    fitted: dict[Any, float] = {}
+    for run, _, shape, layout, measured, _ in prepared:
+        if layout.devices == 1 and group(run) not in fitted:
+            opts = PlanOptions(
+                precision=_precision(run),
+                global_batch=shape.global_batch,
+                compute_efficiency=1.0,
+                fixed_overhead_gb=0.3,
+            )
+            hw = resolve_hardware(machine(run), "cpu-local", "loopback", options=opts)
+            f = evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
+            rest = f["step"] - f["compute"]
+            if measured > rest and f["compute_flops_bound"] > 0:
+                fitted[group(run)] = min(1.0, f["compute_flops_bound"] / (measured - rest))
+
+    for run, base, shape, layout, measured, metrics in prepared:
+        eff = fitted.get(group(run))
+        source = (
+            "fit"
+            if layout.devices == 1 and eff is not None
+            else ("from single run" if eff is not None else "assumed")
+        )
+        opts = PlanOptions(
+            precision=_precision(run),
+            global_batch=shape.global_batch,
+            compute_efficiency=eff or 0.5,
+            fixed_overhead_gb=0.3,
+        )
+        hw = resolve_hardware(machine(run), "cpu-local", "loopback", options=opts)
+        f = evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
+        pred, worst = f["step"], f["step_no_overlap"]
+        p10, p90 = metrics.get("step_time_p10_s"), metrics.get("step_time_p90_s")
+        rows.append(
+            {
+                **base,
+                "workload": shape.name,
+                "layout": layout.label(),
+                "measured_s": measured,
+                "measured_p10_s": p10,
+                "measured_p90_s": p90,
+                "predicted_s": pred,
+                "predicted_no_overlap_s": worst,
+                "error": (pred - measured) / measured,
+                "in_range": min(pred, worst) * 0.999 <= measured <= max(pred, worst) * 1.001,
+                "efficiency": opts.compute_efficiency,
+                "efficiency_source": source,
+                "predicted_exposed_share": f["dp_exposed"] / pred,
+                "measured_exposed_share": metrics.get("exposed_comm_share"),
+            }
+        )
+    return rows
+
+
+def render_validation(rows: list[dict[str, Any]], console) -> None:
+    from rich.table import Table
+
+    t = Table(title="Planner vs measured step time (this machine)", title_justify="left")
+    for col in (
+        "run",
+        "strategy",
+        "measured ms (p10-p90)",
+        "predicted ms (no overlap)",
+        "error",
+        "efficiency",
+        "exposed comm pred/meas",
+    ):
+        t.add_column(col, justify="left" if col in ("strategy",) else "right")
+    errors = []
+    for r in rows:
+        label = f"{r.get('framework')} {r.get('mode')} {r.get('parallel')} x{r.get('workers')}"
+        if "skipped" in r:
+            t.add_row(str(r["id"]), label, "-", "-", "skipped", "-", r["skipped"][:30])
+            continue
+        spread = ""
+        if r["measured_p10_s"] and r["measured_p90_s"]:
+            spread = f" ({r['measured_p10_s'] * 1e3:.1f}-{r['measured_p90_s'] * 1e3:.1f})"
+        meas_share = r["measured_exposed_share"]
+        share = f"{r['predicted_exposed_share']:.0%}/" + (
+            "-" if meas_share is None else f"{meas_share:.0%}"
+        )
+        t.add_row(
+            str(r["id"]),
+            f"{r['workload']}: {label}",
+            f"{r['measured_s'] * 1e3:.1f}{spread}",
+            f"{r['predicted_s'] * 1e3:.1f} ({r['predicted_no_overlap_s'] * 1e3:.1f})",
+            f"{r['error']:+.0%}",
+            f"{r['efficiency']:.2f} {r['efficiency_source']}",
+            share,
+        )
+        if r["efficiency_source"] != "fit":
+            errors.append(abs(r["error"]))
+    console.print(t)
+    if errors:
+        errors.sort()
+        console.print(
+            f"{len(errors)} predicted run(s): median |error| "
+            f"{errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%} (runs marked 'fit' "
+            "calibrate the compute efficiency and are not counted)"
+        )
+    else:
+        console.print("no run to predict beyond the single-process runs used for the fit")

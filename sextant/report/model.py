@@ -1,0 +1,334 @@
+"""Everything the report shows, as one JSON-able dict built from run records.
+
+The HTML page, the Markdown file and `--format json` all render this one dict, so the three
+formats never disagree. Fields missing from a run record (older stores, constructed records)
+come out as None and are shown as '-'.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sextant import __version__
+from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED, check_claims, run_field
+
+# fp32 loss agreement considered "identical data flow" in the report's verdict; the tests
+# hold backends to tighter, per-case tolerances (docs/methodology.md).
+PARITY_ATOL = 1e-3
+MODEL_STATE_BYTES_PER_PARAM = 16
+"""fp32 weights, gradients and Adam's two moments: 4 x 4 bytes per parameter."""
+PROFILE_HINT = "sextant report --profile examples/profiles/startup-nvidia-pytorch.toml"
+SCALING_PREDICTION_NOTE = ("Measured points only: the planner's prediction is not drawn on "
+                           "this chart yet.")
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _m(run: Mapping[str, Any], key: str) -> float | None:
+    return _num((run.get("metrics") or {}).get(key))
+
+
+def label_of(run: Mapping[str, Any]) -> str:
+    if run.get("label"):
+        return str(run["label"])
+    parts = [str(run_field(run, "framework")), str(run_field(run, "mode"))]
+    if run_field(run, "parallel") != "single":
+        parts.append(f"{run_field(run, 'parallel')} x{run_field(run, 'workers')}")
+    return " ".join(parts)
+
+
+def max_loss_diff(losses: Sequence[float], reference: Sequence[float]) -> float | None:
+    n = min(len(losses), len(reference))
+    if n == 0:
+        return None
+    return max(abs(a - b) for a, b in zip(losses[:n], reference[:n]))
+
+
+def _throughput(run: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """tokens/s median and its range from the step-time p90 (low) and p10 (high)."""
+    tps, med = _m(run, "tokens_per_s"), _m(run, "step_time_median_s")
+    p10, p90 = _m(run, "step_time_p10_s"), _m(run, "step_time_p90_s")
+    if tps is None or not med:
+        return tps, None, None
+    return tps, (tps * med / p90 if p90 else None), (tps * med / p10 if p10 else None)
+
+
+def _run_row(run: Mapping[str, Any], ref: Mapping[str, Any], index: int) -> dict[str, Any]:
+    tps, tps_lo, tps_hi = _throughput(run)
+    med = _m(run, "step_time_median_s")
+    ref_med = _m(ref, "step_time_median_s")
+    ref_losses = list(ref.get("losses") or [])
+    diff = max_loss_diff(list(run.get("losses") or []), ref_losses)
+    return {
+        "id": run.get("id"),
+        "index": index,
+        "label": label_of(run),
+        "framework": str(run_field(run, "framework")),
+        "mode": run_field(run, "mode"),
+        "parallel": run_field(run, "parallel"),
+        "workers": int(run_field(run, "workers")),
+        "replicas": int(run_field(run, "workers")) * int(run_field(run, "devices_per_worker")),
+        "precision": run_field(run, "precision"),
+        "compress": run_field(run, "compress"),
+        "threads_per_worker": (run.get("metrics") or {}).get("threads_per_worker"),
+        "status": run.get("status", "ok"),
+        "step_time_s": {"median": med, "p10": _m(run, "step_time_p10_s"),
+                        "p90": _m(run, "step_time_p90_s"),
+                        "n": (run.get("metrics") or {}).get("steps_timed")},
+        "tokens_per_s": {"median": tps, "low": tps_lo, "high": tps_hi},
+        "speedup_vs_reference": (ref_med / med) if med and ref_med else None,
+        "first_step_s": _m(run, "first_step_s"),
+        "compile_s": _m(run, "compile_s"),
+        "achieved_flops_per_s": _m(run, "achieved_flops_per_s"),
+        "peak_rss_bytes": _m(run, "peak_rss_bytes"),
+        "peak_rss_total_bytes": _m(run, "peak_rss_total_bytes"),
+        "data_wait_share": _m(run, "data_wait_share"),
+        "exposed_comm_s": _m(run, "exposed_comm_s"),
+        "exposed_comm_share": _m(run, "exposed_comm_share"),
+        "final_loss": _m(run, "final_loss"),
+        "max_loss_diff": None if run is ref else diff,
+    }
+
+
+def _colour_index(rows: list[dict[str, Any]]) -> None:
+    seen: dict[str, int] = {}
+    for row in rows:
+        row["shade"] = seen.get(row["framework"], 0)
+        seen[row["framework"]] = row["shade"] + 1
+
+
+def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[str, Any]:
+    ref_losses = list(ref.get("losses") or [])
+    per_run = []
+    for run in runs:
+        diff = max_loss_diff(list(run.get("losses") or []), ref_losses)
+        per_run.append({"run": label_of(run), "id": run.get("id"),
+                        "precision": run_field(run, "precision"),
+                        "max_diff": None if run is ref else diff,
+                        "held_to_parity": run_field(run, "precision") == "fp32"})
+    checked = [p["max_diff"] for p in per_run if p["held_to_parity"] and p["max_diff"] is not None]
+    worst = max(checked, default=0.0)
+    return {
+        "reference": label_of(ref),
+        "atol": PARITY_ATOL,
+        "max_diff": worst,
+        "ok": worst <= PARITY_ATOL,
+        "per_run": per_run,
+        "curves": [{"run": label_of(r), "losses": list(r.get("losses") or [])} for r in runs],
+        "note": ("runs in another precision than fp32 are shown but not held to parity"
+                 if not all(p["held_to_parity"] for p in per_run) else ""),
+    }
+
+
+def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    series = []
+    multi = [r for r in rows if r["parallel"] != "single" and r["replicas"] > 1
+             and r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
+    kinds: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in multi:
+        kinds.setdefault((row["framework"], str(row["mode"]), str(row["parallel"])),
+                         []).append(row)
+    for (fw, mode, parallel), group in kinds.items():
+        singles = [r for r in rows if r["framework"] == fw and r["mode"] == mode
+                   and r["parallel"] == "single" and r["tokens_per_s"]["median"] is not None
+                   and r["status"] == "ok"]
+        points: dict[int, dict[str, Any]] = {}
+        for r in singles[-1:] + group:
+            t = r["tokens_per_s"]
+            points[r["replicas"]] = {"workers": r["replicas"], "tokens_per_s": t["median"],
+                                     "low": t["low"], "high": t["high"], "run": r["label"],
+                                     "id": r["id"]}
+        ordered = [points[k] for k in sorted(points)]
+        base = ordered[0] if ordered and ordered[0]["workers"] == 1 else None
+        for p in ordered:
+            p["speedup_vs_one"] = (p["tokens_per_s"] / base["tokens_per_s"]
+                                   if base and base["tokens_per_s"] else None)
+            p["efficiency"] = (p["speedup_vs_one"] / p["workers"]
+                               if p["speedup_vs_one"] is not None else None)
+        shade = sum(1 for s in series if s["framework"] == fw)
+        series.append({"name": f"{fw} {parallel}" + (f" ({mode})" if mode != "eager" else ""),
+                       "framework": fw, "mode": mode, "parallel": parallel,
+                       "shade": shade, "points": ordered})
+    return {"series": series, "prediction": None, "prediction_note": SCALING_PREDICTION_NOTE}
+
+
+def _memory(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    rows = []
+    params = None
+    for run in runs:
+        params = params or _m(run, "params")
+        ranks = [r for r in run.get("ranks") or [] if isinstance(r, Mapping)]
+        for rank in ranks:
+            peak = _num(rank.get("peak_rss_bytes"))
+            start = _num(rank.get("rss_start_bytes"))
+            rows.append({
+                "run": label_of(run), "id": run.get("id"), "rank": rank.get("rank"),
+                "rss_start_bytes": start, "peak_rss_bytes": peak,
+                "growth_bytes": (peak - start) if peak is not None and start is not None
+                else None,
+                "data_wait_median_s": _num(rank.get("data_wait_median_s")),
+                "step_time_median_s": _num((rank.get("step_time") or {}).get("median")),
+                "threads": (rank.get("fingerprint") or {}).get("threads"),
+            })
+        if not ranks and _m(run, "peak_rss_bytes") is not None:
+            rows.append({"run": label_of(run), "id": run.get("id"), "rank": None,
+                         "rss_start_bytes": None, "peak_rss_bytes": _m(run, "peak_rss_bytes"),
+                         "growth_bytes": None, "data_wait_median_s": None,
+                         "step_time_median_s": None, "threads": None})
+    return {
+        "ranks": rows,
+        "params": params,
+        "model_state_bytes": params * MODEL_STATE_BYTES_PER_PARAM if params else None,
+    }
+
+
+def _communication(rows: list[dict[str, Any]], runs: Sequence[Mapping[str, Any]]
+                   ) -> list[dict[str, Any]]:
+    out = []
+    for row, run in zip(rows, runs):
+        comm = _m(run, "exposed_comm_s")
+        if comm is None:
+            continue
+        step = _m(run, "sync_step_median_s") or _m(run, "step_time_median_s")
+        if step is None:
+            continue
+        shown = max(comm, 0.0)
+        out.append({
+            "run": row["label"], "id": row["id"], "step_s": step,
+            "compute_s": step - shown, "exposed_comm_s": comm,
+            "exposed_comm_share": _m(run, "exposed_comm_share"),
+            "nosync_step_s": _m(run, "nosync_step_median_s"),
+            "noise": comm < 0,
+        })
+    return out
+
+
+def _compile(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        first, steady = row["first_step_s"], row["step_time_s"]["median"]
+        if first is None or steady is None:
+            continue
+        out.append({"run": row["label"], "id": row["id"], "mode": row["mode"],
+                    "first_step_s": first, "steady_step_s": steady,
+                    "compile_s": row["compile_s"] if row["compile_s"] is not None
+                    else max(0.0, first - steady),
+                    "first_over_steady": first / steady if steady else None})
+    return out
+
+
+def _environment(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[str, Any]:
+    fp = dict(ref.get("fingerprint") or {})
+    versions: dict[str, str] = {}
+    for run in runs:
+        f = run.get("fingerprint") or {}
+        name = f.get("framework") or run_field(run, "framework")
+        if f.get("framework_version"):
+            versions.setdefault(str(name), str(f["framework_version"]))
+    common = {k: v for k, v in fp.items() if k not in ("framework", "framework_version",
+                                                       "threads", "cpu_affinity",
+                                                       "omp_num_threads")}
+    return {"fingerprint": common, "framework_versions": versions}
+
+
+def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
+             claims: list[dict[str, Any]], scaling: dict[str, Any]) -> dict[str, Any]:
+    timed = [r for r in rows if r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
+    fastest = max(timed, key=lambda r: r["tokens_per_s"]["median"]) if timed else None
+    with_rss = [r for r in rows if r["peak_rss_bytes"] is not None]
+    leanest = min(with_rss, key=lambda r: r["peak_rss_bytes"]) if with_rss else None
+    heaviest = max(with_rss, key=lambda r: r["peak_rss_bytes"]) if with_rss else None
+    counts = {v: sum(1 for c in claims if c["verdict"] == v)
+              for v in (HOLDS, NOT_HOLD, NOT_MEASURED)}
+    scaling_points = [
+        {"series": s["name"], "workers": p["workers"], "speedup_vs_one": p["speedup_vs_one"]}
+        for s in scaling["series"] for p in s["points"][-1:] if p["workers"] > 1
+    ]
+    return {
+        "runs": len(rows),
+        "reference": rows[0]["label"] if rows else None,
+        "fastest": None if fastest is None else {
+            "run": fastest["label"], "tokens_per_s": fastest["tokens_per_s"]["median"],
+            "step_time_s": fastest["step_time_s"]["median"],
+            "speedup_vs_reference": fastest["speedup_vs_reference"]},
+        "leanest": None if leanest is None else {
+            "run": leanest["label"], "peak_rss_bytes": leanest["peak_rss_bytes"],
+            "heaviest_run": heaviest["label"] if heaviest else None,
+            "heaviest_peak_rss_bytes": heaviest["peak_rss_bytes"] if heaviest else None},
+        "parity_ok": parity["ok"],
+        "parity_max_diff": parity["max_diff"],
+        "claims": counts,
+        "scaling": scaling_points,
+    }
+
+
+def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
+    if advice is None:
+        return {"source": "measured", "hint": PROFILE_HINT}
+    from sextant.advisor import to_dict
+
+    full = to_dict(advice)
+    rationale = {f["id"]: f["rationale"] for f in full["fired"]}
+    details = {f["id"]: f["detail"] for f in full["fired"]}
+    top = full["ranking"][0]
+    reasons = [{"id": r["id"], "delta": r["delta"], "source": r["source"],
+                "rationale": rationale.get(r["id"], ""), "detail": details.get(r["id"], "")}
+               for r in top["reasons"]]
+    return {
+        "source": "advisor",
+        "profile": profile_path,
+        "profile_name": full["profile"].get("name"),
+        "top": full["top"],
+        "headline": full["sensitivity"]["headline"],
+        "tco_usd": top["tco_usd"],
+        "compute_usd": top["cost"]["compute_usd"],
+        "people_usd": top["cost"]["people_usd"],
+        "reasons": reasons,
+        "ranking": [{"rank": r["rank"], "candidate": r["candidate"], "score": r["score"],
+                     "tco_usd": r["tco_usd"],
+                     "reasons": [x["id"] for x in r["reasons"][:3]]}
+                    for r in full["ranking"]],
+        "notes": full["notes"],
+        "advice": full,
+    }
+
+
+def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
+                 profile_path: str | None = None, group_id: str | None = None
+                 ) -> dict[str, Any]:
+    """The report of `runs` (one compare group, oldest first; the first is the reference)."""
+    from sextant.errors import UserError
+
+    if not runs:
+        raise UserError("no runs to report; run 'sextant compare' first")
+    ref = runs[0]
+    rows = [_run_row(run, ref, i) for i, run in enumerate(runs)]
+    _colour_index(rows)
+    parity = _parity(runs, ref)
+    claims = [c.to_dict() for c in check_claims(runs)]
+    scaling = _scaling(rows)
+    workload = dict(ref.get("workload") or {})
+    return {
+        "sextant": __version__,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "group_id": group_id or ref.get("group_id"),
+        "created_at": ref.get("created_at"),
+        "workload": workload,
+        "workload_hash": ref.get("workload_hash"),
+        "recommendation": _recommendation(advice, profile_path),
+        "summary": _summary(rows, parity, claims, scaling),
+        "claims": claims,
+        "runs": rows,
+        "scaling": scaling,
+        "memory": _memory(runs),
+        "communication": _communication(rows, runs),
+        "parity": parity,
+        "compile": _compile(rows),
+        "environment": _environment(runs, ref),
+    }

@@ -1,0 +1,112 @@
+"""The hardware catalogue: one data file, every entry cited, user overrides, calibration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sextant.errors import UserError
+from sextant.planner.catalogue import load_catalogue
+
+REQUIRED_ACCELERATORS = {
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "b200",
+    "mi300x",
+    "tpu-v4",
+    "tpu-v5e",
+    "tpu-v5p",
+    "ascend-910b",
+    "apple-m2-ultra",
+    "apple-m4-max",
+    "cpu-local",
+}
+REQUIRED_LINKS = {
+    "nvlink3",
+    "nvlink4",
+    "nvlink5",
+    "pcie4",
+    "pcie5",
+    "ib-hdr",
+    "ib-ndr",
+    "ethernet-10g",
+    "ethernet-25g",
+    "ethernet-100g",
+    "ethernet-400g",
+    "ici-v4",
+    "loopback",
+}
+
+
+def test_catalogue_covers_the_issue_and_cites_sources():
+    cat = load_catalogue(calibration=None)
+    assert REQUIRED_ACCELERATORS <= set(cat.accelerators)
+    assert REQUIRED_LINKS <= set(cat.links)
+    for acc in cat.accelerators.values():
+        assert acc.source
+        if not acc.measured:
+            assert acc.peak_flops and acc.memory_bytes > 0
+    for link in cat.links.values():
+        assert link.source
+    assert cat.price_date and "not a quote" in cat.price_basis
+    assert cat.price("h100-sxm") > 0
+
+
+def test_published_figures():
+    cat = load_catalogue(calibration=None)
+    assert cat.accelerators["a100-80gb"].peak("bf16") == 312e12
+    assert cat.accelerators["h100-sxm"].peak("bf16") == pytest.approx(989.4e12)
+    assert cat.links["ib-ndr"].bandwidth == 50e9
+    assert cat.links["ethernet-10g"].bandwidth == 1.25e9
+
+
+def test_unknown_names_list_the_allowed_ones():
+    cat = load_catalogue(calibration=None)
+    with pytest.raises(UserError, match="unknown accelerator 'h900'.*a100-40gb"):
+        cat.accelerator("h900")
+    with pytest.raises(UserError, match="unknown network/link 'ib-xdr'.*ib-ndr"):
+        cat.link("ib-xdr")
+    with pytest.raises(UserError, match="no published fp32 peak"):
+        cat.accelerator("tpu-v4").peak("fp32")
+
+
+def test_measured_entries_need_a_calibration(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cat = load_catalogue()
+    with pytest.raises(UserError, match="sextant calibrate"):
+        cat.accelerator("cpu-local")
+    with pytest.raises(UserError, match="sextant calibrate"):
+        cat.link("loopback")
+
+
+def test_calibration_fills_this_machine(tmp_path):
+    calib = {
+        "schema": 1,
+        "host": {"cores": 4, "memory_bytes": 16e9},
+        "gemm": {"numpy": {"flops_all_threads": 200e9, "flops_1_thread": 60e9}},
+        "memory_bw_bytes_per_s": 20e9,
+        "allreduce": {"alpha_s": 100e-6, "beta_s_per_byte": 1e-9},
+    }
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(calib))
+    cat = load_catalogue(calibration=path)
+    acc = cat.accelerator("cpu-local")
+    assert acc.peak("fp32") == 200e9 and acc.memory_bytes == 16e9 and acc.shared_node
+    link = cat.link("loopback")
+    assert link.bandwidth == pytest.approx(1e9) and link.latency == pytest.approx(50e-6)
+
+
+def test_user_file_overrides_one_price(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text("[prices]\nh100-sxm = 1.99\n")
+    cat = load_catalogue(override=path, calibration=None)
+    assert cat.price("h100-sxm") == 1.99
+    assert cat.price("a100-80gb") == load_catalogue(calibration=None).price("a100-80gb")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[accelerators.x]\nname = 'x'\nbf16_tflops = 1\nmemory_gib = 1\n")
+    with pytest.raises(UserError, match="cite a source"):
+        load_catalogue(override=bad, calibration=None)

@@ -1,0 +1,100 @@
+"""Memory model: ZeRO model states and Korthikanti activation formulas, against the papers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sextant.errors import UserError
+from sextant.planner.memory import (
+    activation_bytes_per_layer,
+    model_state_bytes,
+    pipeline_inflight,
+    state_bytes,
+)
+from sextant.planner.models import TransformerShape
+
+GB = 1e9
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter():
+    assert sum(state_bytes("bf16", "adam")) == 16
+    assert sum(state_bytes("fp16", "adam")) == 16
+    assert sum(state_bytes("fp32", "adam")) == 16  # 4 + 4 + 8
+
+
+def test_70b_model_states_before_sharding():
+    states = model_state_bytes(70e9)
+    assert float(states["total"]) == pytest.approx(1120 * GB, rel=1e-12)
+    assert float(states["params"]) == pytest.approx(140 * GB, rel=1e-12)
+
+
+@pytest.mark.parametrize("stage, published_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_figure_1(stage, published_gb):
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, N_d = 64, K = 12.
+    got = float(model_state_bytes(7.5e9, 64, stage)["total"]) / GB
+    assert got == pytest.approx(published_gb, abs=0.05)  # the paper prints one decimal
+
+
+def test_offload_moves_optimizer_then_parameters_to_host():
+    on = model_state_bytes(1e9, 8, 3, offload=0)
+    opt = model_state_bytes(1e9, 8, 3, offload=1)
+    params = model_state_bytes(1e9, 8, 3, offload=2)
+    assert float(opt["optimizer"]) == 0 and float(opt["host"]) == float(on["optimizer"])
+    assert float(params["params"]) == 0
+    assert float(params["host"]) == float(on["optimizer"] + on["params"])
+
+
+def test_unknown_precision_is_a_user_error():
+    with pytest.raises(UserError, match="precision"):
+        state_bytes("int3")
+
+
+# Korthikanti et al. 2022, Table 2, for a GPT layer (dropout, stored attention scores).
+S, B, H, A, T = 2048, 1, 12288, 96, 8
+GPT = TransformerShape(
+    name="gpt",
+    n_layers=96,
+    d_model=H,
+    n_heads=A,
+    n_kv_heads=A,
+    d_ff=4 * H,
+    vocab_size=51200,
+    seq_len=S,
+    biases=True,
+    learned_positions=True,
+    tied_embeddings=True,
+    dropout=True,
+)
+COST = GPT.cost(flash_attention=False)
+SBH = S * B * H
+
+
+@pytest.mark.parametrize(
+    "tp, sp, rc, expected",
+    [
+        (1, 0, 0, SBH * (34 + 5 * A * S / H)),  # no parallelism
+        (T, 0, 0, SBH * (10 + 24 / T + 5 * A * S / (H * T))),  # tensor parallel
+        (T, 1, 0, SBH * (34 / T + 5 * A * S / (H * T))),  # + sequence parallel
+        (T, 0, 1, SBH * (10 + 24 / T)),  # + selective recomputation
+        (T, 1, 1, SBH * (34 / T)),  # + both
+        (1, 0, 2, 2 * SBH),  # full recomputation
+    ],
+)
+def test_korthikanti_table_2(tp, sp, rc, expected):
+    got = float(activation_bytes_per_layer(COST, S * B, tp, sp, rc))
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_flash_attention_drops_the_score_term():
+    flash = GPT.cost(flash_attention=True)
+    got = float(activation_bytes_per_layer(flash, S, 1, 0, 0))
+    assert got == pytest.approx(SBH * 34, rel=1e-12)
+
+
+def test_pipeline_first_stage_holds_min_p_m_microbatches():
+    assert float(pipeline_inflight(4, 100)) == 4
+    assert float(pipeline_inflight(8, 3)) == 3
+    # Interleaved schedule: (1 + (p - 1) / (p v)) times more (Korthikanti §4.2.3).
+    assert float(pipeline_inflight(4, 100, 2)) == pytest.approx(4 * (1 + 3 / 8))
+    assert np.all(pipeline_inflight(np.array([1, 2]), np.array([5, 5])) == [1, 2])

@@ -1,0 +1,48 @@
+"""The published reference points of docs/validation.md."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from sextant.planner.references import run_references
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return run_references()
+
+
+def test_at_least_ten_references_with_finite_errors(rows):
+    assert len(rows) >= 10
+    assert len({r["source"].split(",")[0] for r in rows}) >= 5
+    for r in rows:
+        assert math.isfinite(r["planner"]) and r["published"] > 0 and r["command"]
+
+
+def test_exact_formulas_reproduce_the_papers(rows):
+    by_id = {r["id"]: r for r in rows}
+    for key in ("zero-fig1-stage0", "zero-fig1-stage1", "zero-fig1-stage2", "zero-gpt2-states"):
+        assert abs(by_id[key]["error"]) < 0.005
+
+
+def test_every_reference_is_in_the_docs(rows):
+    if not DOC.is_file():
+        pytest.skip("docs/validation.md not written")
+    text = DOC.read_text()
+    missing = [r["id"] for r in rows if r["id"] not in text]
+    assert not missing, f"docs/validation.md lacks {missing}"
+
+
+def test_docs_table_is_the_current_output(rows):
+    from sextant.planner.references import references_markdown
+
+    if not DOC.is_file():
+        pytest.skip("docs/validation.md not written")
+    text = DOC.read_text()
+    stale = [line for line in references_markdown(rows).splitlines() if line and line not in text]
+    assert not stale, "docs/validation.md is stale: rerun `sextant plan --references --markdown`"

@@ -1,0 +1,55 @@
+"""Search and scaling curve."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from sextant.planner.catalogue import load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, check_layout, resolve_hardware
+from sextant.planner.models import preset
+from sextant.planner.search import knee, scaling_curve, search
+
+CAT = load_catalogue(calibration=None)
+
+
+def _setup(model="llama2-70b", acc="h100-sxm", net="ib-ndr", **kw):
+    shape = preset(model)
+    opts = PlanOptions(global_batch=shape.global_batch, **kw)
+    return shape.cost(), resolve_hardware(CAT, acc, net, options=opts), opts
+
+
+def test_search_4096_devices_is_fast_and_the_best_fits():
+    cost, hw, opts = _setup()
+    t0 = time.perf_counter()
+    res = search(cost, hw, opts, 4096)
+    assert time.perf_counter() - t0 < 2.0
+    best = res.best()
+    assert best is not None and res.figures["fits"][best]
+    tps = res.figures["tokens_per_s"][res.order]
+    assert np.all(np.diff(tps) <= 1e-9 * tps[0])  # ranked fastest first
+    layout = res.layout(best)
+    check_layout(cost, layout, 4096, opts.global_batch)
+
+
+def test_a_70b_model_does_not_fit_on_one_gpu():
+    cost, hw, opts = _setup()
+    res = search(cost, hw, opts, 1)
+    assert res.count > 0 and res.best() is None
+
+
+def test_scaling_curve_names_the_slow_network():
+    cost, hw, opts = _setup("llama2-7b", "a100-80gb", "ethernet-10g")
+    points = scaling_curve(cost, hw, opts, 256)
+    assert [p.devices for p in points] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    k = knee(points, 0.8)
+    assert k is not None and k.devices > 8  # inside one node NVLink keeps it efficient
+    assert "ethernet-10g" in k.cause or "bubble" in k.cause
+
+
+def test_pinned_knobs_are_respected():
+    cost, hw, opts = _setup()
+    res = search(cost, hw, opts, 512, fixed={"tp": 8, "pp": 4})
+    assert np.all(res.layouts["tp"] == 8) and np.all(res.layouts["pp"] == 4)
+    assert Layout.from_row(res.layouts, 0).dp == 16

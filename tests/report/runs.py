@@ -1,0 +1,77 @@
+"""Constructed run records (plain dicts shaped like ResultsStore.runs() rows) for the report
+and claims tests: no training, no store needed."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+WORKLOAD = {"name": "gpt-tiny", "description": "a test workload", "seed": 0, "steps": 20,
+            "global_batch": 16, "model": {"family": "gpt", "seq_len": 64}}
+_ids = itertools.count(1)
+
+
+def make_run(framework: str = "torch", mode: str = "eager", parallel: str = "single",
+             workers: int = 1, *, step: float = 0.1, spread: float = 0.1,
+             rss: float = 300 * 2**20, precision: str = "fp32", compress: str = "none",
+             comm: float | None = None, sync_step: float | None = None,
+             first_step: float | None = None, losses: list[float] | None = None,
+             workload_hash: str = "w1", status: str = "ok", ranks: int | None = None,
+             label: str | None = None) -> dict[str, Any]:
+    """One run; step is the median step time, p10/p90 = step x (1 -/+ spread)."""
+    run_id = next(_ids)
+    tokens = WORKLOAD["global_batch"] * WORKLOAD["model"]["seq_len"]
+    n_ranks = ranks if ranks is not None else workers
+    metrics: dict[str, Any] = {
+        "params": 136960,
+        "step_time_median_s": step, "step_time_p10_s": step * (1 - spread),
+        "step_time_p90_s": step * (1 + spread), "steps_timed": 15,
+        "first_step_s": first_step if first_step is not None else step * 2,
+        "compile_s": (first_step - step) if first_step is not None else step,
+        "tokens_per_s": tokens / step, "samples_per_s": WORKLOAD["global_batch"] / step,
+        "achieved_flops_per_s": 1e9, "peak_rss_bytes": rss,
+        "peak_rss_total_bytes": rss * workers, "data_wait_share": 0.01,
+        "final_loss": (losses or [3.0])[-1], "threads_per_worker": 2 // workers or 1,
+        "exposed_comm_s": comm,
+        "exposed_comm_share": (comm / (sync_step or step)) if comm is not None else None,
+        "sync_step_median_s": sync_step, "nosync_step_median_s":
+            (sync_step - comm) if sync_step is not None and comm is not None else None,
+    }
+    strategy = {"framework": framework, "mode": mode, "parallel": parallel,
+                "workers": workers, "precision": precision, "compress": compress,
+                "devices_per_worker": 1, "ps": 0, "threads": None}
+    if label is None:
+        parts = [framework] + ([mode] if mode != "eager" or parallel == "single" else [])
+        parts += [f"{parallel} x{workers}"] if parallel != "single" else []
+        parts += [precision] if precision != "fp32" else []
+        parts += [f"compress {compress}"] if compress != "none" else []
+        label = " ".join(parts)
+    return {
+        "id": run_id, "created_at": "2026-11-30T10:00:00+0000", "group_id": "g1",
+        "status": status, "workload_name": WORKLOAD["name"], "workload_hash": workload_hash,
+        "framework": framework, "mode": mode, "parallel": parallel, "workers": workers,
+        "precision": precision, "label": label,
+        "workload": dict(WORKLOAD), "strategy": strategy, "metrics": metrics,
+        "losses": list(losses or [5.5, 4.0, 3.0]), "grad_norms": [1.0, 1.0, 1.0],
+        "ranks": [{"rank": r, "step_time": {"median": step, "p10": step * 0.9,
+                                            "p90": step * 1.1, "n": 15},
+                   "step_times_s": [step] * 3, "data_wait_median_s": 0.001,
+                   "peak_rss_bytes": rss - r * 2**20, "rss_start_bytes": rss * 0.8,
+                   "fingerprint": {"threads": 1}, "details": {}} for r in range(n_ranks)],
+        "fingerprint": {"cpu": "Test CPU", "cpu_count": 2, "framework": framework,
+                        "framework_version": {"torch": "2.4", "jax": "0.5",
+                                              "tensorflow": "2.16"}.get(framework, "1"),
+                        "python": "3.11", "gpu": None, "device": "cpu"},
+    }
+
+
+def compare_group() -> list[dict[str, Any]]:
+    """What `sextant compare --frameworks torch,jax` stores, with chosen figures."""
+    return [
+        make_run("torch", "eager", step=0.20),
+        make_run("torch", "compiled", step=0.16, first_step=20.0),
+        make_run("torch", "eager", "dp", 2, step=0.12, comm=0.02, sync_step=0.12),
+        make_run("jax", "compiled", step=0.08, rss=450 * 2**20, first_step=15.0),
+        make_run("jax", "compiled", "dp", 2, step=0.30, comm=0.2, sync_step=0.3,
+                 rss=450 * 2**20),
+    ]
