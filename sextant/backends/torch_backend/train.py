@@ -358,8 +358,7 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
     if cuda:
         result["device_peak_bytes"] = torch.cuda.max_memory_allocated(device)
 
-    if exported:
-        result["final_params_sha256"] = exported["sha256"]
+    result["final_params_sha256"] = exported.get("sha256")  # rank 0 only
 
     n_params = sum(v.size for v in params.values())
     result["memory_accounting"] = {**accounting, "parameters": n_params}
