@@ -101,9 +101,10 @@ def lever_table(records: list[dict[str, Any]]) -> Any:
     base = records[0]
     table = Table(title=f"levers against {base['label']}", title_justify="left",
                   header_style="bold")
-    for col in ("run", "step ms", "Δ step", "exposed comm", "planned MB/step/rank",
-                "params MB/rank", "opt state MB/rank", "peak RSS MB", "final loss",
-                "Δ loss"):
+    # Per rank: MB sent per step (planned, ring algorithms), parameter and optimizer-state
+    # bytes held (read from the framework's objects), peak RSS of the largest worker.
+    for col in ("run", "step ms", "Δ step", "comm", "sent MB", "params MB", "opt MB",
+                "RSS MB", "final loss", "Δ loss"):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for rec in records:
         m, r0 = rec["metrics"], rec["ranks"][0]
