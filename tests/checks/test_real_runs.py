@@ -79,10 +79,15 @@ def test_healthy_run_passes_every_check(opts, single, healthy) -> None:
         analyse.check_versions(healthy),
         analyse.check_loader(healthy),
         balance(healthy),
-        analyse.check_scaling([(1, base, None), (2, healthy, None)], TOLERANCE),
     ]
     for res in results:
         assert res.status == "pass", (res.check, res.summary)
+    # Whether 2 workers beat 1 on a shared 2-core machine is a measurement, not a property of
+    # healthy code (on a loaded machine dp x2 is often slower: the very finding this check
+    # exists for). It must be measured and reported, and never be a failure.
+    scaling = analyse.check_scaling([(1, base, None), (2, healthy, None)], TOLERANCE)
+    assert scaling.status in ("pass", "warn"), scaling.summary
+    assert "efficiency at 2" in scaling.summary or scaling.status == "pass", scaling.summary
     # metrics.jsonl: every rank's every step, schema-valid.
     records = list(read_metrics(Path(healthy["run_dir"]) / "metrics.jsonl"))
     assert records[0]["event"] == "run" and records[0]["world"] == 2
