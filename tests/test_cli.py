@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import needs_torch, run_cli
+from tests.helpers import run_cli
 
 def hide(*packages: str) -> str:
     """Python that makes `packages` invisible to the import system, as on a machine

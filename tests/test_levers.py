@@ -4,7 +4,6 @@ compression, checkpoint/resume (PyTorch; JAX where it supports the lever)."""
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 
 import numpy as np

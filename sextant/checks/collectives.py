@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import RunFailed, UserError
+from sextant.errors import UserError
+from sextant.launch.ranks import run_rank_processes
 
 
 def measure_allgather(max_bytes: int = 64 * 2**20, timeout: float = 120.0,
@@ -35,35 +34,11 @@ def measure_allgather(max_bytes: int = 64 * 2**20, timeout: float = 120.0,
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="sextant-allgather-") as tmp:
         out = Path(tmp) / "allgather.json"
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "sextant.checks.collectives", "--rank", str(rank),
-                 "--world", str(world), "--port", str(port), "--sizes",
-                 ",".join(map(str, sizes)), "--out", str(out), "--timeout", str(int(timeout))],
-                env=_child_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                start_new_session=True,
-            )
-            for rank in range(world)
-        ]
-        deadline = time.monotonic() + timeout
-        failed = None
-        try:
-            for rank, proc in enumerate(procs):
-                try:
-                    _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))
-                except subprocess.TimeoutExpired:
-                    failed = (rank, f"timed out after {timeout:.0f} s")
-                    break
-                if proc.returncode != 0 and failed is None:
-                    tail = err.strip().splitlines()[-1:] or ["no output"]
-                    failed = (rank, f"exit code {proc.returncode}: {tail[0]}")
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
-        if failed is not None:
-            raise RunFailed(f"all-gather worker rank {failed[0]} {failed[1]}")
+        run_rank_processes(
+            lambda rank: ["sextant.checks.collectives", "--rank", str(rank), "--world",
+                          str(world), "--port", str(port), "--sizes", ",".join(map(str, sizes)),
+                          "--out", str(out), "--timeout", str(int(timeout))],
+            world, timeout=timeout, what="all-gather worker", env=_child_env(1))
         return json.loads(out.read_text())
 
 

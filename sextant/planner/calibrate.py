@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from sextant.launch.ranks import run_rank_processes
 from sextant.errors import RunFailed, UserError
 from sextant.planner.catalogue import DEFAULT_CALIBRATION
 
@@ -191,52 +192,12 @@ def measure_allreduce(
     sizes = message_sizes(max_bytes)
     with tempfile.TemporaryDirectory(prefix="sextant-cal-") as tmp:
         out = Path(tmp) / "allreduce.json"
-        procs = []
-        for rank in range(world):
-            cmd = [
-                sys.executable,
-                "-m",
-                "sextant.planner.calibrate",
-                "--worker",
-                "--rank",
-                str(rank),
-                "--world",
-                str(world),
-                "--port",
-                str(port),
-                "--sizes",
-                ",".join(map(str, sizes)),
-                "--out",
-                str(out),
-                "--timeout",
-                str(int(timeout)),
-            ]
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    env=_child_env(1),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        deadline = time.monotonic() + timeout
-        failed = None
-        for rank, proc in enumerate(procs):
-            try:
-                _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))
-            except subprocess.TimeoutExpired:
-                failed = (rank, f"timed out after {timeout:.0f} s")
-                break
-            if proc.returncode != 0 and failed is None:
-                tail = err.strip().splitlines()[-1:] or ["no output"]
-                failed = (rank, f"exit code {proc.returncode}: {tail[0]}")
-        if failed is not None:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
-            raise RunFailed(f"all-reduce calibration worker rank {failed[0]} {failed[1]}")
+        run_rank_processes(
+            lambda rank: ["sextant.planner.calibrate", "--worker", "--rank", str(rank),
+                          "--world", str(world), "--port", str(port), "--sizes",
+                          ",".join(map(str, sizes)), "--out", str(out), "--timeout",
+                          str(int(timeout))],
+            world, timeout=timeout, what="all-reduce calibration worker", env=_child_env(1))
         data = json.loads(out.read_text())
     data["fit"] = fit_alpha_beta(data["sizes_bytes"], data["times_s"])
     return data

@@ -16,7 +16,6 @@ the pmean: every device updates its replica from its local gradients.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np

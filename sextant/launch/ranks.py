@@ -1,0 +1,42 @@
+"""Small multi-process jobs (collective micro-benchmarks): start one process per rank, wait
+for all with one deadline, and name the rank that failed or hung."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from sextant.errors import RunFailed
+
+
+def run_rank_processes(argv_of: Callable[[int], list[str]], world: int, *, timeout: float,
+                       what: str, env: dict[str, str] | None = None) -> None:
+    """Run `python -m <argv_of(rank)>` for every rank; RunFailed names the first rank that
+    exited non-zero or outlived `timeout` seconds (all are killed then)."""
+    procs = [
+        subprocess.Popen([sys.executable, "-m", *argv_of(rank)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+        for rank in range(world)
+    ]
+    deadline = time.monotonic() + timeout
+    failed = None
+    try:
+        for rank, proc in enumerate(procs):
+            try:
+                _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))
+            except subprocess.TimeoutExpired:
+                failed = (rank, f"timed out after {timeout:.0f} s")
+                break
+            if proc.returncode != 0 and failed is None:
+                tail = err.strip().splitlines()[-1:] or ["no output"]
+                failed = (rank, f"exit code {proc.returncode}: {tail[0]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    if failed is not None:
+        raise RunFailed(f"{what} rank {failed[0]} {failed[1]}")
