@@ -14,6 +14,7 @@ changes the values of the others.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import zlib
 
@@ -112,3 +113,13 @@ def flops_per_step(model: ModelSpec, global_batch: int) -> int:
         attention = 12 * model.n_layers * model.d_model * model.seq_len
         return tokens * (6 * matmul_params(model) + attention)
     return 6 * matmul_params(model) * global_batch
+
+
+def params_digest(params: dict[str, np.ndarray]) -> str:
+    """sha256 over (name, float32 bytes) in canonical order: equal digests mean bit-identical
+    parameters, whichever framework produced them."""
+    digest = hashlib.sha256()
+    for name, value in params.items():
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
+    return digest.hexdigest()

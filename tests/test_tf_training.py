@@ -9,21 +9,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sextant.errors import RunFailed
+from sextant.backends.base import get_backend, process_layout, require
+from sextant.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import needs_torch, short
+from tests.test_imports import FRAMEWORKS, imported_modules
 
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                               reason="tensorflow not installed")
 pytestmark = [needs_tf, needs_torch, pytest.mark.slow]
 
 # fp32, 10 steps, TensorFlow vs PyTorch: same parameters, batches, schedule and AdamW formula,
-# different kernels (oneDNN/Eigen/XLA vs ATen matmuls, a fused vs a hand-written AdamW, torch's
-# fused attention vs softmax(QK^T)V). Observed: <= 3e-7 relative on the loss and <= 1e-6 on the
-# gradient norm over 10 steps, with and without XLA and oneDNN. 1e-5 leaves 10x margin and still
-# catches any real difference: a gradient summed instead of averaged doubles the norm, a wrong
-# eps placement or bias correction moves the loss by > 1e-4 within 3 steps.
+# different kernels (oneDNN/Eigen/XLA vs ATen matmuls, a hand-written vs torch's fused AdamW,
+# softmax(QK^T)V vs torch's fused attention). Observed (docs/tensorflow.md): <= 2.2e-7 relative
+# on the loss and <= 5.7e-7 on the gradient norm over 10 steps, for single, dp x2 and dp 1x2,
+# with and without XLA, with and without oneDNN. 1e-5 leaves ~20x margin and still catches real
+# differences: summing instead of averaging doubles the gradient norm; Keras' eps placement
+# moves the digits-mlp loss by 1.6e-5 within 10 steps (gpt-tiny: 4.3e-6, not caught there).
 RTOL = 1e-5
 
 TORCH = Strategy(framework="torch")
@@ -31,6 +34,25 @@ TORCH = Strategy(framework="torch")
 
 def tf(mode: str, parallel: str = "single", workers: int = 1, **kw: int) -> Strategy:
     return Strategy(framework="tensorflow", mode=mode, parallel=parallel, workers=workers, **kw)
+
+
+def test_backend_contract_without_importing_tensorflow() -> None:
+    names = imported_modules(
+        "from sextant.backends.base import get_backend, require\n"
+        "from sextant.strategy import Strategy\n"
+        "b = get_backend('tensorflow'); b.capabilities(); b.compare_matrix(2)\n"
+        "require(Strategy(framework='tensorflow', mode='compiled', parallel='ps', workers=2, ps=1))"
+    )
+    assert "sextant" in names and not names & set(FRAMEWORKS)
+    backend = get_backend("tensorflow")
+    assert backend.capabilities().parallel == ("single", "dp", "ps")
+    assert [s["mode"] for s in backend.compare_matrix(2)] == ["compiled", "compiled"]
+    layout = process_layout(backend, tf("eager", "ps", 2, ps=1))
+    assert layout.roles == ("chief", "ps", "worker", "worker") and layout.primary == (0,)
+    assert process_layout(backend, tf("eager", "dp", 2)).primary == (0, 1)
+    require(tf("compiled", "dp", 1, devices_per_worker=2))
+    with pytest.raises(UserError, match="devices_per_worker > 1 needs parallel dp with one"):
+        require(tf("compiled", "dp", 2, devices_per_worker=2))
 
 
 def assert_quiet(record: dict) -> None:

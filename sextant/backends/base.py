@@ -74,8 +74,8 @@ class Backend(Protocol):
 # name -> "module:Class"; the module is imported on first use.
 REGISTRY: dict[str, str] = {
     "torch": "sextant.backends.torch_backend:TorchBackend",
-    "tensorflow": "sextant.backends.tf_backend:TensorFlowBackend",
     "jax": "sextant.backends.jax_backend:JaxBackend",
+    "tensorflow": "sextant.backends.tf_backend:TensorFlowBackend",
 }
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import os
 from typing import Any
 
@@ -29,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from sextant import checkpoint as ckpt
 from sextant import data
 from sextant.backends.torch_backend import model as tm
-from sextant.init import decays, init_params
+from sextant.init import decays, init_params, params_digest
 from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint
 from sextant.measure.loop import timed_training
@@ -186,14 +185,6 @@ def _full_canonical(net: torch.nn.Module, names: list[str]) -> dict[str, np.ndar
         value = state[key].detach().cpu().float().numpy()
         out[name] = np.ascontiguousarray(value.T if transpose else value)
     return out
-
-
-def params_digest(params: dict[str, np.ndarray]) -> str:
-    digest = hashlib.sha256()
-    for name, value in params.items():
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
-    return digest.hexdigest()
 
 
 # --- the worker ------------------------------------------------------------------------

@@ -1,0 +1,120 @@
+"""TensorFlow backend: a custom training step under tf.function (XLA for 'compiled'); single
+process, data parallel (MultiWorkerMirroredStrategy across processes, MirroredStrategy over
+logical CPU devices inside one), or parameter servers (ParameterServerStrategy driven by a
+ClusterCoordinator from a chief process). docs/tensorflow.md describes the mapping.
+
+TensorFlow is imported only inside `run`, in the worker process, after the environment that
+silences its start-up logging and fixes its numerics has been set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from sextant.backends.base import Capabilities, ProcessLayout
+
+# Set in every TensorFlow worker before TensorFlow is imported, overriding the user's shell,
+# so that a run's numerics and speed never depend on it (docs/tensorflow.md).
+WORKER_ENV = {
+    # C++ INFO and WARNING lines (CPU feature guard, gRPC server start-up, XLA notices).
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "GRPC_VERBOSITY": "ERROR",
+    "GLOG_minloglevel": "2",
+    # oneDNN kernels: TensorFlow enables them by default only on CPUs with AVX-512/AMX, so on
+    # AVX2 machines (this AMD EPYC) the default is off. On is faster here for the GPT in
+    # both modes; parity with torch holds at 1e-5 either way.
+    "TF_ENABLE_ONEDNN_OPTS": "1",
+}
+
+# Printed by TensorFlow's C++ libraries while `import tensorflow` runs, before absl logging is
+# initialised, so TF_CPP_MIN_LOG_LEVEL cannot silence them.
+IMPORT_NOTICES = (
+    "All log messages before absl::InitializeLog() is called are written to STDERR",
+    "oneDNN custom operations are on",
+)
+
+
+def prepare_environment() -> None:
+    """The worker's TensorFlow environment; call before `import tensorflow`."""
+    os.environ.update(WORKER_ENV)
+
+
+def import_tensorflow(ctx: Any) -> Any:
+    """`import tensorflow` with its import-time notices filtered out of stderr.
+
+    The import's stderr goes to rank{r}.tf-import.log in the run directory (kept if the
+    import kills the process); anything else it printed is copied to stderr afterwards."""
+    prepare_environment()
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    path = ctx.run_dir / f"rank{ctx.rank}.tf-import.log"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            import tensorflow as tf
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode(errors="replace")
+            kept = [line for line in text.splitlines()
+                    if line.strip() and not any(n in line for n in IMPORT_NOTICES)]
+            if kept:
+                sys.stderr.write("\n".join(kept) + "\n")
+                sys.stderr.flush()
+    path.unlink()
+    return tf
+
+
+class TensorFlowBackend:
+    name = "tensorflow"
+    package = "tensorflow"
+    extra = "tensorflow"
+
+    def capabilities(self) -> Capabilities:
+        # compiled (XLA) first: the fastest TensorFlow mode measured here, so the default.
+        return Capabilities(modes=("compiled", "eager"), parallel=("single", "dp", "ps"),
+                            precisions=("fp32",))
+
+    def check(self, strategy: Any) -> None:
+        """Combinations the capability lists cannot express (checked in the parent)."""
+        from sextant.errors import UserError
+
+        if strategy.devices_per_worker > 1 and (strategy.parallel != "dp" or strategy.workers > 1):
+            raise UserError(
+                "tensorflow runs several devices per process only as MirroredStrategy over "
+                "logical CPUs: devices_per_worker > 1 needs parallel dp with one worker "
+                "(MultiWorkerMirroredStrategy and parameter-server workers use one CPU device "
+                f"each). Received: parallel={strategy.parallel!r}, workers={strategy.workers}, "
+                f"devices_per_worker={strategy.devices_per_worker}"
+            )
+
+    def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
+        """The strategies `sextant compare` runs by default: XLA, the fastest TF mode on CPU
+        for these models (docs/tensorflow.md)."""
+        return [
+            {"mode": "compiled", "parallel": "single", "workers": 1},
+            {"mode": "compiled", "parallel": "dp", "workers": workers},
+        ]
+
+    def process_layout(self, strategy: Any) -> ProcessLayout:
+        if strategy.parallel == "ps":
+            return ProcessLayout(
+                roles=("chief",) + ("ps",) * strategy.ps + ("worker",) * strategy.workers,
+                primary=(0,),
+            )
+        return ProcessLayout.workers(strategy.workers)
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        if ctx.strategy.parallel == "ps":
+            from sextant.backends.tf_backend.ps import run as run_ps
+
+            return run_ps(ctx)
+        from sextant.backends.tf_backend.train import run
+
+        return run(ctx)

@@ -1,0 +1,154 @@
+"""The canonical models as pure TensorFlow functions of their parameters, and AdamW.
+
+Parameters are raw tensors keyed by their canonical names, in the canonical layout: a dense
+weight is (in, out) and is used as `x @ W + b`, which is TensorFlow's own convention, so the
+canonical arrays are loaded as they are (no transposes, no re-initialisation, no Keras
+layers whose initialisers would run first). The fused qkv projection keeps the canonical
+column order [q | k | v], head h at columns h*hd:(h+1)*hd inside each.
+
+`value_and_grad` is a pure function of (parameter tensors, batch), so the same code is
+traced into a single-device step, into each replica of a distribution strategy, or into a
+function scheduled on a parameter-server worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from sextant.init import decays
+from sextant.workload import GPTSpec, MLPSpec, ModelSpec, OptimizerSpec
+
+LAYER_NORM_EPS = 1e-5
+
+
+def _dense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor | None = None) -> tf.Tensor:
+    y = tf.matmul(x, w)
+    return y if b is None else y + b
+
+
+def _layer_norm(x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+    # Biased variance over the last axis, eps inside the root: torch.nn.LayerNorm.
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    var = tf.reduce_mean(tf.math.squared_difference(x, mean), axis=-1, keepdims=True)
+    return (x - mean) * tf.math.rsqrt(var + LAYER_NORM_EPS) * scale + bias
+
+
+def _mlp_logits(spec: MLPSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
+    n = len(spec.hidden) + 1
+    for i in range(n):
+        x = _dense(x, p[f"layers.{i}.weight"], p[f"layers.{i}.bias"])
+        if i < n - 1:
+            x = tf.nn.relu(x)
+    return x
+
+
+def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Tensor:
+    """(B, T) int token ids -> (B*T, V) logits. Dense layers work on (B*T, C) rows."""
+    B, T = tf.shape(idx)[0], idx.shape[1]
+    C, nh, hd = spec.d_model, spec.n_heads, spec.head_dim
+    x = tf.gather(p["wte"], idx) + p["wpe"][:T]  # (B, T, C)
+    x = tf.reshape(x, (-1, C))
+    causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
+    neg_inf = tf.constant(-np.inf, tf.float32)
+    scale = tf.constant(1.0 / math.sqrt(hd), tf.float32)
+
+    def heads(t: tf.Tensor) -> tf.Tensor:  # (B*T, C) -> (B, nh, T, hd)
+        return tf.transpose(tf.reshape(t, (B, T, nh, hd)), (0, 2, 1, 3))
+
+    for i in range(spec.n_layers):
+        b = f"blocks.{i}."
+        h = _layer_norm(x, p[b + "ln1.scale"], p[b + "ln1.bias"])
+        q, k, v = tf.split(_dense(h, p[b + "attn.qkv.weight"], p[b + "attn.qkv.bias"]), 3,
+                           axis=-1)
+        q, k, v = heads(q), heads(k), heads(v)
+        att = tf.matmul(q, k, transpose_b=True) * scale  # (B, nh, T, T)
+        att = tf.nn.softmax(tf.where(causal, att, neg_inf), axis=-1)
+        y = tf.reshape(tf.transpose(tf.matmul(att, v), (0, 2, 1, 3)), (-1, C))
+        x = x + _dense(y, p[b + "attn.proj.weight"], p[b + "attn.proj.bias"])
+        h = _layer_norm(x, p[b + "ln2.scale"], p[b + "ln2.bias"])
+        h = tf.nn.gelu(_dense(h, p[b + "mlp.fc.weight"], p[b + "mlp.fc.bias"]), approximate=True)
+        x = x + _dense(h, p[b + "mlp.proj.weight"], p[b + "mlp.proj.bias"])
+    x = _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"])
+    return _dense(x, p["head.weight"])
+
+
+def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    """Mean softmax cross-entropy over every sample (MLP) or every token (GPT)."""
+    if isinstance(spec, MLPSpec):
+        logits = _mlp_logits(spec, p, x)
+    else:
+        logits = _gpt_logits(spec, p, x)
+    labels = tf.reshape(y, (-1,))
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
+
+
+def value_and_grad(spec: ModelSpec, names: Sequence[str], values: Sequence[tf.Tensor],
+                   x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """(loss, dense gradients in `names` order) of the loss at parameter tensors `values`."""
+    values = list(values)
+    with tf.GradientTape() as tape:
+        tape.watch(values)
+        loss = loss_fn(spec, dict(zip(names, values)), x, y)
+    grads = tape.gradient(loss, values)
+    # The embedding lookup's gradient is IndexedSlices; every reduction below wants dense.
+    return loss, [tf.convert_to_tensor(g) for g in grads]
+
+
+def global_norm(grads: Sequence[tf.Tensor]) -> tf.Tensor:
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
+
+
+class AdamW:
+    """torch.optim.AdamW, written on tf.Variables.
+
+    Keras' AdamW (keras/src/optimizers/adam.py) is not used: it folds both bias corrections
+    into the step size and adds eps to the *uncorrected* root,
+    `p -= lr*sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps)`, which is torch's update with eps
+    replaced by eps / sqrt(1 - b2^t) (32x larger at step 1 with b2 = 0.999, 3.2x at step
+    100). Its decoupled decay (`p -= p*wd*lr` before the step) matches torch's, but
+    it excludes parameters by name, not by rank. Here, per update k (t = k + 1):
+
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        p *= 1 - lr_k * wd                         (only parameters with ndim >= 2)
+        p -= lr_k / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+    The per-update scalars (lr from sextant.schedule.lr_table, the decay factor, the
+    bias-corrected step size, sqrt(1 - b2^t)) are computed once on the host in float64 and
+    indexed inside the step, so the schedule cannot drift from the other backends.
+    """
+
+    def __init__(self, spec: OptimizerSpec, lrs: np.ndarray, names: Sequence[str],
+                 shapes: dict[str, tuple[int, ...]]) -> None:
+        self.b1, self.b2, self.eps = spec.beta1, spec.beta2, spec.eps
+        self.decay = [decays(n, shapes[n]) for n in names]
+        lr = lrs.astype(np.float64)
+        t = np.arange(1, lr.size + 1, dtype=np.float64)
+        self.n = lr.size
+        self.tables = {
+            "decay_factor": (1.0 - lr * spec.weight_decay).astype(np.float32),
+            "step_size": (lr / (1.0 - spec.beta1**t)).astype(np.float32),
+            "bc2_sqrt": np.sqrt(1.0 - spec.beta2**t).astype(np.float32),
+        }
+
+    def scalars(self, k: Any) -> dict[str, tf.Tensor]:
+        """The scalars of update `k` (a scalar int tensor), clamped to the table."""
+        k = tf.minimum(tf.cast(k, tf.int32), self.n - 1)
+        return {name: tf.gather(tf.constant(table), k) for name, table in self.tables.items()}
+
+    def update(self, i: int, p: Any, g: tf.Tensor, m: Any, v: Any,
+               s: dict[str, tf.Tensor]) -> None:
+        """Update parameter `i` (variable p, moments m and v) with gradient g."""
+        b1, b2 = self.b1, self.b2
+        m_new = b1 * m + (1.0 - b1) * g
+        v_new = b2 * v + (1.0 - b2) * tf.square(g)
+        m.assign(m_new)
+        v.assign(v_new)
+        base = p * s["decay_factor"] if self.decay[i] else tf.convert_to_tensor(p)
+        p.assign(base - s["step_size"] * m_new / (tf.sqrt(v_new) / s["bc2_sqrt"] + self.eps))
