@@ -25,12 +25,9 @@ from sextant.errors import UserError
 from sextant.init import decays, init_params
 from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint, package_version
+from sextant.measure.guard import guard_recompiles
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
-
-
-class RecompiledError(RuntimeError):
-    pass
 
 
 def run(ctx: Any) -> dict[str, Any]:
@@ -201,25 +198,14 @@ def _train(ctx: Any) -> dict[str, Any]:
         return (jax.make_array_from_process_local_data(batch_sharding, x),
                 jax.make_array_from_process_local_data(batch_sharding, y))
 
-    state = {"params": params, "opt": opt_state, "calls": 0, "cache": None}
-    warmup = workload.measure.warmup_steps
+    state = {"params": params, "opt": opt_state}
 
     def run_step(fn: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
         state["params"], state["opt"], metrics = fn(state["params"], state["opt"], *batch)
         return metrics
 
-    def step(batch: tuple[jax.Array, jax.Array]) -> jax.Array:
-        metrics = run_step(train_step, batch)
-        state["calls"] += 1
-        size = train_step._cache_size()
-        if state["calls"] == warmup:
-            state["cache"] = size
-        elif state["cache"] is not None and size > state["cache"]:
-            raise RecompiledError(
-                f"the train step recompiled after warm-up (call {state['calls']}, "
-                f"{size} compiled versions): an input changed shape, dtype or sharding"
-            )
-        return metrics
+    step = guard_recompiles(lambda batch: run_step(train_step, batch),
+                            workload.measure.warmup_steps, count=train_step._cache_size)
 
     def step_nosync(batch: tuple[jax.Array, jax.Array]) -> jax.Array:
         return run_step(nosync_step, batch)

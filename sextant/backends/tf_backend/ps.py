@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from sextant import data
-from sextant.backends.tf_backend.common import guard_retracing, nbytes
+from sextant.backends.tf_backend.common import nbytes
+from sextant.measure.guard import guard_recompiles
 from sextant.init import params_digest
 from sextant.errors import UserError
 from sextant.init import init_params, param_shapes
@@ -189,9 +190,9 @@ def _coordinate(ctx: Any) -> dict[str, Any]:
         return dist.run(replica, args=(x, y, u))
 
     # The coordinator traces worker_fn when scheduling; a retrace after warm-up would mean an
-    # input changed signature (guard_retracing only reads the tracing count here).
-    check_traces = guard_retracing(lambda: None, workload.measure.warmup_steps,
-                                   counter=worker_fn.experimental_get_tracing_count)
+    # input changed signature (the guard only reads the tracing count here).
+    check_traces = guard_recompiles(lambda: None, workload.measure.warmup_steps,
+                                    count=worker_fn.experimental_get_tracing_count)
 
     def fetch(i: int) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
         # Global batch i in W shards, one per update; update r of step i is number i*W + r.

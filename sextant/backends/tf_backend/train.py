@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from sextant import data
-from sextant.backends.tf_backend.common import guard_retracing, nbytes
+from sextant.backends.tf_backend.common import nbytes
+from sextant.measure.guard import guard_recompiles
 from sextant.init import params_digest
 from sextant.errors import UserError
 from sextant.init import init_params, param_shapes
@@ -198,7 +199,8 @@ def run(ctx: Any) -> dict[str, Any]:
             ys = dist.experimental_distribute_values_from_function(lambda c: local_shard(c)[1])
             return xs, ys
 
-    guarded = guard_retracing(sync_fn, workload.measure.warmup_steps)
+    guarded = guard_recompiles(sync_fn, workload.measure.warmup_steps,
+                               count=sync_fn.experimental_get_tracing_count)
 
     def step(batch: tuple[Any, Any]) -> tf.Tensor:
         return guarded(*batch)
