@@ -14,12 +14,12 @@ import argparse
 import importlib.util
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
 from sextant.launch.ranks import run_rank_processes
+from sextant.measure.collectives import time_collective
 
 
 def measure_allgather(max_bytes: int = 64 * 2**20, timeout: float = 120.0,
@@ -58,23 +58,10 @@ def _worker(args: argparse.Namespace) -> int:
         chunk = max(size // (4 * args.world), 1)
         mine = torch.ones(chunk, dtype=torch.float32)
         gathered = [torch.empty(chunk, dtype=torch.float32) for _ in range(args.world)]
-        for _ in range(3):
-            dist.all_gather(gathered, mine)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_gather(gathered, mine)
-        probe = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.broadcast(probe, 0)
-        reps = int(min(50, max(5, 0.25 / max(float(probe.item()), 1e-6))))
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            dist.all_gather(gathered, mine)
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        medians.append(times[len(times) // 2])
-        p10.append(times[len(times) // 10])
-        p90.append(times[min(len(times) - 1, (9 * len(times)) // 10)])
+        median, low, high, reps = time_collective(lambda: dist.all_gather(gathered, mine))
+        medians.append(median)
+        p10.append(low)
+        p90.append(high)
         reps_used.append(reps)
     dist.barrier()
     if args.rank == 0:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sextant.launch.ranks import run_rank_processes
+from sextant.measure.collectives import time_collective
 from sextant.errors import RunFailed, UserError
 from sextant.planner.catalogue import DEFAULT_CALIBRATION
 
@@ -222,24 +223,10 @@ def _worker(args: argparse.Namespace) -> int:
     medians, p10, p90, reps_used = [], [], [], []
     for size in sizes:
         x = torch.ones(max(size // 4, 1), dtype=torch.float32)
-        for _ in range(3):
-            dist.all_reduce(x)
-        # Both ranks run the same number of calls: rank 0 decides it from a timed probe.
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        probe = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.broadcast(probe, 0)
-        reps = int(min(50, max(5, 0.25 / max(float(probe.item()), 1e-6))))
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        medians.append(times[len(times) // 2])
-        p10.append(times[len(times) // 10])
-        p90.append(times[min(len(times) - 1, (9 * len(times)) // 10)])
+        median, low, high, reps = time_collective(lambda: dist.all_reduce(x))
+        medians.append(median)
+        p10.append(low)
+        p90.append(high)
         reps_used.append(reps)
     dist.barrier()
     if args.rank == 0:
