@@ -75,15 +75,11 @@ def legend(items: Sequence[tuple[str, str, str]]) -> str:
     return f'<div class="legend">{"".join(spans)}</div>'
 
 
-def hbar_chart(rows: Sequence[dict[str, Any]], *, label: str, unit: str,
-               fmt: Callable[[float], str] = fmt_tick, width: int = 900) -> str:
-    """Horizontal bars (value) with p10-p90 whiskers (low, high); rows: name, value, low,
-    high, colour."""
-    rows = [r for r in rows if r.get("value") is not None]
-    if not rows:
-        return "<p class=\"muted\">No data.</p>"
+def _hbar_frame(rows: Sequence[dict[str, Any]], hi: float, *, width: int, label: str,
+                unit: str) -> tuple[list[str], Callable[[float], float]]:
+    """The frame shared by the horizontal bar charts: SVG opening, vertical grid lines with
+    tick labels from 0 to `hi`, the axis label; returns the parts and the x scale."""
     left, right, bar, top = _label_width(rows), 90, 26, 8
-    hi = max(max(r["value"], r.get("high") or 0) for r in rows)
     ticks = nice_ticks(0, hi)
     top_v = ticks[-1] or 1.0
     w = width - left - right
@@ -100,6 +96,18 @@ def hbar_chart(rows: Sequence[dict[str, Any]], *, label: str, unit: str,
                      f'text-anchor="middle" class="tick">{e(fmt_tick(t))}</text>')
     parts.append(f'<text x="{left + w / 2:.0f}" y="{height - 3}" text-anchor="middle" '
                  f'class="axis">{e(unit)}</text>')
+    return parts, x
+
+
+def hbar_chart(rows: Sequence[dict[str, Any]], *, label: str, unit: str,
+               fmt: Callable[[float], str] = fmt_tick, width: int = 900) -> str:
+    """Horizontal bars (value) with p10-p90 whiskers (low, high); rows: name, value, low,
+    high, colour."""
+    rows = [r for r in rows if r.get("value") is not None]
+    if not rows:
+        return "<p class=\"muted\">No data.</p>"
+    left, bar, top = _label_width(rows), 26, 8
+    parts, x = _hbar_frame(rows, max(max(r["value"], r.get("high") or 0) for r in rows), width=width, label=label, unit=unit)
     for i, r in enumerate(rows):
         y0 = top + i * bar
         mid = y0 + bar / 2
@@ -135,24 +143,8 @@ def stacked_hbar_chart(rows: Sequence[dict[str, Any]], segments: Sequence[tuple[
     rows = [r for r in rows if r.get("values")]
     if not rows:
         return "<p class=\"muted\">No data.</p>"
-    left, right, bar, top = _label_width(rows), 90, 26, 8
-    hi = max(sum(max(0.0, v) for v in r["values"]) for r in rows)
-    ticks = nice_ticks(0, hi)
-    top_v = ticks[-1] or 1.0
-    w = width - left - right
-    height = top + bar * len(rows) + 34
-
-    def x(v: float) -> float:
-        return left + w * max(0.0, v) / top_v
-
-    parts = [_svg_open(width, height, label)]
-    axis_y = top + bar * len(rows)
-    for t in ticks:
-        parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top}" y2="{axis_y}" '
-                     f'stroke="#e9ecef"/><text x="{x(t):.1f}" y="{axis_y + 14}" '
-                     f'text-anchor="middle" class="tick">{e(fmt_tick(t))}</text>')
-    parts.append(f'<text x="{left + w / 2:.0f}" y="{height - 3}" text-anchor="middle" '
-                 f'class="axis">{e(unit)}</text>')
+    left, bar, top = _label_width(rows), 26, 8
+    parts, x = _hbar_frame(rows, max(sum(max(0.0, v) for v in r["values"]) for r in rows), width=width, label=label, unit=unit)
     for i, r in enumerate(rows):
         y0 = top + i * bar
         mid = y0 + bar / 2
