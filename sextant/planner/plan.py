@@ -212,29 +212,15 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             }
             for p in points
         ]
-        k = knee(points, req.threshold)
+        def point_doc(p: Any) -> dict[str, Any] | None:
+            if p is None:
+                return None
+            return {"devices": p.devices, "efficiency": p.efficiency, "cause": p.cause,
+                    "threshold": req.threshold}
+
         doc["threshold"] = req.threshold
-        doc["knee"] = (
-            None
-            if k is None
-            else {
-                "devices": k.devices,
-                "efficiency": k.efficiency,
-                "cause": k.cause,
-                "threshold": req.threshold,
-            }
-        )
-        low = starts_below(points, req.threshold)
-        doc["starts_below"] = (
-            None
-            if low is None
-            else {
-                "devices": low.devices,
-                "efficiency": low.efficiency,
-                "cause": low.cause,
-                "threshold": req.threshold,
-            }
-        )
+        doc["knee"] = point_doc(knee(points, req.threshold))
+        doc["starts_below"] = point_doc(starts_below(points, req.threshold))
         doc["scaling_seconds"] = time.perf_counter() - started
         previous = None
         for p in points:
