@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sextant.measure.stats import max_loss_diff
 from sextant.results.store import ResultsStore, default_path
 
 DEFAULT_WORKLOAD = "gpt-tiny"
@@ -205,13 +205,6 @@ class RunProgress:
             write_tensorboard(merged_records(run_dir), self.tensorboard, name=name)
 
 
-def max_loss_diff(losses: list[float], reference: list[float]) -> float | None:
-    n = min(len(losses), len(reference))
-    if n == 0:
-        return None
-    return max(abs(a - b) for a, b in zip(losses[:n], reference[:n]))
-
-
 def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
     """Medians and spreads side by side; speed-up and loss difference against the first row."""
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -242,7 +235,3 @@ def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
             "ref" if rec is ref else (f"{diff:.1e}" if diff is not None else "-"),
         )
     return table
-
-
-def eprint(msg: str) -> None:
-    sys.stderr.write(msg + "\n")

@@ -36,3 +36,11 @@ def paired_median_difference(with_x: Sequence[float], without_x: Sequence[float]
     if n == 0:
         return None
     return float(np.median(np.asarray(with_x[:n]) - np.asarray(without_x[:n])))
+
+
+def max_loss_diff(losses: Sequence[float], reference: Sequence[float]) -> float | None:
+    """Largest absolute difference of two loss curves over their common steps."""
+    n = min(len(losses), len(reference))
+    if n == 0:
+        return None
+    return max(abs(a - b) for a, b in zip(losses[:n], reference[:n]))

@@ -13,6 +13,7 @@ from typing import Any
 
 from sextant import __version__
 from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED, check_claims, run_field
+from sextant.measure.stats import max_loss_diff
 
 # fp32 loss agreement considered "identical data flow" in the report's verdict; the tests
 # hold backends to tighter, per-case tolerances (docs/methodology.md).
@@ -41,13 +42,6 @@ def label_of(run: Mapping[str, Any]) -> str:
     if run_field(run, "parallel") != "single":
         parts.append(f"{run_field(run, 'parallel')} x{run_field(run, 'workers')}")
     return " ".join(parts)
-
-
-def max_loss_diff(losses: Sequence[float], reference: Sequence[float]) -> float | None:
-    n = min(len(losses), len(reference))
-    if n == 0:
-        return None
-    return max(abs(a - b) for a, b in zip(losses[:n], reference[:n]))
 
 
 def _throughput(run: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
