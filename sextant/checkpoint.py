@@ -115,3 +115,38 @@ def latest_valid(root: str | Path) -> tuple[int | None, Path | None, list[str]]:
             return int(directory.name[5:]), directory, refusals
         refusals.append(f"checkpoint {directory.name} refused: {problem}")
     return None, None, refusals
+
+
+def save_sealed(ctx: Any, step: int, write: Any, barrier: Any) -> Path:
+    """One checkpoint save, the same for every backend: rank 0 clears a stale partial
+    directory, every rank calls `write(partial_dir)` (the framework's native save), and rank 0
+    seals the directory once all ranks are done. `barrier()` waits for every rank (a no-op in
+    a single process)."""
+    root = ctx.strategy.checkpoint_dir
+    partial = partial_dir(root, step)
+    if ctx.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    barrier()
+    write(partial)
+    barrier()
+    if ctx.rank == 0:
+        seal(root, step, {"world": ctx.world, "framework": ctx.strategy.framework,
+                          "strategy": ctx.strategy.label,
+                          "workload_hash": ctx.workload.content_hash()})
+    barrier()
+    return step_dir(root, step)
+
+
+def resume_point(ctx: Any, notes: list[str]) -> tuple[int, Path | None]:
+    """(step, directory) to resume from: the newest intact checkpoint, or (0, None). Every
+    refused checkpoint and the outcome are appended to `notes` and emitted as events."""
+    step, directory, refusals = latest_valid(ctx.strategy.checkpoint_dir)
+    for refusal in refusals:
+        notes.append(refusal)
+        ctx.emit("warning", message=refusal)
+    if directory is None:
+        notes.append("no valid checkpoint found: started from step 0")
+        return 0, None
+    notes.append(f"resumed from {directory.name}")
+    ctx.emit("resumed", step=step, checkpoint=str(directory))
+    return int(step), directory

@@ -21,11 +21,11 @@ class JaxBackend:
         # compare PyTorch against a strawman.
         return Capabilities(
             modes=("compiled",),
-            parallel=("single", "dp", "dp-manual", "zero1", "fsdp"),
+            parallel=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
             precisions=("fp32", "bf16"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
-            checkpoint=(),
+            checkpoint=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
         )
 
     def check(self, strategy: Any) -> None:

@@ -7,8 +7,15 @@ joined by jax.distributed):
              all-reduce (declarative).
 - dp-manual: the same step written per device with jax.shard_map and an explicit
              lax.pmean of loss and gradients (the hand-controlled style).
+- zero1:     parameters replicated, optimizer moments sharded on 'data'; XLA all-gathers the
+             updated parameters.
+- zero2:     zero1 with the gradients constrained to the moments' sharding, so XLA
+             reduce-scatters them instead of all-reducing (ZeRO-2).
 - fsdp:      parameters and optimizer state sharded on 'data' along their first divisible
              axis (ZeRO-3 style); XLA inserts all-gathers and reduce-scatters.
+
+Checkpoints: orbax (StandardCheckpointer) of parameters and optimizer state, every process
+writing its own shards, sealed by sextant.checkpoint's manifest.
 
 The no-sync variant used for the exposed-communication figure is the shard_map step without
 the pmean: every device updates its replica from its local gradients.
@@ -20,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from sextant import checkpoint as ckpt
 from sextant import data
 from sextant.errors import UserError
-from sextant.init import decays, init_params
+from sextant.init import decays, init_params, params_digest
 from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
@@ -87,7 +95,7 @@ def _train(ctx: Any) -> dict[str, Any]:
     param_sh = sharded if parallel == "fsdp" else {k: replicated for k in params_np}
     # ZeRO-1: the optimizer moments are sharded, the parameters replicated (XLA all-gathers
     # the updated parameters); fsdp shards both.
-    moment_sh = sharded if parallel in ("zero1", "fsdp") else param_sh
+    moment_sh = sharded if parallel in ("zero1", "zero2", "fsdp") else param_sh
     params = {
         k: jax.make_array_from_callback(v.shape, param_sh[k], lambda idx, v=v: v[idx])
         for k, v in params_np.items()
@@ -161,6 +169,9 @@ def _train(ctx: Any) -> dict[str, Any]:
 
     def declarative_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple:
         loss, grads = grad_fn(params, x, y)
+        if parallel == "zero2":
+            # Gradients sharded like the moments: a reduce-scatter instead of an all-reduce.
+            grads = jax.lax.with_sharding_constraint(grads, moment_sh)
         return apply(params, opt_state, loss, grads)
 
     def per_device_step(sync: bool) -> Any:
@@ -221,11 +232,74 @@ def _train(ctx: Any) -> dict[str, Any]:
         # Rows this process feeds (its devices' shards), not the global batch.
         return sum(s.data.shape[0] for s in batch[0].addressable_shards)
 
+    # --- checkpoints (orbax, sealed by sextant.checkpoint) -----------------------------
+    notes: list[str] = []
+    start_step = 0
+    barriers = {"n": 0}
+
+    def barrier() -> None:
+        if ctx.world > 1:
+            from jax.experimental import multihost_utils
+
+            barriers["n"] += 1
+            multihost_utils.sync_global_devices(f"sextant-checkpoint-{barriers['n']}")
+
+    def checkpointer() -> Any:
+        import orbax.checkpoint as ocp
+
+        return ocp.StandardCheckpointer()
+
+    def save(step_number: int) -> None:
+        def write(directory: Any) -> None:
+            directory.mkdir(parents=True, exist_ok=True)
+            writer = checkpointer()
+            writer.save(directory.resolve() / "state", dict(state))
+            writer.wait_until_finished()
+            writer.close()
+
+        ckpt.save_sealed(ctx, step_number, write, barrier)
+
+    if strategy.resume:
+        start_step, directory = ckpt.resume_point(ctx, notes)
+        if directory is not None:
+            # Restored straight into each array's sharding: every process reads its shards.
+            abstract = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), dict(state))
+            reader = checkpointer()
+            state.update(reader.restore(directory.resolve() / "state", abstract))
+            reader.close()
+        barrier()
+
+    exported: dict[str, Any] = {}
+
+    def export_final() -> None:
+        # Right after the last training step, before the exposed-communication pairs (which
+        # keep updating the parameters, for timing only); every process joins the gather.
+        from jax.experimental import multihost_utils
+
+        final = {k: np.asarray(v) for k, v in
+                 multihost_utils.process_allgather(state["params"], tiled=True).items()}
+        if ctx.rank == 0:
+            np.savez(ctx.run_dir / "final_params.npz", **final)
+            exported["sha256"] = params_digest(final)
+
     result = timed_training(
         ctx, fetch=fetch, step=step, block=jax.block_until_ready, to_floats=to_floats,
         rows_of=local_rows,
         step_nosync=step_nosync if nosync_step is not None else None,
+        start_step=start_step,
+        checkpoint=save if strategy.checkpoint_every else None,
+        on_trained=export_final,
     )
+    result["final_params_sha256"] = exported.get("sha256")  # rank 0 only
+    collectives = None
+    if n > 1:
+        # The collectives XLA put in the compiled step (the cached executable: no recompile).
+        hlo = train_step.lower(state["params"], state["opt"], *fetch(0)).compile().as_text()
+        collectives = hlo_collectives(hlo)
+        if ctx.rank == 0:  # kept with the run: what XLA made of the strategy
+            (ctx.run_dir / "train_step.hlo.txt").write_text(hlo)
+
     def local_bytes(tree: Any) -> int:
         # Bytes this process holds for its first device (its own shard, or a full replica).
         first = jax.local_devices()[0]
@@ -246,10 +320,14 @@ def _train(ctx: Any) -> dict[str, Any]:
         "step": {"single": "jit", "dp": "jit over Mesh(data), batch sharded, params replicated",
                  "dp-manual": "jit(shard_map) with lax.pmean of gradients",
                  "zero1": "jit over Mesh(data), params replicated, optimizer state sharded",
+                 "zero2": "jit over Mesh(data), params replicated, gradients and optimizer "
+                          "state sharded",
                  "fsdp": "jit over Mesh(data), params and optimizer state sharded"}[parallel],
         "devices": n,
         "local_param_bytes": local_bytes_params,
         "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,
+        "hlo_collectives": collectives,
+        "notes": notes,
     }
     result["fingerprint"] = fingerprint(
         framework="jax",
@@ -262,3 +340,19 @@ def _train(ctx: Any) -> dict[str, Any]:
         gpu=devices[0].device_kind if devices[0].platform == "gpu" else None,
     )
     return result
+
+
+def hlo_collectives(hlo_text: str) -> dict[str, list[int]]:
+    """Collectives a compiled XLA module issues: op -> [instructions, tensors moved]. A
+    combined (tuple) all-reduce of 26 gradients is one instruction of 26 tensors."""
+    import re
+
+    ops = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+    found: dict[str, list[int]] = {}
+    for line in hlo_text.splitlines():
+        head = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([a-z-]+?)(?:-start)?\(", line)
+        if head and head.group(2) in ops:
+            counts = found.setdefault(head.group(2), [0, 0])
+            counts[0] += 1
+            counts[1] += max(1, len(re.findall(r"\w+\[[\d,]*\]", head.group(1))))
+    return found

@@ -290,26 +290,14 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        root = strategy.checkpoint_dir
-        if ctx.rank == 0:
-            import shutil
+        def write(directory: Any) -> None:
+            model_sd, optim_sd = get_state_dict(net, optimizer)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
 
-            shutil.rmtree(ckpt.partial_dir(root, step), ignore_errors=True)
-        barrier()
-        model_sd, optim_sd = get_state_dict(net, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=ckpt.partial_dir(root, step))
-        barrier()
-        if ctx.rank == 0:
-            ckpt.seal(root, step, {"world": ctx.world, "framework": "torch",
-                                   "strategy": strategy.label,
-                                   "workload_hash": workload.content_hash()})
-        barrier()
+        ckpt.save_sealed(ctx, step, write, barrier)
 
     if strategy.resume:
-        step_found, directory, refusals = ckpt.latest_valid(strategy.checkpoint_dir)
-        for refusal in refusals:
-            notes.append(refusal)
-            ctx.emit("warning", message=refusal)
+        step_found, directory = ckpt.resume_point(ctx, notes)
         if directory is not None:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -319,11 +307,7 @@ def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
             dcp.load(state, checkpoint_id=directory)
             set_state_dict(net, optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optim"])
-            start_step = counter_k["k"] = int(step_found)
-            notes.append(f"resumed from {directory.name}")
-            ctx.emit("resumed", step=start_step, checkpoint=str(directory))
-        else:
-            notes.append("no valid checkpoint found: started from step 0")
+            start_step = counter_k["k"] = step_found
         barrier()
 
     def export_final() -> None:
