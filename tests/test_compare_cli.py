@@ -30,6 +30,10 @@ def test_compare_runs_matrix_stores_and_reports(tmp_path: Path) -> None:
     assert f"report: {report.resolve()}" in out
     page = report.read_text()
     assert "<svg" in page and "identical data flow" in page
+    # The first compare calibrates the machine (real GEMMs and gloo all-reduces), so the
+    # scaling chart carries the planner's prediction next to the measured points.
+    assert "calibrating this machine" in out and (db.parent / "calibration.json").is_file()
+    assert "torch dp, planner" in page and "Dotted lines: the planner" in page
     # Self-contained: nothing loaded from anywhere.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
     assert "<script" not in page

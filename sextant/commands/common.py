@@ -88,6 +88,10 @@ def fmt_rate(x: float | None) -> str:
     return f"{x:.0f}"
 
 
+def fmt_signed_pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.0f}%"
+
+
 def fmt_share(x: float | None) -> str:
     if x is None:
         return "-"

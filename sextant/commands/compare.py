@@ -42,6 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--report", type=Path, default=None,
                    help="where to write the HTML report (default: next to the results database)")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="do not calibrate this machine (about 25 s, once, before the first "
+                        "report) for the planner's prediction on the scaling chart")
     p.add_argument("--levers", action="store_true",
                    help="instead of comparing frameworks, pull each distributed-training lever "
                         "(sharding, accumulation, bf16, compression) on one framework (the first "
@@ -179,9 +182,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if records and not args.no_report:
             from sextant.report import write_report
 
+            if not args.no_calibrate and any(r["strategy"]["workers"] > 1 for r in records):
+                ensure_calibration(store.path.parent, out)
+
             path = args.report or store.path.parent / "report.html"
             write_report(store, path, group_id=group)
             out.print(f"report: {path.resolve()}")
     for failure in failures:
         out.print(Text("failed: ", style="red") + Text(failure))
     return 1 if failures else 0
+
+
+def ensure_calibration(results_dir: Path, out: Any) -> None:
+    """Calibrate this machine once (calibration.json next to the results database), so the
+    report can draw the planner's prediction beside the measured scaling."""
+    from sextant.planner.local import load_machine
+
+    if load_machine(None, results_dir) is not None:
+        return
+    from sextant.planner.calibrate import calibrate
+
+    out.print("calibrating this machine for the planner's prediction (about 25 s, once; "
+              "--no-calibrate skips it)", markup=False)
+    try:
+        calibrate(out=results_dir / "calibration.json")
+    except (RunFailed, UserError) as exc:  # the report is still worth writing without it
+        out.print(Text("calibration failed, no prediction drawn: ", style="yellow") + Text(str(exc)))

@@ -1,6 +1,7 @@
 """`sextant report`: write the report of the latest (or a chosen) compare.
 
     sextant report [--format html|md|json] [--out FILE|-] [--profile FILE] [--group ID] [--db PATH]
+                   [--calibration FILE]
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ def register(sub: Any) -> None:
                         "runs as evidence, at the top (e.g. "
                         "examples/profiles/startup-nvidia-pytorch.toml)")
     p.add_argument("--group", default=None, help="compare group id (default: the latest)")
+    p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
+                   help="this machine's calibration (sextant calibrate), for the planner's "
+                        "prediction on the scaling chart (default: calibration.json next to "
+                        "the results database, then ./sextant-results/calibration.json)")
     add_store_args(p)
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sextant.report import render, write_report
+    from sextant.report.html import report_text, write_report
 
     fmt = str(args.format).lower()
     if fmt == "markdown":
@@ -47,21 +52,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.profile is not None and not args.profile.is_file():
         raise UserError(f"--profile {args.profile}: no such file; write one with "
                         "'sextant advise --init' or use examples/profiles/*.toml")
+    options = {"group_id": args.group, "fmt": fmt, "profile": args.profile,
+               "calibration": args.calibration}
     with open_store(args, create=False) as store:
         if args.out == "-":
-            from sextant.report.html import load_advice
-
-            group = args.group or store.latest_group()
-            runs = store.runs(group_id=group) if group else []
-            if not runs:
-                raise UserError(f"no compare results in {store.path}"
-                                + (f" for group {group!r}" if group else "")
-                                + "; run 'sextant compare' first")
-            advice = load_advice(args.profile, runs) if args.profile else None
-            sys.stdout.write(render(runs, fmt, advice=advice, group_id=group,
-                                    profile_path=str(args.profile) if args.profile else None))
+            sys.stdout.write(report_text(store, **options))
             return 0
         out = Path(args.out) if args.out else store.path.parent / f"report.{fmt}"
-        path = write_report(store, out, group_id=args.group, fmt=fmt, profile=args.profile)
+        path = write_report(store, out, **options)
     console().print(f"report: {path.resolve()}", markup=False)
     return 0

@@ -34,6 +34,7 @@ import numpy as np
 from sextant.launch.ranks import run_rank_processes
 from sextant.measure.collectives import time_collective
 from sextant.errors import RunFailed, UserError
+from sextant.fsutil import atomic_write_text
 from sextant.planner.catalogue import DEFAULT_CALIBRATION
 
 GEMM_N = 1024
@@ -301,7 +302,7 @@ def calibrate(
     path = Path(out) if out else default_out()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     except OSError as exc:
         raise UserError(f"cannot write calibration to {path}: {exc}") from None
     doc["path"] = str(path)

@@ -284,7 +284,11 @@ def resolve_hardware(
 
 def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.ndarray:
     """Peak FLOP/s per device. On a shared node (cpu-local) the workers split the cores:
-    interpolate linearly between the measured one-thread and all-thread GEMM rates."""
+    with `cores / n` threads each, interpolate linearly between the measured one-thread and
+    all-thread GEMM rates; with one core each, the one-thread rate (n single-threaded
+    processes reach n x the one-thread rate, more than one process with n threads: that is
+    the whole speed-up of data parallelism on one CPU); more workers than cores share the
+    cores' one-thread rates."""
     peak = acc.peak(precision)
     n = np.asarray(devices_on_node, dtype=np.float64)
     if not acc.shared_node:
@@ -292,7 +296,7 @@ def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.nda
     (_, f1), (cores, fall) = acc.flops_by_threads
     threads = np.maximum(1.0, np.floor(cores / np.maximum(n, 1.0)))
     per = f1 + (fall - f1) * (threads - 1.0) / max(cores - 1.0, 1.0)
-    return np.where(n >= cores, fall / np.maximum(n, 1.0), per)
+    return np.where(n > cores, f1 * cores / np.maximum(n, 1.0), per)
 
 
 CHUNK = 16384  # rows per pass: keeps numpy temporaries in cache (about 1.5x faster)

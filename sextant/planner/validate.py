@@ -18,8 +18,14 @@ from typing import Any
 
 from sextant.errors import UserError
 from sextant.planner.catalogue import load_catalogue
-from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-from sextant.planner.models import shape_from_workload
+from sextant.planner.local import (
+    DEFAULT_EFFICIENCY,
+    figures,
+    fit_efficiency,
+    layout_for,
+    precision_of,
+    shape_of,
+)
 
 DEFAULT_DB = Path("sextant-results") / "results.db"
 _HINT = "run 'sextant compare' (or 'sextant run') first to measure local runs"
@@ -43,22 +49,6 @@ def load_runs(db: str | Path | None) -> list[dict[str, Any]]:
     if not runs:
         raise UserError(f"the results store {path} has no runs; {_HINT}")
     return runs
-
-
-def _layout(run: dict[str, Any], global_batch: int) -> Layout | None:
-    parallel = str(run.get("parallel", "single"))
-    workers = int(run.get("workers") or 1)
-    zero = {"dp": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}.get(parallel)
-    if parallel == "single":
-        return Layout(dp=1, mbs=global_batch)
-    if zero is None or global_batch % workers:
-        return None
-    return Layout(dp=workers, zero=zero, mbs=global_batch // workers)
-
-
-def _precision(run: dict[str, Any]) -> str:
-    p = run.get("precision") or (run.get("strategy") or {}).get("precision") or "fp32"
-    return p if p in ("bf16", "fp16", "fp32") else "fp32"
 
 
 def validate(
@@ -91,11 +81,12 @@ def validate(
             rows.append({**base, "skipped": "no step time or workload recorded"})
             continue
         try:
-            shape = shape_from_workload(workload, where=f"run {run.get('id')}")
+            shape = shape_of(run)
         except UserError as exc:
             rows.append({**base, "skipped": str(exc)})
             continue
-        layout = _layout(run, shape.global_batch)
+        layout = layout_for(str(run.get("parallel", "single")), int(run.get("workers") or 1),
+                            shape.global_batch)
         if layout is None:
             rows.append(
                 {
@@ -113,27 +104,16 @@ def validate(
             run.get("workload_hash"),
             run.get("framework"),
             run.get("mode"),
-            _precision(run),
+            precision_of(run),
         )
-
-    def machine(run):
-        # The GEMM rate of the run's own library where calibrate measured it.
-        return cat.with_calibration(cat.calibration, library=str(run.get("framework")))
 
     fitted: dict[Any, float] = {}
     for run, _, shape, layout, measured, _ in prepared:
         if layout.devices == 1 and group(run) not in fitted:
-            opts = PlanOptions(
-                precision=_precision(run),
-                global_batch=shape.global_batch,
-                compute_efficiency=1.0,
-                fixed_overhead_gb=0.3,
-            )
-            hw = resolve_hardware(machine(run), "cpu-local", "loopback", options=opts)
-            f = evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
-            rest = f["step"] - f["compute"]
-            if measured > rest and f["compute_flops_bound"] > 0:
-                fitted[group(run)] = min(1.0, f["compute_flops_bound"] / (measured - rest))
+            eff = fit_efficiency(cat, str(run.get("framework")), shape, precision_of(run),
+                                 measured)
+            if eff is not None:
+                fitted[group(run)] = eff
 
     for run, base, shape, layout, measured, metrics in prepared:
         eff = fitted.get(group(run))
@@ -142,14 +122,8 @@ def validate(
             if layout.devices == 1 and eff is not None
             else ("from single run" if eff is not None else "assumed")
         )
-        opts = PlanOptions(
-            precision=_precision(run),
-            global_batch=shape.global_batch,
-            compute_efficiency=eff or 0.5,
-            fixed_overhead_gb=0.3,
-        )
-        hw = resolve_hardware(machine(run), "cpu-local", "loopback", options=opts)
-        f = evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
+        efficiency = eff or DEFAULT_EFFICIENCY
+        f = figures(cat, str(run.get("framework")), shape, layout, precision_of(run), efficiency)
         pred, worst = f["step"], f["step_no_overlap"]
         p10, p90 = metrics.get("step_time_p10_s"), metrics.get("step_time_p90_s")
         rows.append(
@@ -164,7 +138,7 @@ def validate(
                 "predicted_no_overlap_s": worst,
                 "error": (pred - measured) / measured,
                 "in_range": min(pred, worst) * 0.999 <= measured <= max(pred, worst) * 1.001,
-                "efficiency": opts.compute_efficiency,
+                "efficiency": efficiency,
                 "efficiency_source": source,
                 "predicted_exposed_share": f["dp_exposed"] / pred,
                 "measured_exposed_share": metrics.get("exposed_comm_share"),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED
-from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share
+from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
 from sextant.report.charts import (
@@ -319,16 +319,31 @@ def _scaling(report: Mapping[str, Any]) -> str:
             series.append({"name": "linear", "colour": colour, "dash": "4 4", "ghost": True,
                            "width": 1.2, "points": [(1, base["tokens_per_s"]),
                                                     (top, base["tokens_per_s"] * top)]})
+        if s.get("prediction"):
+            series.append({"name": f"{s['name']}, planner", "colour": colour, "dash": "1.5 4",
+                           "width": 2.0, "points": [(q["workers"], q["tokens_per_s"])
+                                                    for q in s["prediction"]["points"]]})
     chart = line_chart(series, label="throughput by workers", xlabel="workers (replicas)",
                        ylabel="tokens/s", integer_x=True, markers=True, height=300)
     rows = [(s["name"], p["workers"], fmt_rate(p["tokens_per_s"]),
+             fmt_rate(p.get("predicted_tokens_per_s")), fmt_signed_pct(p.get("prediction_error")),
              _x(p["speedup_vs_one"]), _pct(p["efficiency"]), p["run"])
             for s in sc["series"] for p in s["points"]]
-    table = _table(("series", "workers", "tokens/s", "vs one worker", "efficiency", "run"), rows)
+    table = _table(("series", "workers", "tokens/s", "planner", "planner error",
+                    "vs one worker", "efficiency", "run"), rows)
+    predicted = ""
+    beyond = [(s["name"], q["workers"], fmt_rate(q["tokens_per_s"]), _pct(q["exposed_share"]))
+              for s in sc["series"] if s.get("prediction")
+              for q in s["prediction"]["points"]
+              if q["workers"] not in {p["workers"] for p in s["points"]}]
+    if beyond:
+        predicted = ('<p class="small">Predicted, not measured, on this machine:</p>'
+                     + _table(("series", "workers", "tokens/s (planner)",
+                               "exposed communication"), beyond))
     return (f'<section id="scaling"><h2>Scaling with workers</h2><p class="small">Measured '
             f'throughput against worker count (same global batch, split across workers); '
             f'faint dashed lines are perfect linear scaling from one worker. '
-            f'{e(sc["prediction_note"])}</p>{chart}{table}</section>')
+            f'{e(sc["prediction_note"])}</p>{chart}{table}{predicted}</section>')
 
 
 def _comm(report: Mapping[str, Any]) -> str:
@@ -520,18 +535,21 @@ docs/methodology.md · how to read this page: docs/report.md</footer>
 
 
 def render_html(runs: list[dict[str, Any]], *, advice: Any = None,
-                profile_path: str | None = None, group_id: str | None = None) -> str:
+                profile_path: str | None = None, group_id: str | None = None,
+                machine: Any = None) -> str:
     """The HTML page of `runs` (one compare group; the first run is the reference)."""
-    return html_from_report(build_report(runs, advice=advice, profile_path=profile_path,
-                                         group_id=group_id))
+    return render(runs, "html", advice=advice, profile_path=profile_path, group_id=group_id,
+                  machine=machine)
 
 
 def render(runs: list[dict[str, Any]], fmt: str = "html", *, advice: Any = None,
-           profile_path: str | None = None, group_id: str | None = None) -> str:
-    """The report of `runs` in one of FORMATS."""
+           profile_path: str | None = None, group_id: str | None = None,
+           machine: Any = None) -> str:
+    """The report of `runs` in one of FORMATS (`machine`: see build_report)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    report = build_report(runs, advice=advice, profile_path=profile_path, group_id=group_id)
+    report = build_report(runs, advice=advice, profile_path=profile_path, group_id=group_id,
+                          machine=machine)
     if fmt == "json":
         return json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
     if fmt == "md":
@@ -554,9 +572,13 @@ def load_advice(profile: str | Path, runs: list[dict[str, Any]]) -> Any:
     return advise(team, evidence, None, notes)
 
 
-def write_report(store: ResultsStore, path: str | Path, *, group_id: str | None = None,
-                 fmt: str = "html", profile: str | Path | None = None) -> Path:
-    """Write the report of one compare group (default: the latest) atomically."""
+def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = "html",
+                profile: str | Path | None = None, calibration: str | Path | None = None) -> str:
+    """The report of one compare group (default: the latest). The scaling prediction uses
+    `calibration`, else calibration.json next to the results database, else
+    ./sextant-results/calibration.json; without one, measured points only."""
+    from sextant.planner.local import load_machine
+
     if fmt not in FORMATS:
         raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
     group = group_id or store.latest_group()
@@ -567,8 +589,13 @@ def write_report(store: ResultsStore, path: str | Path, *, group_id: str | None 
         raise UserError(f"no runs of group {group!r} in {store.path}; "
                         "'sextant runs list' shows the stored runs")
     advice = load_advice(profile, runs) if profile is not None else None
+    return render(runs, fmt, advice=advice,
+                  profile_path=str(profile) if profile is not None else None, group_id=group,
+                  machine=load_machine(calibration, Path(store.path).parent))
+
+
+def write_report(store: ResultsStore, path: str | Path, **options: Any) -> Path:
+    """Write `report_text(store, **options)` to `path` atomically."""
     path = Path(path)
-    atomic_write_text(path, render(runs, fmt, advice=advice,
-                                   profile_path=str(profile) if profile is not None else None,
-                                   group_id=group))
+    atomic_write_text(path, report_text(store, **options))
     return path

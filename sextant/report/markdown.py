@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED
-from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share
+from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
 
 
 def md(text: Any) -> str:
@@ -105,10 +105,22 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
     lines += ["## Scaling with workers", ""]
     sc = report["scaling"]
     if sc["series"]:
-        lines += _table(("series", "workers", "tokens/s", "vs one worker", "efficiency"), [
-            (x["name"], p["workers"], fmt_rate(p["tokens_per_s"]), _x(p["speedup_vs_one"]),
+        lines += _table(("series", "workers", "tokens/s", "planner", "planner error",
+                         "vs one worker", "efficiency"), [
+            (x["name"], p["workers"], fmt_rate(p["tokens_per_s"]),
+             fmt_rate(p.get("predicted_tokens_per_s")), fmt_signed_pct(p.get("prediction_error")),
+             _x(p["speedup_vs_one"]),
              "-" if p["efficiency"] is None else f"{p['efficiency'] * 100:.0f}%")
             for x in sc["series"] for p in x["points"]])
+        beyond = [(x["name"], q["workers"], fmt_rate(q["tokens_per_s"]),
+                   fmt_share(q["exposed_share"]))
+                  for x in sc["series"] if x.get("prediction")
+                  for q in x["prediction"]["points"]
+                  if q["workers"] not in {p["workers"] for p in x["points"]}]
+        if beyond:
+            lines += ["", "Predicted, not measured, on this machine:", ""]
+            lines += _table(("series", "workers", "tokens/s (planner)", "exposed communication"),
+                            beyond)
         lines += ["", md(sc["prediction_note"])]
     else:
         lines.append("No multi-worker run in this report.")

@@ -21,8 +21,8 @@ PARITY_ATOL = 1e-3
 MODEL_STATE_BYTES_PER_PARAM = 16
 """fp32 weights, gradients and Adam's two moments: 4 x 4 bytes per parameter."""
 PROFILE_HINT = "sextant report --profile examples/profiles/startup-nvidia-pytorch.toml"
-SCALING_PREDICTION_NOTE = ("Measured points only: the planner's prediction is not drawn on "
-                           "this chart yet.")
+NO_CALIBRATION_NOTE = ("The planner's prediction is not drawn: this machine is not calibrated "
+                       "(run 'sextant calibrate', then 'sextant report').")
 
 
 def _num(value: Any) -> float | None:
@@ -149,7 +149,53 @@ def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
         series.append({"name": f"{fw} {parallel}" + (f" ({mode})" if mode != "eager" else ""),
                        "framework": fw, "mode": mode, "parallel": parallel,
                        "shade": shade, "points": ordered})
-    return {"series": series, "prediction": None, "prediction_note": SCALING_PREDICTION_NOTE}
+    return {"series": series, "prediction": None, "prediction_note": NO_CALIBRATION_NOTE}
+
+
+def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine: Any) -> None:
+    """Add the planner's prediction to each scaling series: compute efficiency fitted on the
+    series' single-process run, then tokens/s at the measured worker counts and at every
+    power of two up to this machine's cores (sextant/planner/local.py)."""
+    from sextant.planner.local import predict_scaling
+
+    if machine is None or machine.calibration is None:
+        return
+    calibration = machine.calibration
+    cores = int((calibration.get("host") or {}).get("cores") or 1)
+    by_id = {run.get("id"): run for run in runs}
+    drawn = 0
+    for s in scaling["series"]:
+        base = s["points"][0] if s["points"] and s["points"][0]["workers"] == 1 else None
+        single = by_id.get(base["id"]) if base else None
+        if single is None:
+            s["prediction"] = None
+            continue
+        counts = [p["workers"] for p in s["points"]]
+        n = 1
+        while n <= cores:
+            counts.append(n)
+            n *= 2
+        s["prediction"] = predict_scaling(machine, single, s["parallel"], counts)
+        if s["prediction"] is None:
+            continue
+        drawn += 1
+        predicted = {q["workers"]: q["tokens_per_s"] for q in s["prediction"]["points"]}
+        for p in s["points"]:
+            pred = predicted.get(p["workers"])
+            p["predicted_tokens_per_s"] = pred
+            p["prediction_error"] = (pred - p["tokens_per_s"]) / p["tokens_per_s"] if pred else None
+    scaling["prediction"] = {
+        "calibration_created": calibration.get("created"),
+        "cores": cores,
+        "allreduce": calibration.get("allreduce"),
+        "series_predicted": drawn,
+    }
+    scaling["prediction_note"] = (
+        "Dotted lines: the planner's prediction for this machine (calibrated "
+        f"{calibration.get('created', '?')}; {cores} cores shared by the workers), with each "
+        "series' compute efficiency fitted on its one-worker run, so the one-worker point "
+        "agrees by construction and every other point is a prediction."
+        if drawn else "The planner could not model these series (no one-worker run to fit).")
 
 
 def _memory(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -294,9 +340,11 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
 
 
 def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
-                 profile_path: str | None = None, group_id: str | None = None
-                 ) -> dict[str, Any]:
-    """The report of `runs` (one compare group, oldest first; the first is the reference)."""
+                 profile_path: str | None = None, group_id: str | None = None,
+                 machine: Any = None) -> dict[str, Any]:
+    """The report of `runs` (one compare group, oldest first; the first is the reference).
+    `machine`: a planner Catalogue with this machine's calibration, for the scaling
+    prediction (None: measured points only)."""
     from sextant.errors import UserError
 
     if not runs:
@@ -307,6 +355,7 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
     parity = _parity(runs, ref)
     claims = [c.to_dict() for c in check_claims(runs)]
     scaling = _scaling(rows)
+    _predict(scaling, runs, machine)
     workload = dict(ref.get("workload") or {})
     return {
         "sextant": __version__,

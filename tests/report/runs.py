@@ -4,10 +4,14 @@ and claims tests: no training, no store needed."""
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 from typing import Any
 
 WORKLOAD = {"name": "gpt-tiny", "description": "a test workload", "seed": 0, "steps": 20,
-            "global_batch": 16, "model": {"family": "gpt", "seq_len": 64}}
+            "global_batch": 16,
+            "model": {"family": "gpt", "vocab_size": 256, "seq_len": 64, "d_model": 64,
+                      "n_layers": 2, "n_heads": 4, "d_ff": 256}}
 _ids = itertools.count(1)
 
 
@@ -75,3 +79,19 @@ def compare_group() -> list[dict[str, Any]]:
         make_run("jax", "compiled", "dp", 2, step=0.30, comm=0.2, sync_step=0.3,
                  rss=450 * 2**20),
     ]
+
+
+def calibrated_machine(directory: Path, cores: int = 2) -> Any:
+    """The planner catalogue calibrated by a calibration document shaped like the one
+    `sextant calibrate` writes, with chosen figures."""
+    from sextant.planner.local import load_machine
+
+    path = directory / "calibration.json"
+    path.write_text(json.dumps({
+        "schema": 1, "created": "2026-11-30T10:00:00+0000",
+        "host": {"cores": cores, "memory_bytes": 8e9},
+        "gemm": {"torch": {"flops_all_threads": 60e9 * cores, "flops_1_thread": 60e9}},
+        "memory_bw_bytes_per_s": 15e9,
+        "allreduce": {"alpha_s": 400e-6, "beta_s_per_byte": 1e-9},
+    }))
+    return load_machine(path)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from sextant.report import render_html
-from tests.report.runs import compare_group
+from tests.report.runs import calibrated_machine, compare_group
 
 CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser")
 BROWSER_INTERNAL = "not an origin"
@@ -124,7 +124,8 @@ def test_control_page_is_caught(chromium: str, tmp_path: Path) -> None:
 
 def test_report_opens_offline_without_errors(chromium: str, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    page.write_text(render_html(compare_group()), encoding="utf-8")
+    page.write_text(render_html(compare_group(), machine=calibrated_machine(tmp_path)),
+                    encoding="utf-8")
     console, requests, shot = open_page(chromium, page, tmp_path)
     assert console == [], console
     assert requests == [], requests

@@ -14,7 +14,9 @@ from sextant.cli import main
 from sextant.errors import UserError
 from sextant.report import build_report, load_advice, render, render_html, write_report
 from sextant.results.store import ResultsStore
-from tests.report.runs import compare_group, make_run
+from sextant.report.html import html_from_report
+from sextant.report.markdown import markdown_from_report
+from tests.report.runs import calibrated_machine, compare_group, make_run
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "examples" / "profiles" / "startup-nvidia-pytorch.toml"
@@ -259,3 +261,28 @@ def test_bf16_runs_are_drawn_but_not_held_to_fp32_parity() -> None:
     assert report["parity"]["ok"] and "not held to parity" in report["parity"]["note"]
     assert [p["held_to_parity"] for p in report["parity"]["per_run"]][-1] is False
     assert len(report["parity"]["curves"]) == 6
+
+
+def test_scaling_chart_draws_the_planner_prediction(tmp_path: Path) -> None:
+    report = build_report(compare_group(), machine=calibrated_machine(tmp_path, cores=4))
+    torch_dp = next(x for x in report["scaling"]["series"] if x["name"] == "torch dp")
+    assert [q["workers"] for q in torch_dp["prediction"]["points"]] == [1, 2, 4]
+    one, two = torch_dp["points"]
+    # The compute efficiency is fitted on the one-worker run: that point agrees exactly;
+    # the two-worker point is a prediction, and its error against the measurement is shown.
+    assert one["predicted_tokens_per_s"] == pytest.approx(one["tokens_per_s"], rel=1e-9)
+    assert two["prediction_error"] == pytest.approx(
+        two["predicted_tokens_per_s"] / two["tokens_per_s"] - 1)
+    assert report["scaling"]["prediction"]["series_predicted"] == 2
+    page = html_from_report(report)
+    assert "torch dp, planner" in page and "Dotted lines: the planner" in page
+    assert "Predicted, not measured, on this machine" in page  # 4 workers: beyond the runs
+    text = markdown_from_report(report)
+    assert "| planner error |" in text and "tokens/s (planner)" in text
+
+
+def test_scaling_without_calibration_says_how_to_get_the_prediction() -> None:
+    report = build_report(compare_group())
+    assert report["scaling"]["prediction"] is None
+    assert "sextant calibrate" in report["scaling"]["prediction_note"]
+    assert all("prediction" not in x for x in report["scaling"]["series"])

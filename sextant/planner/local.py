@@ -1,0 +1,115 @@
+"""The planner on this machine: predict a sextant run's step time from the calibrated
+'cpu-local' accelerator and 'loopback' link (`sextant calibrate`).
+
+One figure the planner cannot know from first principles is the compute efficiency of the
+framework's kernels on this workload; it is fitted on a single-process run of the same
+workload, framework, mode and precision. Everything else (how per-worker compute shrinks as
+the batch is split and the cores are shared, how all-reduce time grows) is predicted.
+`sextant plan --validate` and the report's scaling chart both use this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.models import MLPShape, TransformerShape, shape_from_workload
+
+DEFAULT_EFFICIENCY = 0.5
+"""Compute efficiency assumed when no single-process run is there to fit it."""
+FIXED_OVERHEAD_GB = 0.3
+ZERO_STAGE = {"dp": 0, "dp-manual": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+"""sextant's parallel strategies as the planner's ZeRO stage of a data-parallel layout."""
+
+
+def load_machine(calibration: str | Path | None = None,
+                 results_dir: str | Path | None = None) -> Catalogue | None:
+    """The catalogue calibrated for this machine: from `calibration` (which must exist), else
+    calibration.json in `results_dir`, else ./sextant-results/calibration.json; None when
+    the machine was never calibrated."""
+    if calibration is not None:
+        return load_catalogue(None, calibration)
+    for path in ([Path(results_dir) / "calibration.json"] if results_dir else []) + [
+            DEFAULT_CALIBRATION]:
+        if path.is_file():
+            return load_catalogue(None, path)
+    return None
+
+
+def layout_for(parallel: str, workers: int, global_batch: int) -> Layout | None:
+    """The planner layout of a sextant strategy, or None when the planner does not model it
+    (e.g. parameter servers) or the batch does not split evenly."""
+    if parallel == "single" or workers == 1:
+        return Layout(dp=1, mbs=global_batch)
+    zero = ZERO_STAGE.get(parallel)
+    if zero is None or global_batch % workers:
+        return None
+    return Layout(dp=workers, zero=zero, mbs=global_batch // workers)
+
+
+def precision_of(run: Mapping[str, Any]) -> str:
+    p = run.get("precision") or (run.get("strategy") or {}).get("precision") or "fp32"
+    return p if p in ("bf16", "fp16", "fp32") else "fp32"
+
+
+def shape_of(run: Mapping[str, Any]) -> TransformerShape | MLPShape:
+    """The planner shape of a stored run's workload (UserError when it has none)."""
+    return shape_from_workload(dict(run.get("workload") or {}), where=f"run {run.get('id')}")
+
+
+def figures(cat: Catalogue, framework: str, shape: TransformerShape | MLPShape, layout: Layout,
+            precision: str, efficiency: float) -> dict[str, Any]:
+    """The planner's figures for one layout on this machine, with the GEMM rate of the
+    framework's own library where calibrate measured it."""
+    machine = cat.with_calibration(cat.calibration, library=framework)
+    opts = PlanOptions(precision=precision, global_batch=shape.global_batch,
+                       compute_efficiency=efficiency, fixed_overhead_gb=FIXED_OVERHEAD_GB)
+    hw = resolve_hardware(machine, "cpu-local", "loopback", options=opts)
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
+
+
+def fit_efficiency(cat: Catalogue, framework: str, shape: TransformerShape | MLPShape,
+                   precision: str, measured_step_s: float) -> float | None:
+    """Compute efficiency that makes the planner's single-process step time equal the
+    measured one (None when the measured time is below what the model says is not compute)."""
+    f = figures(cat, framework, shape, Layout(dp=1, mbs=shape.global_batch), precision, 1.0)
+    rest = f["step"] - f["compute"]
+    if measured_step_s > rest and f["compute_flops_bound"] > 0:
+        return min(1.0, f["compute_flops_bound"] / (measured_step_s - rest))
+    return None
+
+
+def predict_scaling(cat: Catalogue, single_run: Mapping[str, Any], parallel: str,
+                    workers: list[int]) -> dict[str, Any] | None:
+    """Predicted tokens/s of `parallel` at each worker count, with the compute efficiency
+    fitted on `single_run` (a stored single-process run). None when the planner cannot model
+    the workload or the strategy."""
+    from sextant.errors import UserError
+
+    measured = (single_run.get("metrics") or {}).get("step_time_median_s")
+    if not measured:
+        return None
+    try:
+        shape = shape_of(single_run)
+    except UserError:
+        return None
+    framework, precision = str(single_run.get("framework")), precision_of(single_run)
+    efficiency = fit_efficiency(cat, framework, shape, precision, float(measured))
+    if efficiency is None:
+        return None
+    tokens_per_step = shape.global_batch * shape.cost(flash_attention=False).tokens_per_sample
+    points = []
+    for n in sorted(set(workers)):
+        layout = layout_for(parallel, n, shape.global_batch)
+        if layout is None:
+            continue
+        f = figures(cat, framework, shape, layout, precision, efficiency)
+        points.append({"workers": n, "step_s": f["step"], "tokens_per_s": tokens_per_step / f["step"],
+                       "tokens_per_s_no_overlap": tokens_per_step / f["step_no_overlap"],
+                       "exposed_share": f["dp_exposed"] / f["step"]})
+    if not points:
+        return None
+    return {"efficiency": efficiency, "fitted_on": single_run.get("id"), "points": points}
