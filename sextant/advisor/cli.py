@@ -1,6 +1,7 @@
 """`sextant advise`: recommend a training stack for a team profile, with cost of ownership.
 
-    sextant advise --profile FILE [--db PATH] [--json | --markdown] [--rules-file FILE]
+    sextant advise --profile FILE [--plan PLAN.json] [--db PATH] [--json | --markdown]
+                   [--rules-file FILE]
     sextant advise --init [PATH]       write a commented profile template
     sextant advise --rules             list every rule with its rationale
     sextant advise                     ask the profile questions (on a terminal)
@@ -40,6 +41,9 @@ def register(subparsers: Any) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the advice as JSON")
     out.add_argument("--markdown", action="store_true", help="print the advice as Markdown")
+    p.add_argument("--plan", type=Path, default=None, metavar="FILE",
+                   help="a planner result ('sextant plan --model M --gpus N --tokens T --json "
+                        "> plan.json'): training hours at the target scale come from it")
     p.add_argument("--rules", action="store_true",
                    help="list every rule, constraint and its rationale, then exit")
     p.add_argument("--rules-file", type=Path, default=None, metavar="FILE",
@@ -75,6 +79,7 @@ def run_advise(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from sextant.advisor.engine import advise
+    from sextant.advisor.planned import load_plan
     from sextant.advisor.evidence import evidence_from_runs
     from sextant.advisor.profile import ask_profile, load_profile, write_template
     from sextant.advisor.render import print_advice, print_rules, render_markdown, rule_rows
@@ -120,7 +125,8 @@ def run_advise(args: argparse.Namespace) -> int:
     if runs and not any(e.metric == "throughput_ratio" for e in evidence):
         notes.append(f"{len(runs)} run(s) measured, but no two frameworks on the same workload "
                      "and configuration: compute costs use rules of thumb.")
-    advice = advise(profile, evidence, rules, notes)
+    planned = load_plan(args.plan, profile) if args.plan is not None else None
+    advice = advise(profile, evidence, rules, notes, planned)
     if args.json:
         print(json.dumps(to_dict(advice), indent=2))
     elif args.markdown:

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sextant.advisor.evidence import Evidence
+from sextant.advisor.planned import PlannedTraining
 from sextant.advisor.profile import TeamProfile
 from sextant.advisor.rules import COMPARISONS, RuleSet, load_rules
-from sextant.advisor.vocab import BASE_FRAMEWORK, CANDIDATES, MEASURED, RULE_OF_THUMB
+from sextant.advisor.vocab import BASE_FRAMEWORK, CANDIDATES, MEASURED, PLANNED, RULE_OF_THUMB
 from sextant.errors import UserError
 
 SENSITIVITY_INPUTS = (
@@ -35,7 +36,10 @@ class Cost:
     """Total cost of ownership of one candidate, with every factor that produced it."""
 
     reference_hours: float
-    """Training hours on the fastest stack (from the profile or derived from tokens)."""
+    """Training hours on the fastest stack (from a planner result, the profile, or derived
+    from tokens)."""
+    hours_source: str = ""
+    """Where reference_hours comes from, in one line."""
     throughput_factor: float
     """This candidate's throughput relative to the fastest stack (1 = fastest)."""
     throughput_source: str
@@ -190,8 +194,13 @@ class Advice:
         return self.ranking[0].candidate
 
 
-def reference_hours(profile: TeamProfile, rules: RuleSet) -> tuple[float, str]:
-    """Training hours on the fastest stack, and where the figure comes from."""
+def reference_hours(profile: TeamProfile, rules: RuleSet,
+                    planned: PlannedTraining | None = None) -> tuple[float, str]:
+    """Training hours on the fastest stack, and where the figure comes from: a planner
+    result when given, else the profile's hours, else 6 x params x tokens at a rule-of-thumb
+    MFU."""
+    if planned is not None:
+        return planned.hours, f"{PLANNED}: {planned.describe}"
     if profile.training_hours is not None:
         return float(profile.training_hours), "given in the profile"
     hw = profile.hardware
@@ -204,19 +213,21 @@ def reference_hours(profile: TeamProfile, rules: RuleSet) -> tuple[float, str]:
     )
 
 
-def _cost(candidate: str, profile: TeamProfile, rules: RuleSet, hours: float,
+def _cost(candidate: str, profile: TeamProfile, rules: RuleSet, hours: tuple[float, str],
           factor: float, factor_source: str) -> Cost:
     level = profile.experience[BASE_FRAMEWORK[candidate]]
     ramp = rules.ramp_up_days[level] + rules.ramp_up_extra_days.get(candidate, 0.0)
     if candidate in rules.functional_stacks:
         ramp += rules.functional_days[profile.functional_programming]
     migration = rules.migration(profile.existing_code, candidate)
+    hours, hours_source = hours
     training_hours = hours / factor
     compute = training_hours * profile.devices * profile.gpu_price_per_hour
     person_days = ramp * profile.team_size + migration
     people = person_days * profile.engineer_cost_per_day
     return Cost(
         reference_hours=hours,
+        hours_source=hours_source,
         throughput_factor=factor,
         throughput_source=factor_source,
         training_hours=training_hours,
@@ -348,8 +359,10 @@ def _assumptions(profile: TeamProfile, rules: RuleSet, hours: float, hours_sourc
 
 
 def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
-           rules: RuleSet | None = None, notes: Iterable[str] = ()) -> Advice:
-    """Rank the candidate stacks for `profile`; deterministic for equal inputs."""
+           rules: RuleSet | None = None, notes: Iterable[str] = (),
+           planned: PlannedTraining | None = None) -> Advice:
+    """Rank the candidate stacks for `profile`; deterministic for equal inputs. `planned`
+    (a planner result, see advisor/planned.py) gives the training hours at the target scale."""
     rules = rules or load_rules()
     evidence = tuple(evidence)
     facts = profile.facts()
@@ -406,7 +419,7 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
             fit[candidate] += rule.delta
             reasons[candidate].append((rule.id, rule.delta, MEASURED))
 
-    hours, hours_source = reference_hours(profile, rules)
+    hours, hours_source = reference_hours(profile, rules, planned)
     factors: dict[str, tuple[float, str]] = {}
     assumed: list[Evidence] = []
     for candidate in CANDIDATES:
@@ -422,13 +435,14 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
                     detail=f"rules file, {profile.hardware}: "
                            f"{rules.throughput_rationale[profile.hardware]}",
                 ))
-    if profile.training_hours is None:
+    if planned is not None or profile.training_hours is None:
         for candidate in usable:
             assumed.append(Evidence(candidate=candidate, metric="training_hours",
-                                    value=hours / factors[candidate][0], source=RULE_OF_THUMB,
+                                    value=hours / factors[candidate][0],
+                                    source=PLANNED if planned is not None else RULE_OF_THUMB,
                                     detail=hours_source))
 
-    costs = {c: _cost(c, profile, rules, hours, *factors[c]) for c in usable}
+    costs = {c: _cost(c, profile, rules, (hours, hours_source), *factors[c]) for c in usable}
     working_days = profile.deadline_weeks * rules.working_days_per_week
     late = [c for c in usable if costs[c].calendar_days > working_days]
     penalty = {c: (rules.deadline_penalty if c in late else 0.0) for c in usable}
@@ -461,6 +475,11 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
     )
 
     notes = list(notes)
+    if planned is not None:
+        notes.extend(planned.notes)
+        if profile.training_hours is not None:
+            notes.append(f"The profile's training_hours ({profile.training_hours:g}) is "
+                         f"replaced by the planner's {hours:,.1f} hours ({planned.path}).")
     weeks = hours / 24 / 7
     if weeks > profile.deadline_weeks:
         notes.append(f"Training alone takes about {weeks:.1f} weeks on the fastest stack, "

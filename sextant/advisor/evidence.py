@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sextant.advisor.vocab import CANDIDATES, MEASURED, RULE_OF_THUMB
+from sextant.advisor.vocab import CANDIDATES, MEASURED, PLANNED, RULE_OF_THUMB
+
+SOURCES = (MEASURED, RULE_OF_THUMB, PLANNED)
 from sextant.errors import UserError
 
 FRAMEWORK_CANDIDATES = {
@@ -52,7 +54,8 @@ class Evidence:
     value: float
     """The number."""
     source: str
-    """'measured' (on this workload by sextant) or 'rule of thumb' (from the rules file)."""
+    """'measured' (on this workload by sextant), 'rule of thumb' (from the rules file) or
+    'planner' (sextant's planner at the target scale)."""
     detail: str
     """How it was obtained, in one line."""
     run_ids: tuple[str, ...] = ()
@@ -62,9 +65,8 @@ class Evidence:
         if self.candidate not in CANDIDATES:
             raise UserError(f"evidence candidate {self.candidate!r}; allowed: "
                             f"{', '.join(CANDIDATES)}")
-        if self.source not in (MEASURED, RULE_OF_THUMB):
-            raise UserError(f"evidence source {self.source!r}; allowed: {MEASURED}, "
-                            f"{RULE_OF_THUMB}")
+        if self.source not in SOURCES:
+            raise UserError(f"evidence source {self.source!r}; allowed: {', '.join(SOURCES)}")
         if not math.isfinite(self.value):
             raise UserError(f"evidence {self.metric} for {self.candidate} is not finite")
 

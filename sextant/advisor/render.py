@@ -11,7 +11,7 @@ from typing import Any
 from sextant.advisor.engine import Advice, BreakEven, Cost, Ranked, input_text
 from sextant.advisor.evidence import Evidence
 from sextant.advisor.rules import RuleSet
-from sextant.advisor.vocab import MEASURED
+from sextant.advisor.vocab import MEASURED, PLANNED
 
 
 def _cost_dict(cost: Cost) -> dict[str, Any]:
@@ -172,7 +172,9 @@ def render_markdown(advice: Advice) -> str:
 
 def _source_markup(source: str) -> str:
     # Colour keeps measured and assumed figures apart at a glance; the words carry it too.
-    return "[green]measured[/green]" if source == MEASURED else f"[yellow]{source}[/yellow]"
+    if source == MEASURED:
+        return "[green]measured[/green]"
+    return f"[cyan]{source}[/cyan]" if source == PLANNED else f"[yellow]{source}[/yellow]"
 
 
 def print_advice(advice: Advice, console: Any) -> None:

@@ -41,7 +41,9 @@ EXISTING_CODE = FRAMEWORKS + ("none",)
 
 MEASURED = "measured"
 RULE_OF_THUMB = "rule of thumb"
-"""The two labels evidence carries in every output (measured on this workload, or assumed)."""
+PLANNED = "planner"
+"""The labels evidence carries in every output: measured on this workload, assumed from the
+rules file, or computed by sextant's planner for the target scale."""
 
 
 def allowed(values: tuple[str, ...]) -> str:

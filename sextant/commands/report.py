@@ -1,7 +1,7 @@
 """`sextant report`: write the report of the latest (or a chosen) compare.
 
-    sextant report [--format html|md|json] [--out FILE|-] [--profile FILE] [--group ID] [--db PATH]
-                   [--calibration FILE]
+    sextant report [--format html|md|json] [--out FILE|-] [--profile FILE [--plan FILE]]
+                   [--group ID] [--db PATH] [--calibration FILE]
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ def register(sub: Any) -> None:
                    help="team profile TOML: put the advisor's recommendation, with the measured "
                         "runs as evidence, at the top (e.g. "
                         "examples/profiles/startup-nvidia-pytorch.toml)")
+    p.add_argument("--plan", type=Path, default=None, metavar="FILE",
+                   help="with --profile: a planner result ('sextant plan ... --tokens T --json "
+                        "> plan.json') for the recommendation's training hours")
     p.add_argument("--group", default=None, help="compare group id (default: the latest)")
     p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
                    help="this machine's calibration (sextant calibrate), for the planner's "
@@ -52,8 +55,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.profile is not None and not args.profile.is_file():
         raise UserError(f"--profile {args.profile}: no such file; write one with "
                         "'sextant advise --init' or use examples/profiles/*.toml")
+    if args.plan is not None and args.profile is None:
+        raise UserError("--plan gives the advisor's training hours: it needs --profile FILE")
     options = {"group_id": args.group, "fmt": fmt, "profile": args.profile,
-               "calibration": args.calibration}
+               "calibration": args.calibration, "plan": args.plan}
     with open_store(args, create=False) as store:
         if args.out == "-":
             sys.stdout.write(report_text(store, **options))

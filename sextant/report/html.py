@@ -164,6 +164,8 @@ def _hero(report: Mapping[str, Any]) -> str:
             f'{_money(rec["compute_usd"])}, people {_money(rec["people_usd"])})'
             + (f'; runner-up {e(runner["candidate"])} at {_money(runner["tco_usd"])}'
                if runner else "") + "</p>"
+            + (f'<p class="small">Training {rec["training_hours"]:,.0f} hours: '
+               f'{e(rec["hours_source"])}</p>' if rec.get("hours_source") else "")
         )
         ranking = _table(("#", "stack", "score", "cost of ownership"),
                          [(r["rank"], r["candidate"], f'{r["score"]:.2f}', _money(r["tco_usd"]))
@@ -559,21 +561,26 @@ def render(runs: list[dict[str, Any]], fmt: str = "html", *, advice: Any = None,
     return html_from_report(report)
 
 
-def load_advice(profile: str | Path, runs: list[dict[str, Any]]) -> Any:
-    """The advisor's Advice for a team profile, with these runs as measured evidence."""
+def load_advice(profile: str | Path, runs: list[dict[str, Any]],
+                plan: str | Path | None = None) -> Any:
+    """The advisor's Advice for a team profile, with these runs as measured evidence (and a
+    planner result for the training hours, when given)."""
     from sextant.advisor import advise, evidence_from_runs, load_profile
+    from sextant.advisor.planned import load_plan
 
     team = load_profile(profile)
+    planned = load_plan(plan, team) if plan is not None else None
     evidence = evidence_from_runs(runs)
     notes = []
     if not any(x.metric == "throughput_ratio" for x in evidence):
         notes.append("No two frameworks measured on the same configuration in this report: "
                      "compute costs use rules of thumb.")
-    return advise(team, evidence, None, notes)
+    return advise(team, evidence, None, notes, planned)
 
 
 def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = "html",
-                profile: str | Path | None = None, calibration: str | Path | None = None) -> str:
+                profile: str | Path | None = None, calibration: str | Path | None = None,
+                plan: str | Path | None = None) -> str:
     """The report of one compare group (default: the latest). The scaling prediction uses
     `calibration`, else calibration.json next to the results database, else
     ./sextant-results/calibration.json; without one, measured points only."""
@@ -588,7 +595,7 @@ def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = 
     if not runs:
         raise UserError(f"no runs of group {group!r} in {store.path}; "
                         "'sextant runs list' shows the stored runs")
-    advice = load_advice(profile, runs) if profile is not None else None
+    advice = load_advice(profile, runs, plan) if profile is not None else None
     return render(runs, fmt, advice=advice,
                   profile_path=str(profile) if profile is not None else None, group_id=group,
                   machine=load_machine(calibration, Path(store.path).parent))

@@ -52,6 +52,9 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
                   for r in rec["reasons"][:4]]
         lines += ["", f"Cost of ownership ${rec['tco_usd']:,.0f} (compute "
                       f"${rec['compute_usd']:,.0f}, people ${rec['people_usd']:,.0f}).", ""]
+        if rec.get("hours_source"):
+            lines += [f"Training {rec['training_hours']:,.0f} hours: "
+                      f"{md(rec['hours_source'])}.", ""]
         lines += _table(("#", "stack", "score", "TCO", "key reasons"),
                         [(r["rank"], r["candidate"], f"{r['score']:.2f}",
                           f"${r['tco_usd']:,.0f}", ", ".join(r["reasons"]))

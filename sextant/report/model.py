@@ -329,6 +329,8 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
         "tco_usd": top["tco_usd"],
         "compute_usd": top["cost"]["compute_usd"],
         "people_usd": top["cost"]["people_usd"],
+        "training_hours": top["cost"]["training_hours"],
+        "hours_source": top["cost"]["hours_source"],
         "reasons": reasons,
         "ranking": [{"rank": r["rank"], "candidate": r["candidate"], "score": r["score"],
                      "tco_usd": r["tco_usd"],

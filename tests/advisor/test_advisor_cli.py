@@ -177,3 +177,52 @@ def test_import_pulls_in_no_framework() -> None:
     code = ("import sys, sextant.advisor, sextant.advisor.cli; "
             "bad = {'torch', 'jax', 'tensorflow'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+def _plan(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> Path:
+    """A real planner result, as `sextant plan ... --json > plan.json` writes it."""
+    assert main(["plan", "--model", "llama2-7b", "--accelerator", "h100-sxm", "--no-curve",
+                 "--json", *args]) == 0
+    path = tmp_path / "plan.json"
+    path.write_text(capsys.readouterr().out)
+    return path
+
+
+def test_time_to_train_from_a_planner_result(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = _plan(tmp_path, capsys, "--gpus", "16", "--tokens", "1.4e11")
+    plan = json.loads(plan_path.read_text())
+    assert main(["advise", "--profile", STARTUP, "--plan", str(plan_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    hours = 1.4e11 / plan["throughput"]["tokens_per_s"] / 3600
+    planned = [e for e in data["evidence"] if e["metric"] == "training_hours"]
+    assert planned and {e["source"] for e in planned} == {"planner"}
+    top = data["ranking"][0]
+    assert top["cost"]["reference_hours"] == pytest.approx(hours)
+    assert top["cost"]["compute_usd"] == pytest.approx(
+        top["cost"]["training_hours"] * 16 * 2.49)
+    assert any(f"{plan['layout']['label']}" in line for line in data["assumptions"])
+    # Without the plan the hours are the rule of thumb (6 x params x tokens at 40% MFU).
+    assert main(["advise", "--profile", STARTUP, "--json"]) == 0
+    thumb = json.loads(capsys.readouterr().out)["ranking"][0]["cost"]["reference_hours"]
+    assert thumb != pytest.approx(hours)
+
+
+def test_a_plan_for_other_devices_or_hardware(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path = _plan(tmp_path, capsys, "--gpus", "64", "--tokens", "1.4e11")
+    assert main(["advise", "--profile", STARTUP, "--plan", str(plan_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is for 64 devices but the profile has devices = 16: plan with --gpus 16" in err
+    assert len(err.strip().splitlines()) == 1
+    tpu_plan = tmp_path / "tpu.json"
+    assert main(["plan", "--model", "llama2-7b", "--accelerator", "tpu-v5p", "--gpus", "16",
+                 "--no-curve", "--json"]) == 0
+    tpu_plan.write_text(capsys.readouterr().out)
+    # No --tokens in the plan: the profile's training_tokens are used.
+    assert main(["advise", "--profile", STARTUP, "--plan", str(tpu_plan), "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("is not nvidia hardware" in n for n in notes)
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["advise", "--profile", STARTUP, "--plan", str(tmp_path / "bad.json")]) == 2
+    assert "not the output of 'sextant plan" in capsys.readouterr().err

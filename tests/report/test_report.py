@@ -286,3 +286,19 @@ def test_scaling_without_calibration_says_how_to_get_the_prediction() -> None:
     assert report["scaling"]["prediction"] is None
     assert "sextant calibrate" in report["scaling"]["prediction_note"]
     assert all("prediction" not in x for x in report["scaling"]["series"])
+
+
+def test_recommendation_takes_training_hours_from_a_plan(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "llama2-7b", "--accelerator", "h100-sxm", "--gpus", "16",
+                 "--tokens", "1.4e11", "--no-curve", "--json"]) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(capsys.readouterr().out)
+    tps = json.loads(plan.read_text())["throughput"]["tokens_per_s"]
+    runs = compare_group()
+    rec = build_report(runs, advice=load_advice(PROFILE, runs, plan),
+                       profile_path=str(PROFILE))["recommendation"]
+    assert rec["hours_source"].startswith("planner: llama2-7b on 16 x h100-sxm")
+    assert rec["training_hours"] == pytest.approx(1.4e11 / tps / 3600)
+    rec = build_report(runs, advice=load_advice(PROFILE, runs))["recommendation"]
+    assert rec["hours_source"].startswith("rule of thumb: 6 x")
