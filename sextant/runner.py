@@ -131,6 +131,13 @@ def execute(
             f"global_batch {workload.global_batch} is not divisible by the "
             f"{strategy.replicas} data-parallel replicas of {strategy.label}"
         )
+    rows = workload.global_batch // strategy.replicas
+    if rows % strategy.grad_accum:
+        raise UserError(
+            f"--grad-accum {strategy.grad_accum} does not divide the {rows} rows each replica "
+            f"gets (global_batch {workload.global_batch} / {strategy.replicas} replicas); "
+            f"use a divisor of {rows}"
+        )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = strategy.label.replace(" ", "-")
     run_dir = runs_dir / f"{stamp}-{workload.name}-{slug}-{time.monotonic_ns() % 10**6:06d}"

@@ -47,6 +47,11 @@ def test_help_lists_commands() -> None:
         (["run", "--parallel", "pipeline"], "unknown parallel strategy 'pipeline'"),
         (["run", "--workers", "2"], "parallel 'single' runs one worker"),
         (["run", "--steps", "1"], "--steps must exceed the workload's measure.warmup_steps"),
+        (["run", "--grad-accum", "3"], "--grad-accum 3 does not divide the 16 rows each replica"),
+        (["advise", "--profile", str(Path(__file__).parents[1] / "examples" / "profiles"
+                                     / "startup-nvidia-pytorch.toml"), "--plan",
+          "missing.json"], "--plan missing.json: no such file"),
+        (["report", "--plan", "p.json"], "--plan gives the advisor's training hours: it needs"),
         (["compare", "--frameworks", "torch,caffe"], "unknown framework 'caffe' in --frameworks"),
         (["runs", "list"], "no results store at"),
         (["bogus"], "invalid choice: 'bogus'"),

@@ -9,8 +9,11 @@ silences its start-up logging and fixes its numerics has been set.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from sextant.backends.base import Capabilities, ProcessLayout
@@ -35,6 +38,12 @@ IMPORT_NOTICES = (
     "oneDNN custom operations are on",
 )
 
+# Logged once per process (ERROR level, so TF_CPP_MIN_LOG_LEVEL=2 does not hide it) by the
+# oneDNN graph-rewrite pass when a graph holds a bf16 or fp16 op and the CPU lacks AVX-512
+# ("oneDNN supports DT_BFLOAT16 only on platforms with AVX-512. Falling back to the default
+# Eigen-based implementation if present."). train.probe_16bit_notice records it instead.
+ONEDNN_16BIT_NOTICE = "oneDNN supports DT_"
+
 
 def prepare_environment() -> None:
     """The worker's TensorFlow environment; call before `import tensorflow`."""
@@ -49,26 +58,37 @@ def import_tensorflow(ctx: Any) -> Any:
     prepare_environment()
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    path = ctx.run_dir / f"rank{ctx.rank}.tf-import.log"
+    with filtered_stderr(ctx.run_dir / f"rank{ctx.rank}.tf-import.log", IMPORT_NOTICES):
+        import tensorflow as tf
+    return tf
+
+
+@contextlib.contextmanager
+def filtered_stderr(path: Path, drop: tuple[str, ...]) -> Iterator[list[str]]:
+    """Run the block with file descriptor 2 (where TensorFlow's C++ code logs) going to
+    `path`. Afterwards the lines containing one of `drop` are put in the yielded list and
+    every other line is copied to stderr; the file is deleted unless the block raised (or
+    killed the process)."""
+    dropped: list[str] = []
     sys.stderr.flush()
     saved = os.dup(2)
     with open(path, "w+b") as sink:
         os.dup2(sink.fileno(), 2)
         try:
-            import tensorflow as tf
+            yield dropped
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            text = sink.read().decode(errors="replace")
-            kept = [line for line in text.splitlines()
-                    if line.strip() and not any(n in line for n in IMPORT_NOTICES)]
+            kept = []
+            for line in sink.read().decode(errors="replace").splitlines():
+                if line.strip():
+                    (dropped if any(n in line for n in drop) else kept).append(line)
             if kept:
                 sys.stderr.write("\n".join(kept) + "\n")
                 sys.stderr.flush()
     path.unlink()
-    return tf
 
 
 class TensorFlowBackend:
@@ -78,8 +98,16 @@ class TensorFlowBackend:
 
     def capabilities(self) -> Capabilities:
         # compiled (XLA) first: the fastest TensorFlow mode measured here, so the default.
-        return Capabilities(modes=("compiled", "eager"), parallel=("single", "dp", "ps"),
-                            precisions=("fp32",))
+        # No ZeRO/FSDP: tf.distribute has no sharded data-parallel strategy. No PowerSGD:
+        # TensorFlow has no implementation of it.
+        return Capabilities(
+            modes=("compiled", "eager"),
+            parallel=("single", "dp", "ps"),
+            precisions=("fp32", "bf16"),
+            compress=("none", "bf16", "fp16"),
+            grad_accum=True,
+            checkpoint=("single", "dp"),
+        )
 
     def check(self, strategy: Any) -> None:
         """Combinations the capability lists cannot express (checked in the parent)."""
@@ -92,6 +120,24 @@ class TensorFlowBackend:
                 "(MultiWorkerMirroredStrategy and parameter-server workers use one CPU device "
                 f"each). Received: parallel={strategy.parallel!r}, workers={strategy.workers}, "
                 f"devices_per_worker={strategy.devices_per_worker}"
+            )
+        if strategy.parallel == "ps":
+            levers = [f for f, on in (
+                (f"--precision {strategy.precision}", strategy.precision != "fp32"),
+                (f"--grad-accum {strategy.grad_accum}", strategy.grad_accum > 1),
+                (f"--compress {strategy.compress}", strategy.compress != "none"),
+                ("--checkpoint-every/--resume", bool(strategy.checkpoint_every or strategy.resume)),
+            ) if on]
+            if levers:
+                raise UserError(
+                    "tensorflow parameter-server training (parallel ps) runs fp32 without "
+                    "levers; bf16, --grad-accum, --compress and checkpoints work with parallel "
+                    f"single and dp (compress: dp only). Received: {', '.join(levers)}"
+                )
+        if strategy.compress != "none" and strategy.parallel != "dp":
+            raise UserError(
+                "tensorflow compresses gradients by casting before the replica all-reduce: "
+                f"--compress needs parallel dp. Received: parallel={strategy.parallel!r}"
             )
 
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:

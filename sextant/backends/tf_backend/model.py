@@ -9,6 +9,11 @@ column order [q | k | v], head h at columns h*hd:(h+1)*hd inside each.
 `value_and_grad` is a pure function of (parameter tensors, batch), so the same code is
 traced into a single-device step, into each replica of a distribution strategy, or into a
 function scheduled on a parameter-server worker.
+
+Mixed precision (`dtype=tf.bfloat16`): the forward and backward run on bf16 copies of the fp32
+parameters (and of float inputs), made inside the gradient tape, so the gradients arrive in
+fp32 through the casts' gradients and the optimizer updates the fp32 masters; the logits are
+cast back to fp32 before the softmax cross-entropy (the JAX backend's scheme).
 """
 
 from __future__ import annotations
@@ -54,8 +59,8 @@ def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Te
     x = tf.gather(p["wte"], idx) + p["wpe"][:T]  # (B, T, C)
     x = tf.reshape(x, (-1, C))
     causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
-    neg_inf = tf.constant(-np.inf, tf.float32)
-    scale = tf.constant(1.0 / math.sqrt(hd), tf.float32)
+    neg_inf = tf.constant(-np.inf, x.dtype)  # the compute dtype (fp32, or bf16)
+    scale = tf.constant(1.0 / math.sqrt(hd), x.dtype)
 
     def heads(t: tf.Tensor) -> tf.Tensor:  # (B*T, C) -> (B, nh, T, hd)
         return tf.transpose(tf.reshape(t, (B, T, nh, hd)), (0, 2, 1, 3))
@@ -84,18 +89,24 @@ def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor
     else:
         logits = _gpt_logits(spec, p, x)
     labels = tf.reshape(y, (-1,))
+    logits = tf.cast(logits, tf.float32)  # the loss in fp32 (a no-op in fp32)
     return tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     )
 
 
 def value_and_grad(spec: ModelSpec, names: Sequence[str], values: Sequence[tf.Tensor],
-                   x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """(loss, dense gradients in `names` order) of the loss at parameter tensors `values`."""
+                   x: tf.Tensor, y: tf.Tensor, dtype: tf.DType = tf.float32
+                   ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """(fp32 loss, fp32 dense gradients in `names` order) of the loss at parameter tensors
+    `values`, computed in `dtype` (bf16: on bf16 copies of the fp32 values)."""
     values = list(values)
     with tf.GradientTape() as tape:
         tape.watch(values)
-        loss = loss_fn(spec, dict(zip(names, values)), x, y)
+        compute = values if dtype == tf.float32 else [tf.cast(v, dtype) for v in values]
+        if dtype != tf.float32 and x.dtype.is_floating:
+            x = tf.cast(x, dtype)
+        loss = loss_fn(spec, dict(zip(names, compute)), x, y)
     grads = tape.gradient(loss, values)
     # The embedding lookup's gradient is IndexedSlices; every reduction below wants dense.
     return loss, [tf.convert_to_tensor(g) for g in grads]

@@ -15,6 +15,15 @@ the gradients, no host transfer inside the step (the loss/grad-norm pair is read
   AdamW update as two executables; the cross-replica all-reduce runs between them as a
   tf.distribute collective, outside XLA, so it keeps its ring implementation and timeout and
   the no-sync variant only has to leave it out.
+
+Levers (docs/levers.md), all inside the traced step:
+- grad_accum K: K micro-batches of the replica's rows, gradients summed and divided by K,
+  then one all-reduce per optimizer step;
+- precision bf16: forward/backward on bf16 copies of the fp32 variables, loss in fp32, AdamW
+  on the fp32 variables (model.value_and_grad);
+- compress bf16|fp16 (dp): gradients cast to 16 bits before the all-reduce, back after;
+- checkpoint/resume: tf.train.Checkpoint of parameters, Adam moments and update counter,
+  written through sextant.checkpoint's sealed-directory protocol.
 """
 
 from __future__ import annotations
@@ -22,16 +31,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from typing import Any
 
 import numpy as np
 
+from sextant import checkpoint as ckpt
 from sextant import data
 from sextant.backends.tf_backend.common import nbytes
-from sextant.measure.guard import guard_recompiles
-from sextant.init import params_digest
 from sextant.errors import UserError
-from sextant.init import init_params, param_shapes
+from sextant.init import init_params, param_shapes, params_digest
+from sextant.measure.guard import guard_recompiles
 from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint
 from sextant.measure.loop import timed_training
@@ -99,8 +109,13 @@ def run(ctx: Any) -> dict[str, Any]:
     from sextant.backends.tf_backend import model as tm
 
     workload, strategy = ctx.workload, ctx.strategy
+    accum = strategy.grad_accum  # divides each replica's rows (checked by the runner)
     dist, wrapping, collectives = make_strategy(tf, ctx)
     jit = strategy.mode == "compiled"
+    compute_dtype = tf.bfloat16 if strategy.precision == "bf16" else tf.float32
+    wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(strategy.compress)
+    notices = probe_16bit_notice(tf, ctx, [d for d in (compute_dtype, wire)
+                                           if d is not None and d != tf.float32])
     spec = workload.model
     shapes = param_shapes(spec)
     names = list(shapes)
@@ -121,12 +136,36 @@ def run(ctx: Any) -> dict[str, Any]:
             opt.update(i, p, g, m, v, s)
         k_var.assign_add(1)
 
+    def value_and_grad(values: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor
+                       ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """(loss, gradients) of this replica's rows, in `accum` micro-batches.
+
+        Micro-batch j is the j-th contiguous chunk of the replica's rows (torch's
+        `x.chunk(K)`; the JAX backend takes rows j mod K: the same mean either way). The
+        gradients are summed and divided by K once, so the result is the gradient of the mean
+        loss over all the rows, as with K = 1. The K forward/backward passes are unrolled
+        in the trace (K is static); each starts after the previous one's gradients exist,
+        so only one micro-batch's activations are alive at a time."""
+        if accum == 1:
+            return tm.value_and_grad(spec, names, values, x, y, compute_dtype)
+        loss_sum, grad_sums = None, None
+        for xj, yj in zip(tf.split(x, accum), tf.split(y, accum)):
+            with tf.control_dependencies(grad_sums or []):
+                loss, grads = tm.value_and_grad(spec, names, values, tf.identity(xj), yj,
+                                                compute_dtype)
+            if grad_sums is None:
+                loss_sum, grad_sums = loss, grads
+            else:
+                loss_sum = loss_sum + loss
+                grad_sums = [a + g for a, g in zip(grad_sums, grads)]
+        return loss_sum / accum, [g / accum for g in grad_sums]
+
     rows = {"n": 0}  # rows of the batch this process fetched last
 
     if dist is None:
         @tf.function(jit_compile=jit)
         def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-            loss, grads = tm.value_and_grad(spec, names, [p.read_value() for p in params], x, y)
+            loss, grads = value_and_grad([p.read_value() for p in params], x, y)
             norm = tm.global_norm(grads)
             apply(params, ms, vs, k, grads)
             return tf.stack([loss, norm])
@@ -142,10 +181,10 @@ def run(ctx: Any) -> dict[str, Any]:
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=ctx.collective_timeout_s)
         # The deliberate bug behind SEXTANT_TEST_FAULT=sum-gradients: sum instead of mean.
-        reduce_op = (tf.distribute.ReduceOp.SUM if "sum-gradients" in faults
-                     else tf.distribute.ReduceOp.MEAN)
-        grad_fn = tf.function(lambda values, x, y: tm.value_and_grad(spec, names, values, x, y),
-                              jit_compile=jit)
+        sum_gradients = "sum-gradients" in faults
+        reduce_op = tf.distribute.ReduceOp.SUM if sum_gradients else tf.distribute.ReduceOp.MEAN
+        replicas = dist.num_replicas_in_sync
+        grad_fn = tf.function(value_and_grad, jit_compile=jit)
         apply_fn = tf.function(apply, jit_compile=jit)
         local_devices = dist.extended.worker_devices
         n_local = len(local_devices)
@@ -159,12 +198,33 @@ def run(ctx: Any) -> dict[str, Any]:
             for d in range(n_local)
         ]
 
+        sizes = [int(np.prod(shapes[n])) for n in names]
+
+        def all_reduce(grads: list[tf.Tensor]) -> list[tf.Tensor]:
+            """The gradient mean over all replicas, one collective for all gradients.
+
+            fp32: the list goes to tf.distribute, which concatenates it into one flat buffer
+            inside a tf.function (CommunicationOptions.bytes_per_pack 0 makes one pack).
+            Compressed: the same flat buffer made here, in fp32, divided by the replica count
+            (torch's fp16_compress_hook order: dividing first keeps fp16 from overflowing in
+            the sum), cast to 16 bits once, summed, cast back and split. Casting is
+            elementwise, so this is per-tensor casting's result, with two casts instead of
+            two per tensor and no 16-bit concat/split."""
+            replica_ctx = tf.distribute.get_replica_context()
+            if wire is None:
+                return replica_ctx.all_reduce(reduce_op, grads, options=options)
+            scale = 1.0 if sum_gradients else 1.0 / replicas
+            flat = tf.concat([tf.reshape(g, (-1,)) for g in grads], axis=0) * scale
+            reduced = replica_ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(flat, wire),
+                                             options=options)
+            pieces = tf.split(tf.cast(reduced, tf.float32), sizes)
+            return [tf.reshape(piece, g.shape) for piece, g in zip(pieces, grads)]
+
         def make_step(sync: bool) -> Any:
             def replica(x: tf.Tensor, y: tf.Tensor) -> tuple[Any, ...]:
                 loss, grads = grad_fn([p.read_value() for p in params], x, y)
                 if sync:
-                    grads = tf.distribute.get_replica_context().all_reduce(
-                        reduce_op, grads, options=options)
+                    grads = all_reduce(grads)
                 return loss, tm.global_norm(grads), grads
 
             @tf.function
@@ -216,6 +276,40 @@ def run(ctx: Any) -> dict[str, Any]:
     def to_floats(handles: list[tf.Tensor]) -> list[tuple[float, float]]:
         return [tuple(pair) for pair in np.stack([h.numpy() for h in handles]).tolist()]
 
+    # --- checkpoints (tf.train.Checkpoint, sealed by sextant.checkpoint) ------------------
+    start_step = 0
+    notes: list[str] = []
+    state = tf.train.Checkpoint(params=params, m=ms, v=vs, update_count=k)
+    multi_worker = dist is not None and ctx.world > 1
+    barrier = _barrier(tf, dist, ctx) if multi_worker else (lambda: None)
+
+    def save(step_done: int) -> None:
+        def write(directory: Any) -> None:
+            # TensorFlow's multi-worker rule (keras distributed_file_utils.write_dirpath):
+            # every worker saves, the chief into the real directory, the others into a
+            # temporary one that they delete afterwards.
+            if dist is None or dist.extended.should_checkpoint:
+                directory.mkdir(parents=True, exist_ok=True)
+                state.write(str(directory / CKPT_PREFIX))
+            else:
+                scratch = ctx.run_dir / f"rank{ctx.rank}.workertemp"
+                state.write(str(scratch / CKPT_PREFIX))
+                shutil.rmtree(scratch, ignore_errors=True)
+
+        ckpt.save_sealed(ctx, step_done, write, barrier)
+
+    if strategy.resume:
+        step_found, directory = ckpt.resume_point(ctx, notes)
+        if directory is not None:
+            # Every worker reads the chief's files; assert_consumed: every saved value found
+            # its variable and every variable was restored.
+            state.read(str(directory / CKPT_PREFIX)).assert_consumed()
+            if int(k.numpy()) != step_found:
+                raise RuntimeError(f"{directory}: update counter {int(k.numpy())} saved at "
+                                   f"step {step_found}")
+            start_step = step_found
+        barrier()
+
     exported: dict[str, Any] = {}
 
     def export_final() -> None:
@@ -229,7 +323,8 @@ def run(ctx: Any) -> dict[str, Any]:
     result = timed_training(
         ctx, fetch=fetch, step=step, block=block, to_floats=to_floats,
         step_nosync=step_nosync if nosync_fn is not None else None,
-        rows_of=lambda batch: rows["n"], on_trained=export_final,
+        rows_of=lambda batch: rows["n"], start_step=start_step,
+        checkpoint=save if strategy.checkpoint_every else None, on_trained=export_final,
     )
     result["final_params_sha256"] = exported.get("sha256")
     n_params = sum(v.size for v in params0.values())
@@ -241,22 +336,32 @@ def run(ctx: Any) -> dict[str, Any]:
     }
     result["comm"] = {"planned_bytes_per_step": bytes_per_step(strategy, n_params),
                       "measured_grad_payload_bytes_per_step": None}
+    xla = "XLA " if jit else ""
+    micro = f"{accum} micro-batches of " if accum > 1 else ""
+    bf16 = "bf16 " if strategy.precision == "bf16" else ""
+    cast = f"cast to {strategy.compress} + " if wire is not None else ""
     result["details"] = {
         "optimizer": "AdamW by hand on tf.Variables (torch.optim.AdamW semantics)",
         "wrapping": " + ".join(
             w for w, on in ((wrapping, dist is not None),
-                            ("tf.function(jit_compile=True)" if jit else "tf.function", True))
+                            ("tf.function(jit_compile=True)" if jit else "tf.function", True),
+                            ("bf16 compute copies", strategy.precision == "bf16"))
             if on
         ),
-        "step": ("one tf.function" + (", XLA-compiled whole" if jit else "")
+        "step": (f"one tf.function ({micro}{bf16}forward/backward, norm, AdamW)"
+                 + (", XLA-compiled whole" if jit else "")
                  if dist is None else
-                 "tf.function: strategy.run(" + ("XLA " if jit else "")
-                 + "forward/backward) + all_reduce(MEAN) + per-device "
-                 + ("XLA " if jit else "") + "AdamW"),
+                 f"tf.function: strategy.run({xla}{micro}{bf16}forward/backward) + {cast}"
+                 f"all_reduce({'SUM' if wire is not None else 'MEAN'}) + per-device {xla}AdamW"),
         "devices": n_local,
         "collectives": collectives,
         "xla": jit,
         "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+        "precision": strategy.precision,
+        "grad_accum": accum,
+        "compression": strategy.compress,
+        "notes": notes,
+        "tensorflow_notices": notices,
     }
     result["fingerprint"] = fingerprint(
         framework="tensorflow",
@@ -269,6 +374,50 @@ def run(ctx: Any) -> dict[str, Any]:
         omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
     )
     return result
+
+
+def probe_16bit_notice(tf: Any, ctx: Any, dtypes: list[Any]) -> list[str]:
+    """TensorFlow's once-per-process notice that its oneDNN kernels do not run these 16-bit
+    dtypes on this CPU (no AVX-512; the Eigen kernels do), provoked here by a tiny function
+    while stderr is captured, and returned for the record instead of landing in the worker's
+    log as an ERROR line (which would also read like the cause of any later failure)."""
+    from sextant.backends.tf_backend import ONEDNN_16BIT_NOTICE, filtered_stderr
+
+    if not dtypes:
+        return []
+    with filtered_stderr(ctx.run_dir / f"rank{ctx.rank}.tf-16bit.log",
+                         (ONEDNN_16BIT_NOTICE,)) as dropped:
+        for dtype in dtypes:
+            # A reshape of a 16-bit tensor in a graph is enough for the rewrite pass to ask.
+            probe = tf.function(lambda x, d=dtype: tf.cast(tf.reshape(tf.cast(x, d), (2, 2)),
+                                                           tf.float32))
+            probe(tf.zeros((4,))).numpy()
+    return [line.split("] ", 1)[-1] for line in dropped]
+
+
+# The checkpoint's file prefix inside a step directory: tf.train.Checkpoint.write makes
+# ckpt.index and ckpt.data-00000-of-00001.
+CKPT_PREFIX = "ckpt"
+
+
+def _barrier(tf: Any, dist: Any, ctx: Any) -> Any:
+    """A barrier across the MultiWorkerMirroredStrategy workers, outside the training step:
+    a one-element all-reduce, traced once, whose value is read back (the read waits for
+    every worker's contribution). Each worker calls it at the same points, in order."""
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=ctx.collective_timeout_s)
+
+    @tf.function
+    def reduce_one() -> Any:
+        return dist.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, tf.ones(()), options=options))
+
+    def barrier() -> None:
+        total = float(dist.experimental_local_results(reduce_one())[0].numpy())
+        if total != dist.num_replicas_in_sync:
+            raise RuntimeError(f"barrier: {total:g} of {dist.num_replicas_in_sync} replicas")
+
+    return barrier
 
 
 def _var_name(canonical: str) -> str:
