@@ -36,3 +36,43 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
         capture_output=True, text=True, timeout=timeout, cwd=cwd,
         env={**os.environ, **(env or {})},
     )
+
+
+# --- comparing run records -------------------------------------------------------------------
+
+LEVER_RTOL = 1e-5
+"""fp32 runs that differ only in summation order (see docs/methodology.md)."""
+
+
+def same_training(a: dict, b: dict, rtol: float = LEVER_RTOL) -> None:
+    """Two runs trained the same thing: losses and global gradient norms agree at every step
+    (the norm catches a summed-instead-of-averaged gradient, which Adam hides in the loss)."""
+    import numpy as np
+
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=rtol, atol=0)
+    np.testing.assert_allclose(a["grad_norms"], b["grad_norms"], rtol=rtol, atol=0)
+
+
+def loss_deviation(a: dict, b: dict) -> float:
+    """Largest relative difference of a's losses from b's."""
+    import numpy as np
+
+    return float(np.max(np.abs(np.subtract(a["losses"], b["losses"])) / np.asarray(b["losses"])))
+
+
+def kill_then_resume(workload: Workload, make: object, tmp_path: Path) -> dict:
+    """Run `make(checkpoint_every=3, ...)` until rank 0 SIGKILLs itself after step 5, check
+    that only the step-3 checkpoint was sealed, resume from it and return the resumed run."""
+    from sextant.errors import RunFailed
+    from sextant.runner import execute
+
+    d = str(tmp_path / "ckpt")
+    with pytest.raises(RunFailed, match="SIGKILL"):
+        execute(workload, make(checkpoint_every=3, checkpoint_dir=d), runs_dir=tmp_path / "b",
+                extra_env={"SEXTANT_TEST_FAULT": "kill-rank-0-at-5"})
+    assert [p.name for p in sorted(Path(d).iterdir())] == ["step-00000003"]
+    resumed = execute(workload, make(checkpoint_every=3, checkpoint_dir=d, resume=True),
+                      runs_dir=tmp_path / "c")
+    assert resumed["ranks"][0]["details"]["notes"] == ["resumed from step-00000003"]
+    assert resumed["metrics"]["resumed_from_step"] == 3
+    return resumed

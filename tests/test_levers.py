@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 
 from sextant import checkpoint as ckpt
-from sextant.errors import RunFailed, UserError
+from sextant.errors import UserError
 from sextant.backends import require
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import needs_torch, short
+from tests.helpers import kill_then_resume, loss_deviation, needs_torch, same_training, short
 
 pytestmark = [needs_torch, pytest.mark.slow]
 HAS_JAX = importlib.util.find_spec("jax") is not None
-RTOL = 1e-5  # fp32: only summation order differs (see docs/methodology.md)
 
 
 def torch_s(parallel: str = "single", **kw) -> Strategy:
@@ -31,15 +30,6 @@ def jax_s(parallel: str = "single", **kw) -> Strategy:
     return Strategy(framework="jax", mode="compiled", parallel=parallel, workers=workers, **kw)
 
 
-def same(a: dict, b: dict, rtol: float = RTOL) -> None:
-    np.testing.assert_allclose(a["losses"], b["losses"], rtol=rtol, atol=0)
-    np.testing.assert_allclose(a["grad_norms"], b["grad_norms"], rtol=rtol, atol=0)
-
-
-def rel_dev(a: dict, b: dict) -> float:
-    return float(np.max(np.abs(np.subtract(a["losses"], b["losses"])) / np.asarray(b["losses"])))
-
-
 @pytest.fixture(scope="module")
 def dp_ref(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return execute(short("gpt-tiny", 5), torch_s("dp"), runs_dir=tmp_path_factory.mktemp("dp"))
@@ -48,7 +38,7 @@ def dp_ref(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("parallel", ["zero1", "zero2", "fsdp"])
 def test_torch_sharded_equals_dp(tmp_path: Path, dp_ref: dict, parallel: str) -> None:
     rec = execute(short("gpt-tiny", 5), torch_s(parallel), runs_dir=tmp_path)
-    same(rec, dp_ref)
+    same_training(rec, dp_ref)
 
 
 def test_torch_memory_accounting_shows_sharding(tmp_path: Path, dp_ref: dict) -> None:
@@ -79,8 +69,8 @@ def test_ddp_gradient_payload_matches_the_formula(dp_ref: dict) -> None:
 def test_grad_accumulation_equals_one_big_batch(tmp_path: Path, dp_ref: dict) -> None:
     w = short("gpt-tiny", 5)
     single = execute(w, torch_s(), runs_dir=tmp_path)
-    same(execute(w, torch_s(grad_accum=4), runs_dir=tmp_path), single)
-    same(execute(w, torch_s("dp", grad_accum=2), runs_dir=tmp_path), dp_ref)
+    same_training(execute(w, torch_s(grad_accum=4), runs_dir=tmp_path), single)
+    same_training(execute(w, torch_s("dp", grad_accum=2), runs_dir=tmp_path), dp_ref)
 
 
 @pytest.mark.parametrize(("compress", "bound"), [("bf16", 1e-3), ("fp16", 1e-3),
@@ -88,7 +78,7 @@ def test_grad_accumulation_equals_one_big_batch(tmp_path: Path, dp_ref: dict) ->
 def test_compression_runs_and_deviation_is_reported(tmp_path: Path, dp_ref: dict,
                                                     compress: str, bound: float) -> None:
     rec = execute(short("gpt-tiny", 5), torch_s("dp", compress=compress), runs_dir=tmp_path)
-    deviation = rel_dev(rec, dp_ref)
+    deviation = loss_deviation(rec, dp_ref)
     # It really compressed (the numbers moved) and stayed close to the uncompressed run.
     assert 0 < deviation < bound
     assert rec["label"].endswith(f"compress={compress}")
@@ -100,7 +90,7 @@ def test_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
     bf16 = execute(w, torch_s(precision="bf16"), runs_dir=tmp_path)
     # bf16 keeps 8 mantissa bits (relative rounding 2^-8 = 0.4%); with fp32 master weights
     # the loss after 20 steps stays within 2% of fp32.
-    assert 0 < rel_dev(bf16, fp32) < 2e-2
+    assert 0 < loss_deviation(bf16, fp32) < 2e-2
     assert bf16["losses"][-1] < bf16["losses"][0]
 
 
@@ -123,17 +113,9 @@ KILL_AND_RESUME = [("torch", "single"), ("torch", "dp"), ("torch", "fsdp")] + (
 @pytest.mark.parametrize(("framework", "parallel"), KILL_AND_RESUME)
 def test_kill_and_resume_is_bit_identical(tmp_path: Path, framework: str, parallel: str) -> None:
     w = short("gpt-tiny", 8, nosync_steps=0)
-    d = str(tmp_path / "ckpt")
     make = torch_s if framework == "torch" else jax_s
     uninterrupted = execute(w, make(parallel), runs_dir=tmp_path / "a")
-    with pytest.raises(RunFailed, match="SIGKILL"):
-        execute(w, make(parallel, checkpoint_every=3, checkpoint_dir=d), runs_dir=tmp_path / "b",
-                extra_env={"SEXTANT_TEST_FAULT": "kill-rank-0-at-5"})
-    assert [p.name for p in sorted(Path(d).iterdir())] == ["step-00000003"]
-    resumed = execute(w, make(parallel, checkpoint_every=3, checkpoint_dir=d, resume=True),
-                      runs_dir=tmp_path / "c")
-    assert resumed["ranks"][0]["details"]["notes"] == ["resumed from step-00000003"]
-    assert resumed["metrics"]["resumed_from_step"] == 3
+    resumed = kill_then_resume(w, lambda **kw: make(parallel, **kw), tmp_path)
     np.testing.assert_array_equal(resumed["losses"], uninterrupted["losses"][3:])
     digest = resumed["ranks"][0]["final_params_sha256"]
     assert digest is not None and digest == uninterrupted["ranks"][0]["final_params_sha256"]
@@ -164,11 +146,11 @@ def test_corrupt_checkpoint_is_refused_and_previous_used(tmp_path: Path) -> None
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
 def test_jax_levers(tmp_path: Path, dp_ref: dict) -> None:
     w = short("gpt-tiny", 5)
-    same(execute(w, jax_s("zero1"), runs_dir=tmp_path), dp_ref)
-    same(execute(w, jax_s("dp", grad_accum=2), runs_dir=tmp_path), dp_ref)
+    same_training(execute(w, jax_s("zero1"), runs_dir=tmp_path), dp_ref)
+    same_training(execute(w, jax_s("dp", grad_accum=2), runs_dir=tmp_path), dp_ref)
     for compress in ("bf16", "fp16"):
         compressed = execute(w, jax_s("dp-manual", compress=compress), runs_dir=tmp_path)
-        assert 0 < rel_dev(compressed, dp_ref) < 1e-3
+        assert 0 < loss_deviation(compressed, dp_ref) < 1e-3
         # One flat all-reduce of the 16-bit gradients (plus the loss).
         assert compressed["ranks"][0]["details"]["hlo_collectives"]["all-reduce"][0] <= 2
 
@@ -185,7 +167,7 @@ def test_resume_skips_an_unfinished_save(tmp_path: Path, dp_ref: dict, framework
     d = str(tmp_path / "ckpt")
     make = torch_s if framework == "torch" else jax_s
     full = execute(w, make(parallel, checkpoint_every=3, checkpoint_dir=d), runs_dir=tmp_path)
-    same({k: full[k][:5] for k in ("losses", "grad_norms")}, dp_ref)
+    same_training({k: full[k][:5] for k in ("losses", "grad_norms")}, dp_ref)
     if framework == "jax":  # the collectives XLA chose, read from the compiled step
         assert full["ranks"][0]["details"]["hlo_collectives"]["all-reduce"][0] >= 1
     (Path(d) / "step-00000006").rename(Path(d) / "step-00000006.partial")  # never finished
@@ -200,5 +182,5 @@ def test_jax_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
     w = short("digits-mlp", 20)
     fp32 = execute(w, jax_s(), runs_dir=tmp_path)
     bf16 = execute(w, jax_s(precision="bf16"), runs_dir=tmp_path)
-    assert 0 < rel_dev(bf16, fp32) < 2e-2  # the same bound as torch's autocast
+    assert 0 < loss_deviation(bf16, fp32) < 2e-2  # the same bound as torch's autocast
     assert bf16["losses"][-1] < bf16["losses"][0]

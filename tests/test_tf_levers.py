@@ -18,29 +18,20 @@ import pytest
 
 from sextant import checkpoint as ckpt
 from sextant.backends.base import get_backend, require
-from sextant.errors import RunFailed, UserError
+from sextant.errors import UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import needs_torch, short
+from tests.helpers import kill_then_resume, loss_deviation, needs_torch, same_training, short
 
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                               reason="tensorflow not installed")
 pytestmark = [needs_tf, needs_torch, pytest.mark.slow]
-RTOL = 1e-5  # fp32: only the summation order differs (observed <= 1.1e-7 here)
+# fp32 parity at tests.helpers.LEVER_RTOL = 1e-5 (observed <= 1.1e-7 here)
 
 
 def tf(parallel: str = "single", mode: str = "eager", **kw) -> Strategy:
     workers = kw.pop("workers", 1 if parallel == "single" else 2)
     return Strategy(framework="tensorflow", mode=mode, parallel=parallel, workers=workers, **kw)
-
-
-def same(a: dict, b: dict, rtol: float = RTOL) -> None:
-    np.testing.assert_allclose(a["losses"], b["losses"], rtol=rtol, atol=0)
-    np.testing.assert_allclose(a["grad_norms"], b["grad_norms"], rtol=rtol, atol=0)
-
-
-def rel_dev(a: dict, b: dict) -> float:
-    return float(np.max(np.abs(np.subtract(a["losses"], b["losses"])) / np.asarray(b["losses"])))
 
 
 def sha(record: dict) -> str:
@@ -97,8 +88,8 @@ def test_capabilities_and_refusals() -> None:
 def test_grad_accumulation_equals_one_big_batch(tmp_path: Path, single_ref: dict,
                                                 dp_ref: dict) -> None:
     # K micro-batches inside the traced step (XLA here), one all-reduce per update (dp).
-    same(execute(W, tf(mode="compiled", grad_accum=4), runs_dir=tmp_path), single_ref)
-    same(execute(W, tf("dp", grad_accum=2), runs_dir=tmp_path), dp_ref)
+    same_training(execute(W, tf(mode="compiled", grad_accum=4), runs_dir=tmp_path), single_ref)
+    same_training(execute(W, tf("dp", grad_accum=2), runs_dir=tmp_path), dp_ref)
 
 
 def test_compression_moves_the_loss_a_little(tmp_path: Path, dp_ref: dict) -> None:
@@ -106,7 +97,7 @@ def test_compression_moves_the_loss_a_little(tmp_path: Path, dp_ref: dict) -> No
     for strategy in (tf("dp", compress="bf16"),
                      tf("dp", workers=1, devices_per_worker=2, compress="fp16")):
         rec = execute(W, strategy, runs_dir=tmp_path)
-        assert 0 < rel_dev(rec, dp_ref) < 1e-3, strategy.label
+        assert 0 < loss_deviation(rec, dp_ref) < 1e-3, strategy.label
         assert rec["label"].endswith(f"compress={strategy.compress}")
         assert_quiet(rec)
         planned = rec["ranks"][0]["comm"]["planned_bytes_per_step"]["all_reduce"]
@@ -121,7 +112,7 @@ def test_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
         bf16 = execute(w, strategy, runs_dir=tmp_path)
         # bf16 keeps 8 mantissa bits; with fp32 master weights and an fp32 loss the loss
         # after 20 steps stays within 2% of fp32.
-        assert 0 < rel_dev(bf16, fp32) < 2e-2, strategy.label
+        assert 0 < loss_deviation(bf16, fp32) < 2e-2, strategy.label
         assert bf16["losses"][-1] < bf16["losses"][0]
         assert_quiet(bf16)
 
@@ -130,15 +121,7 @@ def test_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
 def test_kill_and_resume_is_bit_identical(tmp_path: Path, single_ref: dict, dp_ref: dict,
                                           parallel: str) -> None:
     uninterrupted = single_ref if parallel == "single" else dp_ref
-    d = str(tmp_path / "ckpt")
-    with pytest.raises(RunFailed, match="SIGKILL"):
-        execute(W, tf(parallel, checkpoint_every=3, checkpoint_dir=d), runs_dir=tmp_path / "b",
-                extra_env={"SEXTANT_TEST_FAULT": "kill-rank-0-at-5"})
-    assert [p.name for p in sorted(Path(d).iterdir())] == ["step-00000003"]
-    resumed = execute(W, tf(parallel, checkpoint_every=3, checkpoint_dir=d, resume=True),
-                      runs_dir=tmp_path / "c")
-    assert resumed["ranks"][0]["details"]["notes"] == ["resumed from step-00000003"]
-    assert resumed["metrics"]["resumed_from_step"] == 3
+    resumed = kill_then_resume(W, lambda **kw: tf(parallel, **kw), tmp_path)
     # TensorFlow on CPU is deterministic here (fixed thread counts; XLA or TF graph), and the
     # checkpoint holds everything the step reads: parameters, Adam moments, update counter.
     np.testing.assert_array_equal(resumed["losses"], uninterrupted["losses"][3:])
@@ -151,7 +134,7 @@ def test_corrupt_checkpoint_is_refused_and_previous_used(tmp_path: Path, dp_ref:
     d = tmp_path / "ckpt"
     mirrored = tf("dp", workers=1, devices_per_worker=2, checkpoint_every=2, checkpoint_dir=str(d))
     saved = execute(W, mirrored, runs_dir=tmp_path)
-    same(saved, dp_ref)  # two replicas in one process train what two processes do
+    same_training(saved, dp_ref)  # two replicas in one process train what two processes do
     assert sorted(p.name for p in d.iterdir()) == [f"step-{s:08d}" for s in (2, 4, 6, 8)]
     data_file = next((d / "step-00000008").glob("ckpt.data-*"))
     data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])  # truncated
