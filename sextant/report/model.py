@@ -156,10 +156,12 @@ def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine
     """Add the planner's prediction to each scaling series: compute efficiency fitted on the
     series' single-process run, then tokens/s at the measured worker counts and at every
     power of two up to this machine's cores (sextant/planner/local.py)."""
+    from sextant.errors import UserError
     from sextant.planner.local import predict_scaling
 
     if machine is None or machine.calibration is None:
         return
+    problem = "no one-worker run to fit"
     calibration = machine.calibration
     cores = int((calibration.get("host") or {}).get("cores") or 1)
     by_id = {run.get("id"): run for run in runs}
@@ -175,7 +177,10 @@ def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine
         while n <= cores:
             counts.append(n)
             n *= 2
-        s["prediction"] = predict_scaling(machine, single, s["parallel"], counts)
+        try:
+            s["prediction"] = predict_scaling(machine, single, s["parallel"], counts)
+        except UserError as exc:  # an incomplete calibration: the report still stands
+            s["prediction"], problem = None, str(exc)
         if s["prediction"] is None:
             continue
         drawn += 1
@@ -195,7 +200,7 @@ def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine
         f"{calibration.get('created', '?')}; {cores} cores shared by the workers), with each "
         "series' compute efficiency fitted on its one-worker run, so the one-worker point "
         "agrees by construction and every other point is a prediction."
-        if drawn else "The planner could not model these series (no one-worker run to fit).")
+        if drawn else f"The planner could not predict these series ({problem}).")
 
 
 def _memory(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -302,3 +302,15 @@ def test_recommendation_takes_training_hours_from_a_plan(
     assert rec["training_hours"] == pytest.approx(1.4e11 / tps / 3600)
     rec = build_report(runs, advice=load_advice(PROFILE, runs))["recommendation"]
     assert rec["hours_source"].startswith("rule of thumb: 6 x")
+
+
+def test_an_incomplete_calibration_never_breaks_the_report(tmp_path: Path) -> None:
+    from sextant.planner.local import load_machine
+
+    path = tmp_path / "calibration.json"  # what calibrate writes without torch: no all-reduce
+    path.write_text(json.dumps({"schema": 1, "host": {"cores": 2}, "allreduce": None,
+                                "gemm": {}, "memory_bw_bytes_per_s": 1e10}))
+    report = build_report(compare_group(), machine=load_machine(path))
+    assert report["scaling"]["prediction"]["series_predicted"] == 0
+    assert report["scaling"]["prediction_note"].startswith("The planner could not predict")
+    assert "<svg" in html_from_report(report)
