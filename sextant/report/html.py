@@ -334,10 +334,8 @@ def _scaling(report: Mapping[str, Any]) -> str:
     table = _table(("series", "workers", "tokens/s", "planner", "planner error",
                     "vs one worker", "efficiency", "run"), rows)
     predicted = ""
-    beyond = [(s["name"], q["workers"], fmt_rate(q["tokens_per_s"]), _pct(q["exposed_share"]))
-              for s in sc["series"] if s.get("prediction")
-              for q in s["prediction"]["points"]
-              if q["workers"] not in {p["workers"] for p in s["points"]}]
+    beyond = [(q["series"], q["workers"], fmt_rate(q["tokens_per_s"]), _pct(q["exposed_share"]))
+              for q in sc["predicted_only"]]
     if beyond:
         predicted = ('<p class="small">Predicted, not measured, on this machine:</p>'
                      + _table(("series", "workers", "tokens/s (planner)",

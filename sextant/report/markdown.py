@@ -115,15 +115,11 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
              _x(p["speedup_vs_one"]),
              "-" if p["efficiency"] is None else f"{p['efficiency'] * 100:.0f}%")
             for x in sc["series"] for p in x["points"]])
-        beyond = [(x["name"], q["workers"], fmt_rate(q["tokens_per_s"]),
-                   fmt_share(q["exposed_share"]))
-                  for x in sc["series"] if x.get("prediction")
-                  for q in x["prediction"]["points"]
-                  if q["workers"] not in {p["workers"] for p in x["points"]}]
-        if beyond:
+        if sc["predicted_only"]:
             lines += ["", "Predicted, not measured, on this machine:", ""]
             lines += _table(("series", "workers", "tokens/s (planner)", "exposed communication"),
-                            beyond)
+                            [(q["series"], q["workers"], fmt_rate(q["tokens_per_s"]),
+                              fmt_share(q["exposed_share"])) for q in sc["predicted_only"]])
         lines += ["", md(sc["prediction_note"])]
     else:
         lines.append("No multi-worker run in this report.")

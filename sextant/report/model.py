@@ -149,7 +149,8 @@ def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
         series.append({"name": f"{fw} {parallel}" + (f" ({mode})" if mode != "eager" else ""),
                        "framework": fw, "mode": mode, "parallel": parallel,
                        "shade": shade, "points": ordered})
-    return {"series": series, "prediction": None, "prediction_note": NO_CALIBRATION_NOTE}
+    return {"series": series, "prediction": None, "predicted_only": [],
+            "prediction_note": NO_CALIBRATION_NOTE}
 
 
 def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine: Any) -> None:
@@ -189,6 +190,12 @@ def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine
             pred = predicted.get(p["workers"])
             p["predicted_tokens_per_s"] = pred
             p["prediction_error"] = (pred - p["tokens_per_s"]) / p["tokens_per_s"] if pred else None
+    scaling["predicted_only"] = [
+        {"series": s["name"], "workers": q["workers"], "tokens_per_s": q["tokens_per_s"],
+         "exposed_share": q["exposed_share"]}
+        for s in scaling["series"] if s.get("prediction")
+        for q in s["prediction"]["points"]
+        if q["workers"] not in {p["workers"] for p in s["points"]}]
     scaling["prediction"] = {
         "calibration_created": calibration.get("created"),
         "cores": cores,
