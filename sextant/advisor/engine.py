@@ -213,14 +213,13 @@ def reference_hours(profile: TeamProfile, rules: RuleSet,
     )
 
 
-def _cost(candidate: str, profile: TeamProfile, rules: RuleSet, hours: tuple[float, str],
-          factor: float, factor_source: str) -> Cost:
+def _cost(candidate: str, profile: TeamProfile, rules: RuleSet, hours: float,
+          hours_source: str, factor: float, factor_source: str) -> Cost:
     level = profile.experience[BASE_FRAMEWORK[candidate]]
     ramp = rules.ramp_up_days[level] + rules.ramp_up_extra_days.get(candidate, 0.0)
     if candidate in rules.functional_stacks:
         ramp += rules.functional_days[profile.functional_programming]
     migration = rules.migration(profile.existing_code, candidate)
-    hours, hours_source = hours
     training_hours = hours / factor
     compute = training_hours * profile.devices * profile.gpu_price_per_hour
     person_days = ramp * profile.team_size + migration
@@ -442,7 +441,7 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
                                     source=PLANNED if planned is not None else RULE_OF_THUMB,
                                     detail=hours_source))
 
-    costs = {c: _cost(c, profile, rules, (hours, hours_source), *factors[c]) for c in usable}
+    costs = {c: _cost(c, profile, rules, hours, hours_source, *factors[c]) for c in usable}
     working_days = profile.deadline_weeks * rules.working_days_per_week
     late = [c for c in usable if costs[c].calendar_days > working_days]
     penalty = {c: (rules.deadline_penalty if c in late else 0.0) for c in usable}

@@ -14,9 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sextant.advisor.vocab import CANDIDATES, MEASURED, PLANNED, RULE_OF_THUMB
-
-SOURCES = (MEASURED, RULE_OF_THUMB, PLANNED)
+from sextant.advisor.vocab import CANDIDATES, MEASURED, SOURCES
 from sextant.errors import UserError
 
 FRAMEWORK_CANDIDATES = {

@@ -44,6 +44,7 @@ RULE_OF_THUMB = "rule of thumb"
 PLANNED = "planner"
 """The labels evidence carries in every output: measured on this workload, assumed from the
 rules file, or computed by sextant's planner for the target scale."""
+SOURCES = (MEASURED, RULE_OF_THUMB, PLANNED)
 
 
 def allowed(values: tuple[str, ...]) -> str:
