@@ -9,8 +9,9 @@ joined by jax.distributed):
              lax.pmean of loss and gradients (the hand-controlled style).
 - zero1:     parameters replicated, optimizer moments sharded on 'data'; XLA all-gathers the
              updated parameters.
-- zero2:     zero1 with the gradients constrained to the moments' sharding, so XLA
-             reduce-scatters them instead of all-reducing (ZeRO-2).
+- zero2:     zero1 with the gradients constrained to the moments' sharding (ZeRO-2): a
+             reduce-scatter where XLA has one (GPU); on CPU it lowers to an all-reduce and
+             a slice, the same program as zero1 (see the run's hlo_collectives).
 - fsdp:      parameters and optimizer state sharded on 'data' along their first divisible
              axis (ZeRO-3 style); XLA inserts all-gathers and reduce-scatters.
 
@@ -187,7 +188,7 @@ def _train(ctx: Any) -> dict[str, Any]:
         else:
             loss, grads = grad_fn(params, x, y)
         if parallel == "zero2":
-            # Gradients sharded like the moments: a reduce-scatter instead of an all-reduce.
+            # Gradients sharded like the moments (a reduce-scatter where XLA emits one).
             grads = jax.lax.with_sharding_constraint(grads, moment_sh)
         return apply(params, opt_state, loss, grads)
 
