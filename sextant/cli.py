@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "sextant.advisor.cli",
     "sextant.commands.report",
     "sextant.commands.check",
+    "sextant.commands.cluster",
 )
 
 

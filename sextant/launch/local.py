@@ -23,6 +23,7 @@ from typing import Any
 
 from sextant.errors import RunFailed
 from sextant.fsutil import atomic_write_json
+from sextant.launch.hosts import on_emulated_cluster, single_host
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -117,13 +118,17 @@ def launch(
     collective_timeout_s: float = 120.0,
     on_event: EventHandler | None = None,
     extra_env: dict[str, str] | None = None,
+    cluster: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Run all ranks; return each primary rank's result dict (rank order)."""
+    """Run all ranks (on this machine, or across the hosts of emulated `cluster`); return
+    each primary rank's result dict (rank order)."""
     from sextant.backends.base import get_backend, process_layout
 
     run_dir.mkdir(parents=True, exist_ok=True)
     layout = process_layout(get_backend(strategy.framework), strategy)
     world = len(layout.roles)
+    placement = (on_emulated_cluster(cluster, world) if cluster is not None
+                 else single_host(world))
     threads = strategy.threads or default_threads(len(layout.primary))
     ports = sorted({free_port() for _ in range(world + 1)})
     while len(ports) < world + 1:
@@ -136,9 +141,11 @@ def launch(
         "collective_timeout_s": collective_timeout_s,
         "roles": list(layout.roles),
         "cpus": core_sets(layout.primary, world, threads),
-        # One free loopback port per rank (for frameworks that want an address per process,
-        # such as TF_CONFIG), plus MASTER_PORT for the rendezvous.
+        # One free port per rank (for frameworks that want an address per process, such as
+        # TF_CONFIG), plus MASTER_PORT for the rendezvous; each rank listens on its host's
+        # address (loopback on one machine).
         "ports": ports[1:],
+        "placement": placement.to_dict(),
     }
     plan_path = run_dir / "plan.json"
     atomic_write_json(plan_path, plan)
@@ -147,24 +154,28 @@ def launch(
     tails = [_EventTail(run_dir / f"rank{r}.events.jsonl") for r in range(world)]
     try:
         for rank in range(world):
+            host = placement.host_of(rank)
             env = {
                 **os.environ,
                 **(extra_env or {}),
-                "MASTER_ADDR": "127.0.0.1",
+                **host.env(),
+                "MASTER_ADDR": placement.master_addr,
                 "MASTER_PORT": str(port),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(placement.local_rank(rank)),
+                "LOCAL_WORLD_SIZE": str(placement.local_world(rank)),
                 "OMP_NUM_THREADS": str(threads),
                 "PYTHONUNBUFFERED": "1",
+                "SEXTANT_PARENT_PID": str(os.getpid()),
             }
             with open(run_dir / f"rank{rank}.stdout.log", "wb") as out, open(
                 run_dir / f"rank{rank}.stderr.log", "wb"
             ) as err:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "sextant.launch.worker", str(plan_path)],
+                        [*host.prefix, sys.executable, "-m", "sextant.launch.worker",
+                         str(plan_path)],
                         stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
                         start_new_session=True,
                     )
@@ -182,8 +193,9 @@ def launch(
                 # The first rank to fail is the cause; the others usually fail because of it.
                 rank, code = failed[0]
                 role = "" if layout.roles[rank] == "worker" else f" ({layout.roles[rank]})"
+                where = f" on {placement.host_of(rank).name}" if placement.multi_host else ""
                 raise RunFailed(
-                    f"{strategy.label}: rank {rank}{role} {_describe_exit(code)}: "
+                    f"{strategy.label}: rank {rank}{role}{where} {_describe_exit(code)}: "
                     f"{_last_error_line(run_dir, rank)} (logs: {run_dir})"
                 )
             if all(codes[r] == 0 for r in layout.primary):

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
+from sextant.launch.hosts import adopt_host
 from sextant.strategy import Strategy
 from sextant.workload import Workload, workload_from_dict
 
@@ -41,7 +42,11 @@ class WorkerContext:
     roles: tuple[str, ...] = ()
     """Role of every rank (see backends.base.ProcessLayout)."""
     ports: tuple[int, ...] = ()
-    """A free loopback port reserved for every rank."""
+    """A free port reserved for every rank."""
+    addresses: tuple[str, ...] = ()
+    """Address of every rank's host (loopback on one machine)."""
+    local_world: int = 1
+    """Ranks on this rank's host."""
     fault: str | None = None
     """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
     _events: TextIO | None = field(default=None, repr=False)
@@ -49,6 +54,10 @@ class WorkerContext:
     @property
     def role(self) -> str:
         return self.roles[self.rank]
+
+    def endpoint(self, rank: int) -> str:
+        """host:port a rank's server listens on (TF_CONFIG and the like)."""
+        return f"{self.addresses[rank]}:{self.ports[rank]}"
 
     @property
     def is_distributed(self) -> bool:
@@ -78,11 +87,15 @@ def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContex
         collective_timeout_s=float(plan["collective_timeout_s"]),
         roles=tuple(plan.get("roles") or ("worker",) * int(env["WORLD_SIZE"])),
         ports=tuple(plan.get("ports") or ()),
+        addresses=tuple((plan.get("placement") or {}).get("addresses")
+                        or (env["MASTER_ADDR"],) * int(env["WORLD_SIZE"])),
+        local_world=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
         fault=env.get("SEXTANT_TEST_FAULT") or None,
     )
 
 
 def main(argv: list[str]) -> int:
+    adopt_host()
     plan = json.loads(Path(argv[0]).read_text())
     ctx = context_from_plan(plan, dict(os.environ))
     cpus = (plan.get("cpus") or [None] * ctx.world)[ctx.rank]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import sys
 from functools import cache
 from importlib import metadata
@@ -35,6 +36,7 @@ def fingerprint(**extra: object) -> dict[str, object]:
     (framework version, threads, CUDA/driver) passed as keyword arguments."""
     out: dict[str, object] = {
         "sextant": __version__,
+        "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "implementation": sys.implementation.name,
         "os": f"{platform.system()} {platform.release()}",

@@ -47,6 +47,9 @@ def run(ctx: Any) -> dict[str, Any]:
     if ctx.world > 1:
         jax.distributed.initialize(
             coordinator_address=f"{ctx.master_addr}:{ctx.master_port}",
+            # The coordination service listens on the coordinator host's address only (JAX's
+            # default is every interface).
+            coordinator_bind_address=f"{ctx.master_addr}:{ctx.master_port}",
             num_processes=ctx.world,
             process_id=ctx.rank,
             initialization_timeout=int(ctx.collective_timeout_s),

@@ -64,14 +64,14 @@ PS_INTER_OP_THREADS = 2
 
 
 def cluster_of(ctx: Any) -> dict[str, list[str]]:
-    """TF cluster spec from the process layout: one loopback address per rank."""
+    """TF cluster spec from the process layout: one host:port per rank."""
     if len(ctx.ports) < ctx.world:
         raise UserError(
             f"tensorflow ps: the launcher reserved {len(ctx.ports)} ports for {ctx.world} ranks"
         )
     cluster: dict[str, list[str]] = {}
     for rank, role in enumerate(ctx.roles):
-        cluster.setdefault(role, []).append(f"127.0.0.1:{ctx.ports[rank]}")
+        cluster.setdefault(role, []).append(ctx.endpoint(rank))
     return cluster
 
 

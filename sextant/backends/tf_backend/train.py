@@ -9,7 +9,7 @@ the gradients, no host transfer inside the step (the loss/grad-norm pair is read
 - single: the whole step (forward, backward, norm, AdamW) is one tf.function; with
   'compiled' XLA compiles all of it into one executable.
 - dp, one device per worker: MultiWorkerMirroredStrategy, one process per rank, TF_CONFIG
-  on loopback (ctx.ports), ring all-reduce over gRPC with the collective timeout.
+  on each rank's host address (ctx.endpoint), ring all-reduce over gRPC with the collective timeout.
 - dp, one worker with devices_per_worker N: MirroredStrategy over N logical CPU devices.
   In both, XLA (when 'compiled') compiles the per-replica forward/backward and the per-device
   AdamW update as two executables; the cross-replica all-reduce runs between them as a
@@ -86,7 +86,7 @@ def make_strategy(tf: Any, ctx: Any) -> tuple[Any, str, str | None]:
             "in-process (ReductionToOneDevice)",
         )
     os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{port}" for port in ctx.ports[: ctx.world]]},
+        "cluster": {"worker": [ctx.endpoint(r) for r in range(ctx.world)]},
         "task": {"type": "worker", "index": ctx.rank},
     })
     configure(tf, ctx)
