@@ -35,7 +35,7 @@ import numpy as np
 from sextant.errors import UserError
 from sextant.planner import comms
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
-from sextant.planner.memory import state_bytes
+from sextant.planner import memory
 from sextant.planner.models import ModelCost
 
 RECOMPUTE = ("none", "selective", "full")
@@ -78,11 +78,27 @@ class PlanOptions:
     """Override the accelerator's devices per node."""
     nics_per_node: int | None = None
     """Network ports per node (default: one per device, as in DGX systems)."""
+    memory_model: str = "zero"
+    """What the framework allocates per parameter (memory.MEMORY_MODELS): 'zero' (the ZeRO
+    paper's 16 bytes), 'megatron' (distributed optimizer, fp32 main gradients), 'deepspeed'
+    (its estimators), 'torch' (fp32 parameters and gradients, FSDP2 / DDP)."""
+    dp_schedule: str = ""
+    """Data-parallel collectives per step (comms.DP_SCHEDULES); '' = the memory model's
+    ('torch' for the torch model, 'zero' otherwise)."""
 
     def __post_init__(self) -> None:
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise UserError(f"precision must be bf16, fp16 or fp32. Received: {self.precision!r}")
-        state_bytes(self.precision, self.optimizer)
+        memory.state_bytes(self.precision, self.optimizer, self.memory_model)
+        if not self.dp_schedule:
+            object.__setattr__(
+                self, "dp_schedule", "torch" if self.memory_model == "torch" else "zero"
+            )
+        if self.dp_schedule not in comms.DP_SCHEDULES:
+            raise UserError(
+                f"dp_schedule must be one of {', '.join(comms.DP_SCHEDULES)}. "
+                f"Received: {self.dp_schedule!r}"
+            )
         if (
             isinstance(self.global_batch, bool)
             or not isinstance(self.global_batch, int)
@@ -333,7 +349,8 @@ def _evaluate(
     n = dp * tp * pp
     acc = hw.accelerator
     g = float(hw.devices_per_node)
-    pb, gb, ob = state_bytes(opts.precision, opts.optimizer)
+    pb, gb, ob = memory.state_bytes(opts.precision, opts.optimizer, opts.memory_model)
+    grad_wire, param_wire = memory.comm_bytes(opts.precision, opts.memory_model)
     act_bytes = 4.0 if opts.precision == "fp32" else 2.0
     act_scale = act_bytes / 2.0
     batch = float(opts.global_batch)
@@ -356,37 +373,35 @@ def _evaluate(
         single,
     )
 
-    # Model-state bytes per parameter after ZeRO sharding and offload (memory.model_state_bytes
-    # written as per-parameter coefficients, so both stages cost one multiply each).
-    inv_dp = 1.0 / dp
-    c_params = pb * np.where(z3, inv_dp, 1.0) * (off < 2)
-    c_grads = gb * np.where(z2, inv_dp, 1.0)
-    c_opt_all = ob * np.where(z1, inv_dp, 1.0)
-    c_opt = c_opt_all * (off < 1)
-    c_host = c_opt_all * (off >= 1) + pb * np.where(z3, inv_dp, 1.0) * (off >= 2)
+    # Model-state bytes per parameter after ZeRO sharding and offload (memory.py), so both
+    # stages cost one multiply each.
+    coef = memory.state_coefficients(
+        dp, zero, precision=opts.precision, optimizer=opts.optimizer, offload=off,
+        memory_model=opts.memory_model,
+    )
+    c_params, c_grads, c_opt, c_host = coef["params"], coef["grads"], coef["optimizer"], coef["host"]
     c_states = c_params + c_grads + c_opt
-    # ZeRO-3 / FSDP materialise a layer's full parameters for compute, plus one prefetched
-    # (FSDP's default forward/backward prefetch of the next unit).
-    gather = z3 * (np.minimum(2.0, lps) * cost.layer_params * pb / tp)
+    # Parameters gathered whole for compute (ZeRO-3 / FSDP units) and DDP bucket copies.
+    gather = memory.transient_param_bytes(
+        cost.layer_params / tp, lps, zero, precision=opts.precision,
+        memory_model=opts.memory_model,
+    )
 
-    # --- activations (memory.activation_bytes_per_layer, inlined) -----------------------------
-    inv_tp = 1.0 / tp
-    sp_div = np.where(sp, inv_tp, 1.0)
-    rep = cost.act_replicated * sp_div
-    sel = tok_mb * (rep + cost.act_split * inv_tp) * act_scale
-    full = sel + tok_mb * (cost.act_scores * inv_tp) * act_scale
-    ckpt = tok_mb * (cost.act_checkpoint * act_scale) * sp_div
-    per_layer = np.where(no_rc, full, np.where(sel_rc, sel, ckpt))
+    # --- activations (memory.py: Korthikanti et al. 2022 Table 2, 1F1B in-flight count) -------
+    per_layer = memory.activation_bytes_per_layer(cost, tok_mb, tp, sp, rc, act_scale)
+    full = memory.activation_bytes_per_layer(cost, tok_mb, tp, sp, 0, act_scale)
     working = full_rc * full  # the layer being recomputed
-    logits = tok_mb * cost.logits_bytes_per_token * inv_tp
-    inflight = np.minimum(pp, m) * np.where(v > 1, 1.0 + (pp - 1.0) / (pp * v), 1.0)
+    logits = tok_mb * cost.logits_bytes_per_token / tp
+    inflight = memory.pipeline_inflight(pp, m, v)
     act_first = per_layer * lps * inflight + working + np.where(multi, 0.0, logits)
     act_last = np.where(multi, per_layer * lps + working + logits, act_first)
 
     frag = 1.0 + opts.fragmentation
     fixed = opts.fixed_overhead_gb * 1e9
-    raw_first = psi_first * c_states + gather + act_first
-    raw_last = psi_last * c_states + gather + act_last
+    buffers_first = memory.buffer_bytes(psi_first, zero, memory_model=opts.memory_model)
+    buffers_last = memory.buffer_bytes(psi_last, zero, memory_model=opts.memory_model)
+    raw_first = psi_first * c_states + gather + buffers_first + act_first
+    raw_last = psi_last * c_states + gather + buffers_last + act_last
     worst_last = raw_last > raw_first
     raw = np.where(worst_last, raw_last, raw_first)
     psi_worst = np.where(worst_last, psi_last, psi_first)
@@ -422,6 +437,7 @@ def _evaluate(
     t_compute = np.maximum(t_flops, t_weights)
 
     # Optimizer step on the local shard: memory-bound, ~2 * (param + optimizer) + grad bytes.
+    inv_dp = 1.0 / dp
     psi_opt = psi_stage * np.where(z1, inv_dp, 1.0)
     opt_traffic = psi_opt * (2.0 * (pb + ob) + gb)
     host_bw = opts.host_bw_gbs * 1e9
@@ -451,7 +467,7 @@ def _evaluate(
     )
 
     pp_inter = n > g
-    m_pp = m_m = tok_mb * (cost.hidden * act_bytes) * inv_tp
+    m_pp = m_m = tok_mb * (cost.hidden * act_bytes) / tp
     send = np.where(
         pp_inter,
         comms.p2p(m_pp, inter[0], inter[1], inter[2]),
@@ -461,13 +477,14 @@ def _evaluate(
 
     t_bubble = (pp - 1.0) / (v * m) * (t_compute + t_tp + t_pp)
 
-    grad_b = psi_stage * gb
+    # Data parallelism: the collectives of comms.dp_collectives (one table with the measured
+    # runs' bytes), each over the rank's gradient or parameter payload.
+    counts = comms.dp_collectives(zero, m, opts.dp_schedule)
+    grad_b = psi_stage * grad_wire
     ar = comms.hier_all_reduce(grad_b, dp_in, dp_out, intra, inter)
     rs = comms.hier_reduce_scatter(grad_b, dp_in, dp_out, intra, inter)
-    ag = rs if pb == gb else comms.hier_all_gather(psi_stage * pb, dp_in, dp_out, intra, inter)
-    t_dp = np.select(
-        [zero == 0, zero == 1, zero == 2], [ar, rs + ag, m * rs + ag], m * (2.0 * ag + rs)
-    )
+    ag = comms.hier_all_gather(psi_stage * param_wire, dp_in, dp_out, intra, inter)
+    t_dp = counts["all_reduce"] * ar + counts["reduce_scatter"] * rs + counts["all_gather"] * ag
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
     hidden_dp = np.minimum(opts.overlap * t_dp, window)

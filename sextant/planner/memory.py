@@ -1,7 +1,8 @@
 """Memory per device: model states under data parallelism / ZeRO / FSDP, and activations.
 
 Every function takes numbers or numpy arrays (broadcasting), so that the same formula serves
-one plan and a million-layout search.
+one plan and a million-layout search: the estimator (estimate.py) calls these functions and
+has no copy of them.
 
 Model states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
 Parameter Models", §3.1 and §5): mixed-precision Adam keeps 2 bytes of fp16/bf16 parameters,
@@ -14,6 +15,27 @@ gradients, stage 3 also the parameters (FSDP FULL_SHARD is stage 3; SHARD_GRAD_O
     stage 1:       (2 + 2) * Psi + K * Psi / N_d
     stage 2:        2 * Psi + (2 + K) * Psi / N_d
     stage 3:       (2 + 2 + K) * Psi / N_d
+
+That is the memory model "zero" (the default, exact against the paper). What frameworks
+allocate differs, and `--memory-model` picks it (MEMORY_MODELS below, each with its source):
+
+    megatron   Megatron-LM distributed optimizer (= stage 1): bf16 parameters 2 and fp32 main
+               gradients 4 replicated, fp32 master weights + Adam moments 12 / N_d, i.e. the
+               "6 + 12/d" of Megatron-Core's table (18 bytes without the distributed optimizer)
+    deepspeed  DeepSpeed's own estimators (estimate_zero2/3_model_states_mem_needs): stages 1-2
+               keep fp16 parameters and fp16 gradients whole (4 bytes) plus 16 / N_d (fp32
+               master, moments and fp32 gradient partition); stage 3 18 / N_d plus the largest
+               layer's fp16 parameters and gradients (4 bytes per parameter of that layer)
+    torch      PyTorch DDP / ZeroRedundancyOptimizer / FSDP2 with autocast or a bf16
+               MixedPrecisionPolicy: fp32 parameters 4, fp32 gradients 4, Adam moments 8;
+               the 16-bit compute copies are transient (FSDP gathers them per unit), and DDP
+               keeps a second copy of the gradients in its buckets unless
+               gradient_as_bucket_view=True (torch.nn.parallel.DistributedDataParallel docs)
+
+CPU offload (ZeRO-Offload, Ren et al. 2021, §4: "offloads the gradients, optimizer states and
+optimizer computation to CPU"): the optimizer state and an fp32 gradient partition live in
+host memory, the device keeps its 16-bit parameters; ZeRO-Infinity (offload=params) moves the
+parameters too. Host memory per node is the per-device host bytes times the devices per node.
 """
 
 from __future__ import annotations
@@ -30,46 +52,159 @@ STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("fp32", "sgd"): (4, 4, 4),  # momentum
 }
 OPTIMIZERS = ("adam", "sgd")
+MEMORY_MODELS = ("zero", "megatron", "deepspeed", "torch")
+MEMORY_MODEL_SOURCES = {
+    "zero": "Rajbhandari et al. 2020 (ZeRO) §3.1, §5: 2 + 2 + K bytes, K = 12",
+    "megatron": "Megatron-Core developer guide, Distributed Optimizer: bytes per parameter "
+    "18 / 6 + 12/d (bf16 params, fp32 grads), 20 / 4 + 16/d (fp16), 16 / 8 + 8/d (fp32)",
+    "deepspeed": "DeepSpeed runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs "
+    "and stage3.py estimate_zero3_model_states_mem_needs",
+    "torch": "torch.distributed.fsdp.MixedPrecisionPolicy / torch.autocast: fp32 sharded "
+    "parameters and gradients, 16-bit copies gathered for compute; DDP "
+    "gradient_as_bucket_view=False keeps bucket copies of the gradients",
+}
+# Bytes per parameter on the wire: (gradient reduction, parameter all-gather).
+COMM_BYTES = {
+    "zero": (2, 2),  # fp16 gradients and parameters (ZeRO §7)
+    "megatron": (4, 2),  # fp32 main-gradient reduce-scatter, bf16 parameter all-gather
+    "deepspeed": (2, 2),
+    "torch": (4, 2),  # reduce_dtype fp32 (torchtitan's default), param_dtype bf16
+}
 
 
-def state_bytes(precision: str, optimizer: str = "adam") -> tuple[int, int, int]:
-    """(param, grad, optimizer) bytes per parameter; 'bf16' and 'fp16' are mixed precision."""
-    kind = "fp32" if precision == "fp32" else "mixed"
+def _kind(precision: str) -> str:
     if precision not in ("bf16", "fp16", "fp32", "mixed"):
         raise UserError(f"unknown precision {precision!r}; allowed: bf16, fp16, fp32")
+    return "fp32" if precision == "fp32" else "mixed"
+
+
+def state_bytes(
+    precision: str, optimizer: str = "adam", memory_model: str = "zero"
+) -> tuple[int, int, int]:
+    """(param, grad, optimizer) bytes per parameter; 'bf16' and 'fp16' are mixed precision.
+    For 'megatron' with fp16 the fp32 main gradients (4) are counted in the optimizer part,
+    since the distributed optimizer shards them (its table's 4 + 16/d)."""
+    kind = _kind(precision)
     if optimizer not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
-    return STATE_BYTES[(kind, optimizer)]
+    if memory_model not in MEMORY_MODELS:
+        raise UserError(
+            f"unknown memory model {memory_model!r}; allowed: {', '.join(MEMORY_MODELS)}"
+        )
+    pb, gb, ob = STATE_BYTES[(kind, optimizer)]
+    if memory_model == "megatron" and kind == "mixed":
+        return (2, 4, ob) if precision != "fp16" else (2, 2, ob + 4)
+    if memory_model == "torch" and kind == "mixed":
+        return (4, 4, ob - 4)  # fp32 parameters are the master copy
+    if memory_model == "deepspeed" and kind == "mixed":
+        return (2, 2, ob + 4)  # + the fp32 gradient partition the optimizer steps on
+    return (pb, gb, ob)
+
+
+def comm_bytes(precision: str, memory_model: str = "zero") -> tuple[int, int]:
+    """(gradient, parameter) bytes per parameter that the collectives move."""
+    if _kind(precision) == "fp32":
+        return (4, 4)
+    return COMM_BYTES[memory_model]
+
+
+def state_coefficients(
+    dp=1,
+    zero=0,
+    *,
+    precision: str = "bf16",
+    optimizer: str = "adam",
+    offload=0,
+    memory_model: str = "zero",
+) -> dict[str, np.ndarray]:
+    """Per-parameter bytes of each model-state component on one device (and in host memory),
+    after ZeRO sharding over `dp` ranks and offload. Multiply by the parameters the device
+    holds before data-parallel sharding to get bytes (model_state_bytes)."""
+    pb, gb, ob = state_bytes(precision, optimizer, memory_model)
+    dp = np.asarray(dp, dtype=np.float64)
+    zero = np.asarray(zero)
+    offload = np.asarray(offload)
+    inv = 1.0 / dp
+    shard_p = zero >= 3
+    shard_g = zero >= 2
+    host_grads = 4.0 * np.where(zero >= 1, inv, 1.0)  # fp32 gradient partition (CPU Adam)
+    if memory_model == "deepspeed":
+        # Its estimators: fp16 gradients whole in stages 1-2 (the "4 P"), none kept apart in
+        # stage 3 (the "18 P / N_d"); the fp32 partition is already in the optimizer's 16.
+        shard_g = zero >= 3
+        gb = np.where(zero >= 3, 0.0, gb)
+        host_grads = 0.0
+    if memory_model == "torch":
+        shard_p = zero >= 2  # FSDP2 shards parameters at rest in SHARD_GRAD_OP too
+    p = pb * np.where(shard_p, inv, 1.0)
+    g = gb * np.where(shard_g, inv, 1.0)
+    o = ob * np.where(zero >= 1, inv, 1.0)
+    host = np.where(offload >= 1, o + host_grads, 0.0) + np.where(offload >= 2, p, 0.0)
+    o_dev = np.where(offload >= 1, 0.0, o)
+    g_dev = np.where(offload >= 1, 0.0, g)  # gradients stream to the host in buckets
+    p_dev = np.where(offload >= 2, 0.0, p)
+    return {"params": p_dev, "grads": g_dev, "optimizer": o_dev, "host": host}
 
 
 def model_state_bytes(
-    params, dp=1, zero=0, *, precision: str = "bf16", optimizer: str = "adam", offload=0
+    params,
+    dp=1,
+    zero=0,
+    *,
+    precision: str = "bf16",
+    optimizer: str = "adam",
+    offload=0,
+    memory_model: str = "zero",
 ) -> dict[str, np.ndarray]:
     """Per-device bytes of parameters, gradients and optimizer state (ZeRO §5).
 
     `params` is the parameter count this device holds before data-parallel sharding (the
-    whole model, or its tensor/pipeline shard). `offload` 1 moves the optimizer state to host
-    memory (ZeRO-Offload, Ren et al. 2021), 2 the parameters as well (ZeRO-Infinity,
-    Rajbhandari et al. 2021). Returns device bytes per component plus `host`.
+    whole model, or its tensor/pipeline shard). `offload` 1 moves the optimizer state and the
+    gradient partition to host memory (ZeRO-Offload, Ren et al. 2021), 2 the parameters as
+    well (ZeRO-Infinity, Rajbhandari et al. 2021). Returns device bytes per component plus
+    `host`.
     """
-    pb, gb, ob = state_bytes(precision, optimizer)
     psi = np.asarray(params, dtype=np.float64)
-    dp = np.asarray(dp, dtype=np.float64)
+    c = state_coefficients(
+        dp, zero, precision=precision, optimizer=optimizer, offload=offload,
+        memory_model=memory_model,
+    )
+    out = {k: psi * v for k, v in c.items()}
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def transient_param_bytes(
+    layer_params, layers_on_device, zero, *, precision: str = "bf16", memory_model: str = "zero"
+):
+    """Bytes of parameters (and gradients) materialised whole for compute beyond the states.
+
+    ZeRO-3 / FSDP gather one unit (a transformer layer) and prefetch the next: 2 layers of
+    16-bit parameters ("zero", "megatron", "torch"). DeepSpeed's estimator counts the largest
+    layer's fp16 parameters and gradients: 4 bytes per parameter of one layer. With the
+    "torch" model, SHARD_GRAD_OP (zero 2) keeps every gathered layer from forward to backward.
+    """
     zero = np.asarray(zero)
-    offload = np.asarray(offload)
-    p = pb * psi / np.where(zero >= 3, dp, 1.0)
-    g = gb * psi / np.where(zero >= 2, dp, 1.0)
-    o = ob * psi / np.where(zero >= 1, dp, 1.0)
-    host = np.where(offload >= 1, o, 0.0) + np.where(offload >= 2, p, 0.0)
-    o_dev = np.where(offload >= 1, 0.0, o)
-    p_dev = np.where(offload >= 2, 0.0, p)
-    return {
-        "params": p_dev,
-        "grads": g,
-        "optimizer": o_dev,
-        "host": host,
-        "total": p_dev + g + o_dev,
-    }
+    lps = np.asarray(layers_on_device, dtype=np.float64)
+    compute = 4.0 if _kind(precision) == "fp32" else 2.0
+    if memory_model == "deepspeed":
+        z3 = 4.0 * layer_params * (compute / 2.0)
+    else:
+        z3 = np.minimum(2.0, lps) * layer_params * compute
+    out = np.where(zero >= 3, z3, 0.0)
+    if memory_model == "torch":
+        out = np.where(zero == 2, lps * layer_params * compute, out)
+    return out
+
+
+def buffer_bytes(grad_params, zero, *, precision: str = "bf16", memory_model: str = "zero"):
+    """Communication buffers: DDP's gradient buckets, a copy of every gradient unless
+    gradient_as_bucket_view=True ("torch" model, stage 0 and 1, which run DDP)."""
+    zero = np.asarray(zero)
+    if memory_model != "torch":
+        return np.zeros_like(np.asarray(grad_params, dtype=np.float64) * zero)
+    gb = 4.0
+    return np.where(zero <= 1, gb * np.asarray(grad_params, dtype=np.float64), 0.0)
 
 
 def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=1.0):

@@ -54,3 +54,39 @@ def test_hierarchical_volume():
     got = float(comms.hier_all_reduce(m, n_in, n_out, intra, inter))
     assert got == pytest.approx(expected)
     assert np.isfinite(got)
+
+
+@pytest.mark.parametrize(
+    "zero, schedule, expected",
+    [
+        # (all-reduce, reduce-scatter, all-gather) per step with m = 4 micro-batches
+        (0, "zero", (1, 0, 0)),
+        (1, "zero", (0, 1, 1)),  # Megatron distributed optimizer / DeepSpeed
+        (2, "zero", (0, 4, 1)),
+        (3, "zero", (0, 4, 8)),
+        (1, "torch", (1, 0, 1)),  # ZeroRedundancyOptimizer over DDP
+        (2, "torch", (0, 4, 4)),
+        (2, "torch-no-sync", (0, 1, 4)),  # sextant's backends: reduce on the last micro-batch
+        (3, "torch-no-sync", (0, 1, 8)),
+    ],
+)
+def test_dp_collectives_table(zero, schedule, expected):
+    c = comms.dp_collectives(zero, 4, schedule)
+    assert (float(c["all_reduce"]), float(c["reduce_scatter"]), float(c["all_gather"])) == expected
+
+
+def test_measured_and_planned_bytes_come_from_one_table():
+    from types import SimpleNamespace
+
+    from sextant.measure.comm import bytes_per_step
+
+    p = 136_960  # gpt-tiny (docs/levers.md)
+    run = SimpleNamespace(replicas=2, parallel="zero1", compress="none", grad_accum=1)
+    got = bytes_per_step(run, p)
+    want = comms.dp_bytes_sent(1, 2, 4.0 * p, 4.0 * p, 1, "torch-no-sync")
+    assert got["total"] == pytest.approx(float(want["total"]))
+    # docs/levers.md: 0.52 MB for dp and zero2, 0.78 MB for zero1 and fsdp (2 ranks).
+    assert got["total"] == pytest.approx(1.5 * 4 * p)
+    fsdp = bytes_per_step(SimpleNamespace(replicas=2, parallel="fsdp", compress="none",
+                                          grad_accum=1), p)
+    assert fsdp["total"] == pytest.approx(1.5 * 4 * p)

@@ -11,6 +11,7 @@ from sextant.planner.memory import (
     model_state_bytes,
     pipeline_inflight,
     state_bytes,
+    transient_param_bytes,
 )
 from sextant.planner.models import TransformerShape
 
@@ -36,13 +37,60 @@ def test_zero_paper_figure_1(stage, published_gb):
     assert got == pytest.approx(published_gb, abs=0.05)  # the paper prints one decimal
 
 
-def test_offload_moves_optimizer_then_parameters_to_host():
+def test_offload_moves_optimizer_and_gradients_then_parameters_to_host():
+    # ZeRO-Offload (Ren et al. 2021 §4) offloads the gradients, the optimizer state and the
+    # optimizer step: the host keeps the optimizer shard plus an fp32 gradient partition.
     on = model_state_bytes(1e9, 8, 3, offload=0)
     opt = model_state_bytes(1e9, 8, 3, offload=1)
     params = model_state_bytes(1e9, 8, 3, offload=2)
-    assert float(opt["optimizer"]) == 0 and float(opt["host"]) == float(on["optimizer"])
+    assert float(opt["optimizer"]) == 0 and float(opt["grads"]) == 0
+    assert float(opt["host"]) == pytest.approx(float(on["optimizer"]) + 4 * 1e9 / 8)
     assert float(params["params"]) == 0
-    assert float(params["host"]) == float(on["optimizer"] + on["params"])
+    assert float(params["host"]) == pytest.approx(float(opt["host"] + on["params"]))
+
+
+@pytest.mark.parametrize(
+    "precision, plain, dist_fixed, dist_sharded",
+    [("fp16", 20, 4, 16), ("bf16", 18, 6, 12), ("fp32", 16, 8, 8)],
+)
+def test_megatron_distributed_optimizer_table(precision, plain, dist_fixed, dist_sharded):
+    # Megatron-Core developer guide, "Distributed Optimizer": bytes per parameter.
+    d = 64
+    no = float(model_state_bytes(1, 1, 0, precision=precision, memory_model="megatron")["total"])
+    dist = float(model_state_bytes(1, d, 1, precision=precision, memory_model="megatron")["total"])
+    assert no == pytest.approx(plain)
+    assert dist == pytest.approx(dist_fixed + dist_sharded / d)
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_deepspeed_estimators(n):
+    # DeepSpeed estimate_zero2_model_states_mem_needs: 4 P + 16 P / n per GPU (2 P offloaded);
+    # estimate_zero3_model_states_mem_needs: 18 P / n + 4 x largest layer (offload: 2 P / n).
+    p = 1e9
+    z2 = model_state_bytes(p, n, 2, memory_model="deepspeed")
+    assert float(z2["total"]) == pytest.approx(4 * p + 16 * p / n)
+    z2o = model_state_bytes(p, n, 2, offload=1, memory_model="deepspeed")
+    assert float(z2o["total"]) == pytest.approx(2 * p)
+    assert float(z2o["host"]) * n == pytest.approx(16 * p)
+    z3 = model_state_bytes(p, n, 3, memory_model="deepspeed")
+    layer = transient_param_bytes(1e8, 10, 3, memory_model="deepspeed")
+    assert float(z3["total"]) == pytest.approx(18 * p / n)
+    assert float(layer) == pytest.approx(4 * 1e8)
+    z3o = model_state_bytes(p, n, 3, offload=1, memory_model="deepspeed")
+    assert float(z3o["total"]) == pytest.approx(2 * p / n)
+
+
+def test_torch_keeps_fp32_parameters_and_gradients():
+    t = model_state_bytes(1, 1, 0, precision="bf16", memory_model="torch")
+    assert (float(t["params"]), float(t["grads"]), float(t["optimizer"])) == (4, 4, 8)
+    # FSDP2 shards parameters at rest in SHARD_GRAD_OP (zero 2) as well.
+    z2 = model_state_bytes(1, 4, 2, precision="bf16", memory_model="torch")
+    assert float(z2["total"]) == pytest.approx(16 / 4)
+
+
+def test_unknown_memory_model_is_a_user_error():
+    with pytest.raises(UserError, match="memory model"):
+        state_bytes("bf16", "adam", "jax")
 
 
 def test_unknown_precision_is_a_user_error():
