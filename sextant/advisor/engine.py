@@ -205,11 +205,12 @@ def reference_hours(profile: TeamProfile, rules: RuleSet,
         return float(profile.training_hours), "given in the profile"
     hw = profile.hardware
     flops = 6.0 * profile.model_params * float(profile.training_tokens)  # type: ignore[arg-type]
-    rate = profile.devices * rules.peak_tflops[hw] * 1e12 * rules.mfu[hw]
+    peak = rules.peak_tflops(hw)
+    rate = profile.devices * peak * 1e12 * rules.mfu[hw]
     return flops / rate / 3600.0, (
         f"{RULE_OF_THUMB}: 6 x {profile.model_params:.3g} params x "
         f"{profile.training_tokens:.3g} tokens / ({profile.devices} x "
-        f"{rules.peak_tflops[hw]:g} TFLOP/s x {rules.mfu[hw]:.0%} MFU)"
+        f"{peak:g} TFLOP/s ({rules.accelerators[hw]}) x {rules.mfu[hw]:.0%} MFU)"
     )
 
 

@@ -261,12 +261,33 @@ class RuleSet:
     """Rule-of-thumb relative throughput: hardware -> candidate -> factor (1 = fastest)."""
     throughput_rationale: Mapping[str, str]
     """Hardware -> why those factors."""
-    peak_tflops: Mapping[str, float]
-    """Hardware -> dense 16-bit TFLOP/s of one device, to derive hours from tokens."""
+    accelerators: Mapping[str, str]
+    """Hardware -> the planner catalogue entry whose peak derives hours from tokens."""
     mfu: Mapping[str, float]
     """Hardware -> model FLOP utilisation assumed when deriving hours from tokens."""
     flops_rationale: Mapping[str, str]
     """Hardware -> which device those figures describe."""
+
+    def peak_tflops(self, hardware: str) -> float:
+        """Dense 16-bit TFLOP/s of one device of this hardware family, from the planner's
+        catalogue (bf16, else fp16, else fp32)."""
+        from sextant.planner.catalogue import load_catalogue
+
+        key = self.accelerators[hardware]
+        cat = load_catalogue()
+        if key not in cat.accelerators:
+            raise UserError(
+                f"{self.source} [hardware.{hardware}].accelerator: {key!r} is not in the planner "
+                f"catalogue; allowed: {', '.join(cat.accelerators)}"
+            )
+        acc = cat.accelerators[key]
+        for precision in ("bf16", "fp16", "fp32"):
+            if precision in acc.peak_flops:
+                return acc.peak_flops[precision] / 1e12
+        raise UserError(
+            f"accelerator {key!r} has no peak FLOP/s yet (it is measured on this machine): run "
+            "'sextant calibrate', or give training_hours instead of training_tokens"
+        )
 
     def migration(self, existing: str, candidate: str) -> float:
         """Person-days to move the existing code base to `candidate` (0 without code)."""
@@ -398,14 +419,14 @@ def parse_rules(raw: Mapping[str, Any], *, source: str) -> RuleSet:
         throughput[hw] = factors
         throughput_rationale[hw] = _text(table["rationale"], f"{where}.rationale")
 
-    peak: dict[str, float] = {}
+    accelerators: dict[str, str] = {}
     mfu: dict[str, float] = {}
     flops_rationale: dict[str, str] = {}
     _check_keys(raw["hardware"], f"{source} [hardware]", HARDWARE)
     for hw, table in raw["hardware"].items():
         where = f"{source} [hardware.{hw}]"
-        _check_keys(table, where, ("peak_tflops", "mfu", "rationale"))
-        peak[hw] = _number(table["peak_tflops"], f"{where}.peak_tflops", strict=True)
+        _check_keys(table, where, ("accelerator", "mfu", "rationale"))
+        accelerators[hw] = _text(table["accelerator"], f"{where}.accelerator")
         mfu[hw] = _number(table["mfu"], f"{where}.mfu", strict=True)
         if mfu[hw] > 1:
             raise UserError(f"{where}.mfu: must be <= 1; got {mfu[hw]!r}")
@@ -483,7 +504,7 @@ def parse_rules(raw: Mapping[str, Any], *, source: str) -> RuleSet:
         migration_rationale=_text(migration["rationale"], f"{source} [migration].rationale"),
         throughput=throughput,
         throughput_rationale=throughput_rationale,
-        peak_tflops=peak,
+        accelerators=accelerators,
         mfu=mfu,
         flops_rationale=flops_rationale,
     )

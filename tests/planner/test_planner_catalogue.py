@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,18 @@ def test_user_file_overrides_one_price(tmp_path):
     bad.write_text("[accelerators.x]\nname = 'x'\nbf16_tflops = 1\nmemory_gib = 1\n")
     with pytest.raises(UserError, match="cite a source"):
         load_catalogue(override=bad, calibration=None)
+
+
+def test_advisor_reads_peaks_from_the_catalogue():
+    # One source of truth for peak FLOP/s: the advisor names catalogue entries.
+    from sextant.advisor import load_rules
+    from sextant.planner.catalogue import load_catalogue
+
+    rules = load_rules()
+    cat = load_catalogue(calibration=None)
+    for hw, key in rules.accelerators.items():
+        assert key in cat.accelerators, hw
+        if not cat.accelerators[key].measured:
+            assert rules.peak_tflops(hw) * 1e12 in cat.accelerators[key].peak_flops.values()
+    rules_text = (Path(__file__).resolve().parents[2] / "sextant/advisor/rules.toml").read_text()
+    assert "tflops" not in rules_text.split("[hardware.nvidia]")[1].split("[[constraint]]")[0]
