@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -221,6 +222,16 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.gpus is None:
         raise UserError("--gpus N is required (the number of accelerators to plan for)")
+    if args.price_per_hour is not None and not (
+        math.isfinite(args.price_per_hour) and args.price_per_hour >= 0
+    ):
+        raise UserError(
+            f"--price-per-hour must be a finite number >= 0. Received: {args.price_per_hour}"
+        )
+    if args.tokens is not None and not (math.isfinite(args.tokens) and args.tokens > 0):
+        raise UserError(f"--tokens must be a finite number > 0. Received: {args.tokens}")
+    if args.global_batch is not None and args.global_batch < 1:
+        raise UserError(f"--global-batch must be >= 1. Received: {args.global_batch}")
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     acc = cat.accelerator(args.accelerator)
@@ -235,7 +246,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     options = PlanOptions(
         precision=precision,
         optimizer=args.optimizer,
-        global_batch=args.global_batch or shape.global_batch,
+        global_batch=shape.global_batch if args.global_batch is None else args.global_batch,
         compute_efficiency=0.5 if args.mfu is None else args.mfu,
         overlap=args.overlap,
         tp_overlap=args.tp_overlap,
@@ -263,8 +274,6 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"--top must be >= 0. Received: {args.top}")
     if not 0 < args.threshold <= 1:
         raise UserError(f"--threshold must be in (0, 1]. Received: {args.threshold}")
-    if args.price_per_hour is not None and args.price_per_hour < 0:
-        raise UserError(f"--price-per-hour must be >= 0. Received: {args.price_per_hour}")
     req = PlanRequest(
         shape=shape,
         devices=args.gpus,

@@ -9,7 +9,6 @@ paper or model card it comes from.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -534,13 +533,9 @@ def shape_from_workload(
 
 
 def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"workload file not found: {path}")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
+    from sextant.planner.catalogue import read_toml
+
+    raw = read_toml(Path(path), "workload")
     return shape_from_workload(raw, where=str(path))
 
 
