@@ -38,7 +38,15 @@ _ACC_KEYS = {
     "verified",
     "measured",
 }
-_LINK_KEYS = {"name", "bandwidth_gbs", "latency_us", "source", "measured", "latency_assumed"}
+_LINK_KEYS = {
+    "name",
+    "bandwidth_gbs",
+    "bus_bandwidth_gbs",
+    "latency_us",
+    "source",
+    "measured",
+    "latency_assumed",
+}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -101,6 +109,14 @@ class Link:
     call_latency: float = 0.0
     """Seconds each collective call costs before any byte moves (NCCL's baseLat; 0 for a
     measured link, whose fitted alpha already contains it)."""
+    bus_bandwidth: float | None = None
+    """Bus bandwidth collectives achieve on this link where it is below the nominal rate
+    (bytes/s; from NCCL's tuning model or published nccl-tests results); None: nominal."""
+
+    @property
+    def collective_bandwidth(self) -> float:
+        """What collectives reach: the achievable bus bandwidth, else the nominal rate."""
+        return min(self.bandwidth, self.bus_bandwidth or self.bandwidth)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -331,6 +347,7 @@ def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
         raise UserError(f"{where} must cite a source")
     measured = bool(raw.get("measured", False))
     bw = _number(where, raw, "bandwidth_gbs")
+    bus = _number(where, raw, "bus_bandwidth_gbs")
     lat = raw.get("latency_us", 0.0)
     if not measured and bw is None:
         raise UserError(f"{where} needs bandwidth_gbs")
@@ -343,4 +360,5 @@ def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
         measured=measured,
         latency_assumed=bool(raw.get("latency_assumed", False)),
         call_latency=0.0 if measured else base_latency,
+        bus_bandwidth=None if bus is None else bus * 1e9,
     )

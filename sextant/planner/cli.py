@@ -13,6 +13,8 @@ import sys
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.planner.efficiency import KERNEL_EFFICIENCY
+from sextant.planner.memory import MEMORY_MODELS
 
 EPILOG = """examples:
   sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
@@ -85,7 +87,23 @@ def register(subparsers: Any) -> None:
         "--mfu",
         type=float,
         default=None,
-        help="compute efficiency: fraction of peak the kernels reach (default 0.5)",
+        help="end-to-end model FLOP utilisation to plan for (model FLOPs / peak / step time, "
+        "as papers report it): the kernel efficiency is solved so the chosen layout reaches it",
+    )
+    asm.add_argument(
+        "--kernel-efficiency",
+        type=float,
+        default=None,
+        help="fraction of dense peak the GEMM/attention kernels reach (default "
+        f"{KERNEL_EFFICIENCY}; the old meaning of --mfu)",
+    )
+    asm.add_argument(
+        "--memory-model",
+        choices=MEMORY_MODELS,
+        default="zero",
+        help="what the framework allocates: zero (the ZeRO paper's 16 bytes/param, default), "
+        "megatron (distributed optimizer, fp32 main grads), deepspeed (its estimators), "
+        "torch (fp32 params and grads, FSDP2/DDP)",
     )
     asm.add_argument(
         "--overlap",
@@ -222,6 +240,11 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.gpus is None:
         raise UserError("--gpus N is required (the number of accelerators to plan for)")
+    if args.mfu is not None and args.kernel_efficiency is not None:
+        raise UserError(
+            "give --mfu (end-to-end, the kernel efficiency is solved) or --kernel-efficiency, "
+            f"not both. Received: --mfu {args.mfu}, --kernel-efficiency {args.kernel_efficiency}"
+        )
     if args.price_per_hour is not None and not (
         math.isfinite(args.price_per_hour) and args.price_per_hour >= 0
     ):
@@ -247,7 +270,11 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         precision=precision,
         optimizer=args.optimizer,
         global_batch=shape.global_batch if args.global_batch is None else args.global_batch,
-        compute_efficiency=0.5 if args.mfu is None else args.mfu,
+        compute_efficiency=(
+            KERNEL_EFFICIENCY if args.kernel_efficiency is None else args.kernel_efficiency
+        ),
+        target_mfu=args.mfu,
+        memory_model=args.memory_model,
         overlap=args.overlap,
         tp_overlap=args.tp_overlap,
         link_efficiency=args.link_efficiency,

@@ -79,24 +79,53 @@ def reduce_scatter(m, n, bw, lat, call=0.0):
 all_gather = reduce_scatter
 
 
+def ring_latency(n_intra, n_inter, lat_intra, lat_inter, rounds=1.0):
+    """Latency of a ring collective over n_intra x n_inter ranks as NCCL models it
+    (src/graph/tuning.cc, ncclTopoTuneModel): the ring passes every rank, nsteps = n - 1
+    (x2 for all-reduce), of which nInterSteps = nodes - 1 cross the network at the network's
+    per-step latency and the rest at the intra-node one. It grows with the number of ranks,
+    not only of nodes: what ZeRO-3 / FSDP pay per layer at a thousand GPUs."""
+    n_intra, n_inter = _arr(n_intra), _arr(n_inter)
+    n = n_intra * n_inter
+    return rounds * ((n - n_inter) * lat_intra + (n_inter - 1.0) * lat_inter)
+
+
 def hier_all_reduce(m, n_intra, n_inter, intra, inter):
     """All-reduce over n_intra ranks per node times n_inter nodes. `intra`/`inter` are
     (bandwidth, latency, call) triples; the inter bandwidth is the per-rank share of the
-    node's NICs."""
+    node's NICs. Bandwidth: reduce-scatter inside the node, all-reduce of the 1/n_intra shard
+    across nodes, all-gather inside the node (NCCL's rings over rail-aligned NICs reach the
+    same bus bandwidth); latency: NCCL's ring model over all ranks, or its tree
+    (2 (n_intra - 1) intra + 2 log2(nodes) inter steps), whichever is cheaper."""
     m, n_intra, n_inter = _arr(m), _arr(n_intra), _arr(n_inter)
     flat = all_reduce(m, n_intra, *intra)
-    two_level = (
-        reduce_scatter(m, n_intra, *intra)
-        + all_reduce(m / n_intra, n_inter, *inter)
-        + all_gather(m, n_intra, *intra)
+    volume = (
+        2.0 * bus_factor("reduce_scatter", np.maximum(n_intra, 1.0)) * m / intra[0]
+        + bus_factor("all_reduce", np.maximum(n_inter, 1.0)) * (m / n_intra) / inter[0]
     )
+    ring = volume + ring_latency(n_intra, n_inter, intra[1], inter[1], 2.0)
+    tree = (
+        2.0 * bus_factor("reduce_scatter", np.maximum(n_intra, 1.0)) * m / intra[0]
+        + 2.0 * (m / n_intra) / (TREE_BW_FACTOR * inter[0])
+        + 2.0 * (n_intra - 1.0) * intra[1]
+        + 2.0 * ceil_log2(n_inter) * inter[1]
+    )
+    two_level = np.minimum(ring, tree) + inter[2]
     return np.where(n_inter > 1, two_level, flat)
 
 
 def hier_reduce_scatter(m, n_intra, n_inter, intra, inter):
-    """Reduce-scatter (or all-gather: same cost) over n_intra x n_inter ranks."""
+    """Reduce-scatter (or all-gather: same cost) over n_intra x n_inter ranks: the intra-node
+    and inter-node volumes, NCCL's ring latency over every rank, one call."""
     m, n_intra, n_inter = _arr(m), _arr(n_intra), _arr(n_inter)
-    return reduce_scatter(m, n_intra, *intra) + reduce_scatter(m / n_intra, n_inter, *inter)
+    flat = reduce_scatter(m, n_intra, *intra)
+    multi = (
+        bus_factor("reduce_scatter", np.maximum(n_intra, 1.0)) * m / intra[0]
+        + bus_factor("reduce_scatter", np.maximum(n_inter, 1.0)) * (m / n_intra) / inter[0]
+        + ring_latency(n_intra, n_inter, intra[1], inter[1])
+        + inter[2]
+    )
+    return np.where(n_inter > 1, multi, flat)
 
 
 hier_all_gather = hier_reduce_scatter

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.planner import comms
+from sextant.planner import comms, efficiency
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
 from sextant.planner import memory
 from sextant.planner.models import ModelCost
@@ -54,10 +54,14 @@ class PlanOptions:
     """'adam' (2 moments) or 'sgd' (momentum)."""
     global_batch: int = 1
     """Sequences (or samples) per optimizer step, over all data-parallel ranks."""
-    compute_efficiency: float = 0.5
-    """Fraction of peak FLOP/s the compute kernels reach (the MFU of the compute phase).
-    Published end-to-end reference points are listed in docs/planner.md; the planner's own
-    end-to-end MFU comes out lower by the bubble and exposed communication."""
+    compute_efficiency: float = efficiency.KERNEL_EFFICIENCY
+    """Kernel efficiency (`--kernel-efficiency`): the fraction of dense peak FLOP/s the GEMM
+    and attention kernels reach. The memory traffic of GEMM operands and elementwise kernels
+    is added on top (efficiency.py), so the compute phase's own MFU depends on the shapes;
+    the end-to-end MFU comes out lower again by the bubble and exposed communication."""
+    target_mfu: float | None = None
+    """`--mfu`: the end-to-end MFU the plan should reach (model FLOPs / peak / step time, as
+    papers report it); the kernel efficiency is solved for it on the chosen layout."""
     overlap: float = 0.5
     """Fraction of data-parallel communication that may hide behind compute (bounded by the
     compute available to hide it). Not a measured figure: the neutral midpoint between the two
@@ -111,6 +115,10 @@ class PlanOptions:
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and lo < value <= hi):
                 raise UserError(f"{key} must be in (0, 1]. Received: {value!r}")
+        if self.target_mfu is not None and not (
+            isinstance(self.target_mfu, (int, float)) and 0.0 < self.target_mfu < 1.0
+        ):
+            raise UserError(f"mfu must be in (0, 1). Received: {self.target_mfu!r}")
         for key in ("overlap", "tp_overlap"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
@@ -274,6 +282,11 @@ class Hardware:
         """A device's share of its node's network ports."""
         return self.inter.bandwidth * self.nics_per_node / self.devices_per_node
 
+    @property
+    def inter_coll_bw_per_device(self) -> float:
+        """The same share at the network's achievable collective bus bandwidth."""
+        return self.inter.collective_bandwidth * self.nics_per_node / self.devices_per_node
+
 
 def resolve_hardware(
     cat: Catalogue,
@@ -434,7 +447,17 @@ def _evaluate(
     # and twice backward (+1 forward with full recomputation).
     psi_stage = np.maximum(psi_first, psi_last)
     t_weights = (m * (3.0 + full_rc)) * psi_stage * (pb / mem_bw)
-    t_compute = np.maximum(t_flops, t_weights)
+    # Memory traffic of the GEMM operands and of the elementwise kernels (efficiency.py): the
+    # part of the compute that depends on width, tokens per micro-batch and TP degree. On a
+    # shared CPU node (cpu-local) the fitted kernel efficiency already holds all of it.
+    if acc.shared_node or not acc.memory_bw:
+        t_memops = np.zeros_like(t_flops)
+    else:
+        gemm_passes = 3.0 + full_rc  # forward, input gradient, weight gradient, recompute
+        operands = efficiency.gemm_operand_bytes(cost.gemms, tok_mb, tp, act_bytes)
+        elementwise = efficiency.elementwise_bytes(full, full_rc)
+        t_memops = m * lps * (gemm_passes * operands + elementwise) / mem_bw
+    t_compute = np.maximum(t_flops + t_memops, t_weights)
 
     # Optimizer step on the local shard: memory-bound, ~2 * (param + optimizer) + grad bytes.
     inv_dp = 1.0 / dp
@@ -451,8 +474,12 @@ def _evaluate(
 
     # --- communication -----------------------------------------------------------------------
     le = opts.link_efficiency
-    intra = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency)
-    inter = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
+    # Collectives run at the achievable bus bandwidth of each link (catalogue), not its
+    # nominal rate; pipeline sends (point to point) at the nominal one.
+    intra = (hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency)
+    inter = (hw.inter_coll_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
+    intra_p2p = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency)
+    inter_p2p = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
 
     # Ranks are placed tensor-parallel first, then data-parallel, then pipeline (Megatron-LM).
     tp_in = np.minimum(tp, g)
@@ -470,8 +497,8 @@ def _evaluate(
     m_pp = m_m = tok_mb * (cost.hidden * act_bytes) / tp
     send = np.where(
         pp_inter,
-        comms.p2p(m_pp, inter[0], inter[1], inter[2]),
-        comms.p2p(m_m, intra[0], intra[1], intra[2]),
+        comms.p2p(m_pp, *inter_p2p),
+        comms.p2p(m_m, *intra_p2p),
     )
     t_pp = multi * (2.0 * m * v * send)
 
@@ -482,8 +509,11 @@ def _evaluate(
     counts = comms.dp_collectives(zero, m, opts.dp_schedule)
     grad_b = psi_stage * grad_wire
     ar = comms.hier_all_reduce(grad_b, dp_in, dp_out, intra, inter)
-    rs = comms.hier_reduce_scatter(grad_b, dp_in, dp_out, intra, inter)
-    ag = comms.hier_all_gather(psi_stage * param_wire, dp_in, dp_out, intra, inter)
+    # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
+    # layer, the bytes are the same (ZeRO §5.3; FSDP's fully_shard per transformer block).
+    units = np.where(z3, lps, 1.0)
+    rs = units * comms.hier_reduce_scatter(grad_b / units, dp_in, dp_out, intra, inter)
+    ag = units * comms.hier_all_gather(psi_stage * param_wire / units, dp_in, dp_out, intra, inter)
     t_dp = counts["all_reduce"] * ar + counts["reduce_scatter"] * rs + counts["all_gather"] * ag
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
@@ -515,6 +545,7 @@ def _evaluate(
         "params_per_device": psi_stage,
         "compute": t_compute,
         "compute_flops_bound": t_flops,
+        "compute_memory_ops": t_memops,
         "compute_memory_bound": t_weights,
         "optimizer": t_opt,
         "tp_comm": t_tp,
@@ -532,7 +563,7 @@ def _evaluate(
         "dp_inter": dp_out > 1,
         "pp_inter": pp_inter & multi,
         "offload": off >= 1,
-        "weights_bound": t_weights > t_flops,
+        "weights_bound": t_weights > t_flops + t_memops,
     }
 
 
@@ -583,6 +614,35 @@ def evaluate_one(cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layou
     figures["overhead_cause"] = cause
     figures["overhead_share"] = share
     return Evaluated(layout=layout, figures=figures)
+
+
+def options_for_mfu(
+    cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layout, iterations: int = 6
+) -> PlanOptions:
+    """The options with the kernel efficiency that makes `layout` reach opts.target_mfu
+    end to end (unchanged when no target is set). UserError when no efficiency <= 1 can:
+    the rest of the step (communication, bubble, memory-bound kernels) is too long."""
+    if opts.target_mfu is None:
+        return opts
+    current = replace(opts, target_mfu=None)
+    for _ in range(iterations):
+        f = evaluate_one(cost, hw, current, layout).figures
+        bubble_share = f["bubble"] / max(f["compute"] + f["tp_comm"] + f["pp_comm"], 1e-300)
+        flops_part = f["compute_flops_bound"] * (1.0 + bubble_share)
+        if f["weights_bound"]:
+            flops_part = 0.0
+        new = efficiency.solve_for_mfu(
+            f["mfu"], opts.target_mfu, flops_part / f["step"], current.compute_efficiency
+        )
+        if not math.isfinite(new) or new > 1.0:
+            raise UserError(
+                f"an end-to-end MFU of {opts.target_mfu:.0%} is out of reach for "
+                f"{layout.label()}: even kernels at 100% of peak leave "
+                f"{1 - flops_part / f['step']:.0%} of the step to communication, bubble and "
+                "memory-bound work; use --kernel-efficiency to set the kernels' rate instead"
+            )
+        current = replace(current, compute_efficiency=float(new))
+    return current
 
 
 def with_options(opts: PlanOptions, **changes: Any) -> PlanOptions:

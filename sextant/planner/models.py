@@ -188,6 +188,12 @@ class TransformerShape:
             n_kv_heads=self.n_kv_heads,
             supports_model_parallel=True,
             describe=self.describe(),
+            gemms=(
+                (float(h), float(q + 2 * kv), True),
+                (float(q), float(h), False),
+                (float(h), float((2 if self.gated_mlp else 1) * f), True),
+                (float(f), float(h), False),
+            ),
         )
 
 
@@ -243,6 +249,7 @@ class MLPShape:
             n_kv_heads=1,
             supports_model_parallel=False,
             describe=self.describe(),
+            gemms=tuple((float(a), float(b), True) for a, b in pairwise(w)),
         )
 
 
@@ -288,6 +295,10 @@ class ModelCost:
     n_kv_heads: int
     supports_model_parallel: bool
     describe: str
+    gemms: tuple[tuple[float, float, bool], ...] = ()
+    """Matrix multiplies of one layer as (K, M, column_parallel): a token's row of K values
+    times a K x M weight. Tensor parallelism splits M of a column-parallel GEMM (QKV, MLP in)
+    and K of a row-parallel one (attention output, MLP out), Shoeybi et al. 2019 §3."""
 
 
 # --- presets ---------------------------------------------------------------------------------

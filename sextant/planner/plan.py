@@ -5,7 +5,7 @@ renderer and `--json` both print."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from sextant.planner.estimate import (
     PlanOptions,
     check_layout,
     evaluate_one,
+    options_for_mfu,
 )
 from sextant.planner.models import MLPShape, TransformerShape
 from sextant.planner.search import knee, scaling_curve, search, starts_below
@@ -109,6 +110,19 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         best = int(np.argmin(result.figures["memory"]))
     layout = result.layout(best)
     check_layout(cost, layout, req.devices, opts.global_batch)
+    if opts.target_mfu is not None:
+        # --mfu: solve the kernel efficiency on the chosen layout, search again with it (the
+        # ranking can change), and solve once more on the new choice.
+        target = opts.target_mfu
+        for _ in range(2):
+            opts = options_for_mfu(cost, hw, replace(opts, target_mfu=target), layout)
+            result = search(cost, hw, replace(opts, target_mfu=None), req.devices, fixed=knobs)
+            best = result.best()
+            if best is None:
+                best = int(np.argmin(result.figures["memory"]))
+            layout = result.layout(best)
+        opts = options_for_mfu(cost, hw, replace(opts, target_mfu=target), layout)
+        req = replace(req, options=replace(opts, target_mfu=target))
     ev = evaluate_one(cost, hw, opts, layout).figures
 
     tokens_step = opts.global_batch * cost.tokens_per_sample
@@ -138,7 +152,10 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "catalogue": cat.path,
         },
         "assumptions": {
-            "compute_efficiency": opts.compute_efficiency,
+            "kernel_efficiency": opts.compute_efficiency,
+            "target_mfu": req.options.target_mfu,
+            "memory_model": opts.memory_model,
+            "dp_schedule": opts.dp_schedule,
             "overlap": opts.overlap,
             "tp_overlap": opts.tp_overlap,
             "link_efficiency": opts.link_efficiency,
@@ -330,8 +347,16 @@ def _warnings(
             "compute efficiency is relative to it"
         )
     else:
-        out.append(
-            f"compute efficiency {req.options.compute_efficiency:.2f} of peak is an "
-            "assumption (--mfu); published reference points: docs/planner.md"
-        )
+        if req.options.target_mfu is not None:
+            out.append(
+                f"kernel efficiency {req.options.compute_efficiency:.2f} of peak was solved so "
+                f"that this layout reaches the requested end-to-end MFU "
+                f"{req.options.target_mfu:.0%} (--mfu)"
+            )
+        else:
+            out.append(
+                f"kernel efficiency {req.options.compute_efficiency:.2f} of peak is an "
+                "assumption (--kernel-efficiency; or --mfu for an end-to-end MFU); published "
+                "reference points: docs/validation.md"
+            )
     return out

@@ -1,0 +1,80 @@
+"""How fast the compute of one device runs: an efficiency that depends on the work.
+
+The old model divided every FLOP by one constant fraction of peak (0.5), whatever the width,
+sequence length or tensor-parallel degree. Published runs are not like that: Megatron-LM's
+Table 1 (Narayanan et al. 2021) climbs from 44% to 52% of peak as the hidden size grows from
+2,304 to 25,600, and tensor parallelism over 8 GPUs makes each GEMM 8 times thinner. Three
+terms, each a roofline (Williams, Waterman and Patterson 2009) on one kind of work, replace it:
+
+    compute = GEMM FLOPs / (peak x kernel efficiency)          tensor-core work
+            + GEMM operand bytes / memory bandwidth              each GEMM reads its inputs
+                                                                 and writes its output once
+            + elementwise bytes / memory bandwidth               norms, activations, softmax,
+                                                                 dropout, residuals, rotary
+
+The GEMM operand term for a (tokens x K) by (K x M) product is 2 (tokens K + K M + tokens M)
+bytes (16-bit), so thin GEMMs (a small width over a large TP degree, or few tokens per
+micro-batch) lose efficiency the way a roofline says. The elementwise term counts the
+activation bytes of memory.activation_bytes_per_layer (Korthikanti et al. 2022, Table 2: what
+the layer stores for the backward pass, including the attention scores of stacks without
+FlashAttention) as the memory traffic of the non-GEMM kernels: ELEMENTWISE_PASSES times per
+forward pass (each stored tensor is written by one kernel and read by the next), twice that in
+the backward pass, once more per recomputed forward. Its cost per FLOP is proportional to
+1 / hidden size, which is why wide models run closer to peak.
+
+Two constants are not first principles and are stated here with how they were set:
+KERNEL_EFFICIENCY, the fraction of dense peak a large tensor-core GEMM and the fused attention
+kernels sustain in training, and ELEMENTWISE_PASSES. Both were chosen once, together, so that
+the smallest and the largest rows of Megatron-LM's Table 1 (1.7B and 1T parameters, both on
+A100) come out right; every other published point in docs/validation.md is a prediction.
+`--kernel-efficiency` overrides the first; `--mfu` instead asks for the end-to-end model FLOP
+utilisation of the plan and solves for the kernel efficiency that gives it (solve_for_mfu).
+
+    MFU = model FLOPs per token x tokens/s / (devices x peak)        (PaLM, Chowdhery et al.
+    HFU = (model + recomputed FLOPs) per token x tokens/s / (devices x peak)     2022, app. B)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+KERNEL_EFFICIENCY = 0.68
+"""Fraction of dense peak tensor-core GEMMs reach in training (set as described above)."""
+ELEMENTWISE_PASSES = 1.5
+"""Bytes of memory traffic per byte of stored activation in one forward pass."""
+
+
+def gemm_operand_bytes(gemms, tokens, tp, bytes_per_element=2.0):
+    """Bytes a layer's GEMMs read and write in one pass over `tokens` tokens: for each
+    (K, M) weight, split by tp along M (column-parallel) or K (row-parallel),
+    (tokens K + K M + tokens M) elements."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    t = np.asarray(tp, dtype=np.float64)
+    total = np.zeros(np.broadcast(tokens, t).shape)
+    for k, m, column in gemms:
+        kk = k if column else k / t
+        mm = m / t if column else m
+        total = total + tokens * kk + kk * mm + tokens * mm
+    return total * bytes_per_element
+
+
+def elementwise_bytes(stored_activation_bytes, recompute_forwards):
+    """Memory traffic of the non-GEMM kernels of one layer and micro-batch, all passes:
+    ELEMENTWISE_PASSES x stored bytes forward, twice that backward, once more per recomputed
+    forward pass."""
+    passes = 3.0 + np.asarray(recompute_forwards, dtype=np.float64)
+    return ELEMENTWISE_PASSES * passes * np.asarray(stored_activation_bytes, dtype=np.float64)
+
+
+def solve_for_mfu(achieved_mfu: float, target_mfu: float, compute_share: float,
+                  efficiency: float) -> float:
+    """Kernel efficiency that turns an achieved MFU into the target one, given the share of
+    the step that scales with 1 / efficiency (the FLOP term: its part of the compute, the
+    bubble that follows it). Step = a / e + b; MFU is proportional to 1 / step."""
+    step = 1.0 / achieved_mfu
+    scaled = compute_share * step * efficiency  # a
+    rest = step - compute_share * step  # b
+    want = 1.0 / target_mfu
+    if want <= rest:
+        return float("inf")
+    return scaled / (want - rest)

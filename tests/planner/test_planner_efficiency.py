@@ -1,0 +1,70 @@
+"""The efficiency model: compute time depends on the shapes; --mfu is end-to-end MFU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sextant.cli import main
+from sextant.planner import efficiency
+from sextant.planner.catalogue import load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.models import megatron_gpt
+
+
+def _compute_efficiency(hidden: int, heads: int, tp: int) -> float:
+    """Model FLOPs of the compute phase over (compute time x peak): the kernels' MFU."""
+    shape = megatron_gpt(n_layers=8, d_model=hidden, n_heads=heads, global_batch=8)
+    opts = PlanOptions(global_batch=8, flash_attention=False)
+    hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
+    cost = shape.cost(flash_attention=False)
+    f = evaluate_one(cost, hw, opts, Layout(dp=1, tp=tp, mbs=1)).figures
+    flops = cost.model_flops_per_token * 8 * shape.seq_len / tp
+    return flops / (f["compute"] * hw.accelerator.peak("bf16"))
+
+
+def test_wider_models_run_closer_to_peak():
+    small, large = _compute_efficiency(2304, 24, 1), _compute_efficiency(12288, 96, 1)
+    assert small < large < efficiency.KERNEL_EFFICIENCY
+
+
+def test_tensor_parallelism_thins_the_gemms():
+    assert _compute_efficiency(4096, 32, 8) < _compute_efficiency(4096, 32, 1)
+
+
+def test_gemm_operand_bytes_split_by_tp():
+    gemms = ((4.0, 8.0, True), (8.0, 4.0, False))
+    # column: K=4, M=8/2=4; row: K=8/2=4, M=4 -> each t*4 + 16 + t*4 elements, 2 bytes.
+    assert float(efficiency.gemm_operand_bytes(gemms, 10, 2)) == pytest.approx(2 * 2 * (96))
+
+
+def _plan(capsys, *flags):
+    rc = main(["plan", "--model", "llama2-13b", "--gpus", "64", "--accelerator", "a100-80gb",
+               "--network", "ib-hdr", "--no-curve", "--json", *flags])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+@pytest.mark.parametrize("target", [0.3, 0.45])
+def test_mfu_is_end_to_end(capsys, target):
+    doc = _plan(capsys, "--mfu", str(target))
+    assert doc["throughput"]["mfu"] == pytest.approx(target, rel=1e-3)
+    assert doc["assumptions"]["target_mfu"] == target
+
+
+def test_kernel_efficiency_keeps_the_old_meaning(capsys):
+    low = _plan(capsys, "--kernel-efficiency", "0.3")
+    high = _plan(capsys, "--kernel-efficiency", "0.6")
+    assert low["assumptions"]["kernel_efficiency"] == 0.3
+    assert low["throughput"]["mfu"] < high["throughput"]["mfu"] < 0.6
+
+
+def test_unreachable_mfu_and_both_flags_are_one_line_errors(capsys):
+    base = ["plan", "--model", "llama2-13b", "--gpus", "64", "--no-curve"]
+    assert main([*base, "--mfu", "0.99"]) == 2
+    assert "out of reach" in capsys.readouterr().err
+    assert main([*base, "--mfu", "0.4", "--kernel-efficiency", "0.5"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main([*base, "--mfu", "nan"]) == 2
