@@ -305,7 +305,10 @@ def bandwidths(collective: str, sizes: list[int], times: list[float], world: int
                ) -> list[dict[str, float]]:
     """nccl-tests definitions: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce,
     algbw * (n-1)/n for all-gather (bytes = the gathered total)."""
-    factor = {"allreduce": 2 * (world - 1) / world, "allgather": (world - 1) / world}[collective]
+    from sextant.planner.comms import bus_factor
+
+    factor = float(bus_factor({"allreduce": "all_reduce", "allgather": "all_gather"}[collective],
+                              world))
     return [{"bytes": s, "time_s": t, "algbw_bytes_per_s": s / t,
              "busbw_bytes_per_s": s / t * factor} for s, t in zip(sizes, times)]
 

@@ -1,11 +1,13 @@
-"""All-gather timing between real worker processes: `python -m sextant.checks.collectives`.
+"""Collective timing between real worker processes: `python -m sextant.checks.collectives`.
 
-The all-reduce side of the interconnect check is `sextant.planner.calibrate.measure_allreduce`
-(the planner's calibration); this module adds the all-gather with the same method: gloo over
-TCP on 127.0.0.1, 3 warm-up calls, a barrier, a probe call whose duration (broadcast from
-rank 0) fixes the repetitions for every rank (5 to 50, about 0.25 s per size), median time.
-A message size is the gathered total (nccl-tests' convention): each of the n ranks contributes
-size / n bytes.
+All-reduce and all-gather, with one method: gloo over TCP, 3 warm-up calls, a barrier, a
+probe call whose duration (broadcast from rank 0) fixes the repetitions for every rank (5 to
+50, about 0.25 s per size), median time. The ranks run on one machine (loopback) or across the
+hosts of an emulated cluster (`placement`), one rank per host first.
+
+Sizes follow nccl-tests' convention: an all-reduce of `size` bytes reduces a buffer of that
+size; an all-gather's size is the gathered total (each of the n ranks contributes size / n).
+`sextant.checks.analyse.bandwidths` turns the times into algorithm and bus bandwidth.
 """
 
 from __future__ import annotations
@@ -13,33 +15,48 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.launch.hosts import Placement, single_host
+from sextant.launch.local import free_port
 from sextant.launch.ranks import run_rank_processes
 from sextant.measure.collectives import time_collective
 
+OPS = ("allreduce", "allgather")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
-def measure_allgather(max_bytes: int = 64 * 2**20, timeout: float = 120.0,
-                      world: int = 2) -> dict[str, Any]:
-    """All-gather medians between `world` gloo processes on 127.0.0.1 (like
-    calibrate.measure_allreduce: a failing or hanging rank raises RunFailed naming it)."""
-    from sextant.planner.calibrate import _child_env, _free_port, message_sizes
 
+def measure_collective(op: str, *, world: int = 2, max_bytes: int = 64 * 2**20,
+                       min_bytes: int = 1024, timeout: float = 120.0,
+                       placement: Placement | None = None) -> dict[str, Any]:
+    """Median times of `op` for message sizes min_bytes..max_bytes (x4 steps) between `world`
+    gloo processes. A failing or hanging rank raises RunFailed naming it."""
+    if op not in OPS:
+        raise UserError(f"unknown collective {op!r}; allowed: {', '.join(OPS)}")
     if importlib.util.find_spec("torch") is None:
-        raise UserError("the all-gather measurement needs PyTorch: pip install 'sextant[torch]'")
-    sizes = message_sizes(max_bytes)
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="sextant-allgather-") as tmp:
-        out = Path(tmp) / "allgather.json"
+        raise UserError(f"the {op} measurement needs PyTorch: pip install 'sextant[torch]'")
+    placement = placement or single_host(world)
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 4
+    env = {**os.environ, **{var: "1" for var in THREAD_VARS}}
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix=f"sextant-{op}-") as tmp:
+        out = Path(tmp) / f"{op}.json"
         run_rank_processes(
-            lambda rank: ["sextant.checks.collectives", "--rank", str(rank), "--world",
-                          str(world), "--port", str(port), "--sizes", ",".join(map(str, sizes)),
+            lambda rank: ["sextant.checks.collectives", "--op", op, "--rank", str(rank),
+                          "--world", str(world), "--addr", placement.master_addr,
+                          "--port", str(port), "--sizes", ",".join(map(str, sizes)),
                           "--out", str(out), "--timeout", str(int(timeout))],
-            world, timeout=timeout, what="all-gather worker", env=_child_env(1))
-        return json.loads(out.read_text())
+            world, timeout=timeout, what=f"{op} worker", env=env, placement=placement)
+        data = json.loads(out.read_text())
+    data["placement"] = placement.to_dict()
+    return data
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -49,16 +66,22 @@ def _worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+    dist.init_process_group("gloo", init_method=f"tcp://{args.addr}:{args.port}",
                             rank=args.rank, world_size=args.world,
                             timeout=timedelta(seconds=args.timeout))
-    sizes = [int(x) for x in args.sizes.split(",")]
-    medians, p10, p90, reps_used = [], [], [], []
-    for size in sizes:
-        chunk = max(size // (4 * args.world), 1)
-        mine = torch.ones(chunk, dtype=torch.float32)
-        gathered = [torch.empty(chunk, dtype=torch.float32) for _ in range(args.world)]
-        median, low, high, reps = time_collective(lambda: dist.all_gather(gathered, mine))
+    medians, p10, p90, reps_used, used_sizes = [], [], [], [], []
+    for size in (int(x) for x in args.sizes.split(",")):
+        if args.op == "allreduce":
+            x = torch.ones(max(size // 4, 1), dtype=torch.float32)
+            used_sizes.append(x.numel() * 4)
+            median, low, high, reps = time_collective(lambda x=x: dist.all_reduce(x))
+        else:
+            chunk = max(size // (4 * args.world), 1)
+            mine = torch.ones(chunk, dtype=torch.float32)
+            gathered = [torch.empty(chunk, dtype=torch.float32) for _ in range(args.world)]
+            used_sizes.append(chunk * 4 * args.world)
+            median, low, high, reps = time_collective(
+                lambda g=gathered, m=mine: dist.all_gather(g, m))
         medians.append(median)
         p10.append(low)
         p90.append(high)
@@ -66,19 +89,23 @@ def _worker(args: argparse.Namespace) -> int:
     dist.barrier()
     if args.rank == 0:
         Path(args.out).write_text(json.dumps({
-            "backend": "gloo", "world_size": args.world, "address": "127.0.0.1",
-            "sizes_bytes": [max(s // (4 * args.world), 1) * 4 * args.world for s in sizes],
-            "times_s": medians, "p10_s": p10, "p90_s": p90, "reps": reps_used,
-            "torch": torch.__version__,
+            "op": args.op, "backend": "gloo", "world_size": args.world, "address": args.addr,
+            "sizes_bytes": used_sizes, "times_s": medians, "p10_s": p10, "p90_s": p90,
+            "reps": reps_used, "torch": torch.__version__,
         }))
     dist.destroy_process_group()
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sextant.launch.hosts import adopt_host
+
+    adopt_host()
     p = argparse.ArgumentParser(prog="python -m sextant.checks.collectives")
+    p.add_argument("--op", choices=OPS, default="allgather")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, default=2)
+    p.add_argument("--addr", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--sizes", default="1024")
     p.add_argument("--out", required=True)

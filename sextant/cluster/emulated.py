@@ -149,7 +149,7 @@ def host_netns(name: str, i: int) -> str:
 def _run(*argv: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     cmd = ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise UserError(f"'{' '.join(cmd)}' did not finish in {COMMAND_TIMEOUT_S:g} s") from exc

@@ -16,23 +16,18 @@ the planner then fills its 'cpu-local' accelerator and 'loopback' link from it.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sextant.launch.ranks import run_rank_processes
-from sextant.measure.collectives import time_collective
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_text
 from sextant.planner.catalogue import DEFAULT_CALIBRATION
@@ -178,76 +173,16 @@ def fit_alpha_beta(sizes, times) -> dict[str, float]:
     }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure_allreduce(
     max_bytes: int = 64 * 2**20, timeout: float = 120.0, world: int = 2
 ) -> dict[str, Any]:
-    """All-reduce medians between `world` gloo worker processes on 127.0.0.1."""
-    if importlib.util.find_spec("torch") is None:
-        raise UserError("all-reduce calibration needs PyTorch: pip install sextant[torch]")
-    port = _free_port()
-    sizes = message_sizes(max_bytes)
-    with tempfile.TemporaryDirectory(prefix="sextant-cal-") as tmp:
-        out = Path(tmp) / "allreduce.json"
-        run_rank_processes(
-            lambda rank: ["sextant.planner.calibrate", "--worker", "--rank", str(rank),
-                          "--world", str(world), "--port", str(port), "--sizes",
-                          ",".join(map(str, sizes)), "--out", str(out), "--timeout",
-                          str(int(timeout))],
-            world, timeout=timeout, what="all-reduce calibration worker", env=_child_env(1))
-        data = json.loads(out.read_text())
+    """All-reduce medians between `world` gloo worker processes on loopback, and the
+    alpha-beta fit (the timer is sextant.checks.collectives, shared with `sextant check`)."""
+    from sextant.checks.collectives import measure_collective
+
+    data = measure_collective("allreduce", world=world, max_bytes=max_bytes, timeout=timeout)
     data["fit"] = fit_alpha_beta(data["sizes_bytes"], data["times_s"])
     return data
-
-
-def _worker(args: argparse.Namespace) -> int:
-    """One gloo rank: time all_reduce for each size; rank 0 writes the medians."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
-        rank=args.rank,
-        world_size=args.world,
-        timeout=timedelta(seconds=args.timeout),
-    )
-    sizes = [int(x) for x in args.sizes.split(",")]
-    medians, p10, p90, reps_used = [], [], [], []
-    for size in sizes:
-        x = torch.ones(max(size // 4, 1), dtype=torch.float32)
-        median, low, high, reps = time_collective(lambda: dist.all_reduce(x))
-        medians.append(median)
-        p10.append(low)
-        p90.append(high)
-        reps_used.append(reps)
-    dist.barrier()
-    if args.rank == 0:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "backend": "gloo",
-                    "world_size": args.world,
-                    "address": "127.0.0.1",
-                    "sizes_bytes": sizes,
-                    "times_s": medians,
-                    "p10_s": p10,
-                    "p90_s": p90,
-                    "reps": reps_used,
-                    "torch": torch.__version__,
-                }
-            )
-        )
-    dist.destroy_process_group()
-    return 0
 
 
 def calibrate(
@@ -351,20 +286,3 @@ def render_calibration(doc: dict[str, Any], console, path) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sextant.planner.calibrate")
-    p.add_argument("--worker", action="store_true")
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--sizes", default="1024")
-    p.add_argument("--out", default="")
-    p.add_argument("--timeout", type=int, default=120)
-    args = p.parse_args(argv)
-    if not args.worker:
-        p.error("this module runs calibration workers; use 'sextant calibrate'")
-    return _worker(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
