@@ -14,3 +14,9 @@ class UserError(Exception):
 
 class RunFailed(Exception):
     """A training run failed (a worker died, timed out or raised); the message names the rank."""
+
+
+class TrainingDiverged(UserError):
+    """A loss or gradient norm became NaN or infinite: the message names step, rank and
+    value. A UserError because its fix is the user's (learning rate, data); the run is
+    stored with status 'diverged'."""

@@ -8,9 +8,26 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sextant.errors import UserError
+
+
+class CannotWrite(UserError, OSError):
+    """A one-line UserError for the CLI that is still an OSError for code that handles those
+    (e.g. the launcher's best-effort metrics file)."""
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` atomically; a path that cannot be written (a directory, no
+    permission, a file where a directory should be, a full disk) is a one-line UserError."""
     path = Path(path)
+    try:
+        _atomic_write(path, data)
+    except OSError as exc:
+        why = "it is a directory" if path.is_dir() else (exc.strerror or str(exc))
+        raise CannotWrite(f"cannot write {path}: {why}") from None
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

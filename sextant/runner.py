@@ -11,6 +11,9 @@ Definitions (docs/methodology.md explains each):
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,15 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from sextant.errors import UserError
+from sextant.checkpoint import preflight
+from sextant.errors import RunFailed, UserError
+from sextant.fsutil import atomic_write_json
 from sextant.init import count_params, flops_per_step
 from sextant.launch.local import launch
 from sextant.measure.stats import paired_median_difference, summarize
-from sextant.results.store import ResultsStore
+from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
 RECORD_SCHEMA = 1
+RECORD_FILE = "record.json"
+"""A finished run's record, kept in its run directory when the database stayed locked."""
+NAME_SLUG_CHARS = 40
 
 
 def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]]
@@ -35,12 +43,20 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
     warm = workload.measure.warmup_steps
     job_times = np.max([r["step_times_s"] for r in ranks], axis=0)
     steady = summarize(job_times[warm:])
+    # A run resumed within `warm` steps of its end has no steady-state step: its timing
+    # figures are None (shown as '-'), the rest of the record is kept.
     median = steady["median"]
     losses = np.mean([r["losses"] for r in ranks], axis=0)
     samples = workload.global_batch
     tokens = samples * workload.tokens_per_sample
     flops = flops_per_step(workload.model, samples)
-    data_wait = float(np.max([np.median(r["data_times_s"][warm:]) for r in ranks]))
+    data_wait = (float(np.max([np.median(r["data_times_s"][warm:]) for r in ranks]))
+                 if median is not None else None)
+    first = float(job_times[0]) if len(job_times) else None
+
+    def per_second(amount: float) -> float | None:
+        return amount / median if median else None
+
     metrics: dict[str, Any] = {
         "params": count_params(workload.model),
         "step_time_median_s": median,
@@ -48,18 +64,18 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
         "step_time_p90_s": steady["p90"],
         "step_time_mean_s": steady["mean"],
         "steps_timed": steady["n"],
-        "first_step_s": float(job_times[0]),
-        "compile_s": max(0.0, float(job_times[0]) - median),
-        "samples_per_s": samples / median,
-        "tokens_per_s": tokens / median,
+        "first_step_s": first,
+        "compile_s": max(0.0, first - median) if first is not None and median else None,
+        "samples_per_s": per_second(samples),
+        "tokens_per_s": per_second(tokens),
         "tokens_per_step": tokens,
         "flops_per_step": flops,
-        "achieved_flops_per_s": flops / median,
+        "achieved_flops_per_s": per_second(flops),
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
         "peak_rss_total_bytes": sum(r["peak_rss_bytes"] for r in ranks),
         "data_wait_median_s": data_wait,
-        "data_wait_share": data_wait / median,
-        "final_loss": float(losses[-1]),
+        "data_wait_share": data_wait / median if data_wait is not None and median else None,
+        "final_loss": float(losses[-1]) if len(losses) else None,
         "threads_per_worker": ranks[0]["fingerprint"].get("threads"),
         "resumed_from_step": ranks[0].get("start_step", 0),
         "checkpoint_save_median_s": (float(np.median(ranks[0]["checkpoint_times_s"]))
@@ -96,7 +112,8 @@ def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict
             "rank": r["rank"],
             "step_time": summarize(r["step_times_s"][warm:]),
             "step_times_s": r["step_times_s"],
-            "data_wait_median_s": float(np.median(r["data_times_s"][warm:])),
+            "data_wait_median_s": (float(np.median(r["data_times_s"][warm:]))
+                                   if len(r["data_times_s"]) > warm else None),
             "rows_per_step": r.get("rows_per_step"),
             "start_step": r.get("start_step", 0),
             "sync_step_times_s": r.get("sync_step_times_s", []),
@@ -114,18 +131,16 @@ def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict
     return out
 
 
-def execute(
-    workload: Workload,
-    strategy: Strategy,
-    *,
-    runs_dir: Path,
-    store: ResultsStore | None = None,
-    group_id: str | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-    timeout_s: float = 900.0,
-    extra_env: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Launch, aggregate, store; returns the run record (with `id` when stored)."""
+def run_dir_name(workload: Workload, strategy: Strategy) -> str:
+    """`<time>-<workload>-<strategy>-<nonce>`, with the workload name reduced to a short safe
+    slug: names are free text, paths are not (no '/', '..', or 300-character components)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", workload.name).strip(".-")[:NAME_SLUG_CHARS]
+    slug = strategy.label.replace(" ", "-")
+    return f"{stamp}-{name or 'workload'}-{slug}-{time.monotonic_ns() % 10**6:06d}"
+
+
+def check_layout(workload: Workload, strategy: Strategy) -> None:
     if workload.global_batch % strategy.replicas:
         raise UserError(
             f"global_batch {workload.global_batch} is not divisible by the "
@@ -138,25 +153,109 @@ def execute(
             f"gets (global_batch {workload.global_batch} / {strategy.replicas} replicas); "
             f"use a divisor of {rows}"
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    slug = strategy.label.replace(" ", "-")
-    run_dir = runs_dir / f"{stamp}-{workload.name}-{slug}-{time.monotonic_ns() % 10**6:06d}"
-    ranks = launch(workload, strategy, run_dir, timeout_s=timeout_s, on_event=on_event,
-                   extra_env=extra_env)
-    record = {
+
+
+def execute(
+    workload: Workload,
+    strategy: Strategy,
+    *,
+    runs_dir: Path,
+    store: ResultsStore | None = None,
+    group_id: str | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    timeout_s: float = 900.0,
+    extra_env: dict[str, str] | None = None,
+    workload_file: str | None = None,
+) -> dict[str, Any]:
+    """Launch, aggregate, store; returns the run record (with `id` when stored).
+
+    `workload_file` is the path the user gave (the report's reproduce commands name it). A
+    run that diverges is stored with status 'diverged' before its RunFailed propagates."""
+    check_layout(workload, strategy)
+    for warning in preflight(workload, strategy):
+        sys.stderr.write(f"sextant: warning: {warning}\n")
+    run_dir = runs_dir / run_dir_name(workload, strategy)
+    identity = {
         "schema": RECORD_SCHEMA,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "group_id": group_id,
-        "status": "ok",
         "workload": workload.to_dict(),
         "workload_hash": workload.content_hash(),
+        "workload_file": workload_file,
         "strategy": strategy.to_dict(),
         "label": strategy.label,
+        "run_dir": str(run_dir),
+    }
+    try:
+        ranks = launch(workload, strategy, run_dir, timeout_s=timeout_s, on_event=on_event,
+                       extra_env=extra_env)
+    except RunFailed as exc:
+        diverged = diverged_record(identity, workload, run_dir)
+        if store is None:
+            raise
+        if diverged is None:
+            keep(store, stopped_record(identity, workload, run_dir, "failed", str(exc)))
+            raise
+        raise RunFailed(f"{exc}; stored as run {keep(store, diverged)} (status diverged)"
+                        ) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the workers are stopped
+        if store is not None:
+            keep(store, stopped_record(identity, workload, run_dir, "interrupted",
+                                       f"stopped by {exc or 'SIGINT'}"))
+        raise
+    record = {
+        **identity,
+        "status": "ok",
         **aggregate(workload, strategy, ranks),
         "ranks": rank_summaries(workload, ranks),
         "fingerprint": ranks[0]["fingerprint"],
-        "run_dir": str(run_dir),
     }
     if store is not None:
-        record["id"] = store.add(record)
+        record["id"] = keep(store, record)
     return record
+
+
+def stopped_record(identity: dict[str, Any], workload: Workload, run_dir: Path, status: str,
+                   reason: str) -> dict[str, Any]:
+    """The record of a run that did not finish: why, and how far its slowest rank got."""
+    steps = []
+    for path in run_dir.glob("rank*.events.jsonl"):
+        with open(path, errors="replace") as f:
+            steps.append(sum(1 for line in f if '"event": "step"' in line))
+    return {
+        **identity,
+        "status": status,
+        "metrics": {"params": count_params(workload.model), "final_loss": None,
+                    "error": reason, "steps_done": min(steps, default=0)},
+    }
+
+
+def diverged_record(identity: dict[str, Any], workload: Workload, run_dir: Path
+                    ) -> dict[str, Any] | None:
+    """The record of a run stopped by a non-finite loss or gradient norm (the first rank's
+    report, see measure.loop.check_finite), or None if no rank reported one."""
+    reports = sorted(run_dir.glob("rank*.diverged.json"))
+    if not reports:
+        return None
+    first = min((json.loads(p.read_text()) for p in reports), key=lambda r: r["step"])
+    return {
+        **identity,
+        "status": "diverged",
+        "metrics": {"params": count_params(workload.model), "final_loss": None,
+                    "diverged_at_step": first["step"], "diverged_rank": first["rank"],
+                    "diverged_value": first["what"]},
+        "losses": first["losses"],
+        "grad_norms": first["grad_norms"],
+    }
+
+
+def keep(store: ResultsStore, record: dict[str, Any]) -> int:
+    """Store the record; if the database stays locked, keep it beside the run's logs instead
+    (`sextant runs import` adds it later) and say so in a one-line error."""
+    try:
+        return store.add(record)
+    except StoreLocked as exc:
+        kept = Path(record["run_dir"]) / RECORD_FILE
+        atomic_write_json(kept, record)
+        raise UserError(f"{exc}; the finished run was kept in {kept}: add it with "
+                        f"'sextant runs import {kept} --db {store.path}'") from None

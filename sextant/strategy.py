@@ -55,6 +55,8 @@ class Strategy:
     """Where checkpoints go (required with checkpoint_every or resume)."""
     resume: bool = False
     """Continue from the newest valid checkpoint in checkpoint_dir."""
+    trust_checkpoint: bool = False
+    """Load checkpoints not signed with this user's key (sextant.checkpoint's trust model)."""
     devices_per_worker: int = 1
     """Devices inside each worker process (jax: host devices of one CPU process;
     tensorflow: logical CPU devices under MirroredStrategy)."""
@@ -115,6 +117,10 @@ class Strategy:
                 or self.checkpoint_every < 0:
             raise UserError(
                 f"checkpoint_every must be an integer >= 0. Received: {self.checkpoint_every!r}"
+            )
+        if not isinstance(self.trust_checkpoint, bool):
+            raise UserError(
+                f"trust_checkpoint must be true or false. Received: {self.trust_checkpoint!r}"
             )
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UserError("--checkpoint-every and --resume need --checkpoint-dir")

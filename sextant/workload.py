@@ -12,15 +12,28 @@ import dataclasses
 import hashlib
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.tomlfile import read_toml
 
 MODEL_FAMILIES = ("mlp", "gpt")
 DATASETS = {"mlp": ("digits",), "gpt": ("python-reference",)}
+DATASET_FACTS: dict[str, dict[str, int]] = {
+    "digits": {"samples": 1797, "input_dim": 64, "num_classes": 10},
+    "python-reference": {"tokens": 466_273},
+}
+"""What the bundled datasets hold (tests/test_workload.py checks it against the files), so a
+workload that does not fit its data is refused here, not inside a worker."""
+# Upper bounds: far above anything sextant measures, low enough that no value overflows a
+# framework's integer types or fails late inside a worker.
+MAX_STEPS = 10_000_000
+MAX_GLOBAL_BATCH = 1 << 20
+MAX_WIDTH = 1 << 16
+"""Any layer width, d_model, d_ff or seq_len."""
+MAX_LAYERS = 1024
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -36,12 +49,15 @@ class MLPSpec:
     """Output classes; must equal the dataset's (10 for digits)."""
 
     def __post_init__(self) -> None:
-        _positive_int("model.input_dim", self.input_dim)
-        _positive_int("model.num_classes", self.num_classes)
+        _positive_int("model.input_dim", self.input_dim, MAX_WIDTH)
+        _positive_int("model.num_classes", self.num_classes, MAX_WIDTH)
         if not self.hidden:
             raise UserError("model.hidden must list at least one layer width. Received: []")
+        if len(self.hidden) > MAX_LAYERS:
+            raise UserError(f"model.hidden must list at most {MAX_LAYERS} layers. "
+                            f"Received: {len(self.hidden)}")
         for width in self.hidden:
-            _positive_int("model.hidden[]", width)
+            _positive_int("model.hidden[]", width, MAX_WIDTH)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -64,8 +80,9 @@ class GPTSpec:
     """Hidden width of each block's MLP."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff"):
-            _positive_int(f"model.{name}", getattr(self, name))
+        for name in ("vocab_size", "seq_len", "d_model", "n_heads", "d_ff"):
+            _positive_int(f"model.{name}", getattr(self, name), MAX_WIDTH)
+        _positive_int("model.n_layers", self.n_layers, MAX_LAYERS)
         if self.vocab_size != 256:
             raise UserError(
                 "model.vocab_size must be 256: the text data is byte-level. "
@@ -117,13 +134,15 @@ class OptimizerSpec:
             if not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
                 raise UserError(f"optimizer.{name} must be in [0, 1). Received: {value!r}")
         _positive_float("optimizer.eps", self.eps)
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
+        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay)
+                and self.weight_decay >= 0):
             raise UserError(
-                f"optimizer.weight_decay must be >= 0. Received: {self.weight_decay!r}"
+                f"optimizer.weight_decay must be a number >= 0. Received: {self.weight_decay!r}"
             )
-        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+        if not (isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps <= MAX_STEPS):
             raise UserError(
-                f"optimizer.warmup_steps must be an integer >= 0. Received: {self.warmup_steps!r}"
+                f"optimizer.warmup_steps must be an integer in [0, {MAX_STEPS}]. "
+                f"Received: {self.warmup_steps!r}"
             )
         if not (isinstance(self.min_lr_ratio, (int, float)) and 0 <= self.min_lr_ratio <= 1):
             raise UserError(
@@ -148,11 +167,12 @@ class MeasureSpec:
             raise UserError(
                 f"measure.warmup_steps must be an integer >= 1. Received: {self.warmup_steps!r}"
             )
-        if not (isinstance(self.nosync_steps, int) and self.nosync_steps >= 0):
+        if not (isinstance(self.nosync_steps, int) and 0 <= self.nosync_steps <= MAX_STEPS):
             raise UserError(
-                f"measure.nosync_steps must be an integer >= 0. Received: {self.nosync_steps!r}"
+                f"measure.nosync_steps must be an integer in [0, {MAX_STEPS}]. "
+                f"Received: {self.nosync_steps!r}"
             )
-        _positive_int("measure.log_every", self.log_every)
+        _positive_int("measure.log_every", self.log_every, MAX_STEPS)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -176,8 +196,8 @@ class Workload:
             raise UserError(f"name must be a non-empty string. Received: {self.name!r}")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
             raise UserError(f"seed must be an integer in [0, 2**32). Received: {self.seed!r}")
-        _positive_int("steps", self.steps)
-        _positive_int("global_batch", self.global_batch)
+        _positive_int("steps", self.steps, MAX_STEPS)
+        _positive_int("global_batch", self.global_batch, MAX_GLOBAL_BATCH)
         if self.steps <= self.measure.warmup_steps:
             raise UserError(
                 "steps must exceed measure.warmup_steps so that some steps are timed. "
@@ -189,6 +209,7 @@ class Workload:
                 f"data.dataset for a {self.model.family} model must be one of {list(allowed)}. "
                 f"Received: {self.data.dataset!r}"
             )
+        _fits_data(self)
 
     @property
     def tokens_per_sample(self) -> int:
@@ -202,13 +223,22 @@ class Workload:
 
     def content_hash(self) -> str:
         """Hash of everything that changes the numbers (the description does not)."""
-        payload = self.to_dict()
-        payload.pop("description")
-        blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return _hash(self.to_dict(), drop=("description",))
+
+    def state_hash(self) -> str:
+        """Hash of what shapes the training state a checkpoint holds: model, data, optimizer
+        and seed. Not the name, the step count (a run may be resumed to train longer) or the
+        measurement settings."""
+        return _hash(self.to_dict(), drop=("description", "name", "steps", "measure"))
 
     def replace(self, **changes: Any) -> Workload:
         return dataclasses.replace(self, **changes)
+
+
+def _hash(payload: dict[str, Any], drop: tuple[str, ...]) -> str:
+    kept = {k: v for k, v in payload.items() if k not in drop}
+    blob = json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 # --- loading ---------------------------------------------------------------------------
@@ -217,14 +247,7 @@ class Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload TOML file; every problem is a one-line UserError."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"workload file not found: {path}")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not a UTF-8 text file") from None
+    raw = read_toml(path, "workload")
     try:
         return workload_from_dict(raw)
     except UserError as exc:
@@ -298,9 +321,33 @@ def _reject_unknown(prefix: str, raw: dict[str, Any], allowed: list[str]) -> Non
         )
 
 
-def _positive_int(name: str, value: Any) -> None:
+def _fits_data(w: Workload) -> None:
+    """The model's shapes and the batch agree with what the dataset holds."""
+    facts = DATASET_FACTS[w.data.dataset]
+    if isinstance(w.model, MLPSpec):
+        for key in ("input_dim", "num_classes"):
+            if getattr(w.model, key) != facts[key]:
+                raise UserError(f"model.{key} must be {facts[key]} for the {w.data.dataset} "
+                                f"dataset. Received: {getattr(w.model, key)}")
+        if w.global_batch > facts["samples"]:
+            raise UserError(f"global_batch must be at most the {facts['samples']} samples of "
+                            f"{w.data.dataset}. Received: {w.global_batch}")
+    elif w.model.seq_len + 1 >= facts["tokens"]:
+        raise UserError(f"model.seq_len must be shorter than the {w.data.dataset} corpus "
+                        f"({facts['tokens']} tokens). Received: {w.model.seq_len}")
+
+
+def _positive_int(name: str, value: Any, most: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"{name} must be an integer >= 1. Received: {value!r}")
+        raise UserError(f"{name} must be an integer >= 1. Received: {_short(value)}")
+    if most is not None and value > most:
+        raise UserError(f"{name} must be at most {most}. Received: {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    """repr, cut to 80 characters (a 4,000-digit integer makes a poor error message)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "a huge integer"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _positive_float(name: str, value: Any) -> None:
@@ -318,6 +365,15 @@ BUNDLED_DIR = Path(__file__).parent / "workloads"
 
 def bundled_workloads() -> list[str]:
     return sorted(p.stem for p in BUNDLED_DIR.glob("*.toml"))
+
+
+def workload_source(spec: str | Path) -> str:
+    """How to name the workload `spec` in a command that reproduces a run: the bundled name
+    as given, else the file's absolute path."""
+    path = Path(spec)
+    if not path.exists() and (BUNDLED_DIR / f"{path}.toml").is_file():
+        return str(spec)
+    return str(path.resolve())
 
 
 def resolve_workload(spec: str | Path) -> Workload:

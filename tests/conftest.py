@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,3 +11,10 @@ import pytest
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "results" / "results.db"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_config_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Checkpoint keys (sextant.keys) go to a scratch config directory, never the user's;
+    workers inherit it through the environment."""
+    os.environ["SEXTANT_CONFIG_DIR"] = str(tmp_path_factory.mktemp("sextant-config"))

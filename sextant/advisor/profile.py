@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from sextant.advisor.vocab import (
     allowed,
 )
 from sextant.errors import UserError
+from sextant.tomlfile import parse_toml
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -42,6 +42,18 @@ def _check_positive(name: str, value: Any, *, integer: bool = False) -> None:
         raise UserError(f"{name} must be {kind} > 0. Received: {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise UserError(f"{name} must be > 0. Received: {value!r}")
+    most = UPPER_LIMITS.get(name)
+    if most is not None and value > most:
+        raise UserError(f"{name} must be at most {most:g}. Received: {value!r}")
+
+
+UPPER_LIMITS = {
+    "model_params": 1e15, "gpu_price_per_hour": 1e6, "devices": 10_000_000,
+    "training_hours": 1e7, "training_tokens": 1e18, "engineer_cost_per_day": 1e7,
+    "team_size": 100_000, "deadline_weeks": 10_000,
+}
+"""Far above any real team, low enough that every cost (hours x devices x price, plus
+engineering) stays a finite number: a price of 1e308 made the scores NaN."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -217,10 +229,7 @@ def load_profile(path: str | Path) -> TeamProfile:
         ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read profile {str(path)!r}: {exc}") from None
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"profile {str(path)!r} is not valid TOML: {exc}") from None
+    raw = parse_toml(text, f"profile {str(path)!r}")
     return parse_profile(raw, source=path.name)
 
 

@@ -86,12 +86,15 @@ def run_once(workload: Workload, strategy: Strategy, opts: CheckOptions,
              on_event: Callable[[dict[str, Any]], None] | None = None,
              extra_env: dict[str, str] | None = None) -> Outcome:
     """One real run; its metrics.jsonl is written even when it fails."""
+    from sextant.checkpoint import CheckpointRefused
     from sextant.runner import execute
 
     try:
         record = execute(workload, strategy, runs_dir=opts.runs_dir, timeout_s=opts.timeout_s,
                          on_event=on_event,
                          extra_env=opts.extra_env if extra_env is None else extra_env)
+    except CheckpointRefused as exc:  # the checkpoint check's finding, not a usage error
+        return Outcome(None, str(exc))
     except RunFailed as exc:
         _metrics_of_latest(opts.runs_dir, strategy)
         return Outcome(None, str(exc))

@@ -191,7 +191,10 @@ def _median_item(items: list[Any], key: Callable[[Any], float]) -> Any:
 
 def _compare_cmd(workload: Mapping[str, Any], frameworks: Sequence[str],
                  workers: int | None = None) -> str:
-    parts = ["sextant", "compare", "--workload", shlex.quote(str(workload.get("name", "?")))]
+    # The file the runs were made from, when the record names it (a bundled workload's name
+    # or a custom file's path); the name alone does not reproduce a custom workload.
+    source = workload.get("file") or workload.get("name", "?")
+    parts = ["sextant", "compare", "--workload", shlex.quote(str(source))]
     if workload.get("steps"):
         parts += ["--steps", str(workload["steps"])]
     parts += ["--frameworks", ",".join(frameworks)]
@@ -463,7 +466,8 @@ def check_claims(runs: Sequence[Mapping[str, Any]], *, workload_hash: str | None
         return [check([], workload) for check in CHECKS]
     key = workload_hash or _workload_key(ok[-1])
     same = [r for r in ok if _workload_key(r) == key or r.get("workload_hash") == key]
-    workload = (same[-1] if same else ok[-1]).get("workload") or {}
+    last = same[-1] if same else ok[-1]
+    workload = {**(last.get("workload") or {}), "file": last.get("workload_file")}
     return [check(same, workload) for check in CHECKS]
 
 

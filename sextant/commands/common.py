@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,17 @@ from sextant.results.store import ResultsStore, default_path
 DEFAULT_WORKLOAD = "gpt-tiny"
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0. Received: {text!r}")
+    return value
+
+
 def add_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", type=Path, default=None,
                    help="results database (default: $SEXTANT_RESULTS or "
@@ -27,7 +39,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="workload TOML file, or the name of a bundled one "
                         f"(default: {DEFAULT_WORKLOAD})")
     p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
-    p.add_argument("--timeout", type=float, default=900.0,
+    p.add_argument("--timeout", type=positive_seconds, default=900.0,
                    help="seconds before a run's workers are killed (default: 900)")
     p.add_argument("--collective-timeout", type=float, default=120.0,
                    help="seconds a collective may wait for the other ranks (default: 120)")
@@ -47,12 +59,17 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint directory")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest valid checkpoint in --checkpoint-dir")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="with --resume: also load checkpoints not signed with your own key "
+                        "(written by someone else: loading one can run their code; see "
+                        "docs/reliability.md)")
 
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {"precision": args.precision, "grad_accum": args.grad_accum,
             "compress": args.compress, "checkpoint_every": args.checkpoint_every,
-            "checkpoint_dir": args.checkpoint_dir, "resume": args.resume}
+            "checkpoint_dir": args.checkpoint_dir, "resume": args.resume,
+            "trust_checkpoint": args.trust_checkpoint}
 
 
 def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore:
@@ -86,6 +103,10 @@ def fmt_rate(x: float | None) -> str:
         if x >= scale:
             return f"{x / scale:.1f}{unit}"
     return f"{x:.0f}"
+
+
+def fmt_loss(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
 
 
 def fmt_signed_pct(x: float | None) -> str:
@@ -189,7 +210,8 @@ class RunProgress:
                 comm = m.get("exposed_comm_share")
                 self.console.print(
                     f"{label}: done, {fmt_ms(m['step_time_median_s'])} ms/step median, "
-                    f"{fmt_rate(m['tokens_per_s'])} tokens/s, final loss {m['final_loss']:.4f}"
+                    f"{fmt_rate(m['tokens_per_s'])} tokens/s, "
+                    f"final loss {fmt_loss(m['final_loss'])}"
                     + (f", exposed comm {fmt_share(comm)}" if comm is not None else "")
                     + (f", peak RSS {rss} MB" if rss else ""), markup=False)
         self.task = None
@@ -223,7 +245,8 @@ def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
     for rec in records:
         m = rec["metrics"]
         s = rec["strategy"]
-        speedup = ref["metrics"]["step_time_median_s"] / m["step_time_median_s"]  # type: ignore[index]
+        ref_median = ref["metrics"]["step_time_median_s"]  # type: ignore[index]
+        median = m["step_time_median_s"]
         diff = max_loss_diff(rec["losses"], ref["losses"])  # type: ignore[index]
         table.add_row(
             rec["label"],
@@ -231,11 +254,11 @@ def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
             fmt_ms(m["step_time_median_s"]),
             f"{fmt_ms(m['step_time_p10_s'])}-{fmt_ms(m['step_time_p90_s'])}",
             fmt_rate(m["tokens_per_s"]),
-            f"{speedup:.2f}x",
-            f"{m['first_step_s']:.2f}",
+            f"{ref_median / median:.2f}x" if ref_median and median else "-",
+            "-" if m["first_step_s"] is None else f"{m['first_step_s']:.2f}",
             fmt_bytes_mb(m["peak_rss_bytes"]),
             fmt_share(m.get("exposed_comm_share")),
-            f"{m['final_loss']:.4f}",
+            fmt_loss(m["final_loss"]),
             "ref" if rec is ref else (f"{diff:.1e}" if diff is not None else "-"),
         )
     return table

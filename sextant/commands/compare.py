@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.text import Text
 
 from sextant.backends import available, get_backend, require
@@ -156,7 +157,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     failures: list[str] = []
     with open_store(args) as store:
-        out.print(f"[bold]{workload.name}[/bold]: {len(strategies)} runs, "
+        out.print(f"[bold]{escape(workload.name)}[/bold]: {len(strategies)} runs, "
                   f"{workload.steps} steps each, global batch {workload.global_batch}")
         with RunProgress(out, tensorboard=args.tensorboard) as progress:
             for strategy in strategies:
@@ -175,7 +176,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             out.print(lever_table(records))
         elif records:
             out.print(comparison_table(
-                records, f"{workload.name} - speed-up and max |Δloss| against {records[0]['label']}"
+                records, f"{escape(workload.name)} - speed-up and max |Δloss| against {records[0]['label']}"
             ))
             out.print(f"stored runs {records[0]['id']}-{records[-1]['id']} (group {group}) "
                       f"in {store.path}")

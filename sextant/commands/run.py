@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rich.markup import escape
+
 from sextant.backends import get_backend, require
 from sextant.backends.base import REGISTRY
 from sextant.commands.common import (
@@ -21,7 +23,7 @@ from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from sextant.workload import Workload, resolve_workload
+from sextant.workload import Workload, resolve_workload, workload_source
 
 
 def register(sub: Any) -> None:
@@ -83,11 +85,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.start(strategy.label, workload.steps, workload=workload)
         try:
             record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
-                             on_event=progress.on_event, timeout_s=args.timeout)
+                             on_event=progress.on_event, timeout_s=args.timeout,
+                             workload_file=workload_source(args.workload))
         except RunFailed as exc:
             progress.finish(strategy.label, None, error=str(exc))
             raise
         progress.finish(strategy.label, record)
-    out.print(comparison_table([record], f"{workload.name}: run {record['id']}"))
-    out.print(f"stored as run {record['id']} in {store.path}")
+    out.print(comparison_table([record], f"{escape(workload.name)}: run {record['id']}"))
+    out.print(f"stored as run {record['id']} in {store.path}", markup=False)
     return 0

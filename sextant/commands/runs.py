@@ -7,13 +7,18 @@ import csv
 import io
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from sextant.commands.common import add_store_args, console, fmt_ms, fmt_rate, open_store
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
+from sextant.results.store import finite_json
+from sextant.strategy import Strategy
+from sextant.workload import workload_from_dict
 
 # Flat columns of a CSV export: run identity, then every scalar metric.
 _IDENTITY = ("id", "created_at", "group_id", "workload_name", "workload_hash", "framework",
@@ -37,19 +42,26 @@ def register(sub: Any) -> None:
     export.add_argument("--out", default=None, help="file to write (default: standard output)")
     add_store_args(export)
     export.set_defaults(func=cmd_export)
+    imp = verbs.add_parser("import", help="add a run record kept aside (record.json) to a store")
+    imp.add_argument("record", type=Path, help="the record.json a run kept when the database "
+                                                "was locked")
+    add_store_args(imp)
+    imp.set_defaults(func=cmd_import)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     with open_store(args, create=False) as store:
         runs = store.runs()
     table = Table(header_style="bold")
-    for col in ("id", "created", "workload", "run", "step ms", "tokens/s", "final loss", "group"):
+    for col in ("id", "created", "workload", "run", "status", "step ms", "tokens/s",
+                "final loss", "group"):
         table.add_column(col)
     for r in runs:
         m = r["metrics"]
         s = r["strategy"]
         label = f"{s['framework']} {s['mode']} {s['parallel']} x{s['workers']}"
-        table.add_row(str(r["id"]), r["created_at"][:19], r["workload_name"], label,
+        table.add_row(str(r["id"]), r["created_at"][:19], escape(r["workload_name"]), label,
+                      escape(r["status"]),
                       fmt_ms(m.get("step_time_median_s")), fmt_rate(m.get("tokens_per_s")),
                       f"{m['final_loss']:.4f}" if m.get("final_loss") is not None else "-",
                       r["group_id"] or "-")
@@ -60,7 +72,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     with open_store(args, create=False) as store:
         record = store.get(args.id)
-    sys.stdout.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    sys.stdout.write(json.dumps(finite_json(record), indent=2, sort_keys=True) + "\n")
     return 0
 
 
@@ -78,9 +90,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     with open_store(args, create=False) as store:
         runs = store.runs()
     if args.format == "json":
-        text = json.dumps(runs, indent=1, sort_keys=True) + "\n"
+        text = json.dumps(finite_json(runs), indent=1, sort_keys=True, allow_nan=False) + "\n"
     else:
-        rows = [flat_row(r) for r in runs]
+        rows = [finite_json(flat_row(r)) for r in runs]
         fields = list(dict.fromkeys(k for row in rows for k in row)) or list(_IDENTITY)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
@@ -91,4 +103,32 @@ def cmd_export(args: argparse.Namespace) -> int:
         atomic_write_text(args.out, text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+RECORD_KEYS = ("workload", "workload_hash", "strategy", "metrics")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    path: Path = args.record
+    if not path.is_file():
+        raise UserError(f"no record file at {path}"
+                        + (" (it is a directory)" if path.is_dir() else ""))
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise UserError(f"{path} is not a JSON run record") from None
+    if not isinstance(record, dict) or any(k not in record for k in RECORD_KEYS):
+        raise UserError(f"{path} is not a run record: it needs the keys "
+                        f"{', '.join(RECORD_KEYS)}")
+    try:
+        Strategy.from_dict(record["strategy"])
+        workload_from_dict(record["workload"])
+        if not isinstance(record["metrics"], dict):
+            raise TypeError("metrics")
+    except (UserError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path} is not a valid run record ({exc})") from None
+    with open_store(args) as store:
+        run_id = store.add({k: v for k, v in record.items() if k != "id"})
+    console().print(f"stored as run {run_id} in {store.path}", markup=False)
     return 0

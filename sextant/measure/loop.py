@@ -25,12 +25,15 @@ pairs) and the median pairwise difference is the exposed communication time.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
+from sextant.errors import TrainingDiverged
+from sextant.fsutil import atomic_write_json
 from sextant.measure import memory
 
 
@@ -67,10 +70,13 @@ def timed_training(
     def flush() -> None:
         if not pending:
             return
+        checked = len(losses)
         for loss_value, grad_norm in to_floats(pending):
             losses.append(loss_value)
             grad_norms.append(grad_norm)
         pending.clear()
+        # Checked where the values reach the host anyway: no extra sync in the step.
+        check_finite(ctx, losses, grad_norms, start_step, checked)
 
     memory.reset_peak()
     rss_start = memory.current_rss()
@@ -136,6 +142,31 @@ def timed_training(
         "sync_step_times_s": sync_times,
         "nosync_step_times_s": nosync_times,
     }
+
+
+def check_finite(ctx: Any, losses: list[float], grad_norms: list[float], start_step: int,
+                 checked: int = 0) -> None:
+    """Stop a diverged run: the first non-finite loss or gradient norm raises
+    TrainingDiverged naming the step, rank and value, after writing
+    `rank{r}.diverged.json` (the runner stores the run as 'diverged' from it). The first
+    `checked` values were checked before."""
+    for i in range(checked, len(losses)):
+        loss, norm = losses[i], grad_norms[i]
+        if math.isfinite(loss) and math.isfinite(norm):
+            continue
+        step = start_step + i + 1
+        what = f"loss = {loss}" if not math.isfinite(loss) else f"gradient norm = {norm}"
+        atomic_write_json(ctx.run_dir / f"rank{ctx.rank}.diverged.json", {
+            "step": step, "rank": ctx.rank, "what": what,
+            "losses": [finite_or_none(x) for x in losses],
+            "grad_norms": [finite_or_none(x) for x in grad_norms],
+        })
+        raise TrainingDiverged(f"training diverged at step {step} on rank {ctx.rank}: {what} "
+                               "(lower optimizer.lr, check the data)")
+
+
+def finite_or_none(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
 
 
 def _rows(batch: Any) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,9 +39,21 @@ def paired_median_difference(with_x: Sequence[float], without_x: Sequence[float]
     return float(np.median(np.asarray(with_x[:n]) - np.asarray(without_x[:n])))
 
 
-def max_loss_diff(losses: Sequence[float], reference: Sequence[float]) -> float | None:
-    """Largest absolute difference of two loss curves over their common steps."""
+def max_loss_diff(losses: Sequence[float | None], reference: Sequence[float | None]
+                  ) -> float | None:
+    """Largest absolute difference of two loss curves over their common steps. A NaN,
+    infinite or missing (None) loss on either side is a disagreement, never a match: the
+    difference is then infinite (Python's max() would skip a NaN after a finite value)."""
     n = min(len(losses), len(reference))
     if n == 0:
         return None
-    return max(abs(a - b) for a, b in zip(losses[:n], reference[:n]))
+    worst = 0.0
+    for a, b in zip(losses[:n], reference[:n]):
+        if not (_finite(a) and _finite(b)):
+            return math.inf
+        worst = max(worst, abs(a - b))
+    return worst
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -7,6 +7,7 @@ came from a user (workload names and descriptions, profile names, paths, labels)
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from sextant.report.charts import (
     stacked_hbar_chart,
 )
 from sextant.report.model import PARITY_ATOL, build_report
-from sextant.results.store import ResultsStore
+from sextant.results.store import ResultsStore, finite_json
 
 __all__ = ["FORMATS", "PARITY_ATOL", "load_advice", "render", "render_html", "write_report"]
 
@@ -412,7 +413,8 @@ def _parity(report: Mapping[str, Any]) -> str:
         colour = _run_colour(report, c["run"])
         series.append({"name": c["run"], "colour": colour, "dash": DASHES[i % len(DASHES)],
                        "width": max(1.3, 4.5 - i * 0.6),
-                       "points": [(k + 1, v) for k, v in enumerate(c["losses"])]})
+                       "points": [(k + 1, v) for k, v in enumerate(c["losses"])
+                                  if isinstance(v, int | float) and math.isfinite(v)]})
     chart = line_chart(series, label="loss by step", xlabel="step", ylabel="loss", height=300)
     if p["ok"]:
         verdict = (f'<span class="ok">identical data flow</span>: every run\'s loss stays within '
@@ -551,7 +553,7 @@ def render(runs: list[dict[str, Any]], fmt: str = "html", *, advice: Any = None,
     report = build_report(runs, advice=advice, profile_path=profile_path, group_id=group_id,
                           machine=machine)
     if fmt == "json":
-        return json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
+        return json.dumps(finite_json(report), indent=1, sort_keys=True, default=str) + "\n"
     if fmt == "md":
         from sextant.report.markdown import markdown_from_report
 

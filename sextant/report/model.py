@@ -7,6 +7,7 @@ come out as None and are shown as '-'.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -102,9 +103,11 @@ def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[s
     per_run = []
     for run in runs:
         diff = max_loss_diff(list(run.get("losses") or []), ref_losses)
+        if run is ref:  # compared with itself: only a NaN (a disagreement) is worth a figure
+            diff = diff if diff == math.inf else None
         per_run.append({"run": label_of(run), "id": run.get("id"),
                         "precision": run_field(run, "precision"),
-                        "max_diff": None if run is ref else diff,
+                        "max_diff": diff,
                         "held_to_parity": run_field(run, "precision") == "fp32"})
     checked = [p["max_diff"] for p in per_run if p["held_to_parity"] and p["max_diff"] is not None]
     worst = max(checked, default=0.0)

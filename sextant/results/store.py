@@ -9,6 +9,7 @@ change with every new metric. `schema_version` lets later versions migrate old s
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -20,6 +21,8 @@ from sextant.strategy import Strategy
 
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("sextant-results") / "results.db"
+BUSY_TIMEOUT_S = 30.0
+"""How long a write waits for another writer's lock before giving up."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,7 +48,8 @@ CREATE TABLE IF NOT EXISTS runs (
     grad_norms_json TEXT NOT NULL,
     ranks_json TEXT NOT NULL,
     fingerprint_json TEXT NOT NULL,
-    run_dir TEXT
+    run_dir TEXT,
+    workload_file TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_workload ON runs (workload_hash);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id);
@@ -62,6 +66,37 @@ _JSON_COLUMNS = {
 }
 
 
+class StoreLocked(UserError):
+    """The database stayed locked (another writer) for longer than the busy timeout."""
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by None: JSON has no such numbers (Python
+    would write `NaN`, which other readers reject)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+_ADDED_COLUMNS = {"workload_file": "TEXT"}
+"""Nullable columns added after schema 1 was released (older readers ignore them)."""
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    present = {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}
+    for name, kind in _ADDED_COLUMNS.items():
+        if name not in present:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+
+
 def default_path() -> Path:
     return Path(os.environ.get("SEXTANT_RESULTS") or DEFAULT_DB)
 
@@ -69,17 +104,23 @@ def default_path() -> Path:
 class ResultsStore:
     """Open (creating if needed) a results database."""
 
-    def __init__(self, path: str | Path | None = None, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path | None = None, *, create: bool = True,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         self.path = Path(path) if path is not None else default_path()
+        self.busy_timeout_s = busy_timeout_s
         if not create and not self.path.exists():
             raise UserError(
                 f"no results store at {self.path}; run 'sextant compare' or 'sextant run' first"
             )
         if self.path.exists() and self.path.is_dir():
             raise UserError(f"results store path is a directory: {self.path}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._conn = sqlite3.connect(self.path, timeout=30)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create the results store's directory {self.path.parent}: "
+                            f"{exc.strerror}") from None
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s)
             self._conn.row_factory = sqlite3.Row
             with self._conn:
                 self._conn.executescript(_SCHEMA)
@@ -95,8 +136,19 @@ class ResultsStore:
                         f"{self.path} was written by a newer sextant (schema {row['value']}, "
                         f"this one reads up to {SCHEMA_VERSION})"
                     )
+                else:
+                    _add_missing_columns(self._conn)
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise StoreLocked(self._locked_message()) from None
+            raise UserError(f"{self.path} cannot be opened as a results database ({exc})"
+                            ) from None
         except sqlite3.DatabaseError as exc:
             raise UserError(f"{self.path} is not a sextant results database ({exc})") from None
+
+    def _locked_message(self) -> str:
+        return (f"results database {self.path} is locked by another process (waited "
+                f"{self.busy_timeout_s:g} s)")
 
     def close(self) -> None:
         self._conn.close()
@@ -126,16 +178,23 @@ class ResultsStore:
             "tokens_per_s": metrics.get("tokens_per_s"),
             "final_loss": metrics.get("final_loss"),
             "run_dir": record.get("run_dir"),
+            "workload_file": record.get("workload_file"),
         }
+        values = finite_json(values)  # NaN and infinity are stored as NULL
         for column, key in _JSON_COLUMNS.items():
             default: Any = [] if key in ("losses", "grad_norms") else {}
-            values[column] = json.dumps(record.get(key, default))
+            values[column] = json.dumps(finite_json(record.get(key, default)), allow_nan=False)
         columns = ", ".join(values)
         marks = ", ".join("?" for _ in values)
-        with self._conn:  # one transaction: the row is there completely or not at all
-            cur = self._conn.execute(
-                f"INSERT INTO runs ({columns}) VALUES ({marks})", tuple(values.values())
-            )
+        try:
+            with self._conn:  # one transaction: the row is there completely or not at all
+                cur = self._conn.execute(
+                    f"INSERT INTO runs ({columns}) VALUES ({marks})", tuple(values.values())
+                )
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise StoreLocked(self._locked_message()) from None
+            raise
         return int(cur.lastrowid)
 
     def _decode(self, row: sqlite3.Row) -> dict[str, Any]:
