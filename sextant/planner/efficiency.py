@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 
-KERNEL_EFFICIENCY = 0.68
+KERNEL_EFFICIENCY = 0.75
 """Fraction of dense peak tensor-core GEMMs reach in training (set as described above)."""
-ELEMENTWISE_PASSES = 1.5
+ELEMENTWISE_PASSES = 2.5
 """Bytes of memory traffic per byte of stored activation in one forward pass."""
 
 

@@ -397,7 +397,7 @@ def _evaluate(
     # Parameters gathered whole for compute (ZeRO-3 / FSDP units) and DDP bucket copies.
     gather = memory.transient_param_bytes(
         cost.layer_params / tp, lps, zero, precision=opts.precision,
-        memory_model=opts.memory_model,
+        memory_model=opts.memory_model, largest_module_params=cost.largest_module_params / tp,
     )
 
     # --- activations (memory.py: Korthikanti et al. 2022 Table 2, 1F1B in-flight count) -------

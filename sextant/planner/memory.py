@@ -175,20 +175,27 @@ def model_state_bytes(
 
 
 def transient_param_bytes(
-    layer_params, layers_on_device, zero, *, precision: str = "bf16", memory_model: str = "zero"
+    layer_params,
+    layers_on_device,
+    zero,
+    *,
+    precision: str = "bf16",
+    memory_model: str = "zero",
+    largest_module_params=0.0,
 ):
     """Bytes of parameters (and gradients) materialised whole for compute beyond the states.
 
     ZeRO-3 / FSDP gather one unit (a transformer layer) and prefetch the next: 2 layers of
-    16-bit parameters ("zero", "megatron", "torch"). DeepSpeed's estimator counts the largest
-    layer's fp16 parameters and gradients: 4 bytes per parameter of one layer. With the
-    "torch" model, SHARD_GRAD_OP (zero 2) keeps every gathered layer from forward to backward.
+    16-bit parameters ("zero", "megatron", "torch"). DeepSpeed's estimator counts its
+    largest module's (one nn.Module's own parameters, e.g. the embedding) fp16 parameters and
+    gradients: 4 bytes per parameter of that module. With the "torch" model, SHARD_GRAD_OP
+    (zero 2) keeps every gathered layer from forward to backward.
     """
     zero = np.asarray(zero)
     lps = np.asarray(layers_on_device, dtype=np.float64)
     compute = 4.0 if _kind(precision) == "fp32" else 2.0
     if memory_model == "deepspeed":
-        z3 = 4.0 * layer_params * (compute / 2.0)
+        z3 = 2.0 * compute * np.asarray(largest_module_params, dtype=np.float64) * np.ones_like(lps)
     else:
         z3 = np.minimum(2.0, lps) * layer_params * compute
     out = np.where(zero >= 3, z3, 0.0)

@@ -188,6 +188,9 @@ class TransformerShape:
             n_kv_heads=self.n_kv_heads,
             supports_model_parallel=True,
             describe=self.describe(),
+            largest_module_params=float(
+                max(self.vocab_size * h, h * q, h * f)  # separate Q/K/V, gate/up (HF layout)
+            ),
             gemms=(
                 (float(h), float(q + 2 * kv), True),
                 (float(q), float(h), False),
@@ -249,6 +252,7 @@ class MLPShape:
             n_kv_heads=1,
             supports_model_parallel=False,
             describe=self.describe(),
+            largest_module_params=float(max(a * b + b for a, b in pairwise(w))),
             gemms=tuple((float(a), float(b), True) for a, b in pairwise(w)),
         )
 
@@ -295,6 +299,9 @@ class ModelCost:
     n_kv_heads: int
     supports_model_parallel: bool
     describe: str
+    largest_module_params: float = 0.0
+    """Parameters of the largest single module (one weight matrix or the embedding table):
+    what DeepSpeed's ZeRO-3 estimator calls the largest layer."""
     gemms: tuple[tuple[float, float, bool], ...] = ()
     """Matrix multiplies of one layer as (K, M, column_parallel): a token's row of K values
     times a K x M weight. Tensor parallelism splits M of a column-parallel GEMM (QKV, MLP in)

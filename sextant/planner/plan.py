@@ -43,6 +43,8 @@ class PlanRequest:
     tokens: float | None = None
     """Tokens to train, for time and cost."""
     price_per_hour: float | None = None
+    goodput: float = 1.0
+    """Share of wall-clock time spent training (failures, restarts, checkpoints excluded)."""
     threshold: float = 0.8
     """Scaling efficiency below which the curve's knee is reported."""
     top: int = 0
@@ -280,7 +282,9 @@ def _training(
         return None
     if req.tokens <= 0:
         raise UserError(f"--tokens must be > 0. Received: {req.tokens}")
-    seconds = req.tokens / ev["tokens_per_s"]
+    # Wall time = training time / goodput (the share of wall time that trains: failures,
+    # restarts and checkpoints take the rest; Llama 3 reports > 90%, docs/planner.md).
+    seconds = req.tokens / ev["tokens_per_s"] / req.goodput
     hours = seconds / 3600
     price = req.price_per_hour if req.price_per_hour is not None else cat.price(acc_key)
     out = {
@@ -289,7 +293,9 @@ def _training(
         "seconds": seconds,
         "days": seconds / 86400,
         "device_hours": hours * req.devices,
-        "days_no_overlap": req.tokens / (tokens_step / ev["step_no_overlap"]) / 86400,
+        "days_no_overlap": req.tokens / (tokens_step / ev["step_no_overlap"]) / 86400
+        / req.goodput,
+        "goodput": req.goodput,
         "price_per_device_hour": price,
         "price_basis": "given with --price-per-hour"
         if req.price_per_hour is not None

@@ -46,3 +46,16 @@ def test_docs_table_is_the_current_output(rows):
     text = DOC.read_text()
     stale = [line for line in references_markdown(rows).splitlines() if line and line not in text]
     assert not stale, "docs/validation.md is stale: rerun `sextant plan --references --markdown`"
+
+
+def test_formula_points_are_exact_and_summary_counts_both_kinds(rows):
+    from sextant.planner.references import summary
+
+    formula = [r for r in rows if r["kind"] == "formula"]
+    assert len(formula) >= 20
+    assert all(abs(r["error"]) <= 0.005 for r in formula), [
+        r["id"] for r in formula if abs(r["error"]) > 0.005
+    ]
+    assert len(rows) >= 60
+    line = summary(rows)
+    assert "formula-defined within 0.5%" in line and "end-to-end within 10%" in line
