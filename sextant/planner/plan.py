@@ -211,6 +211,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "layouts_fitting": result.fitting,
             "seconds": search_s,
             "top": [_search_row(result, int(i)) for i in result.order[: req.top]],
+            "why": _why(result, best) if req.top else None,
         },
         "warnings": warnings,
     }
@@ -259,6 +260,53 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
 def _default_layout(devices: int, pinned: dict[str, Any]) -> dict[str, Any]:
     tp, pp = int(pinned.get("tp", 1)), int(pinned.get("pp", 1))
     return {"dp": max(devices // max(tp * pp, 1), 1)}
+
+
+PARTS = {
+    "compute": "compute",
+    "optimizer": "optimizer step / offload",
+    "tp_comm": "tensor-parallel communication",
+    "pp_comm": "pipeline sends",
+    "bubble": "pipeline bubble",
+    "dp_exposed": "exposed data-parallel communication",
+}
+
+
+def _why(result, best: int) -> dict[str, Any] | None:
+    """Why the chosen layout beats the runner-up: the per-part step-time differences, the
+    part that decides, and the memory headroom of both."""
+    fitting = [int(i) for i in result.order if bool(result.figures["fits"][int(i)])]
+    others = [i for i in fitting if i != best]
+    if best not in fitting or not others:
+        return None
+    a, b = result.row(best), result.row(others[0])
+    diffs = {k: float(b[k][0] - a[k][0]) for k in PARTS}
+    decisive = max(diffs, key=lambda k: diffs[k])
+    headroom = {
+        "chosen": float(a["capacity"][0] - a["memory"][0]),
+        "runner_up": float(b["capacity"][0] - b["memory"][0]),
+    }
+    step_a, step_b = float(a["step"][0]), float(b["step"][0])
+    gains = [k for k in sorted(diffs, key=lambda k: -diffs[k]) if diffs[k] > 0]
+    costs = [k for k in sorted(diffs, key=lambda k: diffs[k]) if diffs[k] < 0]
+    text = (
+        f"{result.layout(best).label()} beats the runner-up {result.layout(others[0]).label()} "
+        f"by {step_b / step_a - 1:.1%} of step time ({step_a:.3g} s vs {step_b:.3g} s): "
+        + "; ".join(f"{PARTS[k]} {diffs[k]:+.3g} s for the runner-up" for k in gains[:2])
+        + ("" if not costs else "; it pays "
+           + ", ".join(f"{PARTS[k]} {-diffs[k]:.3g} s more" for k in costs[:2]))
+        + f". Decisive term: {PARTS[decisive]}. Memory headroom {headroom['chosen'] / 1e9:.1f} GB "
+        f"vs {headroom['runner_up'] / 1e9:.1f} GB per device."
+    )
+    return {
+        "runner_up": result.layout(others[0]).label(),
+        "step": step_a,
+        "runner_up_step": step_b,
+        "differences": diffs,
+        "decisive": decisive,
+        "headroom": headroom,
+        "text": text,
+    }
 
 
 def _search_row(result, i: int) -> dict[str, Any]:

@@ -132,6 +132,9 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
                 _share(over, r["step"]),
             )
         console.print(t)
+        why = doc["search"].get("why")
+        if why:
+            console.print("why: " + why["text"], markup=False)
 
     if doc.get("scaling"):
         t = Table(

@@ -53,3 +53,20 @@ def test_pinned_knobs_are_respected():
     res = search(cost, hw, opts, 512, fixed={"tp": 8, "pp": 4})
     assert np.all(res.layouts["tp"] == 8) and np.all(res.layouts["pp"] == 4)
     assert Layout.from_row(res.layouts, 0).dp == 16
+
+
+def test_search_explains_why_the_choice_beats_the_runner_up(capsys):
+    import json
+
+    from sextant.cli import main
+
+    rc = main(["plan", "--model", "llama2-70b", "--gpus", "256", "--search", "--top", "3",
+               "--no-curve", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    why = doc["search"]["why"]
+    assert why["runner_up"] == doc["search"]["top"][1]["layout"]
+    assert why["decisive"] in why["differences"]
+    assert why["differences"][why["decisive"]] == max(why["differences"].values())
+    assert why["runner_up_step"] >= why["step"]
+    assert "Decisive term" in why["text"] and "headroom" in why["text"]
