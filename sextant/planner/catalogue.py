@@ -20,7 +20,7 @@ from sextant.errors import UserError
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
 DEFAULT_CALIBRATION = Path("sextant-results") / "calibration.json"
-PRECISIONS = ("bf16", "fp16", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 
 _ACC_KEYS = {
     "name",
@@ -28,6 +28,7 @@ _ACC_KEYS = {
     "fp16_tflops",
     "tf32_tflops",
     "fp32_tflops",
+    "fp8_tflops",
     "memory_gib",
     "memory_bw_gbs",
     "devices_per_node",

@@ -54,6 +54,16 @@ def register(subparsers: Any) -> None:
     hw.add_argument(
         "--nics-per-node", type=int, help="network ports per node (default: one per device)"
     )
+    hw.add_argument(
+        "--oversubscription",
+        type=float,
+        default=1.0,
+        help="fabric taper above one leaf switch (default 1: non-blocking); needs --nodes-per-leaf",
+    )
+    hw.add_argument("--nodes-per-leaf", type=int, help="nodes under one leaf switch (rail group)")
+    hw.add_argument(
+        "--host-memory-gb", type=float, help="host RAM per node: offloaded bytes must fit in it"
+    )
     hw.add_argument("--catalogue", metavar="FILE", help="TOML merged over the bundled catalogue")
     hw.add_argument(
         "--calibration",
@@ -69,6 +79,11 @@ def register(subparsers: Any) -> None:
         help="default bf16 where the accelerator has it, else fp16, else fp32",
     )
     tr.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    tr.add_argument(
+        "--fp8",
+        action="store_true",
+        help="FP8 GEMMs at the accelerator's fp8 peak (MFU stays relative to the 16-bit peak)",
+    )
     tr.add_argument(
         "--price-per-hour", type=float, help="USD per device-hour (default: catalogue estimate)"
     )
@@ -89,6 +104,11 @@ def register(subparsers: Any) -> None:
     lay.add_argument("--sp", choices=("on", "off"), help="sequence parallelism")
     lay.add_argument("--offload", choices=("none", "optimizer", "params"))
     lay.add_argument("--interleave", type=int, help="model chunks per pipeline stage")
+    lay.add_argument(
+        "--hsdp",
+        choices=("on", "off"),
+        help="hybrid sharding: ZeRO within the node, replicas across nodes (needs --zero >= 1)",
+    )
     asm = p.add_argument_group("assumptions")
     asm.add_argument(
         "--mfu",
@@ -260,6 +280,11 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.tokens is not None and not (math.isfinite(args.tokens) and args.tokens > 0):
         raise UserError(f"--tokens must be a finite number > 0. Received: {args.tokens}")
+    if args.oversubscription != 1.0 and args.nodes_per_leaf is None:
+        raise UserError(
+            "--oversubscription needs --nodes-per-leaf (how many nodes share a leaf switch). "
+            f"Received: --oversubscription {args.oversubscription}"
+        )
     if not (math.isfinite(args.goodput) and 0 < args.goodput <= 1):
         raise UserError(f"--goodput must be in (0, 1]. Received: {args.goodput}")
     if args.global_batch is not None and args.global_batch < 1:
@@ -284,6 +309,10 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         ),
         target_mfu=args.mfu,
         memory_model=args.memory_model,
+        fp8=args.fp8,
+        oversubscription=args.oversubscription,
+        nodes_per_leaf=args.nodes_per_leaf,
+        host_memory_gb=args.host_memory_gb,
         overlap=args.overlap,
         tp_overlap=args.tp_overlap,
         link_efficiency=args.link_efficiency,
@@ -303,6 +332,8 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
             pinned[key] = value
     if args.sp is not None:
         pinned["sp"] = args.sp == "on"
+    if args.hsdp is not None:
+        pinned["hsdp"] = args.hsdp == "on"
     for key in ("dp", "tp", "pp", "mbs", "interleave"):
         if key in pinned and pinned[key] < 1:
             raise UserError(f"--{key} must be >= 1. Received: {pinned[key]}")

@@ -40,7 +40,7 @@ from sextant.planner.models import ModelCost
 
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "params")
-KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v")
+KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs")
 COMPONENTS = ("compute", "optimizer", "tp_comm", "pp_comm", "bubble", "dp_exposed")
 
 
@@ -82,6 +82,17 @@ class PlanOptions:
     """Override the accelerator's devices per node."""
     nics_per_node: int | None = None
     """Network ports per node (default: one per device, as in DGX systems)."""
+    fp8: bool = False
+    """GEMMs in FP8 (Transformer Engine / torchao float8): their FLOPs at the accelerator's
+    fp8 peak, attention and the rest at the 16-bit one; MFU and HFU stay relative to the
+    16-bit peak (as torchtitan reports them); model states unchanged."""
+    oversubscription: float = 1.0
+    """Fabric taper: inter-node bandwidth is divided by it for groups spanning more than
+    `nodes_per_leaf` nodes (1 = non-blocking fat tree, as DGX SuperPODs are built)."""
+    nodes_per_leaf: int | None = None
+    """Nodes under one leaf switch (rail group); None: the whole cluster is non-blocking."""
+    host_memory_gb: float | None = None
+    """Host RAM per node; a layout whose offloaded bytes per node exceed it does not fit."""
     memory_model: str = "zero"
     """What the framework allocates per parameter (memory.MEMORY_MODELS): 'zero' (the ZeRO
     paper's 16 bytes), 'megatron' (distributed optimizer, fp32 main gradients), 'deepspeed'
@@ -127,9 +138,21 @@ class PlanOptions:
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise UserError(f"{key} must be a number >= 0. Received: {value!r}")
+        if not (
+            isinstance(self.oversubscription, (int, float))
+            and math.isfinite(self.oversubscription)
+            and self.oversubscription >= 1
+        ):
+            raise UserError(f"oversubscription must be >= 1. Received: {self.oversubscription!r}")
+        if self.host_memory_gb is not None and not (
+            isinstance(self.host_memory_gb, (int, float))
+            and math.isfinite(self.host_memory_gb)
+            and self.host_memory_gb > 0
+        ):
+            raise UserError(f"host memory must be > 0 GB. Received: {self.host_memory_gb!r}")
         if not (isinstance(self.host_bw_gbs, (int, float)) and self.host_bw_gbs > 0):
             raise UserError(f"host_bw_gbs must be > 0. Received: {self.host_bw_gbs!r}")
-        for key in ("devices_per_node", "nics_per_node"):
+        for key in ("devices_per_node", "nics_per_node", "nodes_per_leaf"):
             value = getattr(self, key)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -159,6 +182,9 @@ class Layout:
     """CPU offload: none, optimizer (ZeRO-Offload), params (ZeRO-Infinity, needs zero 3)."""
     interleave: int = 1
     """Model chunks per pipeline stage (interleaved 1F1B schedule)."""
+    hsdp: bool = False
+    """Hybrid sharding: ZeRO shards within the node's data-parallel ranks and replicates
+    across nodes (FSDP HYBRID_SHARD / HSDP, DeepSpeed ZeRO++ hpZ); needs zero >= 1."""
 
     def __post_init__(self) -> None:
         for key in ("dp", "tp", "pp", "mbs", "interleave"):
@@ -181,6 +207,8 @@ class Layout:
             raise UserError(f"offload=params needs zero 3. Received: zero={self.zero}")
         if self.interleave > 1 and self.pp == 1:
             raise UserError("an interleaved schedule needs pp > 1. Received: pp=1")
+        if self.hsdp and self.zero == 0:
+            raise UserError("hybrid sharding (hsdp) needs a ZeRO stage >= 1. Received: zero=0")
 
     @property
     def devices(self) -> int:
@@ -198,6 +226,8 @@ class Layout:
             parts.append(f"rc-{self.recompute}")
         if self.offload != "none":
             parts.append(f"offload-{self.offload}")
+        if self.hsdp:
+            parts.append("hsdp")
         return " ".join(parts)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -211,6 +241,7 @@ class Layout:
             "sp": np.array([int(self.sp)]),
             "off": np.array([OFFLOAD.index(self.offload)]),
             "v": np.array([self.interleave]),
+            "hs": np.array([int(self.hsdp)]),
         }
 
     @staticmethod
@@ -225,6 +256,7 @@ class Layout:
             sp=bool(arrays["sp"][i]),
             offload=OFFLOAD[int(arrays["off"][i])],
             interleave=int(arrays["v"][i]),
+            hsdp=bool(arrays["hs"][i]) if "hs" in arrays else False,
         )
 
 
@@ -359,6 +391,7 @@ def _evaluate(
     zero, rc, off = lay["zero"], lay["rc"], lay["off"]
     mbs, v = lay["mbs"].astype(f), lay["v"].astype(f)
     sp = lay["sp"] > 0
+    hs = lay["hs"] > 0 if "hs" in lay else np.zeros_like(sp)
     n = dp * tp * pp
     acc = hw.accelerator
     g = float(hw.devices_per_node)
@@ -386,10 +419,18 @@ def _evaluate(
         single,
     )
 
+    # Ranks are placed tensor-parallel first, then data-parallel, then pipeline (Megatron-LM).
+    tp_in = np.minimum(tp, g)
+    tp_out = np.ceil(tp / g)
+    dp_in = np.where(tp < g, np.minimum(np.maximum(np.floor(g / tp), 1.0), dp), 1.0)
+    dp_out = np.ceil(dp / dp_in)
+    # ZeRO shards over the whole data-parallel group, or over its intra-node part with HSDP.
+    shard = np.where(hs, dp_in, dp)
+
     # Model-state bytes per parameter after ZeRO sharding and offload (memory.py), so both
     # stages cost one multiply each.
     coef = memory.state_coefficients(
-        dp, zero, precision=opts.precision, optimizer=opts.optimizer, offload=off,
+        shard, zero, precision=opts.precision, optimizer=opts.optimizer, offload=off,
         memory_model=opts.memory_model,
     )
     c_params, c_grads, c_opt, c_host = coef["params"], coef["grads"], coef["optimizer"], coef["host"]
@@ -427,6 +468,9 @@ def _evaluate(
         capacity = np.full_like(n, acc.memory_bytes)
         mem_bw = acc.memory_bw or np.inf
     fits = mem <= capacity
+    host_per_node = psi_worst * c_host * np.minimum(n, g)
+    if opts.host_memory_gb is not None:
+        fits = fits & (host_per_node <= opts.host_memory_gb * 1e9)
 
     # --- compute ---------------------------------------------------------------------------
     extra = np.where(
@@ -442,7 +486,16 @@ def _evaluate(
         peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
     else:
         peak = acc.peak(opts.precision)
-    t_flops = (tokens_step / (opts.compute_efficiency * peak)) * hw_flops_tok / n
+    if opts.fp8:
+        # FP8 GEMMs (Micikevicius et al. 2022): the matrix multiplies at the fp8 peak, the
+        # attention core (QK^T, PV and their recomputation) at the 16-bit one.
+        attn_tok = cost.attention_flops_per_token * (1.0 + full_rc / 3.0) + np.where(
+            sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
+        )
+        rate = (hw_flops_tok - attn_tok) / acc.peak("fp8") + attn_tok / peak
+        t_flops = (tokens_step / opts.compute_efficiency) * rate / n
+    else:
+        t_flops = (tokens_step / (opts.compute_efficiency * peak)) * hw_flops_tok / n
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
     # and twice backward (+1 forward with full recomputation).
     psi_stage = np.maximum(psi_first, psi_last)
@@ -460,7 +513,7 @@ def _evaluate(
     t_compute = np.maximum(t_flops + t_memops, t_weights)
 
     # Optimizer step on the local shard: memory-bound, ~2 * (param + optimizer) + grad bytes.
-    inv_dp = 1.0 / dp
+    inv_dp = 1.0 / shard
     psi_opt = psi_stage * np.where(z1, inv_dp, 1.0)
     opt_traffic = psi_opt * (2.0 * (pb + ob) + gb)
     host_bw = opts.host_bw_gbs * 1e9
@@ -478,14 +531,13 @@ def _evaluate(
     # nominal rate; pipeline sends (point to point) at the nominal one.
     intra = (hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency)
     inter = (hw.inter_coll_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
+    if opts.oversubscription > 1 and opts.nodes_per_leaf is not None:
+        # A group spanning more nodes than one leaf switch crosses the tapered spine.
+        nodes = np.ceil(n / g)
+        taper = np.where(nodes > opts.nodes_per_leaf, opts.oversubscription, 1.0)
+        inter = (inter[0] / taper, inter[1], inter[2])
     intra_p2p = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency)
     inter_p2p = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
-
-    # Ranks are placed tensor-parallel first, then data-parallel, then pipeline (Megatron-LM).
-    tp_in = np.minimum(tp, g)
-    tp_out = np.ceil(tp / g)
-    dp_in = np.where(tp < g, np.minimum(np.maximum(np.floor(g / tp), 1.0), dp), 1.0)
-    dp_out = np.ceil(dp / dp_in)
 
     m_tp = tok_mb * (cost.hidden * act_bytes)
     tp_multi = tp > 1
@@ -512,9 +564,20 @@ def _evaluate(
     # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
     # layer, the bytes are the same (ZeRO §5.3; FSDP's fully_shard per transformer block).
     units = np.where(z3, lps, 1.0)
-    rs = units * comms.hier_reduce_scatter(grad_b / units, dp_in, dp_out, intra, inter)
-    ag = units * comms.hier_all_gather(psi_stage * param_wire / units, dp_in, dp_out, intra, inter)
-    t_dp = counts["all_reduce"] * ar + counts["reduce_scatter"] * rs + counts["all_gather"] * ag
+    # HSDP: the sharded collectives stay inside the node; each gradient reduction adds an
+    # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
+    s_in = np.where(hs, dp_in, dp_in)
+    s_out = np.where(hs, 1.0, dp_out)
+    rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
+    ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
+    replicas = np.where(
+        hs, comms.all_reduce(grad_b / dp_in, dp_out, inter[0], inter[1], inter[2]), 0.0
+    )
+    t_dp = (
+        counts["all_reduce"] * ar
+        + counts["reduce_scatter"] * (rs + replicas)
+        + counts["all_gather"] * ag
+    )
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
     hidden_dp = np.minimum(opts.overlap * t_dp, window)
@@ -539,6 +602,7 @@ def _evaluate(
         "mem_grads": psi_worst * c_grads,
         "mem_optimizer": psi_worst * c_opt,
         "mem_host": psi_worst * c_host,
+        "host_per_node": host_per_node,
         "mem_gather": gather,
         "mem_activations": act,
         "mem_overhead": mem - raw,

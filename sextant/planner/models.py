@@ -188,6 +188,7 @@ class TransformerShape:
             n_kv_heads=self.n_kv_heads,
             supports_model_parallel=True,
             describe=self.describe(),
+            attention_flops_per_token=float(attn_flops),
             largest_module_params=float(
                 max(self.vocab_size * h, h * q, h * f)  # separate Q/K/V, gate/up (HF layout)
             ),
@@ -299,6 +300,8 @@ class ModelCost:
     n_kv_heads: int
     supports_model_parallel: bool
     describe: str
+    attention_flops_per_token: float = 0.0
+    """The attention core's share of model_flops_per_token (QK^T and PV: 12 L q s)."""
     largest_module_params: float = 0.0
     """Parameters of the largest single module (one weight matrix or the embedding table):
     what DeepSpeed's ZeRO-3 estimator calls the largest layer."""

@@ -62,6 +62,7 @@ _PIN_TO_KNOB = {
     "sp": "sp",
     "offload": "off",
     "interleave": "v",
+    "hsdp": "hs",
 }
 
 

@@ -384,15 +384,15 @@ def _references() -> list[Reference]:
                 published=published,
                 planner=lambda key=key: _best(
                     preset("palm-540b"), 6144, "tpu-v4", "ethernet-100g",
-                    devices_per_node=3072, fixed={"tp": 12, "pp": 1, "zero": 3, "rc": 2},
+                    devices_per_node=3072, fixed={"tp": 12, "pp": 1, "zero": 3, "rc": 2, "hs": 1},
                 )[key],
-                setting="the published layout: 12-way model parallelism x 512-way fully sharded "
-                "data parallelism (256 per pod), no pipeline, rematerialisation (HFU > MFU), "
-                "full recomputation assumed; pods joined by 100 Gb/s Ethernet per node port "
-                "(assumed)",
+                setting="the published layout: 12-way model parallelism, parameters sharded "
+                "256-way within each pod and replicated across the 2 pods (hybrid sharding), "
+                "no pipeline, rematerialisation (HFU > MFU; full recomputation assumed); pods "
+                "joined by 100 Gb/s Ethernet per node port (assumed)",
                 command="sextant plan --model palm-540b --gpus 6144 --accelerator tpu-v4 "
                 "--network ethernet-100g --gpus-per-node 3072 --tp 12 --pp 1 --zero 3 "
-                "--recompute full",
+                "--recompute full --hsdp on",
             )
         )
     refs.append(

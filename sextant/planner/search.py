@@ -41,6 +41,7 @@ def enumerate_layouts(
     max_micro_batch: int = MAX_MICRO_BATCH,
     fixed: dict[str, int] | None = None,
     offload: bool = True,
+    devices_per_node: int = 8,
 ) -> dict[str, np.ndarray]:
     """Every valid layout for `devices` devices as a table (one int array per knob).
 
@@ -101,8 +102,22 @@ def enumerate_layouts(
     if cost.act_scores == 0:  # with FlashAttention selective recomputation saves nothing
         ok &= lay["rc"] != 1
     for key, value in fixed.items():
-        ok &= lay[key] == value
-    return {k: v[ok] for k, v in lay.items()}
+        if key != "hs":
+            ok &= lay[key] == value
+    lay = {k: v[ok] for k, v in lay.items()}
+    # Hybrid sharding, added only where it differs from full sharding: a ZeRO stage and a
+    # data-parallel group with ranks both inside the node and across nodes.
+    g = devices_per_node
+    dp_in = np.where(lay["tp"] < g, np.minimum(np.maximum(g // lay["tp"], 1), lay["dp"]), 1)
+    hybrid = (lay["zero"] >= 1) & (dp_in > 1) & (lay["dp"] > dp_in)
+    pin = fixed.get("hs")
+    plain = {k: v for k, v in lay.items()} if pin != 1 else {k: v[:0] for k, v in lay.items()}
+    extra = {k: v[hybrid] for k, v in lay.items()} if pin != 0 else {k: v[:0] for k, v in lay.items()}
+    out = {k: np.concatenate([plain[k], extra[k]]) for k in lay}
+    out["hs"] = np.concatenate(
+        [np.zeros(len(plain["dp"]), dtype=np.int64), np.ones(len(extra["dp"]), dtype=np.int64)]
+    )
+    return out
 
 
 RANK_KEYS = ("fits", "memory", "tokens_per_s")
@@ -157,6 +172,7 @@ def search(
         fixed=fixed,
         max_micro_batch=max_micro_batch,
         offload=hw.host is not None,
+        devices_per_node=hw.devices_per_node,
     )
     if len(lay["dp"]) == 0:
         empty = {"fits": np.zeros(0, bool), "memory": np.zeros(0), "tokens_per_s": np.zeros(0)}

@@ -1,0 +1,75 @@
+"""New dimensions of issue #18: FP8, hybrid sharding, fabric oversubscription, host memory
+per node; each impossible combination a one-line error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sextant.cli import main
+from sextant.errors import UserError
+from sextant.planner.catalogue import load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.models import preset
+
+
+def _eval(layout: Layout, devices_per_node=None, **opts):
+    o = PlanOptions(global_batch=1024, **opts)
+    hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", "ib-ndr", options=o)
+    return evaluate_one(preset("llama2-70b").cost(), hw, o, layout).figures
+
+
+def test_fp8_speeds_up_the_gemms_not_the_attention():
+    lay = Layout(dp=64, tp=8, pp=2, zero=1, mbs=1)
+    bf16, fp8 = _eval(lay), _eval(lay, fp8=True)
+    ratio = fp8["compute_flops_bound"] / bf16["compute_flops_bound"]
+    assert 0.5 < ratio < 0.6  # 1979 vs 989 TFLOP/s for the GEMMs, attention unchanged
+    assert fp8["mfu"] > bf16["mfu"]  # MFU stays relative to the bf16 peak
+
+
+def test_fp8_on_an_accelerator_without_fp8_is_a_one_line_error(capsys):
+    rc = main(["plan", "--model", "llama2-7b", "--gpus", "8", "--accelerator", "a100-80gb",
+               "--fp8", "--no-curve"])
+    assert rc == 2 and "fp8" in capsys.readouterr().err
+
+
+def test_hybrid_sharding_divides_states_by_the_node_and_keeps_gathers_inside_it():
+    full = _eval(Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full"))
+    hybrid = _eval(Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full", hsdp=True))
+    assert hybrid["mem_optimizer"] == pytest.approx(full["mem_optimizer"] * 128 / 8)
+    assert hybrid["dp_comm"] < full["dp_comm"]  # gathers on NVLink instead of the network
+
+
+def test_hsdp_needs_a_zero_stage():
+    with pytest.raises(UserError, match="hsdp"):
+        Layout(dp=16, hsdp=True)
+
+
+def test_oversubscription_slows_collectives_across_leaves():
+    lay = Layout(dp=128, tp=8, pp=1, zero=1, mbs=1, recompute="full")
+    flat = _eval(lay)
+    tapered = _eval(lay, oversubscription=3.0, nodes_per_leaf=32)
+    assert tapered["dp_comm"] > flat["dp_comm"]
+    same_leaf = _eval(lay, oversubscription=3.0, nodes_per_leaf=1024)
+    assert same_leaf["dp_comm"] == pytest.approx(flat["dp_comm"])
+
+
+def test_host_memory_per_node_limits_offload(capsys):
+    lay = Layout(dp=16, tp=1, pp=1, zero=3, mbs=1, recompute="full", offload="optimizer")
+    free = _eval(lay)
+    assert free["host_per_node"] > 100e9
+    limited = _eval(lay, host_memory_gb=64)
+    assert bool(limited["fits"]) is False
+
+
+def test_cli_flags(capsys):
+    rc = main(["plan", "--model", "llama2-70b", "--gpus", "256", "--fp8", "--hsdp", "on",
+               "--zero", "3", "--oversubscription", "2", "--nodes-per-leaf", "16",
+               "--host-memory-gb", "2048", "--no-curve", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "hsdp" in json.loads(out.out)["layout"]["label"]
+    assert main(["plan", "--model", "llama2-70b", "--gpus", "256", "--oversubscription", "2",
+                 "--no-curve"]) == 2
+    assert "--nodes-per-leaf" in capsys.readouterr().err
