@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import signal
 import sys
 
 from sextant import __version__
@@ -27,14 +28,21 @@ COMMAND_MODULES = (
     "sextant.commands.report",
     "sextant.commands.check",
     "sextant.commands.cluster",
+    "sextant.commands.join",
 )
+
+
+def one_line(text: str) -> str:
+    """`text` with every unprintable character (newlines, other line separators, control
+    characters from a file name or workload) escaped, so an error stays on one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"sextant: error: {message} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"sextant: error: {one_line(message)} (see '{self.prog} --help')\n")
         raise SystemExit(2)
 
 
@@ -58,7 +66,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a scheduler's cancel, `timeout`, an SSH disconnect): unwound like
+    Ctrl-C, so the launcher's clean-up stops every worker and the run is recorded."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    # One clean-up is enough: a second signal while it runs must not interrupt it.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -67,11 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        sys.stderr.write(f"sextant: error: {exc}\n")
+        sys.stderr.write(f"sextant: error: {one_line(str(exc))}\n")
         return 2
     except RunFailed as exc:
-        sys.stderr.write(f"sextant: run failed: {exc}\n")
+        sys.stderr.write(f"sextant: run failed: {one_line(str(exc))}\n")
         return 1
+    except Stopped as exc:
+        sys.stderr.write(f"sextant: stopped by {exc}\n")
+        return 128 + exc.signum
     except KeyboardInterrupt:
         sys.stderr.write("sextant: interrupted\n")
         return 130

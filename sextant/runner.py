@@ -11,6 +11,7 @@ Definitions (docs/methodology.md explains each):
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sextant.checkpoint import preflight
+from sextant.cluster import emulated
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_json
 from sextant.init import count_params, flops_per_step
@@ -32,6 +34,9 @@ from sextant.strategy import Strategy
 from sextant.workload import Workload
 
 RECORD_SCHEMA = 1
+Launcher = Callable[..., list[dict[str, Any]]]
+"""launch(workload, strategy, run_dir, *, timeout_s, collective_timeout_s, on_event,
+extra_env) -> each primary rank's result, as sextant.launch.local.launch."""
 RECORD_FILE = "record.json"
 """A finished run's record, kept in its run directory when the database stayed locked."""
 NAME_SLUG_CHARS = 40
@@ -164,10 +169,16 @@ def execute(
     group_id: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     timeout_s: float = 900.0,
+    collective_timeout_s: float = 120.0,
     extra_env: dict[str, str] | None = None,
+    cluster: str | None = None,
+    launcher: Launcher | None = None,
     workload_file: str | None = None,
 ) -> dict[str, Any]:
     """Launch, aggregate, store; returns the run record (with `id` when stored).
+
+    The ranks start on this machine, or on the hosts of emulated `cluster`, unless another
+    `launcher` (Slurm, a torchrun-style join) starts them.
 
     `workload_file` is the path the user gave (the report's reproduce commands name it). A
     run that diverges is stored with status 'diverged' before its RunFailed propagates."""
@@ -187,8 +198,10 @@ def execute(
         "run_dir": str(run_dir),
     }
     try:
-        ranks = launch(workload, strategy, run_dir, timeout_s=timeout_s, on_event=on_event,
-                       extra_env=extra_env)
+        start = launcher or functools.partial(launch, cluster=cluster)
+        ranks = start(workload, strategy, run_dir, timeout_s=timeout_s,
+                      collective_timeout_s=collective_timeout_s, on_event=on_event,
+                      extra_env=extra_env)
     except RunFailed as exc:
         diverged = diverged_record(identity, workload, run_dir)
         if store is None:
@@ -208,11 +221,21 @@ def execute(
         "status": "ok",
         **aggregate(workload, strategy, ranks),
         "ranks": rank_summaries(workload, ranks),
-        "fingerprint": ranks[0]["fingerprint"],
+        "fingerprint": {**ranks[0]["fingerprint"], "network": network(cluster, ranks)},
     }
     if store is not None:
         record["id"] = keep(store, record)
     return record
+
+
+def network(cluster: str | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The network the ranks talked over, stored with the run's environment fingerprint."""
+    hosts = sorted({str(r["fingerprint"].get("hostname")) for r in ranks})
+    if cluster is None:  # one machine, or real hosts (Slurm, torchrun-style)
+        return {"kind": "loopback" if len(hosts) == 1 else "hosts", "hosts": hosts}
+    c = emulated.load(cluster)
+    return {"kind": "emulated", "cluster": c.name, "hosts": hosts,
+            "link_bit_s": c.link.rate_bit_s, "latency_s": c.link.latency_s, "loss": c.link.loss}
 
 
 def stopped_record(identity: dict[str, Any], workload: Workload, run_dir: Path, status: str,

@@ -49,6 +49,8 @@ class CheckOptions:
     balance_threshold: float = 0.10
     scaling_tolerance: float = 0.10
     timeout_s: float = 900.0
+    cluster: str | None = None
+    """Emulated cluster the runs and the interconnect measurement span."""
     runs_dir: Path = Path("sextant-results/runs")
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment for the training workers (the tests set SEXTANT_TEST_FAULT here)."""
@@ -91,7 +93,7 @@ def run_once(workload: Workload, strategy: Strategy, opts: CheckOptions,
 
     try:
         record = execute(workload, strategy, runs_dir=opts.runs_dir, timeout_s=opts.timeout_s,
-                         on_event=on_event,
+                         on_event=on_event, cluster=opts.cluster,
                          extra_env=opts.extra_env if extra_env is None else extra_env)
     except CheckpointRefused as exc:  # the checkpoint check's finding, not a usage error
         return Outcome(None, str(exc))
@@ -136,17 +138,22 @@ def strategies(opts: CheckOptions) -> tuple[Strategy, list[Strategy]]:
     return single, multi
 
 
-def measure_interconnect(world: int, max_bytes: int, timeout: float = 120.0) -> dict[str, Any]:
-    """All-reduce (the planner's calibration) and all-gather timings, `world` gloo processes."""
-    from sextant.checks.collectives import measure_allgather
-    from sextant.planner.calibrate import measure_allreduce
+def measure_interconnect(world: int, max_bytes: int, timeout: float = 120.0,
+                         cluster: str | None = None) -> dict[str, Any]:
+    """All-reduce and all-gather timings between `world` gloo processes, on loopback or one
+    per host of an emulated cluster."""
+    from sextant.checks.collectives import measure_collective
+    from sextant.launch.hosts import on_emulated_cluster, single_host
 
-    allreduce = measure_allreduce(max_bytes=max_bytes, timeout=timeout, world=world)
-    allgather = measure_allgather(max_bytes=max_bytes, timeout=timeout, world=world)
+    placement = on_emulated_cluster(cluster, world) if cluster else single_host(world)
     keys = ("sizes_bytes", "times_s", "p10_s", "p90_s")
-    return {"world": world, "backend": "gloo", "address": "127.0.0.1",
-            "collectives": {"allreduce": {k: allreduce[k] for k in keys},
-                            "allgather": {k: allgather[k] for k in keys}}}
+    measured = {op: measure_collective(op, world=world, max_bytes=max_bytes, timeout=timeout,
+                                       placement=placement)
+                for op in ("allreduce", "allgather")}
+    where = (f"{len(set(placement.rank_host))} hosts of cluster {cluster}" if cluster
+             else placement.master_addr)
+    return {"world": world, "backend": "gloo", "address": where,
+            "collectives": {op: {k: m[k] for k in keys} for op, m in measured.items()}}
 
 
 def checkpoint_supported(strategy: Strategy) -> bool:
@@ -266,7 +273,8 @@ def run_checks(opts: CheckOptions, say: Callable[[str], None] = lambda _: None,
             say(f"interconnect: all-reduce and all-gather, {opts.workers} gloo processes, "
                 f"1 KiB to {opts.max_bytes / 2**20:g} MiB")
             try:
-                measured = measure_interconnect(opts.workers, opts.max_bytes)
+                measured = measure_interconnect(opts.workers, opts.max_bytes,
+                                                cluster=opts.cluster)
                 results["interconnect"] = analyse.check_interconnect(measured, opts.threshold_gbps)
             except (RunFailed, OSError) as exc:
                 results["interconnect"] = analyse.check_interconnect(

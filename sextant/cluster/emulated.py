@@ -3,8 +3,13 @@
 Topology (everything lives in namespaces; the machine's own network is never touched):
 
     sextant-<name>-sw        a "switch" namespace holding one bridge, br0
-    sextant-<name>-h<i>      host i: loopback and eth0 (address 10.211.0.<i+1>/24),
+    sextant-<name>-h<i>      host i: loopback and eth0 (address 10.211.<k>.<i+1>/24),
                              a veth pair whose other end is a port of br0
+    sxg-<name>               this machine's own port on the switch (10.211.<k>.254), the
+                             "login node" from which sextant submits Slurm jobs and collects
+                             results; unshaped, and the only change outside the namespaces
+
+Each cluster has its own /24 (k = 0, 1, ...), so several can exist at once.
 
 Each link is shaped in both directions (host egress on eth0, switch egress on the bridge
 port) with a token-bucket filter at the link rate, so a host sends and receives at most that
@@ -33,8 +38,9 @@ from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json, atomic_write_text
 
 PREFIX = "sextant-"
-SUBNET = "10.211.0"
-"""Host i has address SUBNET.(i+1); the subnet exists only inside the cluster's namespaces."""
+SUBNET_BASE = "10.211"
+"""Cluster k's hosts are SUBNET_BASE.k.(i+1); this machine is SUBNET_BASE.k.254 on it."""
+GATEWAY_HOST = 254
 STATE_DIR = Path(os.environ.get("SEXTANT_CLUSTER_STATE", "/run/sextant/clusters"))
 NETNS_ETC = Path("/etc/netns")
 """`ip netns exec NS` bind-mounts NETNS_ETC/NS/* over /etc: each host's /etc/hosts names every
@@ -82,6 +88,8 @@ class Cluster:
     hosts: tuple[Host, ...]
     link: Link
     created_at: str = ""
+    gateway: str = ""
+    """This machine's address on the cluster network."""
 
     @property
     def switch(self) -> str:
@@ -89,13 +97,14 @@ class Cluster:
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "hosts": [asdict(h) for h in self.hosts],
-                "link": asdict(self.link), "created_at": self.created_at}
+                "link": asdict(self.link), "created_at": self.created_at,
+                "gateway": self.gateway}
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> Cluster:
         hosts = tuple(Host(**h) for h in d["hosts"])  # type: ignore[arg-type, union-attr]
         return cls(name=str(d["name"]), hosts=hosts, link=Link(**d["link"]),  # type: ignore[arg-type]
-                   created_at=str(d.get("created_at", "")))
+                   created_at=str(d.get("created_at", "")), gateway=str(d.get("gateway", "")))
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -142,6 +151,21 @@ def switch_netns(name: str) -> str:
 
 def host_netns(name: str, i: int) -> str:
     return f"{PREFIX}{name}-h{i}"
+
+
+def gateway_device(name: str) -> str:
+    return f"sxg-{name}"
+
+
+def _free_subnet() -> int:
+    """The lowest k whose 10.211.k.0/24 no existing cluster uses."""
+    used = set()
+    for path in STATE_DIR.glob("*.json"):
+        try:
+            used.add(int(json.loads(path.read_text())["hosts"][0]["address"].split(".")[2]))
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue
+    return min(set(range(256)) - used)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -238,11 +262,13 @@ def up(name: str, hosts: int, link: Link) -> Cluster:
     if _cluster_namespaces(name):
         raise UserError(f"cluster {name!r} already exists; 'sextant cluster down {name}' "
                         f"removes it")
+    subnet = f"{SUBNET_BASE}.{_free_subnet()}"
     cluster = Cluster(
         name=name,
-        hosts=tuple(Host(name=f"{name}-h{i}", address=f"{SUBNET}.{i + 1}",
+        hosts=tuple(Host(name=f"{name}-h{i}", address=f"{subnet}.{i + 1}",
                          netns=host_netns(name, i)) for i in range(hosts)),
         link=link, created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        gateway=f"{subnet}.{GATEWAY_HOST}",
     )
     try:
         sw = cluster.switch
@@ -262,6 +288,12 @@ def up(name: str, hosts: int, link: Link) -> Cluster:
             _run("ip", "link", "set", "eth0", "up", netns=host.netns)
             _shape(host.netns, "eth0", link)
             _shape(sw, port, link)
+        gw = gateway_device(name)
+        _run("ip", "link", "add", gw, "type", "veth", "peer", "name", "gw", "netns", sw)
+        _run("ip", "link", "set", "gw", "master", "br0", netns=sw)
+        _run("ip", "link", "set", "gw", "up", netns=sw)
+        _run("ip", "addr", "add", f"{cluster.gateway}/24", "dev", gw)
+        _run("ip", "link", "set", gw, "up")
         hosts_file = "".join(f"{h.address}\t{h.name}\n" for h in cluster.hosts)
         for host in cluster.hosts:
             atomic_write_text(NETNS_ETC / host.netns / "hosts",
@@ -283,6 +315,12 @@ def down(name: str) -> list[str]:
         _run("ip", "netns", "del", ns, check=False)
         shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
         removed.append(ns)
+    from sextant.cluster import slurm_lab
+
+    slurm_lab.stop(name)
+    # The gateway veth dies with its peer in the switch namespace; remove it if a failed up
+    # left it without one.
+    _run("ip", "link", "del", gateway_device(name), check=False)
     for leftover in NETNS_ETC.glob(f"{PREFIX}{name}-*"):
         shutil.rmtree(leftover, ignore_errors=True)
     (STATE_DIR / f"{name}.json").unlink(missing_ok=True)

@@ -65,6 +65,9 @@ def register(sub: Any) -> None:
                         "this share (default: 0.10)")
     p.add_argument("--scaling-tolerance", type=float, default=0.10,
                    help="scaling: throughput drop treated as noise (default: 0.10)")
+    p.add_argument("--cluster", default=None, metavar="NAME",
+                   help="run the checks across the hosts of emulated cluster NAME (the "
+                        "interconnect check then measures the links between hosts)")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds before a check run's workers are killed (default: 900)")
     add_store_args(p)
@@ -175,7 +178,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         workers=args.workers, threads=args.threads, steps=args.steps, only=only,
         threshold_gbps=args.threshold_gbps, max_bytes=args.max_bytes,
         loader_threshold=args.loader_threshold, balance_threshold=args.balance_threshold,
-        scaling_tolerance=args.scaling_tolerance, timeout_s=args.timeout,
+        scaling_tolerance=args.scaling_tolerance, timeout_s=args.timeout, cluster=args.cluster,
         runs_dir=Path(db).parent / "runs",
     )
     err = Console(stderr=True, highlight=False)

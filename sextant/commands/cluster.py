@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sextant.cluster import emulated
+from sextant.cluster import emulated, slurm_lab
 from sextant.commands.common import console
 
 DEFAULT_NAME = "sx"
@@ -32,6 +32,9 @@ def register(sub: Any) -> None:
                     help="one-way host-to-host latency, e.g. 50us (needs the kernel's netem)")
     up.add_argument("--loss", type=float, default=0.0,
                     help="packet loss probability per link direction (needs netem)")
+    up.add_argument("--slurm", action="store_true",
+                    help="also run Slurm on it: slurmctld on the first host, slurmd on every "
+                         "host (needs Debian's slurm-wlm and munge)")
     up.set_defaults(func=cmd_up)
     down = verbs.add_parser("down", help="remove a cluster and everything it created")
     down.add_argument("name", nargs="?", default=DEFAULT_NAME)
@@ -48,11 +51,23 @@ def register(sub: Any) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     link = emulated.Link(rate_bit_s=emulated.parse_rate(args.link),
                          latency_s=emulated.parse_latency(args.latency), loss=args.loss)
+    if args.slurm:
+        slurm_lab.require()
     cluster = emulated.up(args.name, args.hosts, link)
+    conf = None
+    if args.slurm:
+        try:
+            conf = slurm_lab.start(cluster)
+        except BaseException:
+            emulated.down(cluster.name)
+            raise
     out = console()
     out.print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts, links {link.describe()}",
               markup=False)
     out.print(_hosts_table(cluster))
+    if conf is not None:
+        out.print(f"Slurm is up: export SLURM_CONF={conf}, then "
+                  f"sextant run --launcher slurm ...", markup=False)
     out.print(f"run on it with --cluster {cluster.name}; remove it with "
               f"'sextant cluster down {cluster.name}'", markup=False)
     return 0
@@ -77,6 +92,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         out.print(f"cluster {name}: {len(cluster.hosts)} hosts, links "
                   f"{cluster.link.describe()}, created {cluster.created_at}", markup=False)
         out.print(_hosts_table(cluster, emulated.link_states(cluster)))
+        if slurm_lab.conf_path(cluster).exists():
+            out.print(f"Slurm: SLURM_CONF={slurm_lab.conf_path(cluster)}", markup=False)
     return 0
 
 

@@ -43,6 +43,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="seconds before a run's workers are killed (default: 900)")
     p.add_argument("--collective-timeout", type=float, default=120.0,
                    help="seconds a collective may wait for the other ranks (default: 120)")
+    p.add_argument("--cluster", default=None, metavar="NAME",
+                   help="run across the hosts of emulated cluster NAME (`sextant cluster up`): "
+                        "ranks spread over its hosts, talking over its shaped links")
     add_store_args(p)
 
 

@@ -26,6 +26,7 @@ from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import Strategy
+from sextant.workload import workload_source
 
 
 def register(sub: Any) -> None:
@@ -165,7 +166,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 try:
                     record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
                                      group_id=group, on_event=progress.on_event,
-                                     timeout_s=args.timeout)
+                                     workload_file=workload_source(args.workload),
+                                     timeout_s=args.timeout,
+                                     collective_timeout_s=args.collective_timeout,
+                                     cluster=args.cluster)
                 except RunFailed as exc:
                     progress.finish(strategy.label, None, error=str(exc))
                     failures.append(str(exc))
@@ -176,7 +180,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             out.print(lever_table(records))
         elif records:
             out.print(comparison_table(
-                records, f"{escape(workload.name)} - speed-up and max |Δloss| against {records[0]['label']}"
+                records, f"{escape(workload.name)} - speed-up and max |Δloss| against "
+                         f"{records[0]['label']}"
             ))
             out.print(f"stored runs {records[0]['id']}-{records[-1]['id']} (group {group}) "
                       f"in {store.path}")

@@ -32,6 +32,24 @@ def register(sub: Any) -> None:
                                    "store the measured run.")
     add_run_args(p)
     add_monitor_args(p)
+    add_strategy_args(p)
+    p.add_argument("--launcher", default="local", choices=("local", "slurm"),
+                   help="local (default: processes on this machine, or on the hosts of "
+                        "--cluster) or slurm (a batch job through sbatch, or srun inside an "
+                        "allocation; see docs/multi-host.md)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="with --launcher slurm: nodes of the job (default: one per worker)")
+    p.add_argument("--tasks-per-node", type=int, default=None,
+                   help="with --launcher slurm: ranks per node (default: all ranks spread "
+                        "evenly over --nodes)")
+    p.add_argument("--partition", default=None, help="with --launcher slurm: the partition")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --launcher slurm: print the batch script and stop")
+    p.set_defaults(func=cmd_run)
+
+
+def add_strategy_args(p: argparse.ArgumentParser) -> None:
+    """The strategy of one run (framework, mode, parallelism, levers)."""
     p.add_argument("--framework", default="torch", help="torch (default), jax or tensorflow")
     p.add_argument("--mode", default=None,
                    help="eager or compiled (default: the framework's usual way: eager for "
@@ -49,7 +67,25 @@ def register(sub: Any) -> None:
     add_lever_args(p)
     p.add_argument("--threads", type=int, default=None,
                    help="threads per worker (default: cores / workers)")
-    p.set_defaults(func=cmd_run)
+
+
+def strategy_from_args(args: argparse.Namespace, default_workers: int = 2) -> Strategy:
+    """The strategy the flags ask for, checked against the framework's capabilities."""
+    if args.workers is not None:
+        workers = args.workers
+    elif args.parallel == "single" or args.devices_per_worker > 1:
+        workers = 1
+    else:
+        workers = default_workers
+    mode = args.mode
+    if mode is None:
+        mode = (get_backend(args.framework).capabilities().modes[0]
+                if args.framework in REGISTRY else "eager")
+    strategy = Strategy(framework=args.framework, mode=mode, parallel=args.parallel,
+                        workers=workers, devices_per_worker=args.devices_per_worker,
+                        ps=args.ps, threads=args.threads, **lever_fields(args))
+    require(strategy)
+    return strategy
 
 
 def load_with_steps(args: argparse.Namespace) -> Workload:
@@ -66,26 +102,27 @@ def load_with_steps(args: argparse.Namespace) -> Workload:
 
 def cmd_run(args: argparse.Namespace) -> int:
     workload = load_with_steps(args)
-    if args.workers is not None:
-        workers = args.workers
-    elif args.parallel == "single" or args.devices_per_worker > 1:
-        workers = 1
-    else:
-        workers = 2
-    mode = args.mode
-    if mode is None:
-        mode = (get_backend(args.framework).capabilities().modes[0]
-                if args.framework in REGISTRY else "eager")
-    strategy = Strategy(framework=args.framework, mode=mode, parallel=args.parallel,
-                        workers=workers, devices_per_worker=args.devices_per_worker,
-                        ps=args.ps, threads=args.threads, **lever_fields(args))
-    require(strategy)
+    strategy = strategy_from_args(args)
+    launcher = None
+    if args.launcher == "slurm":
+        from sextant.launch import slurm
+
+        job = slurm.Job.from_args(args, strategy)
+        if args.dry_run:
+            console().print(slurm.batch_script(job), markup=False, soft_wrap=True)
+            return 0
+        launcher = slurm.launcher(job)
+    elif args.dry_run or args.nodes or args.tasks_per_node or args.partition:
+        raise UserError("--nodes, --tasks-per-node, --partition and --dry-run go with "
+                        "--launcher slurm")
     out = console()
     with open_store(args) as store, RunProgress(out, tensorboard=args.tensorboard) as progress:
         progress.start(strategy.label, workload.steps, workload=workload)
         try:
             record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
                              on_event=progress.on_event, timeout_s=args.timeout,
+                             collective_timeout_s=args.collective_timeout,
+                             cluster=args.cluster, launcher=launcher,
                              workload_file=workload_source(args.workload))
         except RunFailed as exc:
             progress.finish(strategy.label, None, error=str(exc))

@@ -109,6 +109,15 @@ def _last_error_line(run_dir: Path, rank: int) -> str:
     return "no error output"
 
 
+def base_plan(workload: Workload, strategy: Strategy, run_dir: Path, roles: tuple[str, ...],
+              collective_timeout_s: float) -> dict[str, Any]:
+    """What every rank of a run must know, however it is started. Launchers add threads,
+    core sets, ports and the placement."""
+    return {"workload": workload.to_dict(), "strategy": strategy.to_dict(),
+            "run_dir": str(run_dir), "collective_timeout_s": collective_timeout_s,
+            "roles": list(roles), "threads": None, "cpus": None}
+
+
 def launch(
     workload: Workload,
     strategy: Strategy,
@@ -134,12 +143,8 @@ def launch(
     while len(ports) < world + 1:
         ports = sorted(set(ports) | {free_port()})
     plan = {
-        "workload": workload.to_dict(),
-        "strategy": strategy.to_dict(),
-        "run_dir": str(run_dir),
+        **base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s),
         "threads": threads,
-        "collective_timeout_s": collective_timeout_s,
-        "roles": list(layout.roles),
         "cpus": core_sets(layout.primary, world, threads),
         # One free port per rank (for frameworks that want an address per process, such as
         # TF_CONFIG), plus MASTER_PORT for the rendezvous; each rank listens on its host's

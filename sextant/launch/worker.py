@@ -20,7 +20,9 @@ from typing import Any, TextIO
 
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
+from sextant.launch.collector import Channel
 from sextant.launch.hosts import adopt_host
+from sextant.launch.local import default_threads
 from sextant.strategy import Strategy
 from sextant.workload import Workload, workload_from_dict
 
@@ -50,6 +52,8 @@ class WorkerContext:
     fault: str | None = None
     """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
     _events: TextIO | None = field(default=None, repr=False)
+    channel: Channel | None = field(default=None, repr=False)
+    """Connection to the run's collector when the ranks share no filesystem with it."""
 
     @property
     def role(self) -> str:
@@ -71,6 +75,8 @@ class WorkerContext:
                   "time": time.time(), **payload}
         self._events.write(json.dumps(record) + "\n")
         self._events.flush()
+        if self.channel is not None:
+            self.channel.send({"kind": "event", "event": record})
 
 
 def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContext:
@@ -83,7 +89,8 @@ def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContex
         master_addr=env["MASTER_ADDR"],
         master_port=int(env["MASTER_PORT"]),
         run_dir=Path(plan["run_dir"]),
-        threads=int(plan["threads"]),
+        threads=int(plan["threads"] or default_threads(
+            int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))),
         collective_timeout_s=float(plan["collective_timeout_s"]),
         roles=tuple(plan.get("roles") or ("worker",) * int(env["WORLD_SIZE"])),
         ports=tuple(plan.get("ports") or ()),
@@ -97,12 +104,20 @@ def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContex
 def main(argv: list[str]) -> int:
     adopt_host()
     plan = json.loads(Path(argv[0]).read_text())
-    ctx = context_from_plan(plan, dict(os.environ))
+    return run_rank(plan, context_from_plan(plan, dict(os.environ)))
+
+
+def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
+    """Train this rank; write (and send, with a channel) its result or its error."""
     cpus = (plan.get("cpus") or [None] * ctx.world)[ctx.rank]
     if cpus:
         os.sched_setaffinity(0, cpus)
     from sextant.backends.base import get_backend
 
+    if ctx.fault and f"no-rendezvous-rank-{ctx.rank}" in ctx.fault.split(","):
+        # Test hook: a host that never joins the rendezvous (the launcher ends this process).
+        time.sleep(3600)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         backend = get_backend(ctx.strategy.framework)
         result = backend.run(ctx)
@@ -112,6 +127,8 @@ def main(argv: list[str]) -> int:
             # different install would.
             result["fingerprint"]["framework_version"] = "0.0.0-mismatch"
         atomic_write_json(ctx.run_dir / f"rank{ctx.rank}.result.json", result)
+        if ctx.channel is not None:
+            ctx.channel.send({"kind": "result", "result": result})
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must be reported with its rank
         text = (
@@ -119,6 +136,11 @@ def main(argv: list[str]) -> int:
         )
         (ctx.run_dir / f"rank{ctx.rank}.error.txt").write_text(text)
         sys.stderr.write(text)
+        if ctx.channel is not None:
+            try:
+                ctx.channel.send({"kind": "error", "text": text})
+            except OSError:
+                pass
         return 1
 
 

@@ -1,0 +1,208 @@
+"""`sextant run --launcher slurm`: the run's ranks as the tasks of a Slurm job.
+
+Outside an allocation sextant writes a batch script and submits it with `sbatch --wait`;
+inside one (SLURM_JOB_ID is set, e.g. under `salloc`) it starts the tasks with `srun`. Each
+task runs `sextant join`, which takes its rank, world and node from Slurm's variables. This
+process hosts the run's collector (collector.py) on the address it uses to reach the Slurm
+controller, so the plan goes out and the events and results come back over TCP: no shared
+filesystem is needed, and the run lands in this host's results database like a local one.
+`--dry-run` prints the script; submitted by hand it still works, with rank 0 storing the run
+on its own node (see join.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import RunFailed, UserError
+from sextant.launch.collector import ENV, Collector, gather
+from sextant.strategy import Strategy
+
+SUBMIT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    nodes: int
+    tasks_per_node: int
+    partition: str | None
+    time_limit_s: float
+    join_args: tuple[str, ...]
+    """`sextant join` arguments that rebuild the run's workload and strategy."""
+    label: str
+
+    @property
+    def tasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, strategy: Strategy) -> Job:
+        from sextant.backends.base import get_backend, process_layout
+
+        world = len(process_layout(get_backend(strategy.framework), strategy).roles)
+        nodes = args.nodes if args.nodes is not None else (
+            world // args.tasks_per_node if args.tasks_per_node else world)
+        per_node = args.tasks_per_node or (world // nodes if nodes and world % nodes == 0
+                                           else 0)
+        if nodes < 1 or per_node < 1 or nodes * per_node != world:
+            raise UserError(
+                f"{strategy.label} runs {world} processes: --nodes ({args.nodes}) x "
+                f"--tasks-per-node ({args.tasks_per_node}) must equal {world}")
+        return cls(nodes=nodes, tasks_per_node=per_node, partition=args.partition,
+                   time_limit_s=args.timeout, join_args=tuple(join_args(args, strategy)),
+                   label=strategy.label)
+
+
+def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
+    """The flags of `sextant join` for this run (the same run on every task)."""
+    out = ["--workload", str(args.workload), "--framework", strategy.framework,
+           "--mode", strategy.mode, "--parallel", strategy.parallel,
+           "--workers", str(strategy.workers), "--precision", strategy.precision,
+           "--grad-accum", str(strategy.grad_accum), "--compress", strategy.compress,
+           "--collective-timeout", f"{args.collective_timeout:g}",
+           "--timeout", f"{args.timeout:g}"]
+    if strategy.ps:
+        out += ["--ps", str(strategy.ps)]
+    if args.steps is not None:
+        out += ["--steps", str(args.steps)]
+    if strategy.threads:
+        out += ["--threads", str(strategy.threads)]
+    return out
+
+
+def _time(seconds: float) -> str:
+    s = max(60, int(seconds) + 60)  # a minute for start-up and the results
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def batch_script(job: Job) -> str:
+    """The batch script `sextant run --launcher slurm` submits (printed by --dry-run)."""
+    directives = [f"--job-name=sextant-{re.sub(r'[^A-Za-z0-9_.-]+', '-', job.label)}",
+                  f"--nodes={job.nodes}", f"--ntasks-per-node={job.tasks_per_node}",
+                  f"--time={_time(job.time_limit_s)}",
+                  "--output=/tmp/sextant-slurm-%j.out"]
+    if job.partition:
+        directives.append(f"--partition={job.partition}")
+    join = shlex.join([sys.executable, "-m", "sextant.cli", "join", *job.join_args])
+    return "\n".join([
+        "#!/bin/bash",
+        *(f"#SBATCH {d}" for d in directives),
+        "# Written by sextant. Each task runs `sextant join`, which reads its rank from",
+        "# SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST. With SEXTANT_COLLECTOR set (sextant",
+        "# sets it when it submits) results go back to the submitting host; without it,",
+        "# rank 0 stores the run on the first node (its --db, default ./sextant-results).",
+        "set -euo pipefail",
+        f"srun --kill-on-bad-exit=1 --wait=60 {join}",
+        "",
+    ])
+
+
+def _collector_bind() -> str:
+    """This host's address on the network the cluster reaches it by: SEXTANT_COLLECTOR_ADDR,
+    else the source address of the route to the Slurm controller."""
+    if os.environ.get("SEXTANT_COLLECTOR_ADDR"):
+        return os.environ["SEXTANT_COLLECTOR_ADDR"]
+    controller = _controller_address()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((controller, 6817))  # UDP: no packet is sent, only the route is chosen
+        return str(s.getsockname()[0])
+
+
+def _controller_address() -> str:
+    out = _slurm("scontrol", "show", "config").stdout
+    m = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^(\s]+)(?:\(([^)]+)\))?", out, re.M)
+    if not m:
+        raise UserError("cannot find SlurmctldHost in 'scontrol show config'; set "
+                        "SEXTANT_COLLECTOR_ADDR to this host's address on the cluster network")
+    return m.group(2) or socket.gethostbyname(m.group(1))
+
+
+def _slurm(*argv: str, timeout: float = SUBMIT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    if shutil.which(argv[0]) is None:
+        raise UserError(f"--launcher slurm needs Slurm's {argv[0]} on PATH (Debian: apt-get "
+                        f"install slurm-client)")
+    try:
+        proc = subprocess.run(argv, check=False, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise RunFailed(f"'{' '.join(argv)}' did not answer in {timeout:g} s") from exc
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RunFailed(f"'{' '.join(argv)}' failed: {err}")
+    return proc
+
+
+def launcher(job: Job) -> Any:
+    """A launcher for runner.execute: submit (or srun) the job, host the collector, gather."""
+    from sextant.backends.base import get_backend, process_layout
+    from sextant.launch.local import base_plan
+
+    def launch(workload: Any, strategy: Strategy, run_dir: Path, *, timeout_s: float,
+               collective_timeout_s: float, on_event: Any = None,
+               extra_env: dict[str, str] | None = None, **_: Any) -> list[dict[str, Any]]:
+        layout = process_layout(get_backend(strategy.framework), strategy)
+        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s)
+        collector = Collector(_collector_bind(), plan, job.tasks,
+                              join_timeout_s=collective_timeout_s + 60)
+        env = {**os.environ, **(extra_env or {}), ENV: collector.address}
+        job_id: list[str] = []
+        proc = _start(job, env, run_dir, job_id)
+        try:
+            def ended() -> str | None:
+                code = proc.poll()
+                return None if code is None else f"the Slurm job ended (exit code {code})"
+
+            return gather(collector, layout.primary, label=strategy.label, on_event=on_event,
+                          deadline=time.monotonic() + timeout_s, alive=ended)
+        finally:
+            if proc.poll() is None:
+                if job_id:
+                    subprocess.run(["scancel", job_id[0]], check=False, timeout=SUBMIT_TIMEOUT_S,
+                                   capture_output=True)
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            collector.close()
+
+    return launch
+
+
+def _start(job: Job, env: dict[str, str], run_dir: Path, job_id: list[str]
+           ) -> subprocess.Popen[str]:
+    """`srun` inside an allocation, else `sbatch --wait` of the batch script. The job id (for
+    scancel) is appended to `job_id` once known."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("SLURM_JOB_ID"):
+        _slurm("srun", "--version")
+        cmd = ["srun", f"--nodes={job.nodes}", f"--ntasks-per-node={job.tasks_per_node}",
+               "--kill-on-bad-exit=1", "--wait=60", sys.executable, "-m", "sextant.cli",
+               "join", *job.join_args]
+        job_id.append(os.environ["SLURM_JOB_ID"])
+    else:
+        _slurm("sbatch", "--version")
+        script = run_dir / "job.sbatch"
+        script.write_text(batch_script(job))
+        cmd = ["sbatch", "--wait", "--parsable", str(script)]
+    log = open(run_dir / "slurm.log", "w")  # noqa: SIM115 - the job's process owns it
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                            stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+    if not job_id and proc.stdout is not None:
+        first = proc.stdout.readline().strip()  # --parsable: the job id, at submission
+        if first:
+            job_id.append(first.split(";")[0])
+    return proc
