@@ -328,14 +328,27 @@ def down(name: str) -> list[str]:
 
 
 def _kill_processes_in(netns: str) -> None:
-    """Processes still inside a host (a run killed without clean-up) would keep its network
-    alive after the namespace's name is gone; end them first."""
+    """Processes still inside a host (a run killed without clean-up, Slurm's daemons) would
+    keep its network alive after the namespace's name is gone; end them and wait for them."""
     proc = _run("ip", "netns", "pids", netns, check=False)
-    for pid in proc.stdout.split():
+    pids = [int(p) for p in proc.stdout.split() if p.isdigit()]
+    for pid in pids:
         try:
-            os.kill(int(pid), 9)
-        except (ProcessLookupError, ValueError):
+            os.kill(pid, 9)
+        except ProcessLookupError:
             pass
+    deadline = time.monotonic() + 5.0
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    """Whether a process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def load(name: str) -> Cluster:

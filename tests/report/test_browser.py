@@ -9,7 +9,7 @@ clearly the browser's own counts as the page's. A control page that does load a 
 image and log to the console proves that both checks see what they must see.
 
 Locally the test is skipped when Chromium is missing; with CI set it fails instead
-(.ci/install-browser installs Debian's chromium). SEXTANT_CHROMIUM=/path/to/chrome picks
+(.ci/install-system installs Debian's chromium). SEXTANT_CHROMIUM=/path/to/chrome picks
 another binary.
 """
 
@@ -49,7 +49,7 @@ def chromium() -> str:
     path = find_chromium()
     if path is None:
         reason = ("chromium is not installed (looked for $SEXTANT_CHROMIUM, /usr/bin/chromium, "
-                  "chromium, chromium-browser); install it with .ci/install-browser")
+                  "chromium, chromium-browser); install it with .ci/install-system")
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but {reason}")
         pytest.skip(reason)

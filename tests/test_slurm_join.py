@@ -1,0 +1,186 @@
+"""Ranks started by a cluster's own launcher: a real Slurm (slurmctld and one slurmd per
+emulated host, munge) through `sextant run --launcher slurm`, and torchrun-style variables
+through `sextant join`. Results come back over the collector's TCP connection."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sextant.cluster import emulated, slurm_lab
+from sextant.errors import UserError
+from sextant.launch.join import first_host, identity_from_env, tasks_per_node
+from sextant.launch.local import free_port
+from sextant.results.store import ResultsStore
+from sextant.runner import execute
+from sextant.strategy import Strategy
+from sextant.workload import resolve_workload
+from tests.helpers import needs_torch, run_cli, same_training
+
+WORKLOAD = """
+name = "tiny-join"
+seed = 0
+steps = 4
+global_batch = 8
+[model]
+family = "gpt"
+vocab_size = 256
+seq_len = 32
+d_model = 32
+n_layers = 1
+n_heads = 2
+d_ff = 64
+[data]
+dataset = "python-reference"
+[optimizer]
+name = "adamw"
+lr = 3e-3
+[measure]
+warmup_steps = 1
+nosync_steps = 2
+log_every = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def workload_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("w") / "tiny-join.toml"
+    path.write_text(WORKLOAD)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process(workload_file: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    pytest.importorskip("torch")
+    return execute(resolve_workload(str(workload_file)),
+                   Strategy(framework="torch", mode="eager"),
+                   runs_dir=tmp_path_factory.mktemp("one"))
+
+
+# --- identity from the launcher's variables (pure) ----------------------------------------
+
+def test_torchrun_variables_give_the_identity() -> None:
+    ident = identity_from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "n0",
+                               "MASTER_PORT": "29500"})
+    assert (ident.rank, ident.world, ident.local_rank, ident.local_world, ident.source) == (
+        3, 4, 1, 2, "torchrun")
+
+
+def test_slurm_variables_give_the_identity() -> None:
+    ident = identity_from_env({"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_LOCALID": "1",
+                               "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x3),1",
+                               "SLURM_JOB_NODELIST": "gpu[07-10],cpu1"})
+    assert (ident.rank, ident.world, ident.local_world, ident.master_addr, ident.source) == (
+        5, 7, 2, "gpu07", "slurm")
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert first_host("a,b") == "a" and first_host("node[3,5-6]") == "node3"
+
+
+def test_join_without_a_launcher_is_a_one_line_error() -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    out = subprocess.run([sys.executable, "-m", "sextant.cli", "join"], capture_output=True,
+                         text=True, timeout=120, env=env, check=False)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "RANK, WORLD_SIZE, MASTER_ADDR" in out.stderr
+    with pytest.raises(UserError, match="SLURM_TASKS_PER_NODE"):
+        tasks_per_node("2(y3)")
+
+
+def test_dry_run_prints_the_batch_script(workload_file: Path) -> None:
+    out = run_cli("run", "--launcher", "slurm", "--parallel", "dp", "--workers", "4",
+                  "--nodes", "2", "--workload", str(workload_file), "--dry-run", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH --nodes=2" in out.stdout and "#SBATCH --ntasks-per-node=2" in out.stdout
+    assert "sextant.cli join --workload" in out.stdout
+    bad = run_cli("run", "--launcher", "slurm", "--parallel", "dp", "--workers", "3",
+                  "--nodes", "2", "--dry-run", timeout=120)
+    assert bad.returncode == 2 and "must equal 3" in bad.stderr
+
+
+# --- real runs -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+@needs_torch
+def test_torchrun_style_ranks_store_one_run_on_rank_0(
+    workload_file: Path, one_process: dict, tmp_path: Path
+) -> None:
+    """Two `sextant join` processes given only torchrun's variables: rank 0 hosts the
+    collector and stores the run, which trained what one process trains."""
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "sextant.cli", "join", "--workload", str(workload_file),
+             "--parallel", "dp", "--db", str(tmp_path / f"node{rank}" / "r.db"),
+             "--collective-timeout", "60"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert not (tmp_path / "node1" / "r.db").exists()  # only rank 0 stores
+    with ResultsStore(tmp_path / "node0" / "r.db", create=False) as store:
+        (run,) = store.runs()
+        stored = store.get(run["id"])
+    same_training(stored, one_process)
+
+
+slurm_present = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("slurmd") is None,
+    reason="needs root, iproute2 and Debian's slurm-wlm and munge")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> emulated.Cluster:
+    name = f"s{os.getpid() % 10000}"
+    cluster = emulated.up(name, 2, emulated.Link(rate_bit_s=10e9))
+    try:
+        slurm_lab.start(cluster)
+        yield cluster
+    finally:
+        emulated.down(name)
+
+
+@pytest.mark.slow
+@slurm_present
+@needs_torch
+def test_a_slurm_job_across_two_hosts_trains_like_one_process(
+    slurm_cluster: emulated.Cluster, workload_file: Path, one_process: dict, tmp_path: Path
+) -> None:
+    db = tmp_path / "r.db"
+    out = run_cli("run", "--launcher", "slurm", "--parallel", "dp", "--workers", "2",
+                  "--workload", str(workload_file), "--db", str(db), "--timeout", "240",
+                  env={"SLURM_CONF": str(slurm_lab.conf_path(slurm_cluster))}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    with ResultsStore(db, create=False) as store:
+        (run,) = store.runs()
+        stored = store.get(run["id"])
+    same_training(stored, one_process)
+    assert [r["fingerprint"]["hostname"] for r in stored["ranks"]] == [
+        h.name for h in slurm_cluster.hosts]
+    assert stored["fingerprint"]["network"]["kind"] == "hosts"
+
+
+@pytest.mark.slow
+@slurm_present
+def test_slurm_down_leaves_no_daemon_and_no_namespace() -> None:
+    before = emulated.namespaces()
+    name = f"z{os.getpid() % 10000}"
+    cluster = emulated.up(name, 2, emulated.Link(rate_bit_s=1e9))
+    try:
+        slurm_lab.start(cluster)
+        pids = subprocess.run(["ip", "netns", "pids", cluster.hosts[1].netns], check=True,
+                              capture_output=True, text=True, timeout=10).stdout.split()
+        assert pids  # slurmd runs inside the host
+    finally:
+        emulated.down(name)
+    assert emulated.namespaces() == before
+    assert not any(emulated.running(int(pid)) for pid in pids)
+    assert not (emulated.STATE_DIR / name).exists()
