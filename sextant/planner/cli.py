@@ -104,6 +104,8 @@ def register(subparsers: Any) -> None:
     lay.add_argument("--sp", choices=("on", "off"), help="sequence parallelism")
     lay.add_argument("--offload", choices=("none", "optimizer", "params"))
     lay.add_argument("--interleave", type=int, help="model chunks per pipeline stage")
+    lay.add_argument("--cp", type=int, help="context-parallel degree (splits the sequence)")
+    lay.add_argument("--ep", type=int, help="expert-parallel degree (MoE models)")
     lay.add_argument(
         "--hsdp",
         choices=("on", "off"),
@@ -326,7 +328,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
     )
     pinned: dict[str, Any] = {}
-    for key in ("dp", "tp", "pp", "zero", "mbs", "recompute", "offload", "interleave"):
+    for key in ("dp", "tp", "pp", "zero", "mbs", "recompute", "offload", "interleave", "cp", "ep"):
         value = getattr(args, key)
         if value is not None:
             pinned[key] = value
@@ -334,7 +336,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         pinned["sp"] = args.sp == "on"
     if args.hsdp is not None:
         pinned["hsdp"] = args.hsdp == "on"
-    for key in ("dp", "tp", "pp", "mbs", "interleave"):
+    for key in ("dp", "tp", "pp", "mbs", "interleave", "cp", "ep"):
         if key in pinned and pinned[key] < 1:
             raise UserError(f"--{key} must be >= 1. Received: {pinned[key]}")
     if args.top < 0:

@@ -44,17 +44,23 @@ ELEMENTWISE_PASSES = 2.5
 """Bytes of memory traffic per byte of stored activation in one forward pass."""
 
 
-def gemm_operand_bytes(gemms, tokens, tp, bytes_per_element=2.0):
+def gemm_operand_bytes(gemms, tokens, tp, bytes_per_element=2.0, *, experts=0,
+                       local_experts=1.0, routed=1.0):
     """Bytes a layer's GEMMs read and write in one pass over `tokens` tokens: for each
     (K, M) weight, split by tp along M (column-parallel) or K (row-parallel),
-    (tokens K + K M + tokens M) elements."""
+    (tokens K + K M + tokens M) elements. For an MoE layer (`experts` > 0) the last two
+    GEMMs are the experts': `local_experts` weight matrices each, the tokens `routed` times
+    (top_k x capacity factor)."""
     tokens = np.asarray(tokens, dtype=np.float64)
     t = np.asarray(tp, dtype=np.float64)
     total = np.zeros(np.broadcast(tokens, t).shape)
-    for k, m, column in gemms:
+    for i, (k, m, column) in enumerate(gemms):
         kk = k if column else k / t
         mm = m / t if column else m
-        total = total + tokens * kk + kk * mm + tokens * mm
+        if experts and i >= len(gemms) - 2:
+            total = total + routed * tokens * (kk + mm) + local_experts * kk * mm
+        else:
+            total = total + tokens * kk + kk * mm + tokens * mm
     return total * bytes_per_element
 
 

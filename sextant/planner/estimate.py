@@ -40,8 +40,10 @@ from sextant.planner.models import ModelCost
 
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "params")
-KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs")
-COMPONENTS = ("compute", "optimizer", "tp_comm", "pp_comm", "bubble", "dp_exposed")
+KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs", "cp", "ep")
+COMPONENTS = (
+    "compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed"
+)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -185,9 +187,15 @@ class Layout:
     hsdp: bool = False
     """Hybrid sharding: ZeRO shards within the node's data-parallel ranks and replicates
     across nodes (FSDP HYBRID_SHARD / HSDP, DeepSpeed ZeRO++ hpZ); needs zero >= 1."""
+    cp: int = 1
+    """Context parallelism: the sequence split over cp ranks (ring attention exchanging K and
+    V blocks); devices = dp x tp x pp x cp."""
+    ep: int = 1
+    """Expert parallelism (MoE): the experts split over ep ranks of the dp x cp group, tokens
+    exchanged with all-to-alls."""
 
     def __post_init__(self) -> None:
-        for key in ("dp", "tp", "pp", "mbs", "interleave"):
+        for key in ("dp", "tp", "pp", "mbs", "interleave", "cp", "ep"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"{key} must be an integer >= 1. Received: {value!r}")
@@ -212,10 +220,14 @@ class Layout:
 
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def label(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         if self.interleave > 1:
             parts.append(f"v{self.interleave}")
         parts.append(f"zero{self.zero}")
@@ -242,6 +254,8 @@ class Layout:
             "off": np.array([OFFLOAD.index(self.offload)]),
             "v": np.array([self.interleave]),
             "hs": np.array([int(self.hsdp)]),
+            "cp": np.array([self.cp]),
+            "ep": np.array([self.ep]),
         }
 
     @staticmethod
@@ -257,6 +271,8 @@ class Layout:
             offload=OFFLOAD[int(arrays["off"][i])],
             interleave=int(arrays["v"][i]),
             hsdp=bool(arrays["hs"][i]) if "hs" in arrays else False,
+            cp=int(arrays["cp"][i]) if "cp" in arrays else 1,
+            ep=int(arrays["ep"][i]) if "ep" in arrays else 1,
         )
 
 
@@ -264,13 +280,31 @@ def check_layout(cost: ModelCost, layout: Layout, devices: int, global_batch: in
     """UserError unless the layout is a valid way to run this model on `devices` devices."""
     if layout.devices != devices:
         raise UserError(
-            f"dp x tp x pp must equal the device count. Received: {layout.dp} x {layout.tp} x "
-            f"{layout.pp} = {layout.devices}, devices={devices}"
+            f"dp x tp x pp x cp must equal the device count. Received: {layout.dp} x "
+            f"{layout.tp} x {layout.pp} x {layout.cp} = {layout.devices}, devices={devices}"
         )
-    if not cost.supports_model_parallel and (layout.tp > 1 or layout.pp > 1):
+    if layout.cp > 1 and cost.tokens_per_sample % (2 * layout.cp):
+        raise UserError(
+            "context parallelism must divide the sequence into 2 x cp chunks (load-balanced "
+            f"causal ring attention). Received: seq_len={cost.tokens_per_sample}, cp={layout.cp}"
+        )
+    if layout.ep > 1 and not cost.n_experts:
+        raise UserError(f"expert parallelism needs an MoE model. Received: ep={layout.ep}, "
+                        f"{cost.name} has no experts")
+    if cost.n_experts and cost.n_experts % layout.ep:
+        raise UserError(
+            f"ep must divide the number of experts. Received: ep={layout.ep}, "
+            f"experts={cost.n_experts}"
+        )
+    if (layout.dp * layout.cp) % layout.ep:
+        raise UserError(
+            f"ep must divide dp x cp (experts are split over the data-parallel ranks). "
+            f"Received: ep={layout.ep}, dp={layout.dp}, cp={layout.cp}"
+        )
+    if not cost.supports_model_parallel and (layout.tp > 1 or layout.pp > 1 or layout.cp > 1):
         raise UserError(
             f"{cost.name} ({cost.family}) supports data parallelism only; "
-            f"received tp={layout.tp}, pp={layout.pp}"
+            f"received tp={layout.tp}, pp={layout.pp}, cp={layout.cp}"
         )
     if cost.n_heads % layout.tp:
         raise UserError(
@@ -392,7 +426,10 @@ def _evaluate(
     mbs, v = lay["mbs"].astype(f), lay["v"].astype(f)
     sp = lay["sp"] > 0
     hs = lay["hs"] > 0 if "hs" in lay else np.zeros_like(sp)
-    n = dp * tp * pp
+    cp = lay["cp"].astype(f) if "cp" in lay else np.ones_like(dp)
+    ep = lay["ep"].astype(f) if "ep" in lay else np.ones_like(dp)
+    n = dp * tp * pp * cp
+    dpc = dp * cp  # the ranks holding the same (non-expert) parameters
     acc = hw.accelerator
     g = float(hw.devices_per_node)
     pb, gb, ob = memory.state_bytes(opts.precision, opts.optimizer, opts.memory_model)
@@ -403,14 +440,18 @@ def _evaluate(
     s = float(cost.tokens_per_sample)
     m = batch / (dp * mbs)  # micro-batches per step per pipeline
     tok_mb = mbs * s
+    tok_dev = tok_mb / cp  # tokens of one micro-batch on one device (context parallelism)
     full_rc, sel_rc, no_rc = rc == 2, rc == 1, rc == 0
     z1, z2, z3 = zero >= 1, zero >= 2, zero >= 3
 
     # --- parameters per device, first and last pipeline stage -------------------------------
     L = float(cost.n_layers)
     lps = np.ceil(L / pp)  # layers on the fullest stage
-    layer_dev = lps * cost.layer_params / tp
-    single = (L * cost.layer_params + cost.embed_params + cost.head_params + cost.other_params) / tp
+    # An MoE layer keeps its dense part (attention, router) whole and 1/ep of its experts.
+    dense_layer = cost.layer_params - cost.expert_params
+    layer_local = dense_layer + cost.expert_params / ep
+    layer_dev = lps * layer_local / tp
+    single = (L * layer_local + cost.embed_params + cost.head_params + cost.other_params) / tp
     multi = pp > 1
     psi_first = np.where(multi, layer_dev + cost.embed_params / tp, single)
     psi_last = np.where(
@@ -422,10 +463,13 @@ def _evaluate(
     # Ranks are placed tensor-parallel first, then data-parallel, then pipeline (Megatron-LM).
     tp_in = np.minimum(tp, g)
     tp_out = np.ceil(tp / g)
-    dp_in = np.where(tp < g, np.minimum(np.maximum(np.floor(g / tp), 1.0), dp), 1.0)
-    dp_out = np.ceil(dp / dp_in)
+    # The data-parallel reduction group is dp x cp (context-parallel ranks hold the same
+    # parameters: Megatron shards the distributed optimizer over DP x CP).
+    dp_in = np.where(tp < g, np.minimum(np.maximum(np.floor(g / tp), 1.0), dpc), 1.0)
+    dp_out = np.ceil(dpc / dp_in)
+    cp_in = np.minimum(cp, np.maximum(np.floor(g / tp), 1.0))
     # ZeRO shards over the whole data-parallel group, or over its intra-node part with HSDP.
-    shard = np.where(hs, dp_in, dp)
+    shard = np.where(hs, dp_in, dpc)
 
     # Model-state bytes per parameter after ZeRO sharding and offload (memory.py), so both
     # stages cost one multiply each.
@@ -433,6 +477,16 @@ def _evaluate(
         shard, zero, precision=opts.precision, optimizer=opts.optimizer, offload=off,
         memory_model=opts.memory_model,
     )
+    if cost.n_experts:
+        # Expert states are sharded over the dp x cp / ep ranks that hold the same experts;
+        # the per-parameter coefficients are averaged over the dense and expert parts.
+        coef_e = memory.state_coefficients(
+            np.maximum(shard / ep, 1.0), zero, precision=opts.precision,
+            optimizer=opts.optimizer, offload=off, memory_model=opts.memory_model,
+        )
+        psi_e = np.where(multi, lps, L) * cost.expert_params / (ep * tp)
+        share_e = psi_e / np.maximum(psi_first, 1.0)
+        coef = {k: coef[k] * (1.0 - share_e) + coef_e[k] * share_e for k in coef}
     c_params, c_grads, c_opt, c_host = coef["params"], coef["grads"], coef["optimizer"], coef["host"]
     c_states = c_params + c_grads + c_opt
     # Parameters gathered whole for compute (ZeRO-3 / FSDP units) and DDP bucket copies.
@@ -442,10 +496,10 @@ def _evaluate(
     )
 
     # --- activations (memory.py: Korthikanti et al. 2022 Table 2, 1F1B in-flight count) -------
-    per_layer = memory.activation_bytes_per_layer(cost, tok_mb, tp, sp, rc, act_scale)
-    full = memory.activation_bytes_per_layer(cost, tok_mb, tp, sp, 0, act_scale)
+    per_layer = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, rc, act_scale)
+    full = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, 0, act_scale)
     working = full_rc * full  # the layer being recomputed
-    logits = tok_mb * cost.logits_bytes_per_token / tp
+    logits = tok_dev * cost.logits_bytes_per_token / tp
     inflight = memory.pipeline_inflight(pp, m, v)
     act_first = per_layer * lps * inflight + working + np.where(multi, 0.0, logits)
     act_last = np.where(multi, per_layer * lps + working + logits, act_first)
@@ -480,7 +534,7 @@ def _evaluate(
             sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
         ),
     )
-    hw_flops_tok = cost.model_flops_per_token + extra
+    hw_flops_tok = cost.model_flops_per_token + extra + cost.padding_flops_per_token
     tokens_step = batch * s
     if acc.shared_node:
         peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
@@ -507,7 +561,11 @@ def _evaluate(
         t_memops = np.zeros_like(t_flops)
     else:
         gemm_passes = 3.0 + full_rc  # forward, input gradient, weight gradient, recompute
-        operands = efficiency.gemm_operand_bytes(cost.gemms, tok_mb, tp, act_bytes)
+        operands = efficiency.gemm_operand_bytes(
+            cost.gemms, tok_dev, tp, act_bytes, experts=cost.n_experts, local_experts=(
+                cost.n_experts / ep if cost.n_experts else 1.0
+            ), routed=cost.top_k * cost.capacity_factor,
+        )
         elementwise = efficiency.elementwise_bytes(full, full_rc)
         t_memops = m * lps * (gemm_passes * operands + elementwise) / mem_bw
     t_compute = np.maximum(t_flops + t_memops, t_weights)
@@ -539,14 +597,14 @@ def _evaluate(
     intra_p2p = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency)
     inter_p2p = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
 
-    m_tp = tok_mb * (cost.hidden * act_bytes)
+    m_tp = tok_dev * (cost.hidden * act_bytes)
     tp_multi = tp > 1
     t_tp = (m * lps * (4.0 + 2.0 * full_rc) * (1.0 - opts.tp_overlap)) * np.where(
         tp_multi, comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter), 0.0
     )
 
     pp_inter = n > g
-    m_pp = m_m = tok_mb * (cost.hidden * act_bytes) / tp
+    m_pp = m_m = tok_dev * (cost.hidden * act_bytes) / tp
     send = np.where(
         pp_inter,
         comms.p2p(m_pp, *inter_p2p),
@@ -554,7 +612,34 @@ def _evaluate(
     )
     t_pp = multi * (2.0 * m * v * send)
 
-    t_bubble = (pp - 1.0) / (v * m) * (t_compute + t_tp + t_pp)
+    # Context parallelism (ring attention, Liu et al. 2023; Megatron-Core CP): per layer and
+    # micro-batch the K and V blocks go round the cp ranks forward, again backward with the
+    # gradients (dK, dV): 3 passes (+1 with full recomputation) of (cp - 1) steps each,
+    # hidden behind the attention core's compute as far as it lasts.
+    kv_block = tok_dev * (2.0 * cost.n_kv_heads * cost.hidden / cost.n_heads) * act_bytes
+    cp_bw = np.where(cp > cp_in, inter[0], intra[0])
+    cp_lat = np.where(cp > cp_in, inter[1], intra[1])
+    ring_pass = (cp - 1.0) * (kv_block / cp_bw + cp_lat)
+    t_cp_all = m * lps * (3.0 + full_rc) * ring_pass
+    attn_tok = cost.attention_flops_per_token * (1.0 + full_rc / 3.0)
+    t_attention = tokens_step * attn_tok / (n * opts.compute_efficiency * peak)
+    t_cp = np.where(cp > 1, np.maximum(t_cp_all - t_attention, 0.0), 0.0)
+
+    # Expert parallelism: per MoE layer and micro-batch, dispatch and combine all-to-alls
+    # forward and backward (4; 6 with full recomputation) of the routed tokens, padded to
+    # the capacity (Lepikhin et al. 2020, GShard §2.2); over the ep ranks, inside the node
+    # while they fit in it.
+    if cost.n_experts:
+        routed = tok_dev * cost.top_k * cost.capacity_factor * cost.hidden * act_bytes
+        routed = routed / np.where(sp, tp, 1.0)
+        ep_in = np.minimum(ep, dp_in)
+        a2a_bw = np.where(ep > ep_in, inter[0], intra[0])
+        a2a_lat = np.where(ep > ep_in, inter[1], intra[1])
+        a2a = (ep - 1.0) / ep * routed / a2a_bw + (ep - 1.0) * a2a_lat + intra[2]
+        t_ep = np.where(ep > 1, m * lps * (4.0 + 2.0 * full_rc) * a2a, 0.0)
+    else:
+        t_ep = np.zeros_like(n)
+    t_bubble = (pp - 1.0) / (v * m) * (t_compute + t_tp + t_cp + t_ep + t_pp)
 
     # Data parallelism: the collectives of comms.dp_collectives (one table with the measured
     # runs' bytes), each over the rank's gradient or parameter payload.
@@ -583,7 +668,7 @@ def _evaluate(
     hidden_dp = np.minimum(opts.overlap * t_dp, window)
     t_dp_exposed = t_dp - hidden_dp
 
-    step = t_compute + t_opt + t_tp + t_pp + t_bubble + t_dp_exposed
+    step = t_compute + t_opt + t_tp + t_cp + t_ep + t_pp + t_bubble + t_dp_exposed
     step_no_overlap = step + hidden_dp
     tokens_per_s = tokens_step / step
     nominal = acc.peak(opts.precision)
@@ -613,6 +698,8 @@ def _evaluate(
         "compute_memory_bound": t_weights,
         "optimizer": t_opt,
         "tp_comm": t_tp,
+        "cp_comm": t_cp,
+        "ep_comm": t_ep,
         "pp_comm": t_pp,
         "bubble": t_bubble,
         "dp_comm": t_dp,
@@ -635,6 +722,8 @@ def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[st
     """The largest non-compute part of row i's step, named with the link it runs on."""
     parts = {
         "tp_comm": res["tp_comm"][i],
+        "cp_comm": res["cp_comm"][i],
+        "ep_comm": res["ep_comm"][i],
         "pp_comm": res["pp_comm"][i],
         "bubble": res["bubble"][i],
         "dp_exposed": res["dp_exposed"][i],
@@ -650,6 +739,9 @@ def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[st
             if bool(res["offload"][i])
             else "optimizer step"
         ), share
+    if key in ("cp_comm", "ep_comm"):
+        what = "context-parallel K/V exchange" if key == "cp_comm" else "expert all-to-alls"
+        return what, share
     inter_flag = {"tp_comm": "tp_inter", "pp_comm": "pp_inter", "dp_exposed": "dp_inter"}[key]
     crosses = bool(res[inter_flag][i])
     link = hw.inter if crosses else hw.intra

@@ -55,6 +55,15 @@ class TransformerShape:
     """Default global batch in sequences (the published one, where known)."""
     source: str = ""
     """Where the numbers come from."""
+    n_experts: int = 0
+    """Mixture-of-experts: experts per layer (0 = a dense MLP). Every layer is an MoE layer."""
+    top_k: int = 1
+    """Experts each token is routed to."""
+    capacity_factor: float = 1.0
+    """Expert capacity over the even share (GShard / Switch): compute and activations of the
+    experts are padded to it; model FLOPs count the routed tokens only."""
+    moe_d_ff: int = 0
+    """Hidden width of one expert's MLP (0 = d_ff)."""
 
     def __post_init__(self) -> None:
         for key in (
@@ -75,6 +84,25 @@ class TransformerShape:
                 "n_kv_heads must divide n_heads. "
                 f"Received: n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
             )
+        for key in ("moe_d_ff", "head_dim", "n_experts"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"model.{key} must be an integer >= 0. Received: {value!r}")
+        if self.n_experts:
+            if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or (
+                self.n_experts < 1
+            ):
+                raise UserError(f"model.n_experts must be an integer >= 0. Received: "
+                                f"{self.n_experts!r}")
+            if not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.n_experts):
+                raise UserError(
+                    f"model.top_k must be an integer in [1, n_experts]. Received: "
+                    f"top_k={self.top_k!r}, n_experts={self.n_experts}"
+                )
+            cf = self.capacity_factor
+            if not (isinstance(cf, (int, float)) and not isinstance(cf, bool) and 1.0 <= cf
+                    <= 64.0):
+                raise UserError(f"model.capacity_factor must be in [1, 64]. Received: {cf!r}")
         if not self.head_dim and self.d_model % self.n_heads:
             raise UserError(
                 f"n_heads must divide d_model. Received: d_model={self.d_model}, "
@@ -87,15 +115,39 @@ class TransformerShape:
 
     # --- parameters ---------------------------------------------------------------------
 
-    def layer_params(self) -> int:
-        h, f, q, kv = self.d_model, self.d_ff, self.n_heads * self.hd, self.n_kv_heads * self.hd
-        attn = h * q + 2 * h * kv + q * h
+    def _mlp_params(self, f: int) -> int:
+        h = self.d_model
         mlp = (3 if self.gated_mlp else 2) * h * f
         if self.biases:
-            attn += q + 2 * kv + h
             mlp += (2 * f if self.gated_mlp else f) + h
+        return mlp
+
+    def expert_params(self) -> int:
+        """One layer's expert MLPs, all experts (0 for a dense model)."""
+        if not self.n_experts:
+            return 0
+        return self.n_experts * self._mlp_params(self.moe_d_ff or self.d_ff)
+
+    def dense_layer_params(self) -> int:
+        """One layer without its experts: attention, norms, and the dense MLP or the router."""
+        h, q, kv = self.d_model, self.n_heads * self.hd, self.n_kv_heads * self.hd
+        attn = h * q + 2 * h * kv + q * h
+        if self.biases:
+            attn += q + 2 * kv + h
+        mlp = h * self.n_experts if self.n_experts else self._mlp_params(self.d_ff)
         norms = 2 * (2 * h if self.layernorm else h)
         return attn + mlp + norms
+
+    def layer_params(self) -> int:
+        return self.dense_layer_params() + self.expert_params()
+
+    def active_layer_params(self) -> int:
+        """Parameters a token passes through in one layer (top_k experts of an MoE layer)."""
+        if not self.n_experts:
+            return self.layer_params()
+        return self.dense_layer_params() + self.top_k * self._mlp_params(
+            self.moe_d_ff or self.d_ff
+        )
 
     def embedding_params(self) -> int:
         """Input embedding plus learned positions (looked up, not multiplied)."""
@@ -149,21 +201,35 @@ class TransformerShape:
         masks = 2 * h if self.dropout else 0  # two 1-byte dropout masks of h per token
         replicated = 4 * h + 2 * h + 2 * h + masks  # LN inputs, QKV input, MLP input, masks
         mlp_inner = (6 if self.gated_mlp else 4) * f  # gate, up, product | GeLU in, out
+        if self.n_experts:
+            # Each token's k expert MLPs, padded to the capacity (plus the router logits).
+            fe = self.moe_d_ff or f
+            mlp_inner = (6 if self.gated_mlp else 4) * fe * self.top_k * self.capacity_factor
+            mlp_inner += 4 * self.n_experts
         split = 2 * q + 2 * kv + 2 * kv + 2 * q + mlp_inner  # Q, K, V, proj input, MLP
         # Softmax output 2as (+ dropout mask as and dropout output 2as): Korthikanti's 5as.
         scores = (5 if self.dropout else 2) * self.n_heads * s
         attn_flops = 12 * self.n_layers * q * s
-        layer_mm = self.layer_params()
+        layer_mm = self.active_layer_params()
         # N of "6N": every parameter but the looked-up embedding and position tables (the
-        # norms' few parameters are counted too, as sextant/init.py counts them).
+        # norms' few parameters are counted too, as sextant/init.py counts them); for MoE the
+        # parameters a token is routed through (top_k experts).
         matmul = self.n_layers * layer_mm + self.vocab_size * h + self.final_norm_params()
+        # Capacity padding: the experts compute (capacity_factor - 1) more slots, hardware
+        # FLOPs only.
+        fe = self.moe_d_ff or f
+        padding = (
+            6.0 * self.n_layers * self.top_k * (self.capacity_factor - 1.0) * self._mlp_params(fe)
+            if self.n_experts
+            else 0.0
+        )
         # Forward FLOPs of one layer per token: 2 per matmul parameter + 4*s*q (QK^T, PV).
-        layer_fwd = 2 * layer_mm + 4 * s * q
+        layer_fwd = 2 * layer_mm + 4 * s * q + padding / (3.0 * self.n_layers)
         return ModelCost(
             name=self.name,
             family="transformer",
             n_layers=self.n_layers,
-            layer_params=float(layer_mm),
+            layer_params=float(self.layer_params()),
             embed_params=float(self.embedding_params()),
             head_params=float(self.head_params()),
             tied_copy_params=float(self.vocab_size * h if self.tied_embeddings else 0),
@@ -189,14 +255,19 @@ class TransformerShape:
             supports_model_parallel=True,
             describe=self.describe(),
             attention_flops_per_token=float(attn_flops),
+            padding_flops_per_token=float(padding),
+            n_experts=self.n_experts,
+            top_k=self.top_k,
+            capacity_factor=float(self.capacity_factor),
+            expert_params=float(self.expert_params()),
             largest_module_params=float(
                 max(self.vocab_size * h, h * q, h * f)  # separate Q/K/V, gate/up (HF layout)
             ),
             gemms=(
                 (float(h), float(q + 2 * kv), True),
                 (float(q), float(h), False),
-                (float(h), float((2 if self.gated_mlp else 1) * f), True),
-                (float(f), float(h), False),
+                (float(h), float((2 if self.gated_mlp else 1) * fe), True),
+                (float(fe), float(h), False),
             ),
         )
 
@@ -302,6 +373,13 @@ class ModelCost:
     describe: str
     attention_flops_per_token: float = 0.0
     """The attention core's share of model_flops_per_token (QK^T and PV: 12 L q s)."""
+    padding_flops_per_token: float = 0.0
+    """MoE capacity padding: expert FLOPs computed on empty slots (hardware FLOPs only)."""
+    n_experts: int = 0
+    top_k: int = 1
+    capacity_factor: float = 1.0
+    expert_params: float = 0.0
+    """One layer's expert MLP parameters, all experts (0 for a dense model)."""
     largest_module_params: float = 0.0
     """Parameters of the largest single module (one weight matrix or the embedding table):
     what DeepSpeed's ZeRO-3 estimator calls the largest layer."""
@@ -437,6 +515,25 @@ PRESETS: dict[str, TransformerShape] = {
         source="Chowdhery et al. 2022, PaLM, Table 1 (multi-query attention, SwiGLU, shared "
         "embeddings, final batch 2048 sequences)",
     ),
+    "mixtral-8x7b": TransformerShape(
+        name="mixtral-8x7b",
+        n_layers=32,
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
+        vocab_size=32000,
+        seq_len=4096,
+        gated_mlp=True,
+        layernorm=False,
+        n_experts=8,
+        top_k=2,
+        capacity_factor=1.0,
+        global_batch=1024,
+        source="Jiang et al. 2024, Mixtral of Experts, Table 1 (8 experts, top-2, 46.7B total / "
+        "12.9B active parameters); training sequence length and batch not published "
+        "(4096 x 1024 assumed)",
+    ),
 }
 
 ALIASES = {
@@ -447,6 +544,7 @@ ALIASES = {
     "llama-8b": "llama3-8b",
     "llama-405b": "llama3-405b",
     "palm": "palm-540b",
+    "mixtral": "mixtral-8x7b",
 }
 
 
@@ -527,6 +625,8 @@ def shape_from_workload(
             source=where,
             **values,
         )
+    if family == "transformer":
+        return _transformer_from_workload(model, name=name, batch=batch, where=where)
     if family == "mlp":
         for key in _MLP_KEYS:
             if key not in model:
@@ -550,7 +650,66 @@ def shape_from_workload(
             global_batch=batch,
             source=where,
         )
-    raise UserError(f"{where}: model.family must be 'gpt' or 'mlp'. Received: {family!r}")
+    raise UserError(
+        f"{where}: model.family must be 'gpt', 'transformer' or 'mlp'. Received: {family!r}"
+    )
+
+
+_TRANSFORMER_INTS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
+_TRANSFORMER_OPTIONAL = {
+    "n_kv_heads": int,
+    "head_dim": int,
+    "gated_mlp": bool,
+    "tied_embeddings": bool,
+    "learned_positions": bool,
+    "biases": bool,
+    "layernorm": bool,
+    "dropout": bool,
+    "n_experts": int,
+    "top_k": int,
+    "capacity_factor": float,
+    "moe_d_ff": int,
+}
+
+
+def _transformer_from_workload(
+    model: dict[str, Any], *, name: str, batch: int, where: str
+) -> TransformerShape:
+    """A planner-only model family for `plan --workload`: any decoder-only transformer with
+    grouped-query attention (n_kv_heads), SwiGLU (gated_mlp), tied embeddings, dropout,
+    RMSNorm (layernorm = false) and mixture-of-experts (n_experts, top_k, capacity_factor,
+    moe_d_ff). Unknown keys are refused."""
+    allowed = {"family", *_TRANSFORMER_INTS, *_TRANSFORMER_OPTIONAL}
+    unknown = sorted(set(model) - allowed)
+    if unknown:
+        raise UserError(
+            f"{where}: unknown key model.{unknown[0]} for a transformer model; allowed: "
+            f"{', '.join(sorted(allowed - {'family'}))}"
+        )
+    values: dict[str, Any] = {}
+    for key in _TRANSFORMER_INTS:
+        if key not in model:
+            raise UserError(f"{where}: model.{key} is required for a transformer model")
+        values[key] = model[key]
+    for key, kind in _TRANSFORMER_OPTIONAL.items():
+        if key not in model:
+            continue
+        value = model[key]
+        ok = (
+            isinstance(value, bool)
+            if kind is bool
+            else isinstance(value, (int, float)) and not isinstance(value, bool)
+            if kind is float
+            else isinstance(value, int) and not isinstance(value, bool)
+        )
+        if not ok or (kind is float and not math.isfinite(float(value))):
+            raise UserError(
+                f"{where}: model.{key} must be {'true/false' if kind is bool else 'a number'}. "
+                f"Received: {value!r}"
+            )
+        values[key] = value
+    values.setdefault("n_kv_heads", values["n_heads"])
+    return TransformerShape(name=name, global_batch=batch, source=where, **values)
 
 
 def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:

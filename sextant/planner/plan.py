@@ -63,6 +63,8 @@ _PIN_TO_KNOB = {
     "offload": "off",
     "interleave": "v",
     "hsdp": "hs",
+    "cp": "cp",
+    "ep": "ep",
 }
 
 
@@ -182,11 +184,14 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "capacity": ev["capacity"],
             "fits": ev["fits"],
             "host_offload": ev["mem_host"],
+            "host_per_node": ev["host_per_node"],
         },
         "time": {
             "compute": ev["compute"],
             "optimizer": ev["optimizer"],
             "tp_comm": ev["tp_comm"],
+            "cp_comm": ev["cp_comm"],
+            "ep_comm": ev["ep_comm"],
             "pp_comm": ev["pp_comm"],
             "bubble": ev["bubble"],
             "dp_exposed": ev["dp_exposed"],
@@ -259,14 +264,16 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
 
 
 def _default_layout(devices: int, pinned: dict[str, Any]) -> dict[str, Any]:
-    tp, pp = int(pinned.get("tp", 1)), int(pinned.get("pp", 1))
-    return {"dp": max(devices // max(tp * pp, 1), 1)}
+    tp, pp, cp = int(pinned.get("tp", 1)), int(pinned.get("pp", 1)), int(pinned.get("cp", 1))
+    return {"dp": max(devices // max(tp * pp * cp, 1), 1)}
 
 
 PARTS = {
     "compute": "compute",
     "optimizer": "optimizer step / offload",
     "tp_comm": "tensor-parallel communication",
+    "cp_comm": "context-parallel K/V exchange (exposed)",
+    "ep_comm": "expert all-to-alls",
     "pp_comm": "pipeline sends",
     "bubble": "pipeline bubble",
     "dp_exposed": "exposed data-parallel communication",
@@ -381,7 +388,7 @@ def _warnings(
         if link.latency_assumed:
             out.append(f"{link.key}: latency not published, assumed")
     step = ev["step"]
-    exposed = ev["tp_comm"] + ev["pp_comm"] + ev["dp_exposed"]
+    exposed = ev["tp_comm"] + ev["cp_comm"] + ev["ep_comm"] + ev["pp_comm"] + ev["dp_exposed"]
     if exposed > 0.25 * step:
         out.append(
             f"exposed communication is {exposed / step:.0%} of the step ({ev['overhead_cause']})"

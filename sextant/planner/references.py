@@ -580,6 +580,32 @@ def _new_references() -> list[Reference]:
                 "--memory-model torch --global-batch " + str(64 * local),
             )
         )
+    mixtral = preset("mixtral-8x7b")
+    for key, published, count in (
+        ("total", 46.7, lambda: mixtral.total_params()),
+        (
+            "active",
+            12.9,
+            lambda: mixtral.n_layers * mixtral.active_layer_params()
+            + mixtral.embedding_params()
+            + mixtral.head_params()
+            + mixtral.final_norm_params(),
+        ),
+    ):
+        refs.append(
+            Reference(
+                id=f"mixtral-8x7b-{key}-params",
+                source="Jiang et al. 2024 (Mixtral of Experts), §2 and Table 1",
+                quantity=f"{key} parameters of Mixtral 8x7B (8 experts, top-2)",
+                unit="B",
+                published=published,
+                planner=lambda count=count: count() / 1e9,
+                setting="the mixtral-8x7b preset (MoE: n_experts 8, top_k 2); the paper prints "
+                "0.1B",
+                kind="formula",
+                printed=0.1,
+            )
+        )
     for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4)):
         n = nodes * 8
         refs.append(

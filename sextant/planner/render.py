@@ -72,6 +72,8 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     t.add_row(f"capacity ({verdict})", f"{mem['capacity'] / GB:,.2f}", "")
     if mem["host_offload"]:
         t.add_row("offloaded to host memory", f"{mem['host_offload'] / GB:,.2f}", "")
+        if mem.get("host_per_node"):
+            t.add_row("  host memory per node", f"{mem['host_per_node'] / GB:,.1f}", "")
     console.print(t)
 
     tm = doc["time"]
@@ -83,11 +85,13 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         ("compute", "compute"),
         ("optimizer step / offload", "optimizer"),
         ("tensor-parallel comm", "tp_comm"),
+        ("context-parallel K/V exchange (exposed)", "cp_comm"),
+        ("expert all-to-alls", "ep_comm"),
         ("pipeline sends", "pp_comm"),
         ("pipeline bubble", "bubble"),
         ("exposed data-parallel comm", "dp_exposed"),
     ):
-        if tm[key] or key == "compute":
+        if tm.get(key) or key == "compute":
             t.add_row(name, _t(tm[key]), _share(tm[key], tm["step"]))
     t.add_row("[bold]step[/bold]", f"[bold]{_t(tm['step'])}[/bold]", "")
     if tm["step_no_overlap"] > tm["step"] * 1.0005:

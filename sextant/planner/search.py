@@ -53,18 +53,29 @@ def enumerate_layouts(
     fixed = fixed or {}
     mp = cost.supports_model_parallel
     tps = [t for t in divisors(devices) if cost.n_heads % t == 0] if mp else [1]
-    rows = []  # (dp, tp, pp, mbs)
+    if "tp" in fixed:
+        tps = [t for t in tps if t == fixed["tp"]]
+    s = cost.tokens_per_sample
+    rows = []  # (dp, tp, pp, mbs, cp, ep)
     for tp in tps:
-        for pp in divisors(devices // tp) if mp else [1]:
-            if pp > cost.n_layers:
-                continue
-            dp = devices // (tp * pp)
-            if dp > global_batch or global_batch % dp:
-                continue
-            per_rank = global_batch // dp
-            for mbs in divisors(per_rank):
-                if mbs <= max_micro_batch:
-                    rows.append((dp, tp, pp, mbs))
+        # Context parallelism is searched for long sequences (>= 16K tokens) or when pinned.
+        cps = [1]
+        if mp and ("cp" in fixed or s >= 16384):
+            cps = [c for c in divisors(devices // tp) if s % (2 * c) == 0 and c <= 32]
+        for cp in cps:
+            for pp in divisors(devices // (tp * cp)) if mp else [1]:
+                if pp > cost.n_layers:
+                    continue
+                dp = devices // (tp * pp * cp)
+                if dp > global_batch or global_batch % dp:
+                    continue
+                eps = [1]
+                if cost.n_experts:
+                    eps = [e for e in divisors(dp * cp) if cost.n_experts % e == 0]
+                per_rank = global_batch // dp
+                for mbs in divisors(per_rank):
+                    if mbs <= max_micro_batch:
+                        rows.extend((dp, tp, pp, mbs, cp, e) for e in eps)
     if not rows:
         return {k: np.zeros(0, dtype=np.int64) for k in KNOBS}
     base = np.array(rows, dtype=np.int64)
@@ -84,6 +95,8 @@ def enumerate_layouts(
         "tp": b[:, 1],
         "pp": b[:, 2],
         "mbs": b[:, 3],
+        "cp": b[:, 4],
+        "ep": b[:, 5],
         "zero": o[:, 0],
         "rc": o[:, 1],
         "sp": o[:, 2],
@@ -91,7 +104,7 @@ def enumerate_layouts(
         "v": o[:, 4],
     }
     m = global_batch // (lay["dp"] * lay["mbs"])
-    ok = (lay["dp"] > 1) | (lay["zero"] == 0)  # a ZeRO stage over one rank changes nothing
+    ok = (lay["dp"] * lay["cp"] > 1) | (lay["zero"] == 0)  # ZeRO over one rank: no change
     ok &= (lay["tp"] > 1) | (lay["sp"] == 0)
     ok &= (lay["off"] < 2) | (lay["zero"] == 3)
     if not offload:
@@ -108,8 +121,9 @@ def enumerate_layouts(
     # Hybrid sharding, added only where it differs from full sharding: a ZeRO stage and a
     # data-parallel group with ranks both inside the node and across nodes.
     g = devices_per_node
-    dp_in = np.where(lay["tp"] < g, np.minimum(np.maximum(g // lay["tp"], 1), lay["dp"]), 1)
-    hybrid = (lay["zero"] >= 1) & (dp_in > 1) & (lay["dp"] > dp_in)
+    dpc = lay["dp"] * lay["cp"]
+    dp_in = np.where(lay["tp"] < g, np.minimum(np.maximum(g // lay["tp"], 1), dpc), 1)
+    hybrid = (lay["zero"] >= 1) & (dp_in > 1) & (dpc > dp_in)
     pin = fixed.get("hs")
     plain = {k: v for k, v in lay.items()} if pin != 1 else {k: v[:0] for k, v in lay.items()}
     extra = {k: v[hybrid] for k, v in lay.items()} if pin != 0 else {k: v[:0] for k, v in lay.items()}
