@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sextant.planner.comms import STRATEGY_ZERO_STAGE as ZERO_STAGE
 from sextant.planner.comms import dp_bytes_sent, dp_collectives
 
-# sextant's strategies as ZeRO stages; the backends reduce once per step under accumulation
-# (no_sync / set_requires_gradient_sync(False)): the "torch-no-sync" schedule.
-ZERO_STAGE = {"dp": 0, "dp-manual": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
+# The backends reduce once per step under accumulation (no_sync /
+# set_requires_gradient_sync(False)): the "torch-no-sync" schedule.
 SCHEDULE = "torch-no-sync"
 
 

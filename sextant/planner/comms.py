@@ -166,6 +166,17 @@ def p2p(m, bw, lat, call=0.0):
 # the planner's memory-minimal ZeRO-2/3 (whose sharded gradients cannot wait for the last
 # micro-batch). Both now read this table with their own schedule.
 DP_SCHEDULES = ("zero", "torch", "torch-no-sync")
+STRATEGY_ZERO_STAGE = {
+    "dp": 0,
+    "dp-manual": 0,
+    "ddp": 0,
+    "zero1": 1,
+    "zero2": 2,
+    "zero3": 3,
+    "fsdp": 3,
+}
+"""sextant's data-parallel strategies as ZeRO stages (the one mapping: measured bytes,
+local predictions)."""
 
 
 def dp_collectives(zero, microbatches, schedule: str = "zero") -> dict[str, np.ndarray]:

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
+from sextant.planner.comms import STRATEGY_ZERO_STAGE
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.models import MLPShape, TransformerShape, shape_from_workload
 
 DEFAULT_EFFICIENCY = 0.5
 """Compute efficiency assumed when no single-process run is there to fit it."""
 FIXED_OVERHEAD_GB = 0.3
-ZERO_STAGE = {"dp": 0, "dp-manual": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+ZERO_STAGE = STRATEGY_ZERO_STAGE
 """sextant's parallel strategies as the planner's ZeRO stage of a data-parallel layout."""
 
 

@@ -224,7 +224,10 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     doc["training"] = _training(req, cat, acc.key, ev, tokens_step)
     if req.curve:
         started = time.perf_counter()
-        points = scaling_curve(cost, hw, opts, req.devices, fixed=knobs)
+        same_pins = not any(k in knobs for k in ("dp", "pp", "tp", "cp"))
+        points = scaling_curve(
+            cost, hw, opts, req.devices, fixed=knobs, known=result if same_pins else None
+        )
         doc["scaling"] = [
             {
                 "devices": p.devices,

@@ -231,9 +231,11 @@ def scaling_curve(
     max_devices: int,
     *,
     fixed: dict[str, int] | None = None,
+    known: SearchResult | None = None,
 ) -> list[ScalePoint]:
     """Best layout at 1, 2, 4, ... devices up to max_devices (strong scaling: the global batch
-    stays fixed). Speed-up and efficiency are relative to the smallest count that fits."""
+    stays fixed). Speed-up and efficiency are relative to the smallest count that fits.
+    `known`: a search already done at max_devices with the same pins (reused)."""
     counts = []
     n = 1
     while n < max_devices:
@@ -243,8 +245,11 @@ def scaling_curve(
     points: list[ScalePoint] = []
     ref: tuple[int, float] | None = None
     for n in counts:
-        pinned = {k: v for k, v in (fixed or {}).items() if k not in ("dp", "pp", "tp")}
-        result = search(cost, hw, opts, n, fixed=pinned)
+        pinned = {k: v for k, v in (fixed or {}).items() if k not in ("dp", "pp", "tp", "cp")}
+        if known is not None and n == known.devices:
+            result = known
+        else:
+            result = search(cost, hw, opts, n, fixed=pinned)
         best = result.best()
         if best is None:
             points.append(
