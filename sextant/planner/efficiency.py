@@ -23,10 +23,11 @@ the backward pass, once more per recomputed forward. Its cost per FLOP is propor
 1 / hidden size, which is why wide models run closer to peak.
 
 Two constants are not first principles and are stated here with how they were set:
-KERNEL_EFFICIENCY, the fraction of dense peak a large tensor-core GEMM and the fused attention
-kernels sustain in training, and ELEMENTWISE_PASSES. Both were chosen once, together, so that
-the smallest and the largest rows of Megatron-LM's Table 1 (1.7B and 1T parameters, both on
-A100) come out right; every other published point in docs/validation.md is a prediction.
+KERNEL_EFFICIENCY, the fraction of dense peak the tensor-core GEMMs and fused attention
+kernels sustain in training, and ELEMENTWISE_PASSES. They are global (one value for every
+model, accelerator and layout) and were chosen once, together, from a coarse grid
+(0.68 / 0.75 / 0.8 x 1.5 / 2.5 / 3.5) by how many end-to-end rows of the whole published
+table in docs/validation.md land within 10 %; no row has a constant of its own.
 `--kernel-efficiency` overrides the first; `--mfu` instead asks for the end-to-end model FLOP
 utilisation of the plan and solves for the kernel efficiency that gives it (solve_for_mfu).
 
