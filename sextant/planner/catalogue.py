@@ -227,7 +227,9 @@ def read_toml(path: Path, what: str = "catalogue") -> dict[str, Any]:
     except FileNotFoundError:
         raise UserError(f"{what} file not found: {path}") from None
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text (byte {exc.start}): expected a TOML file") from None
+        raise UserError(
+            f"{path} is not UTF-8 text (byte {exc.start}): expected a TOML file"
+        ) from None
     except OSError as exc:
         raise UserError(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
     try:

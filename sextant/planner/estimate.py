@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.planner import comms, efficiency
+from sextant.planner import comms, efficiency, memory
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
-from sextant.planner import memory
 from sextant.planner.models import ModelCost
 
 RECOMPUTE = ("none", "selective", "full")
@@ -441,8 +440,8 @@ def _evaluate(
     m = batch / (dp * mbs)  # micro-batches per step per pipeline
     tok_mb = mbs * s
     tok_dev = tok_mb / cp  # tokens of one micro-batch on one device (context parallelism)
-    full_rc, sel_rc, no_rc = rc == 2, rc == 1, rc == 0
-    z1, z2, z3 = zero >= 1, zero >= 2, zero >= 3
+    full_rc, sel_rc = rc == 2, rc == 1
+    z1, z3 = zero >= 1, zero >= 3
 
     # --- parameters per device, first and last pipeline stage -------------------------------
     L = float(cost.n_layers)
@@ -487,7 +486,8 @@ def _evaluate(
         psi_e = np.where(multi, lps, L) * cost.expert_params / (ep * tp)
         share_e = psi_e / np.maximum(psi_first, 1.0)
         coef = {k: coef[k] * (1.0 - share_e) + coef_e[k] * share_e for k in coef}
-    c_params, c_grads, c_opt, c_host = coef["params"], coef["grads"], coef["optimizer"], coef["host"]
+    c_params, c_grads = coef["params"], coef["grads"]
+    c_opt, c_host = coef["optimizer"], coef["host"]
     c_states = c_params + c_grads + c_opt
     # Parameters gathered whole for compute (ZeRO-3 / FSDP units) and DDP bucket copies.
     gather = memory.transient_param_bytes(

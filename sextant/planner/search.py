@@ -125,8 +125,9 @@ def enumerate_layouts(
     dp_in = np.where(lay["tp"] < g, np.minimum(np.maximum(g // lay["tp"], 1), dpc), 1)
     hybrid = (lay["zero"] >= 1) & (dp_in > 1) & (dpc > dp_in)
     pin = fixed.get("hs")
-    plain = {k: v for k, v in lay.items()} if pin != 1 else {k: v[:0] for k, v in lay.items()}
-    extra = {k: v[hybrid] for k, v in lay.items()} if pin != 0 else {k: v[:0] for k, v in lay.items()}
+    none = {k: v[:0] for k, v in lay.items()}
+    plain = lay if pin != 1 else none
+    extra = {k: v[hybrid] for k, v in lay.items()} if pin != 0 else none
     out = {k: np.concatenate([plain[k], extra[k]]) for k in lay}
     out["hs"] = np.concatenate(
         [np.zeros(len(plain["dp"]), dtype=np.int64), np.ones(len(extra["dp"]), dtype=np.int64)]

@@ -9,7 +9,13 @@ import pytest
 from sextant.cli import main
 from sextant.errors import UserError
 from sextant.planner.catalogue import load_catalogue
-from sextant.planner.estimate import Layout, PlanOptions, check_layout, evaluate_one, resolve_hardware
+from sextant.planner.estimate import (
+    Layout,
+    PlanOptions,
+    check_layout,
+    evaluate_one,
+    resolve_hardware,
+)
 from sextant.planner.models import TransformerShape, preset
 
 
