@@ -203,8 +203,8 @@ def preflight(workload: Any, strategy: Any) -> list[str]:
     root = Path(strategy.checkpoint_dir)
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
-        raise UserError(f"--resume: checkpoint directory {root} {what}. Received: "
-                        f"--checkpoint-dir {strategy.checkpoint_dir}")
+        raise CheckpointRefused(f"--resume: checkpoint directory {root} {what} "
+                                "(check --checkpoint-dir)")
     step, _, refusals = latest_valid(root, state_hash=workload.state_hash(),
                                      trust=strategy.trust_checkpoint)
     foreign = [r for r in refusals if FOREIGN_WORKLOAD in r]

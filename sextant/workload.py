@@ -134,8 +134,7 @@ class OptimizerSpec:
             if not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
                 raise UserError(f"optimizer.{name} must be in [0, 1). Received: {value!r}")
         _positive_float("optimizer.eps", self.eps)
-        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay)
-                and self.weight_decay >= 0):
+        if not (_finite_number(self.weight_decay) and self.weight_decay >= 0):
             raise UserError(
                 f"optimizer.weight_decay must be a number >= 0. Received: {self.weight_decay!r}"
             )
@@ -350,14 +349,20 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _finite_number(value: Any) -> bool:
+    """An int or float that is a finite float (an integer beyond 1.8e308 is not: it cannot
+    reach a framework as a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _positive_float(name: str, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise UserError(f"{name} must be a number > 0. Received: {value!r}")
+    if not _finite_number(value) or value <= 0:
+        raise UserError(f"{name} must be a number > 0. Received: {_short(value)}")
 
 
 BUNDLED_DIR = Path(__file__).parent / "workloads"

@@ -11,8 +11,11 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import sqlite3
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,6 +187,14 @@ def test_resume_refusals_are_one_line(tmp_path: Path, saved: Path) -> None:
     assert not (tmp_path / "runs").exists()  # nothing was launched
 
 
+def test_resume_before_the_first_save_starts_at_zero_with_a_warning(tmp_path: Path) -> None:
+    """A job killed before its first checkpoint, restarted with --resume (a requeue)."""
+    (tmp_path / "step-00000002.partial").mkdir()
+    strategy = torch_single(checkpoint_dir=str(tmp_path), resume=True)
+    assert ckpt.preflight(short("digits-mlp", STEPS), strategy) == [
+        f"--resume: no checkpoint in {tmp_path} yet: training starts at step 0"]
+
+
 def sealed(root: Path, step: int, files: dict[str, bytes]) -> Path:
     partial = ckpt.partial_dir(root, step)
     partial.mkdir(parents=True)
@@ -315,6 +326,29 @@ def test_locked_database_keeps_the_run(tmp_path: Path) -> None:
         assert [r["label"] for r in reopened.runs()] == [record["label"]]
 
 
+def test_kill_during_the_results_write_keeps_the_store(tmp_path: Path) -> None:
+    """A process SIGKILLed as it commits a run: the store opens, holds no half row, and takes
+    the next run (SQLite's journal rolls the transaction back)."""
+    db = tmp_path / "x.db"
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(finished_record(tmp_path)))
+    child = f"""
+import json, os, signal
+from sextant.results.store import ResultsStore
+store = ResultsStore({str(db)!r})
+store._conn.set_trace_callback(
+    lambda sql: os.kill(os.getpid(), signal.SIGKILL) if sql.startswith("COMMIT") else None)
+store.add(json.load(open({str(record)!r})))
+"""
+    proc = subprocess.run([sys.executable, "-c", child], timeout=TIMEOUT, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with ResultsStore(db) as store:
+        assert store.runs() == []
+        assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        store.add(json.loads(record.read_text()))
+        assert len(store.runs()) == 1
+
+
 def test_nan_metrics_export_as_valid_json(tmp_path: Path) -> None:
     record = finished_record(tmp_path)
     record["metrics"]["exposed_comm_share"] = float("nan")
@@ -346,6 +380,48 @@ def test_bad_paths_and_values(tmp_path: Path, args: list[str], fragment: str) ->
     ResultsStore(tmp_path / "x.db").close()
     args = [a.format(tmp=tmp_path) for a in args] + ["--db", str(tmp_path / "x.db")]
     assert_one_line_error(run_cli(*args, timeout=TIMEOUT), fragment.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize(("table", "changes", "fragment"), [
+    ("model", {"seq_len": 500_000}, "model.seq_len must be at most 65536"),  # corpus: 466,273
+    ("", {"steps": 10**12}, "steps must be at most 10000000"),
+    ("", {"global_batch": 10**9}, "global_batch must be at most 1048576"),
+    ("model", {"d_model": 2**20}, "model.d_model must be at most 65536"),
+    ("model", {"n_layers": 10**6}, "model.n_layers must be at most 1024"),
+])
+def test_values_that_used_to_fail_inside_a_worker(table: str, changes: dict, fragment: str
+                                                  ) -> None:
+    from sextant.workload import resolve_workload, workload_from_dict
+
+    raw = resolve_workload("gpt-tiny").to_dict()
+    (raw[table] if table else raw).update(changes)
+    with pytest.raises(UserError, match=fragment):
+        workload_from_dict(raw)
+
+
+@pytest.mark.parametrize(("changes", "fragment"), [
+    ({"input_dim": 32}, "model.input_dim must be 64 for the digits dataset"),
+    ({"num_classes": 5}, "model.num_classes must be 10 for the digits dataset"),
+])
+def test_mlp_must_match_the_digits(changes: dict, fragment: str) -> None:
+    from sextant.workload import workload_from_dict
+
+    raw = short("digits-mlp", STEPS).to_dict()
+    raw["model"].update(changes)
+    with pytest.raises(UserError, match=fragment):
+        workload_from_dict(raw)
+
+
+def test_profile_price_that_overflows_is_refused() -> None:
+    """A price of 1e308 made every cost infinite and the scores NaN."""
+    import tomllib
+
+    from sextant.advisor.profile import parse_profile
+
+    raw = tomllib.loads((Path(__file__).parents[1] / "examples" / "profiles"
+                         / "startup-nvidia-pytorch.toml").read_text())
+    with pytest.raises(UserError, match="gpu_price_per_hour must be at most 1e\\+06"):
+        parse_profile({**raw, "gpu_price_per_hour": 1e308})
 
 
 def test_reproduce_command_names_the_workload_file() -> None:

@@ -29,6 +29,8 @@ SENSITIVITY_INPUTS = (
 )
 """Inputs the sensitivity line moves, one at a time: (profile key, label)."""
 _PLURAL = {"training_hours"}
+MIN_TCO_USD = 1.0
+"""Costs below a dollar count as a dollar in the cost penalty (they differ by noise only)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -458,10 +460,13 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
             reasons[candidate].append((rules.deadline_id, -rules.deadline_penalty,
                                        RULE_OF_THUMB))
 
-    cheapest = min(cost.total_usd for cost in costs.values())
+    # Floored at MIN_TCO_USD: a near-zero cost (a tiny model and an expert team) made the
+    # ratio overflow and the scores NaN.
+    cheapest = max(min(cost.total_usd for cost in costs.values()), MIN_TCO_USD)
     k = rules.points_per_tco_doubling
     base = {c: fit[c] - penalty[c] for c in usable}
-    cost_penalty = {c: k * math.log2(costs[c].total_usd / cheapest) for c in usable}
+    cost_penalty = {c: k * math.log2(max(costs[c].total_usd, MIN_TCO_USD) / cheapest)
+                    for c in usable}
     score = {c: base[c] - cost_penalty[c] for c in usable}
     # Ties: cheaper first, then the fixed candidate order, so equal inputs rank identically.
     order = sorted(usable, key=lambda c: (-score[c], costs[c].total_usd, CANDIDATES.index(c)))

@@ -40,7 +40,7 @@ def _check_positive(name: str, value: Any, *, integer: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, kinds):
         kind = "an integer" if integer else "a number"
         raise UserError(f"{name} must be {kind} > 0. Received: {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
         raise UserError(f"{name} must be > 0. Received: {value!r}")
     most = UPPER_LIMITS.get(name)
     if most is not None and value > most:
