@@ -186,14 +186,22 @@ def dp_collectives(zero, microbatches, schedule: str = "zero") -> dict[str, np.n
         raise ValueError(f"unknown data-parallel schedule {schedule!r}")
     zero = np.asarray(zero)
     m = np.asarray(microbatches, dtype=np.float64)
-    one = np.ones_like(m * zero, dtype=np.float64)
-    reduce_each = m if schedule != "torch-no-sync" else one
-    zero1_ar = schedule != "zero"
-    ar = np.where(zero == 0, one, np.where(zero == 1, one if zero1_ar else 0.0, 0.0))
-    rs = np.select([zero == 0, zero == 1], [0.0 * one, 0.0 if zero1_ar else one], reduce_each)
-    ag_z2 = one if schedule == "zero" else m * one
-    ag = np.select([zero == 0, zero == 1, zero == 2], [0.0 * one, one, ag_z2], 2.0 * m * one)
-    return {"all_reduce": ar * one, "reduce_scatter": rs * one, "all_gather": ag * one}
+    z0 = (zero == 0).astype(np.float64)
+    z1 = (zero == 1).astype(np.float64)
+    z2 = (zero == 2).astype(np.float64)
+    z3 = (zero >= 3).astype(np.float64)
+    reduce_each = m if schedule != "torch-no-sync" else 1.0
+    if schedule == "zero":
+        ar, rs, ag_z2 = z0, z1 + (z2 + z3) * m, 1.0
+    else:
+        ar, rs, ag_z2 = z0 + z1, (z2 + z3) * reduce_each, m
+    ag = z1 + z2 * ag_z2 + z3 * 2.0 * m
+    shape = np.broadcast(zero, m).shape
+    return {
+        "all_reduce": np.broadcast_to(ar, shape) * 1.0,
+        "reduce_scatter": np.broadcast_to(rs, shape) * 1.0,
+        "all_gather": np.broadcast_to(ag, shape) * 1.0,
+    }
 
 
 def dp_bytes_sent(zero, n, grad_payload, param_payload, microbatches=1, schedule="zero"):

@@ -616,14 +616,17 @@ def _evaluate(
     # micro-batch the K and V blocks go round the cp ranks forward, again backward with the
     # gradients (dK, dV): 3 passes (+1 with full recomputation) of (cp - 1) steps each,
     # hidden behind the attention core's compute as far as it lasts.
-    kv_block = tok_dev * (2.0 * cost.n_kv_heads * cost.hidden / cost.n_heads) * act_bytes
-    cp_bw = np.where(cp > cp_in, inter[0], intra[0])
-    cp_lat = np.where(cp > cp_in, inter[1], intra[1])
-    ring_pass = (cp - 1.0) * (kv_block / cp_bw + cp_lat)
-    t_cp_all = m * lps * (3.0 + full_rc) * ring_pass
-    attn_tok = cost.attention_flops_per_token * (1.0 + full_rc / 3.0)
-    t_attention = tokens_step * attn_tok / (n * opts.compute_efficiency * peak)
-    t_cp = np.where(cp > 1, np.maximum(t_cp_all - t_attention, 0.0), 0.0)
+    if np.any(cp > 1):
+        kv_block = tok_dev * (2.0 * cost.n_kv_heads * cost.hidden / cost.n_heads) * act_bytes
+        cp_bw = np.where(cp > cp_in, inter[0], intra[0])
+        cp_lat = np.where(cp > cp_in, inter[1], intra[1])
+        ring_pass = (cp - 1.0) * (kv_block / cp_bw + cp_lat)
+        t_cp_all = m * lps * (3.0 + full_rc) * ring_pass
+        attn_tok = cost.attention_flops_per_token * (1.0 + full_rc / 3.0)
+        t_attention = tokens_step * attn_tok / (n * opts.compute_efficiency * peak)
+        t_cp = np.where(cp > 1, np.maximum(t_cp_all - t_attention, 0.0), 0.0)
+    else:
+        t_cp = np.zeros_like(n)
 
     # Expert parallelism: per MoE layer and micro-batch, dispatch and combine all-to-alls
     # forward and backward (4; 6 with full recomputation) of the routed tokens, padded to
@@ -651,12 +654,14 @@ def _evaluate(
     units = np.where(z3, lps, 1.0)
     # HSDP: the sharded collectives stay inside the node; each gradient reduction adds an
     # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
-    s_in = np.where(hs, dp_in, dp_in)
+    s_in = dp_in
     s_out = np.where(hs, 1.0, dp_out)
     rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
     ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
-    replicas = np.where(
-        hs, comms.all_reduce(grad_b / dp_in, dp_out, inter[0], inter[1], inter[2]), 0.0
+    replicas = (
+        np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, inter[0], inter[1], inter[2]), 0.0)
+        if np.any(hs)
+        else 0.0
     )
     t_dp = (
         counts["all_reduce"] * ar
