@@ -375,9 +375,12 @@ def test_nan_metrics_export_as_valid_json(tmp_path: Path) -> None:
     (["runs", "export", "--out", "{tmp}"], "cannot write {tmp}: it is a directory"),
     (["runs", "export", "--out", "/proc/none/x.csv"], "cannot write /proc/none/x.csv"),
     (["run", "--workload", "{tmp}"], "workload file {tmp} is a directory, not a file"),
+    (["report", "--calibration", "{tmp}/latin1.json"],
+     "--calibration {tmp}/latin1.json: not a UTF-8 text file"),
 ])
 def test_bad_paths_and_values(tmp_path: Path, args: list[str], fragment: str) -> None:
     ResultsStore(tmp_path / "x.db").close()
+    (tmp_path / "latin1.json").write_bytes(b'{"name": "\xe9"}')
     args = [a.format(tmp=tmp_path) for a in args] + ["--db", str(tmp_path / "x.db")]
     assert_one_line_error(run_cli(*args, timeout=TIMEOUT), fragment.format(tmp=tmp_path))
 

@@ -44,6 +44,19 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_report)
 
 
+def require_text_file(path: Path, flag: str) -> None:
+    """A one-line error, not a traceback, for a path that is not a readable UTF-8 file."""
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "no such file"
+        raise UserError(f"{flag} {path}: {what}")
+    try:
+        path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{flag} {path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: {exc.strerror}") from None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sextant.report.html import report_text, write_report
 
@@ -57,6 +70,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                         "'sextant advise --init' or use examples/profiles/*.toml")
     if args.plan is not None and args.profile is None:
         raise UserError("--plan gives the advisor's training hours: it needs --profile FILE")
+    if args.calibration is not None:
+        require_text_file(args.calibration, "--calibration")
     options = {"group_id": args.group, "fmt": fmt, "profile": args.profile,
                "calibration": args.calibration, "plan": args.plan}
     with open_store(args, create=False) as store:
