@@ -374,6 +374,28 @@ def _references() -> list[Reference]:
                 "--network ethernet-400g --tp 8 --pp 16",
             )
         )
+    long_405b = TransformerShape(
+        **{
+            **{k: getattr(preset("llama3-405b"), k) for k in TransformerShape.__slots__},
+            "seq_len": 131072,
+            "global_batch": 128,
+        }
+    )
+    refs.append(
+        Reference(
+            id="llama3-405b-mfu-16384-cp16",
+            source="Llama Team 2024 (Llama 3), Table 4 (and Balaji, SC'24)",
+            quantity="BF16 MFU of 405B on 16384 H100 at 131,072 tokens (TP 8, CP 16, PP 16, DP 8)",
+            unit="MFU",
+            published=0.38,
+            planner=lambda: _best(
+                long_405b, 16384, "h100-sxm", "ethernet-400g",
+                fixed={"tp": 8, "pp": 16, "cp": 16},
+            )["mfu"],
+            setting="the llama3-405b preset at sequence 131,072, 16M tokens per batch (128 "
+            "sequences), ethernet-400g; TP, CP and PP as published, the rest searched",
+        )
+    )
     for key, published in (("mfu", 0.462), ("hfu", 0.578)):
         refs.append(
             Reference(
