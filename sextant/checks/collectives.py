@@ -13,6 +13,7 @@ size; an all-gather's size is the gathered total (each of the n ranks contribute
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
-from sextant.launch.hosts import Placement, single_host
+from sextant.launch.hosts import Placement, private_loopback
 from sextant.launch.local import free_port
 from sextant.launch.ranks import run_rank_processes
 from sextant.measure.collectives import time_collective
@@ -39,7 +40,14 @@ def measure_collective(op: str, *, world: int = 2, max_bytes: int = 64 * 2**20,
         raise UserError(f"unknown collective {op!r}; allowed: {', '.join(OPS)}")
     if importlib.util.find_spec("torch") is None:
         raise UserError(f"the {op} measurement needs PyTorch: pip install 'sextant[torch]'")
-    placement = placement or single_host(world)
+    with contextlib.ExitStack() as stack:
+        if placement is None:
+            placement = stack.enter_context(private_loopback(world))
+        return _measure(op, world, placement, min_bytes, max_bytes, timeout)
+
+
+def _measure(op: str, world: int, placement: Placement, min_bytes: int, max_bytes: int,
+             timeout: float) -> dict[str, Any]:
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size)

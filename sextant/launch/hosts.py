@@ -8,11 +8,22 @@ host's address only: loopback on one machine, the cluster interface across hosts
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from sextant.errors import UserError
 
 LOOPBACK = "127.0.0.1"
+PRIVATE_PREFIX = "sextant-run-"
+"""Network namespaces of single-host runs: sextant-run-<launcher pid>-<n>."""
+NETNS_DIR = Path("/run/netns")
+NETNS_ETC = Path("/etc/netns")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +82,55 @@ class Placement:
 def single_host(world: int) -> Placement:
     return Placement(hosts=(HostSlot(name="localhost", address=LOOPBACK),),
                      rank_host=(0,) * world)
+
+
+@contextlib.contextmanager
+def private_loopback(world: int) -> Iterator[Placement]:
+    """A single-host placement whose ranks run in a network namespace of their own that has
+    only a loopback interface, so no rendezvous or collective listener of any framework
+    (torch's TCPStore and gloo, JAX's gloo, TensorFlow's gRPC servers all bind the wildcard
+    or the hostname's address by default) can be reached from the network while the run
+    lasts. The hostname resolves to loopback inside it. Needs root and iproute2; elsewhere
+    the ranks run in this machine's namespace, bound to loopback where the framework allows
+    (see docs/reliability.md)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        yield single_host(world)
+        return
+    _remove_stale()
+    name = f"{PRIVATE_PREFIX}{os.getpid()}-{next(_COUNTER)}"
+    made = subprocess.run(["ip", "netns", "add", name], check=False, capture_output=True,
+                          timeout=20).returncode == 0
+    try:
+        if not made or subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo",
+                                       "up"], check=False, capture_output=True,
+                                      timeout=20).returncode != 0:
+            yield single_host(world)
+            return
+        hosts = NETNS_ETC / name / "hosts"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(f"127.0.0.1\tlocalhost {socket.gethostname()}\n")
+        yield Placement(hosts=(HostSlot(name="localhost", address=LOOPBACK,
+                                        prefix=("ip", "netns", "exec", name)),),
+                        rank_host=(0,) * world)
+    finally:
+        if made:
+            _delete(name)
+
+
+def _delete(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=20)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+
+
+def _remove_stale() -> None:
+    """Namespaces left by launchers that were SIGKILLed (their pid is gone)."""
+    for path in NETNS_DIR.glob(f"{PRIVATE_PREFIX}*"):
+        pid = path.name[len(PRIVATE_PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _delete(path.name)
+
+
+_COUNTER = iter(range(1, 1 << 62))
 
 
 def blocks(world: int, hosts: int) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ outlives the timeout stops the whole run with an error that names its rank.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from typing import Any
 
 from sextant.errors import RunFailed
 from sextant.fsutil import atomic_write_json
-from sextant.launch.hosts import on_emulated_cluster, single_host
+from sextant.launch.hosts import Placement, on_emulated_cluster, private_loopback
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -136,8 +137,19 @@ def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     layout = process_layout(get_backend(strategy.framework), strategy)
     world = len(layout.roles)
-    placement = (on_emulated_cluster(cluster, world) if cluster is not None
-                 else single_host(world))
+    with contextlib.ExitStack() as stack:
+        placement = (on_emulated_cluster(cluster, world) if cluster is not None
+                     else stack.enter_context(private_loopback(world)))
+        return _launch(workload, strategy, run_dir, layout, placement, timeout_s=timeout_s,
+                       collective_timeout_s=collective_timeout_s, on_event=on_event,
+                       extra_env=extra_env)
+
+
+def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
+            placement: Placement, *, timeout_s: float, collective_timeout_s: float,
+            on_event: EventHandler | None, extra_env: dict[str, str] | None
+            ) -> list[dict[str, Any]]:
+    world = len(layout.roles)
     threads = strategy.threads or default_threads(len(layout.primary))
     ports = sorted({free_port() for _ in range(world + 1)})
     while len(ports) < world + 1:
