@@ -84,3 +84,14 @@ def test_content_hash_ignores_formatting_and_description(tmp_path: Path) -> None
     b = load_workload(write(tmp_path, reordered))
     assert a.content_hash() == b.content_hash()
     assert a.content_hash() != a.replace(seed=1).content_hash()
+
+
+def test_dataset_facts_match_the_bundled_files() -> None:
+    """workload.DATASET_FACTS (what validation checks against) is what the files hold."""
+    from sextant.data import digits, text_tokens
+    from sextant.workload import DATASET_FACTS
+
+    features, labels = digits()
+    assert DATASET_FACTS["digits"] == {"samples": labels.size, "input_dim": features.shape[1],
+                                       "num_classes": int(labels.max()) + 1}
+    assert DATASET_FACTS["python-reference"] == {"tokens": text_tokens("python-reference").size}
