@@ -95,8 +95,10 @@ def _describe_exit(code: int) -> str:
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
 
 
-def _last_error_line(run_dir: Path, rank: int) -> str:
-    """The exception line of a rank's traceback (frameworks append notes after it)."""
+def _last_error_line(run_dir: Path, rank: int, *, killed: bool = False) -> str:
+    """The exception line of a rank's traceback (frameworks append notes after it). A rank
+    killed by a signal wrote no traceback: its last stderr line would be some earlier,
+    unrelated warning, so only an exception line is quoted then."""
     for name in (f"rank{rank}.error.txt", f"rank{rank}.stderr.log"):
         path = run_dir / name
         if path.exists():
@@ -105,8 +107,10 @@ def _last_error_line(run_dir: Path, rank: int) -> str:
             exceptions = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
             if exceptions:
                 return exceptions[-1][:500]
-            if lines:
+            if lines and not killed:
                 return lines[-1][:500]
+    if killed:
+        return "no error output (a rank killed by a signal: out of memory, or killed from outside)"
     return "no error output"
 
 
@@ -213,7 +217,7 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
                 where = f" on {placement.host_of(rank).name}" if placement.multi_host else ""
                 raise RunFailed(
                     f"{strategy.label}: rank {rank}{role}{where} {_describe_exit(code)}: "
-                    f"{_last_error_line(run_dir, rank)} (logs: {run_dir})"
+                    f"{_last_error_line(run_dir, rank, killed=code < 0)} (logs: {run_dir})"
                 )
             if all(codes[r] == 0 for r in layout.primary):
                 break
