@@ -459,7 +459,8 @@ def _evaluate(
         single,
     )
 
-    # Ranks are placed tensor-parallel first, then data-parallel, then pipeline (Megatron-LM).
+    # Ranks are placed tensor-parallel first, then context- and data-parallel, then pipeline
+    # (Megatron-LM's order).
     tp_in = np.minimum(tp, g)
     tp_out = np.ceil(tp / g)
     # The data-parallel reduction group is dp x cp (context-parallel ranks hold the same
@@ -491,7 +492,7 @@ def _evaluate(
     c_states = c_params + c_grads + c_opt
     # Parameters gathered whole for compute (ZeRO-3 / FSDP units) and DDP bucket copies.
     gather = memory.transient_param_bytes(
-        cost.layer_params / tp, lps, zero, precision=opts.precision,
+        layer_local / tp, lps, zero, precision=opts.precision,
         memory_model=opts.memory_model, largest_module_params=cost.largest_module_params / tp,
     )
 
