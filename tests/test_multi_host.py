@@ -195,3 +195,22 @@ def test_a_host_that_never_joins_fails_the_run_within_the_timeout(
                 collective_timeout_s=5, timeout_s=120,
                 extra_env={"SEXTANT_TEST_FAULT": "no-rendezvous-rank-1"})
     assert time.monotonic() - start < 45
+
+
+@needs_torch
+def test_the_interconnect_check_measures_the_link_between_hosts() -> None:
+    """On a 1 Gbit/s link the all-reduce bus bandwidth between the hosts nears the link rate
+    and the check warns against the 10 Gb/s rule; on loopback it would pass."""
+    from sextant.checks import analyse
+    from sextant.checks.suite import measure_interconnect
+
+    name = _name("i")
+    emulated.up(name, 2, emulated.Link(rate_bit_s=1e9))
+    try:
+        measured = measure_interconnect(2, max_bytes=16 * 2**20, timeout=120, cluster=name)
+    finally:
+        emulated.down(name)
+    result = analyse.check_interconnect(measured, threshold_gbps=10.0)
+    assert result.status == analyse.WARN
+    assert 0.5 < result.measured <= 1.05  # Gb/s of bus bandwidth on a 1 Gbit/s link
+    assert f"2 hosts of cluster {name}" in result.summary
