@@ -151,6 +151,13 @@ def register(subparsers: Any) -> None:
         help="runtime memory per device before tensors (default 1 GB; 0.3 on cpu-local)",
     )
     asm.add_argument(
+        "--stages",
+        choices=("balanced", "even"),
+        default="balanced",
+        help="pipeline layer split: balanced (the last stage gives up layers for the output "
+        "projection, current stacks; default) or even (ceil(L/p) layers per stage, 2021-era)",
+    )
+    asm.add_argument(
         "--no-flash-attention",
         action="store_true",
         help="store attention scores (2021-era stacks, Korthikanti's 5as term)",
@@ -311,6 +318,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         ),
         target_mfu=args.mfu,
         memory_model=args.memory_model,
+        balanced_stages=args.stages == "balanced",
         fp8=args.fp8,
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,

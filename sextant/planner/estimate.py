@@ -94,6 +94,11 @@ class PlanOptions:
     """Nodes under one leaf switch (rail group); None: the whole cluster is non-blocking."""
     host_memory_gb: float | None = None
     """Host RAM per node; a layout whose offloaded bytes per node exceed it does not fit."""
+    balanced_stages: bool = True
+    """Pipeline stages split unevenly so that the last stage's layers plus the output
+    projection match the others (current Megatron-Core, torchtitan, Llama 3); False: every
+    stage holds ceil(L/p) layers (Megatron-LM 2021-22, Megatron-DeepSpeed), the last one the
+    projection on top."""
     memory_model: str = "zero"
     """What the framework allocates per parameter (memory.MEMORY_MODELS): 'zero' (the ZeRO
     paper's 16 bytes), 'megatron' (distributed optimizer, fp32 main gradients), 'deepspeed'
@@ -537,6 +542,24 @@ def _evaluate(
     )
     hw_flops_tok = cost.model_flops_per_token + extra + cost.padding_flops_per_token
     tokens_step = batch * s
+    # The pipeline runs at its slowest stage: the last holds ceil(L/p) layers and the output
+    # projection (6 V h FLOPs per token), not the average 1/p of the model (Narayanan et al.
+    # 2021 §2.2: every stage processes every micro-batch).
+    # With `balanced_stages` (Megatron-Core's uneven first/last stage, torchtitan, Llama 3
+    # §3.3.2 "one layer fewer on the first and last stages") the last stage gives up layers
+    # so that its layers plus the projection come closest to the others'.
+    if cost.family == "transformer":
+        head_tok = 6.0 * (cost.logits_bytes_per_token / 4.0) * cost.hidden
+        layer_tok = (hw_flops_tok - head_tok) / L
+        slowest = lps * layer_tok + head_tok  # even split: ceil(L/p) layers everywhere
+        if opts.balanced_stages:
+            for k in (lps - 1.0, lps - 2.0):  # layers left on the last stage
+                others = np.ceil((L - np.maximum(k, 0.0)) / np.maximum(pp - 1.0, 1.0))
+                cand = np.maximum(others * layer_tok, np.maximum(k, 0.0) * layer_tok + head_tok)
+                slowest = np.minimum(slowest, cand)
+        stage_share = np.where(multi, slowest * pp / hw_flops_tok, 1.0)
+    else:
+        stage_share = 1.0
     if acc.shared_node:
         peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
     else:
@@ -548,9 +571,9 @@ def _evaluate(
             sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
         )
         rate = (hw_flops_tok - attn_tok) / acc.peak("fp8") + attn_tok / peak
-        t_flops = (tokens_step / opts.compute_efficiency) * rate / n
+        t_flops = (tokens_step / opts.compute_efficiency) * stage_share * rate / n
     else:
-        t_flops = (tokens_step / (opts.compute_efficiency * peak)) * hw_flops_tok / n
+        t_flops = (tokens_step / (opts.compute_efficiency * peak)) * stage_share * hw_flops_tok / n
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
     # and twice backward (+1 forward with full recomputation).
     psi_stage = np.maximum(psi_first, psi_last)

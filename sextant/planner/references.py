@@ -57,7 +57,7 @@ def _megatron_tflops(
 ) -> float:
     """TFLOP/s per GPU as Narayanan et al. count it (eq. 3, which includes the recomputation
     forward pass: F = 96 B s l h^2 (1 + s/6h + V/16lh)) over the planner's step time."""
-    opts = PlanOptions(global_batch=batch, flash_attention=False)
+    opts = PlanOptions(global_batch=batch, flash_attention=False, balanced_stages=False)
     hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
     lay = Layout(
         dp=layout.dp,
@@ -84,11 +84,13 @@ def _best(
     fixed: dict[str, int] | None = None,
     flash: bool = True,
     devices_per_node: int | None = None,
+    balanced_stages: bool = True,
 ) -> dict[str, Any]:
     opts = PlanOptions(
         global_batch=batch or shape.global_batch,
         flash_attention=flash,
         devices_per_node=devices_per_node,
+        balanced_stages=balanced_stages,
     )
     hw = resolve_hardware(_cat(), acc, net, options=opts)
     res = search(shape.cost(flash_attention=flash), hw, opts, devices, fixed=fixed)
@@ -144,7 +146,7 @@ def _gpt530(batch: int) -> TransformerShape:
 
 def _korthikanti_mfu(recompute: str, sp: bool) -> float:
     shape = _gpt530(2240)
-    opts = PlanOptions(global_batch=2240, flash_attention=False)
+    opts = PlanOptions(global_batch=2240, flash_attention=False, balanced_stages=False)
     hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
     lay = Layout(dp=8, tp=8, pp=35, mbs=1, recompute=recompute, sp=sp)
     return evaluate_one(shape.cost(flash_attention=False), hw, opts, lay).figures["mfu"]
@@ -278,7 +280,7 @@ def _references() -> list[Reference]:
                 300e9
                 / _best(
                     _gpt175(), 1024, "a100-80gb", "ib-hdr", batch=1536, flash=False,
-                    fixed={"rc": 2, "sp": 0},
+                    fixed={"rc": 2, "sp": 0}, balanced_stages=False,
                 )["tokens_per_s"]
                 / 86400
             ),
@@ -463,11 +465,12 @@ def _pinned(
     flash: bool = True,
     memory_model: str = "zero",
     nics_per_node: int | None = None,
+    balanced_stages: bool = True,
 ) -> dict[str, Any]:
     """The planner's figures for a published layout (nothing searched)."""
     opts = PlanOptions(
         global_batch=batch, flash_attention=flash, memory_model=memory_model,
-        nics_per_node=nics_per_node,
+        nics_per_node=nics_per_node, balanced_stages=balanced_stages,
     )
     hw = resolve_hardware(_cat(), acc, net, options=opts)
     return evaluate_one(shape.cost(flash_attention=flash), hw, opts, layout).figures
@@ -645,6 +648,7 @@ def _new_references() -> list[Reference]:
                     "ib-hdr",
                     batch=1920,
                     flash=False,
+                    balanced_stages=False,
                 )["step"],
                 setting="full recomputation, micro-batch 1, non-interleaved (not stated); "
                 "V = 51,200 (Megatron's GPT vocabulary)",
@@ -676,7 +680,7 @@ def _bloom_tflops() -> float:
     batch = 2048
     f = _pinned(
         shape, Layout(dp=8, tp=4, pp=12, zero=1, mbs=2, recompute="full"), "a100-80gb",
-        "ethernet-100g", batch=batch, flash=False, nics_per_node=4,
+        "ethernet-100g", batch=batch, flash=False, nics_per_node=4, balanced_stages=False,
     )
     s, layers, h, v = shape.seq_len, shape.n_layers, shape.d_model, shape.vocab_size
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
@@ -686,7 +690,7 @@ def _bloom_tflops() -> float:
 def _step_of_1t() -> float:
     _, heads, hidden, layers, t, p, n, batch, _ = MEGATRON_TABLE1[-1]
     shape = megatron_gpt(n_layers=layers, d_model=hidden, n_heads=heads, global_batch=batch)
-    opts = PlanOptions(global_batch=batch, flash_attention=False)
+    opts = PlanOptions(global_batch=batch, flash_attention=False, balanced_stages=False)
     hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
     lay = Layout(dp=n // (t * p), tp=t, pp=p, recompute="full")
     return evaluate_one(shape.cost(flash_attention=False), hw, opts, lay).figures["step"]

@@ -68,3 +68,21 @@ def test_unreachable_mfu_and_both_flags_are_one_line_errors(capsys):
     assert main([*base, "--mfu", "0.4", "--kernel-efficiency", "0.5"]) == 2
     assert "not both" in capsys.readouterr().err
     assert main([*base, "--mfu", "nan"]) == 2
+
+
+def test_the_pipeline_runs_at_its_slowest_stage():
+    # BLOOM-like: a 250,880-token projection on the last of 12 stages of 70 layers.
+    from sextant.planner.models import TransformerShape
+
+    shape = TransformerShape(name="big-vocab", n_layers=72, d_model=4096, n_heads=32,
+                             n_kv_heads=32, d_ff=16384, vocab_size=250880, seq_len=2048,
+                             global_batch=96)
+    cat = load_catalogue(calibration=None)
+    lay = Layout(dp=1, tp=8, pp=12, mbs=1, recompute="full")
+    steps = {}
+    for balanced in (False, True):
+        opts = PlanOptions(global_batch=96, balanced_stages=balanced)
+        hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
+        steps[balanced] = evaluate_one(shape.cost(), hw, opts, lay).figures["compute_flops_bound"]
+    # Even split: 6 layers + a projection of ~2 layers on the last stage; balanced: 4 + 2.
+    assert steps[False] > 1.25 * steps[True]
