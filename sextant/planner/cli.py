@@ -13,8 +13,6 @@ import sys
 from typing import Any
 
 from sextant.errors import UserError
-from sextant.planner.efficiency import KERNEL_EFFICIENCY
-from sextant.planner.memory import MEMORY_MODELS
 
 EPILOG = """examples:
   sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
@@ -123,12 +121,11 @@ def register(subparsers: Any) -> None:
         "--kernel-efficiency",
         type=float,
         default=None,
-        help="fraction of dense peak the GEMM/attention kernels reach (default "
-        f"{KERNEL_EFFICIENCY}; the old meaning of --mfu)",
+        help="fraction of dense peak the GEMM/attention kernels reach (default: the "
+        "calibrated value of docs/planner.md; the old meaning of --mfu)",
     )
     asm.add_argument(
         "--memory-model",
-        choices=MEMORY_MODELS,
         default="zero",
         help="what the framework allocates: zero (the ZeRO paper's 16 bytes/param, default), "
         "megatron (distributed optimizer, fp32 main grads), deepspeed (its estimators), "
@@ -313,8 +310,10 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         precision=precision,
         optimizer=args.optimizer,
         global_batch=shape.global_batch if args.global_batch is None else args.global_batch,
-        compute_efficiency=(
-            KERNEL_EFFICIENCY if args.kernel_efficiency is None else args.kernel_efficiency
+        **(
+            {}
+            if args.kernel_efficiency is None
+            else {"compute_efficiency": args.kernel_efficiency}
         ),
         target_mfu=args.mfu,
         memory_model=args.memory_model,
