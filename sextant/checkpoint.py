@@ -193,7 +193,7 @@ def latest_valid(root: str | Path, *, state_hash: str | None = None, trust: bool
 
 def preflight(workload: Any, strategy: Any) -> list[str]:
     """In the parent, before any worker starts: refuse a `--resume` that cannot do what it
-    says (UserError, one line); return warnings to show (refused newer checkpoints, or no
+    says (CheckpointRefused, one line); return warnings to show (refused newer checkpoints, or no
     checkpoint yet). Also creates the user's checkpoint key before ranks race to."""
     if not (strategy.resume or strategy.checkpoint_every):
         return []
@@ -211,9 +211,9 @@ def preflight(workload: Any, strategy: Any) -> list[str]:
     if foreign:
         raise CheckpointRefused(f"--resume: {root}: {foreign[0]}; use another --checkpoint-dir")
     if step is None and refusals:
-        raise CheckpointRefused(f"--resume: no usable checkpoint in {root}: {refusals[0]}"
-                        + (f" (and {len(refusals) - 1} older refused)" if len(refusals) > 1
-                           else ""))
+        older = f" (and {len(refusals) - 1} older refused)" if len(refusals) > 1 else ""
+        raise CheckpointRefused(
+            f"--resume: no usable checkpoint in {root}: {refusals[0]}{older}")
     if step is None:
         return [f"--resume: no checkpoint in {root} yet: training starts at step 0"]
     return refusals

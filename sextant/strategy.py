@@ -122,6 +122,9 @@ class Strategy:
             raise UserError(
                 f"trust_checkpoint must be true or false. Received: {self.trust_checkpoint!r}"
             )
+        if self.trust_checkpoint and not self.resume:
+            raise UserError("--trust-checkpoint applies to the checkpoints a --resume loads; "
+                            "give --resume too")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UserError("--checkpoint-every and --resume need --checkpoint-dir")
         if self.threads is not None and (

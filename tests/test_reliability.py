@@ -375,6 +375,7 @@ def test_nan_metrics_export_as_valid_json(tmp_path: Path) -> None:
     (["runs", "export", "--out", "{tmp}"], "cannot write {tmp}: it is a directory"),
     (["runs", "export", "--out", "/proc/none/x.csv"], "cannot write /proc/none/x.csv"),
     (["run", "--workload", "{tmp}"], "workload file {tmp} is a directory, not a file"),
+    (["run", "--trust-checkpoint"], "--trust-checkpoint applies to the checkpoints a --resume"),
     (["report", "--calibration", "{tmp}/latin1.json"],
      "--calibration {tmp}/latin1.json: not a UTF-8 text file"),
 ])
