@@ -108,26 +108,21 @@ def test_dry_run_prints_the_batch_script(workload_file: Path) -> None:
 
 @pytest.mark.slow
 @needs_torch
-def test_torchrun_style_ranks_store_one_run_on_rank_0(
+def test_ranks_started_by_torchrun_store_one_run_on_rank_0(
     workload_file: Path, one_process: dict, tmp_path: Path
 ) -> None:
-    """Two `sextant join` processes given only torchrun's variables: rank 0 hosts the
-    collector and stores the run, which trained what one process trains."""
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "sextant.cli", "join", "--workload", str(workload_file),
-             "--parallel", "dp", "--db", str(tmp_path / f"node{rank}" / "r.db"),
-             "--collective-timeout", "60"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=240) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    assert not (tmp_path / "node1" / "r.db").exists()  # only rank 0 stores
-    with ResultsStore(tmp_path / "node0" / "r.db", create=False) as store:
-        (run,) = store.runs()
+    """torchrun starts two `sextant join` processes: rank 0 hosts the collector and stores
+    the run, which trained what one process trains."""
+    sextant = Path(sys.executable).parent / "sextant"
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+         "2", "--master-port", str(free_port()), "--no-python", str(sextant), "join",
+         "--workload", str(workload_file), "--parallel", "dp", "--db", str(tmp_path / "r.db"),
+         "--collective-timeout", "60"],
+        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with ResultsStore(tmp_path / "r.db", create=False) as store:
+        (run,) = store.runs()  # one run, stored once, by rank 0
         stored = store.get(run["id"])
     same_training(stored, one_process)
 

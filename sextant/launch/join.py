@@ -132,6 +132,9 @@ def context_for(channel: Channel, identity: Identity) -> Any:
     if not plan.get("threads") and os.environ.get("SLURM_CPUS_ON_NODE", "").isdigit():
         # The CPUs Slurm allocated on this node, shared by its ranks.
         plan["threads"] = max(1, int(os.environ["SLURM_CPUS_ON_NODE"]) // identity.local_world)
+    # sextant runs its own rendezvous on rank 0's reported port; under torchrun, torch would
+    # otherwise expect the agent's store there and no rank would host one.
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     os.environ.update({
         "MASTER_ADDR": welcome["addresses"][0], "MASTER_PORT": str(welcome["ports"][0]),
         "RANK": str(identity.rank), "WORLD_SIZE": str(identity.world),
