@@ -28,6 +28,7 @@ from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_json
 from sextant.init import count_params, flops_per_step
 from sextant.launch.local import launch
+from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
 from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
@@ -174,8 +175,14 @@ def execute(
     cluster: str | None = None,
     launcher: Launcher | None = None,
     workload_file: str | None = None,
+    trial: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Launch, aggregate, store; returns the run record (with `id` when stored).
+
+    `trial` = (index from 1, of how many) when the run is one of repeated trials (stored in
+    the metrics). While ranks started here train, the rest of the machine is sampled
+    (sextant.measure.interference): the summary goes to the fingerprint, and a run over the
+    thresholds is stored with metrics.disturbed = true.
 
     The ranks start on this machine, or on the hosts of emulated `cluster`, unless another
     `launcher` (Slurm, a torchrun-style join) starts them.
@@ -197,11 +204,26 @@ def execute(
         "label": strategy.label,
         "run_dir": str(run_dir),
     }
+    sampler = Sampler() if launcher is None else None  # other launchers: ranks elsewhere
+    steps_seen: list[float] = []
+
+    def on_rank_event(event: dict[str, Any]) -> None:
+        if event.get("event") == "step":
+            steps_seen.append(time.monotonic())
+        if on_event is not None:
+            on_event(event)
+
     try:
         start = launcher or functools.partial(launch, cluster=cluster)
-        ranks = start(workload, strategy, run_dir, timeout_s=timeout_s,
-                      collective_timeout_s=collective_timeout_s, on_event=on_event,
-                      extra_env=extra_env)
+        if sampler is not None:
+            sampler.start()
+        try:
+            ranks = start(workload, strategy, run_dir, timeout_s=timeout_s,
+                          collective_timeout_s=collective_timeout_s, on_event=on_rank_event,
+                          extra_env=extra_env)
+        finally:
+            if sampler is not None:
+                sampler.stop()
     except RunFailed as exc:
         diverged = diverged_record(identity, workload, run_dir)
         if store is None:
@@ -223,6 +245,12 @@ def execute(
         "ranks": rank_summaries(workload, ranks),
         "fingerprint": {**ranks[0]["fingerprint"], "network": network(cluster, ranks)},
     }
+    if sampler is not None:
+        window = (steps_seen[0], steps_seen[-1]) if len(steps_seen) >= 2 else None
+        record["fingerprint"]["interference"] = sampler.summary(window)
+        record["metrics"]["disturbed"] = record["fingerprint"]["interference"]["disturbed"]
+    if trial is not None:
+        record["metrics"]["trial"], record["metrics"]["trials"] = trial
     if store is not None:
         record["id"] = keep(store, record)
     return record
@@ -234,7 +262,10 @@ def network(cluster: str | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     if cluster is None:  # one machine, or real hosts (Slurm, torchrun-style)
         return {"kind": "loopback" if len(hosts) == 1 else "hosts", "hosts": hosts}
     c = emulated.load(cluster)
+    fit = emulated.link_fit(c.name)
     return {"kind": "emulated", "cluster": c.name, "hosts": hosts,
+            "allreduce_fit": ({k: fit[k] for k in ("alpha_s", "beta_s_per_byte")}
+                              if fit else None),
             "link_bit_s": c.link.rate_bit_s, "latency_s": c.link.latency_s, "loss": c.link.loss}
 
 

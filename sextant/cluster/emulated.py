@@ -386,3 +386,31 @@ def link_states(cluster: Cluster) -> dict[str, str]:
         fields = proc.stdout.split()
         states[host.name] = fields[1] if len(fields) > 1 else "missing"
     return states
+
+
+def link_fit(name: str) -> dict[str, float] | None:
+    """The all-reduce fit (alpha, beta) measured between the cluster's hosts, if measured."""
+    path = STATE_DIR / name / "link.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def measure_link(cluster: Cluster, timeout: float = 120.0) -> dict[str, float]:
+    """Measure (once per cluster) the all-reduce between two hosts, 1 KiB-16 MiB, and keep
+    its alpha-beta fit: the link's latency and bandwidth as a collective sees them, which the
+    planner uses in place of the nominal rate."""
+    found = link_fit(cluster.name)
+    if found is not None:
+        return found
+    from sextant.checks.collectives import measure_collective
+    from sextant.launch.hosts import on_emulated_cluster
+    from sextant.planner.calibrate import fit_alpha_beta
+
+    data = measure_collective("allreduce", world=2, max_bytes=16 * 2**20, timeout=timeout,
+                              placement=on_emulated_cluster(cluster.name, 2))
+    fit = fit_alpha_beta(data["sizes_bytes"], data["times_s"])
+    fit["sizes_bytes"], fit["times_s"] = data["sizes_bytes"], data["times_s"]
+    atomic_write_json(STATE_DIR / cluster.name / "link.json", fit)
+    return fit

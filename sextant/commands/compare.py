@@ -13,6 +13,7 @@ from rich.text import Text
 
 from sextant.backends import available, get_backend, require
 from sextant.backends.base import REGISTRY
+from sextant.cluster import emulated
 from sextant.commands.common import (
     RunProgress,
     add_run_args,
@@ -154,6 +155,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not strategies:
         raise UserError("no framework is installed; pip install 'sextant[torch]'")
 
+    if args.cluster is not None:
+        cluster = emulated.load(args.cluster)
+        if emulated.link_fit(cluster.name) is None:
+            out.print(f"measuring the links of cluster {cluster.name} for the planner (about "
+                      f"15 s, once)", markup=False)
+            emulated.measure_link(cluster)
     group = uuid.uuid4().hex[:12]
     records: list[dict[str, Any]] = []
     failures: list[str] = []

@@ -167,10 +167,11 @@ def stacked_hbar_chart(rows: Sequence[dict[str, Any]], segments: Sequence[tuple[
 
 def line_chart(series: Sequence[dict[str, Any]], *, label: str, xlabel: str, ylabel: str,
                integer_x: bool = False, markers: bool = False, width: int = 900,
-               height: int = 320) -> str:
+               height: int = 320, x_labels: dict[float, str] | None = None) -> str:
     """Lines over a numeric x axis; series: name, colour, dash, points [(x, y)], optional
     width (stroke), ghost (True: drawn faint, left out of the legend), ranges
-    [(x, low, high)] for whiskers."""
+    [(x, low, high)] for whiskers. `x_labels`: tick positions and their text (e.g. a log
+    axis), instead of integer ticks."""
     pts = [(x, y) for s in series for x, y in s["points"] if y is not None]
     if not pts:
         return "<p class=\"muted\">No data.</p>"
@@ -198,14 +199,16 @@ def line_chart(series: Sequence[dict[str, Any]], *, label: str, xlabel: str, yla
         parts.append(f'<line x1="{left}" x2="{left + w}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" '
                      f'stroke="#e9ecef"/><text x="{left - 6}" y="{sy(t) + 4:.1f}" '
                      f'text-anchor="end" class="tick">{e(fmt_tick(t))}</text>')
-    if integer_x:
-        x_ticks = list(range(int(x_lo), int(x_hi) + 1))
+    if x_labels:
+        x_ticks: dict[float, str] = {t: text for t, text in x_labels.items() if x_lo <= t <= x_hi}
+    elif integer_x:
+        x_ticks = {t: str(t) for t in range(int(x_lo), int(x_hi) + 1)}
     else:
         step = max(1, round((x_hi - x_lo) / 8))
-        x_ticks = list(range(int(x_lo), int(x_hi) + 1, step))
-    for t in x_ticks:
+        x_ticks = {t: str(t) for t in range(int(x_lo), int(x_hi) + 1, step)}
+    for t, text in x_ticks.items():
         parts.append(f'<text x="{sx(t):.1f}" y="{top + h + 16}" text-anchor="middle" '
-                     f'class="tick">{t}</text>')
+                     f'class="tick">{e(text)}</text>')
     parts.append(f'<line x1="{left}" x2="{left + w}" y1="{top + h}" y2="{top + h}" '
                  f'stroke="#adb5bd"/>')
     parts.append(f'<text x="{left + w / 2:.0f}" y="{height - 6}" text-anchor="middle" '

@@ -94,7 +94,7 @@ footer{margin-top:2rem;color:#7a8190;font-size:.8rem}
 
 VERDICT_CLASS = {HOLDS: "holds", NOT_HOLD: "nohold", NOT_MEASURED: "nm"}
 SECTIONS = (("claims", "Claims check"), ("speed", "Throughput"), ("scaling", "Scaling"),
-            ("comm", "Communication"), ("memory", "Memory"), ("parity", "Loss parity"),
+            ("interconnect", "Interconnect"), ("comm", "Communication"), ("memory", "Memory"), ("parity", "Loss parity"),
             ("compile", "Compile time"), ("env", "Environment"))
 
 
@@ -347,6 +347,37 @@ def _scaling(report: Mapping[str, Any]) -> str:
             f'{e(sc["prediction_note"])}</p>{chart}{table}{predicted}</section>')
 
 
+def _interconnect(report: Mapping[str, Any]) -> str:
+    ic = report["interconnect"]
+    head = '<section id="interconnect"><h2>Scaling vs interconnect</h2>'
+    if not ic["series"]:
+        return f'{head}<p class="muted">{e(ic["note"])}</p></section>'
+    series, rows = [], []
+    for i, s in enumerate(ic["series"]):
+        colour = colour_for(s["framework"], i)
+        series.append({"name": s["name"], "colour": colour, "dash": "", "width": 2.4,
+                       "points": [(math.log10(p["link_gbit"]), p["efficiency"])
+                                  for p in s["points"]]})
+        if s["prediction"]:
+            series.append({"name": f"{s['name']}, planner", "colour": colour, "dash": "1.5 4",
+                           "width": 2.0, "points": [(math.log10(q["link_gbit"]), q["efficiency"])
+                                                    for q in s["prediction"]]})
+        rows += [(s["name"], f"{p['link_gbit']:g} Gbit/s", p["hosts"], fmt_rate(p["tokens_per_s"]),
+                  _pct(p["efficiency"]), _pct(p.get("predicted_efficiency")),
+                  fmt_signed_pct(p.get("prediction_error")), _pct(p["exposed_share"]), p["id"])
+                 for p in s["points"]]
+    ticks = {math.log10(g): f"{g:g}" for g in (0.1, 1, 10, 100, 400)}
+    chart = line_chart(series, label="scaling efficiency by link rate",
+                       xlabel="link rate, Gbit/s (log scale)", ylabel="efficiency",
+                       markers=True, height=300, x_labels=ticks)
+    table = _table(("series", "link", "hosts", "tokens/s", "efficiency", "planner",
+                    "planner error (tokens/s)", "exposed comm", "run"), rows)
+    return (f'{head}<p class="small">Efficiency of runs across emulated hosts: tokens/s over '
+            f'(ranks x tokens/s of one process on one host; emulated hosts share this '
+            f'machine\'s cores, which the one process has all of). {e(ic["note"])}</p>'
+            f'{chart}{table}</section>')
+
+
 def _comm(report: Mapping[str, Any]) -> str:
     comm = report["communication"]
     if not comm:
@@ -523,6 +554,7 @@ def html_from_report(report: Mapping[str, Any]) -> str:
 {_claims(report)}
 {_speed(report)}
 {_scaling(report)}
+{_interconnect(report)}
 {_comm(report)}
 {_memory(report)}
 {_parity(report)}
@@ -546,12 +578,12 @@ def render_html(runs: list[dict[str, Any]], *, advice: Any = None,
 
 def render(runs: list[dict[str, Any]], fmt: str = "html", *, advice: Any = None,
            profile_path: str | None = None, group_id: str | None = None,
-           machine: Any = None) -> str:
+           machine: Any = None, related: list[dict[str, Any]] | None = None) -> str:
     """The report of `runs` in one of FORMATS (`machine`: see build_report)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
     report = build_report(runs, advice=advice, profile_path=profile_path, group_id=group_id,
-                          machine=machine)
+                          machine=machine, related=related)
     if fmt == "json":
         return json.dumps(finite_json(report), indent=1, sort_keys=True, default=str) + "\n"
     if fmt == "md":
@@ -598,7 +630,8 @@ def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = 
     advice = load_advice(profile, runs, plan) if profile is not None else None
     return render(runs, fmt, advice=advice,
                   profile_path=str(profile) if profile is not None else None, group_id=group,
-                  machine=load_machine(calibration, Path(store.path).parent))
+                  machine=load_machine(calibration, Path(store.path).parent),
+                  related=store.runs(workload_hash=runs[0].get("workload_hash")))
 
 
 def write_report(store: ResultsStore, path: str | Path, **options: Any) -> Path:

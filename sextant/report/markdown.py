@@ -125,6 +125,18 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
         lines.append("No multi-worker run in this report.")
     lines.append("")
 
+    lines += ["## Scaling vs interconnect", ""]
+    ic = report["interconnect"]
+    if ic["series"]:
+        lines += _table(("series", "link", "hosts", "tokens/s", "efficiency", "planner",
+                         "planner error (tokens/s)", "exposed comm"), [
+            (x["name"], f"{p['link_gbit']:g} Gbit/s", p["hosts"], fmt_rate(p["tokens_per_s"]),
+             fmt_share(p["efficiency"]), fmt_share(p.get("predicted_efficiency")),
+             fmt_signed_pct(p.get("prediction_error")), fmt_share(p["exposed_share"]))
+            for x in ic["series"] for p in x["points"]])
+        lines.append("")
+    lines += [md(ic["note"]), ""]
+
     lines += ["## Communication vs compute", ""]
     if report["communication"]:
         lines += _table(("run", "step with sync ms", "compute ms", "exposed comm ms", "share"), [

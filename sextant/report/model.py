@@ -358,10 +358,14 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
 
 def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
                  profile_path: str | None = None, group_id: str | None = None,
-                 machine: Any = None) -> dict[str, Any]:
+                 machine: Any = None, related: Sequence[Mapping[str, Any]] | None = None
+                 ) -> dict[str, Any]:
     """The report of `runs` (one compare group, oldest first; the first is the reference).
     `machine`: a planner Catalogue with this machine's calibration, for the scaling
-    prediction (None: measured points only)."""
+    prediction (None: measured points only). `related`: every stored run of the workload,
+    for the scaling across link rates measured in other groups (default: `runs`)."""
+    from sextant.report.interconnect import interconnect
+
     from sextant.errors import UserError
 
     if not runs:
@@ -386,6 +390,7 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
         "claims": claims,
         "runs": rows,
         "scaling": scaling,
+        "interconnect": interconnect(related if related is not None else runs, machine),
         "memory": _memory(runs),
         "communication": _communication(rows, runs),
         "parity": parity,

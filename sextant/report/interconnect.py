@@ -1,0 +1,125 @@
+"""The report's "scaling vs interconnect": how efficiently each strategy scales across hosts at
+each link rate measured (emulated clusters), with the planner's line continued to the rates
+not measured.
+
+Efficiency at n hosts = tokens/s of the n-rank run / (n x tokens/s of the same framework and
+mode in one process on one host). The planner's line uses this machine's calibration, the
+compute efficiency fitted on that one-process run (as the scaling chart does), and the link
+as a collective saw it: the all-reduce between the cluster's hosts measured when the cluster
+was first used (alpha, beta), with beta scaled by rate for the rates not measured (a faster
+link of the same latency).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sextant.claims import run_field
+
+LINK_GBITS = (0.1, 1.0, 10.0, 25.0, 100.0, 400.0)
+"""Link rates the planner's line covers (Gbit/s), besides the measured ones."""
+
+
+def _network(run: Mapping[str, Any]) -> dict[str, Any]:
+    return dict((run.get("fingerprint") or {}).get("network") or {})
+
+
+def _tps(run: Mapping[str, Any]) -> float | None:
+    v = (run.get("metrics") or {}).get("tokens_per_s")
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) and v > 0 else None
+
+
+def interconnect(runs: Sequence[Mapping[str, Any]], machine: Any = None) -> dict[str, Any]:
+    """Series of multi-host runs by link rate (see the module docstring); `runs` are all
+    stored runs of the report's workload."""
+    ok = [r for r in runs if r.get("status", "ok") == "ok" and _tps(r) is not None]
+    singles = {}
+    for r in ok:  # the latest one-process, one-host run of each framework and mode
+        if run_field(r, "parallel") == "single" and int(run_field(r, "workers")) == 1:
+            singles[(run_field(r, "framework"), run_field(r, "mode"))] = r
+    series: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in ok:
+        net = _network(r)
+        if net.get("kind") != "emulated" or not net.get("link_bit_s") or len(
+                net.get("hosts") or []) < 2:
+            continue
+        fw, mode = run_field(r, "framework"), run_field(r, "mode")
+        workers = int(run_field(r, "workers"))
+        key = (fw, mode, run_field(r, "parallel"), run_field(r, "compress"), workers)
+        single = singles.get((fw, mode))
+        s = series.setdefault(key, {
+            "name": _name(r, workers), "framework": fw, "parallel": key[2], "workers": workers,
+            "single_id": single.get("id") if single else None, "points": {}, "fit": None})
+        base = _tps(single) if single else None
+        s["points"][float(net["link_bit_s"])] = {
+            "link_gbit": float(net["link_bit_s"]) / 1e9, "hosts": len(net["hosts"]),
+            "tokens_per_s": _tps(r), "id": r.get("id"),
+            "exposed_share": (r.get("metrics") or {}).get("exposed_comm_share"),
+            "efficiency": _tps(r) / (workers * base) if base else None}
+        if s["fit"] is None and net.get("allreduce_fit"):
+            s["fit"] = {**net["allreduce_fit"], "link_bit_s": float(net["link_bit_s"])}
+    out = []
+    for s in series.values():
+        s["points"] = [s["points"][k] for k in sorted(s["points"])]
+        single = next((r for r in ok if r.get("id") == s["single_id"]), None)
+        s["prediction"] = _predict(s, single, machine)
+        out.append(s)
+    return {"series": out, "note": _note(out, machine)}
+
+
+def _name(run: Mapping[str, Any], workers: int) -> str:
+    parts = [str(run_field(run, "framework")), str(run_field(run, "parallel")), f"x{workers}"]
+    if run_field(run, "compress") not in (None, "none"):
+        parts.append(f"{run_field(run, 'compress')} gradients")
+    return " ".join(parts)
+
+
+def _predict(s: dict[str, Any], single: Mapping[str, Any] | None, machine: Any
+             ) -> list[dict[str, Any]] | None:
+    """The planner's efficiency at every rate (None without calibration, fit or baseline)."""
+    if machine is None or machine.calibration is None or single is None or not s["fit"]:
+        return None
+    if s["parallel"] not in ("dp", "dp-manual", "zero1", "zero2", "fsdp"):
+        return None
+    from sextant.errors import UserError
+    from sextant.planner.local import predict_scaling
+
+    fit, base = s["fit"], _tps(single)
+    rates = sorted({*(g * 1e9 for g in LINK_GBITS), *(p["link_gbit"] * 1e9 for p in s["points"])})
+    line = []
+    for rate in rates:
+        link = {"alpha_s": fit["alpha_s"],
+                "beta_s_per_byte": fit["beta_s_per_byte"] * fit["link_bit_s"] / rate}
+        cat = machine.with_calibration({**machine.calibration, "allreduce": link})
+        try:
+            pred = predict_scaling(cat, single, s["parallel"], [s["workers"]])
+        except UserError:
+            return None
+        if not pred or not pred["points"] or not base:
+            return None
+        tps = pred["points"][0]["tokens_per_s"]
+        line.append({"link_gbit": rate / 1e9, "tokens_per_s": tps,
+                     "efficiency": tps / (s["workers"] * base)})
+    by_rate = {round(q["link_gbit"], 9): q for q in line}
+    for p in s["points"]:
+        q = by_rate.get(round(p["link_gbit"], 9))
+        p["predicted_efficiency"] = q["efficiency"] if q else None
+        p["prediction_error"] = (q["tokens_per_s"] / p["tokens_per_s"] - 1
+                                 if q and p["tokens_per_s"] else None)
+    return line
+
+
+def _note(series: list[dict[str, Any]], machine: Any) -> str:
+    if not series:
+        return ("No run across hosts for this workload: 'sextant cluster up --link 10gbit', "
+                "then 'sextant compare --cluster sx' (docs/multi-host.md).")
+    if not any(s["prediction"] for s in series):
+        why = ("this machine is not calibrated" if machine is None or machine.calibration is None
+               else "no one-process run or no measured link to fit it on")
+        return f"The planner's line is not drawn: {why}."
+    return ("Dotted lines: the planner's efficiency at each link rate, with the link's latency "
+            "and bandwidth fitted on the all-reduce measured between the hosts (bandwidth "
+            "scaled to the rates not measured) and the compute efficiency fitted on the "
+            "one-process run.")
