@@ -6,6 +6,7 @@ no ML framework. Rules, thresholds and the runs each claim compares: docs/report
 
 from sextant.claims.check import (
     HOLDS,
+    INCONCLUSIVE,
     NOT_HOLD,
     NOT_MEASURED,
     VERDICTS,
@@ -17,6 +18,7 @@ from sextant.claims.check import (
 
 __all__ = [
     "HOLDS",
+    "INCONCLUSIVE",
     "NOT_HOLD",
     "NOT_MEASURED",
     "VERDICTS",

@@ -7,14 +7,19 @@ compression, no gradient accumulation) unless the claim is about precision or co
 and returns a `Claim` with the measured figure, its spread, a verdict and the command that
 reproduces the measurement.
 
-Spread of a ratio of step times: the median ratio, and the range obtained by pairing one
-run's p10 with the other's p90 (and p90 with p10). It is deliberately wide: it is the range
-of step-to-step ratios, not a confidence interval of the medians. Verdicts rest on the median
-ratio against the thresholds below (docs/report.md, "Claims check").
+A configuration's runs are its trials: the runs of the same configuration in the same
+compare group (`--repeats N`), less the runs marked *disturbed* (sextant.measure.interference),
+which never enter a verdict. A ratio of step times is the ratio of the configurations' mean
+trial medians with a confidence interval from a hierarchical bootstrap over trials and
+blocks of steps (sextant.measure.intervals). Verdicts are three-valued: *holds* when the whole
+interval is on the claim's side of its threshold, *does not hold here* when it is wholly on
+the other side, *inconclusive* when it straddles the threshold, when no interval can be
+computed, or when only disturbed runs measured it (docs/report.md, "Claims check").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -22,10 +27,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-HOLDS = "holds"
-NOT_HOLD = "does not hold here"
+from sextant.measure.intervals import (
+    CONFIDENCE,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_HOLD,
+    speedup_interval,
+    value_ratio_interval,
+    verdict_at_least,
+    verdict_below,
+)
+
 NOT_MEASURED = "not measured"
-VERDICTS = (HOLDS, NOT_HOLD, NOT_MEASURED)
+VERDICTS = (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED)
 
 COMPILE_MIN_SPEEDUP = 1.10
 """torch.compile: eager / compiled median step >= 1.10 (the claim's lower end, 10%)."""
@@ -62,14 +76,15 @@ class Claim:
     rule: str
     """When the verdict is 'holds'."""
     verdict: str
-    """holds | does not hold here | not measured."""
+    """holds | does not hold here | inconclusive | not measured."""
     figure: str
     """The measured figure with its spread, in words ('-' when not measured)."""
     value: float | None = None
     """Headline ratio (see `unit`)."""
     low: float | None = None
     high: float | None = None
-    """Spread of the headline ratio (p10/p90 pairing; over ranks for memory)."""
+    """Confidence interval of the headline ratio at `confidence` (None: none computable)."""
+    confidence: float = CONFIDENCE
     unit: str = ""
     """What `value` is, e.g. 'speed-up (x)'."""
     details: tuple[str, ...] = ()
@@ -85,7 +100,8 @@ class Claim:
         return {
             "id": self.id, "claim": self.claim, "compared": self.compared, "rule": self.rule,
             "verdict": self.verdict, "figure": self.figure, "value": self.value,
-            "low": self.low, "high": self.high, "unit": self.unit,
+            "low": self.low, "high": self.high, "confidence": self.confidence,
+            "unit": self.unit,
             "details": list(self.details), "command": self.command, "reason": self.reason,
             "run_ids": list(self.run_ids),
         }
@@ -149,20 +165,29 @@ def _pick(runs: Sequence[Mapping[str, Any]], cond: Callable[[Mapping[str, Any]],
     return found[-1] if found else None
 
 
+def trials_of(runs: Sequence[Mapping[str, Any]] | None, run: Mapping[str, Any]
+              ) -> list[Mapping[str, Any]]:
+    """`run` and the other trials of its configuration: same configuration, same workload,
+    same compare group."""
+    if runs is None:
+        return [run]
+    key, group, wl = _config(run), run.get("group_id"), _workload_key(run)
+    same = [r for r in runs if _config(r) == key and r.get("group_id") == group
+            and _workload_key(r) == wl]
+    return same if any(r is run for r in same) else [run, *same]
+
+
 # -- ratios -----------------------------------------------------------------------------
 
-def speedup(base: Mapping[str, Any], new: Mapping[str, Any]
+def speedup(base: Mapping[str, Any], new: Mapping[str, Any],
+            runs: Sequence[Mapping[str, Any]] | None = None
             ) -> tuple[float, float | None, float | None] | None:
-    """How many times faster `new` steps than `base`: base median / new median, with the
-    range (base p10 / new p90, base p90 / new p10). None without both medians."""
-    b, n = _metric(base, "step_time_median_s"), _metric(new, "step_time_median_s")
-    if not b or not n:
+    """How many times faster `new` steps than `base`, over the trials of each in `runs`
+    (default: the two runs alone), with its confidence interval (None, None when it cannot
+    be computed). None without both step times."""
+    if not _metric(base, "step_time_median_s") or not _metric(new, "step_time_median_s"):
         return None
-    b10, b90 = _metric(base, "step_time_p10_s"), _metric(base, "step_time_p90_s")
-    n10, n90 = _metric(new, "step_time_p10_s"), _metric(new, "step_time_p90_s")
-    low = b10 / n90 if b10 and n90 else None
-    high = b90 / n10 if b90 and n10 else None
-    return b / n, low, high
+    return speedup_interval(trials_of(runs, base), trials_of(runs, new))
 
 
 def _x(v: float | None) -> str:
@@ -171,8 +196,8 @@ def _x(v: float | None) -> str:
 
 def _span(low: float | None, high: float | None) -> str:
     if low is None or high is None:
-        return ""
-    return f" (range {low:.2f}-{high:.2f}x)"
+        return " (no interval: one trial without per-step times)"
+    return f" ({CONFIDENCE:.0%} CI {low:.2f}-{high:.2f}x)"
 
 
 def _faster(what: str, value: float) -> str:
@@ -217,14 +242,15 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
     base = dict(
         id="compile", claim="torch.compile gives a 10-30% speed-up",
         compared="torch compiled vs torch eager, one process each",
-        rule=f"holds if eager / compiled median step >= {COMPILE_MIN_SPEEDUP:.2f}x",
+        rule=f"holds if the interval of eager / compiled step time is >= "
+             f"{COMPILE_MIN_SPEEDUP:.2f}x",
         unit="speed-up (x)", command=_compare_cmd(workload, ["torch"]),
     )
     eager = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
                   and run_field(r, "mode") == "eager" and _plain(r))
     compiled = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
                      and run_field(r, "mode") == "compiled" and _plain(r))
-    ratio = speedup(eager, compiled) if eager and compiled else None
+    ratio = speedup(eager, compiled, runs) if eager and compiled else None
     if ratio is None:
         missing = "torch eager" if eager is None else "torch compiled"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
@@ -233,7 +259,7 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
     figure = f"{_x(value)}: {_faster('compiled', value)}{_span(low, high)}"
     detail = (f"{_label(eager)} {_ms(eager)} ms vs {_label(compiled)} {_ms(compiled)} ms "
               "median step")
-    return Claim(**base, verdict=HOLDS if value >= COMPILE_MIN_SPEEDUP - _EPS else NOT_HOLD,
+    return Claim(**base, verdict=verdict_at_least(low, high, COMPILE_MIN_SPEEDUP),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(eager, compiled))
 
@@ -243,8 +269,8 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
         id="jax-vs-eager",
         claim="JAX (XLA) is faster than eager PyTorch and saves ~20% compute",
         compared="jax (jit) vs torch eager, one process each",
-        rule=f"holds if JAX's median step is at least {JAX_MIN_SAVING:.0%} shorter "
-             f"(speed-up >= {1 / (1 - JAX_MIN_SAVING):.2f}x)",
+        rule=f"holds if JAX's step is at least {JAX_MIN_SAVING:.0%} shorter over the whole "
+             f"interval (speed-up >= {1 / (1 - JAX_MIN_SAVING):.2f}x)",
         unit="speed-up (x)", command=_compare_cmd(workload, ["torch", "jax"]),
     )
     torch = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
@@ -253,7 +279,7 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
                  and run_field(r, "mode") == "compiled" and _plain(r))
            or _pick(runs, lambda r: run_field(r, "framework") == "jax" and _single(r)
                     and _plain(r)))
-    ratio = speedup(torch, jax) if torch and jax else None
+    ratio = speedup(torch, jax, runs) if torch and jax else None
     if ratio is None:
         missing = "torch eager" if torch is None else "jax"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
@@ -263,7 +289,7 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
     figure = (f"{_x(value)}: JAX's step takes {abs(saving) * 100:.0f}% "
               f"{'less' if saving >= 0 else 'more'} time{_span(low, high)}")
     detail = f"{_label(torch)} {_ms(torch)} ms vs {_label(jax)} {_ms(jax)} ms median step"
-    return Claim(**base, verdict=HOLDS if saving >= JAX_MIN_SAVING - _EPS else NOT_HOLD,
+    return Claim(**base, verdict=verdict_at_least(low, high, 1 / (1 - JAX_MIN_SAVING)),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(torch, jax))
 
@@ -273,7 +299,7 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
     base = dict(
         id="mixed-precision", claim="Mixed precision (bf16) roughly doubles training speed",
         compared="bf16 vs fp32, same framework, mode, parallel strategy and workers",
-        rule=f"holds if fp32 / bf16 median step >= {MIXED_MIN_SPEEDUP:.1f}x "
+        rule=f"holds if the interval of fp32 / bf16 step time is >= {MIXED_MIN_SPEEDUP:.1f}x "
              "(middle pair of several)",
         unit="speed-up (x)",
     )
@@ -284,8 +310,9 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
         key = _config(low_p, "precision")
         full = _pick(runs, lambda r: _config(r, "precision") == key
                      and run_field(r, "precision") == "fp32")
-        ratio = speedup(full, low_p) if full else None
-        if ratio is not None:
+        ratio = speedup(full, low_p, runs) if full else None
+        if ratio is not None and not any(b is not low_p and _config(b) == _config(low_p)
+                                         for _, b, _ in pairs):
             pairs.append((full, low_p, ratio))
     if not pairs:
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
@@ -293,7 +320,7 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
     full, low_p, (value, low, high) = _median_item(pairs, key=lambda p: p[2][0])
     details = tuple(f"{_label(f)} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
                     for f, b, r in pairs)
-    return Claim(**base, verdict=HOLDS if value >= MIXED_MIN_SPEEDUP - _EPS else NOT_HOLD,
+    return Claim(**base, verdict=verdict_at_least(low, high, MIXED_MIN_SPEEDUP),
                  figure=f"{_x(value)} faster in bf16{_span(low, high)}", value=value, low=low,
                  high=high, details=details, command=_show_cmd(_ids(full, low_p)),
                  run_ids=tuple(i for f, b, _ in pairs for i in _ids(f, b)))
@@ -319,13 +346,15 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
         claim="Gradient compression trades CPU time for network bandwidth",
         compared="data-parallel run with gradient compression vs the same run without",
         rule="holds if exposed communication falls and compute (synced step - exposed "
-             "communication) rises",
+             "communication) rises, both over their whole intervals (needs --repeats >= 2)",
         unit="exposed communication with / without (x)",
     )
     pairs = []
     for comp in runs:
         if run_field(comp, "compress") == "none" or _single(comp):
             continue
+        if any(_config(c) == _config(comp) for _, c, *_ in pairs):
+            continue  # another trial of a configuration already paired
         key = _config(comp, "compress")
         plain = _pick(runs, lambda r: _config(r, "compress") == key
                       and run_field(r, "compress") == "none")
@@ -350,10 +379,38 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
         f"compute {_ms_of(_compute_s(p))} -> {_ms_of(_compute_s(c))} ms"
         for p, c, _, _ in pairs
     )
-    holds = comm_ratio < 1.0 and work_ratio > 1.0
-    return Claim(**base, verdict=HOLDS if holds else NOT_HOLD, figure=figure, value=comm_ratio,
+    comm_iv = _trial_ratio(runs, comp, plain, lambda r: _metric(r, "exposed_comm_s"))
+    work_iv = _trial_ratio(runs, comp, plain, _compute_s)
+    figure += (f"; {CONFIDENCE:.0%} CI of exposed communication {_ci(comm_iv)}, of compute "
+               f"{_ci(work_iv)}")
+    falls = verdict_below(comm_iv[1], comm_iv[2], 1.0) if comm_iv else INCONCLUSIVE
+    rises = verdict_at_least(work_iv[1], work_iv[2], 1.0 + _EPS) if work_iv else INCONCLUSIVE
+    if falls == HOLDS and rises == HOLDS:
+        verdict = HOLDS
+    elif NOT_HOLD in (falls, rises):
+        verdict = NOT_HOLD
+    else:
+        verdict = INCONCLUSIVE
+    return Claim(**base, verdict=verdict, figure=figure,
+                 value=comm_iv[0] if comm_iv else comm_ratio,
+                 low=comm_iv[1] if comm_iv else None, high=comm_iv[2] if comm_iv else None,
                  details=details, command=_show_cmd(_ids(plain, comp)),
                  run_ids=tuple(i for p, c, _, _ in pairs for i in _ids(p, c)))
+
+
+def _trial_ratio(runs: Sequence[Mapping[str, Any]], num: Mapping[str, Any],
+                 den: Mapping[str, Any], figure: Callable[[Mapping[str, Any]], float | None]
+                 ) -> tuple[float, float | None, float | None] | None:
+    """Ratio of a per-run figure, num's trials over den's, with its bootstrap interval."""
+    a = [v for v in (figure(r) for r in trials_of(runs, num)) if v is not None]
+    b = [v for v in (figure(r) for r in trials_of(runs, den)) if v is not None]
+    return value_ratio_interval(a, b)
+
+
+def _ci(iv: tuple[float, float | None, float | None] | None) -> str:
+    if iv is None or iv[1] is None or iv[2] is None:
+        return "not computable (one trial)"
+    return f"{iv[1]:.2f}-{iv[2]:.2f}x"
 
 
 def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
@@ -364,16 +421,19 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
         id="workers-slower", claim="Adding workers can make training slower",
         compared="throughput of each multi-worker run vs one process, same framework and "
                  "mode, same global batch",
-        rule=f"holds if some multi-worker run is below {SLOWER_BELOW:.2f}x",
+        rule=f"holds if some multi-worker run is below {SLOWER_BELOW:.2f}x over its whole "
+             "interval",
         unit="throughput multi / single (x)",
         command=_compare_cmd(workload, frameworks, workers),
     )
     pairs = []
     for run in multi:
+        if any(_config(r) == _config(run) for _, r, _ in pairs):
+            continue  # another trial of a configuration already paired
         single = _pick(runs, lambda r: _single(r) and _plain(r)
                        and run_field(r, "framework") == run_field(run, "framework")
                        and run_field(r, "mode") == run_field(run, "mode"))
-        ratio = speedup(single, run) if single else None
+        ratio = speedup(single, run, runs) if single else None
         if ratio is not None:
             pairs.append((single, run, ratio))
     if not pairs:
@@ -385,7 +445,10 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                     for s, r, (v, lo, hi) in pairs)
     figure = (f"{_label(run)}: {_x(value)} the throughput of {_label(single)}"
               f"{_span(low, high)}")
-    return Claim(**base, verdict=HOLDS if value < SLOWER_BELOW - _EPS else NOT_HOLD,
+    each = [verdict_below(lo, hi, SLOWER_BELOW) for _, _, (_, lo, hi) in pairs]
+    verdict = (HOLDS if HOLDS in each else NOT_HOLD if all(v == NOT_HOLD for v in each)
+               else INCONCLUSIVE)
+    return Claim(**base, verdict=verdict,
                  figure=figure, value=value, low=low, high=high, details=details,
                  run_ids=tuple(i for s, r, _ in pairs for i in _ids(s, r)))
 
@@ -406,7 +469,8 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
         compared="peak RSS per worker, same parallel strategy and workers, each framework "
                  "at its leanest mode",
         rule=f"holds if below {LESS_MEMORY_BELOW:.2f}x every other framework, in every "
-             "matched configuration",
+             "matched configuration, over the whole interval (bootstrap over trials; with "
+             "one trial, the range over ranks)",
         unit="peak RSS TensorFlow / other (x)",
         command=_compare_cmd(workload, ["tensorflow", "torch", "jax"]),
     )
@@ -431,10 +495,15 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
             if fw == "tensorflow":
                 continue
             other = per_fw[fw]
-            value = _metric(tf, "peak_rss_bytes") / _metric(other, "peak_rss_bytes")
-            t_lo, t_hi = _rss_range(tf)
-            o_lo, o_hi = _rss_range(other)
-            pairs.append((tf, other, value, t_lo / o_hi, t_hi / o_lo))
+            iv = _trial_ratio(runs, tf, other, lambda r: _metric(r, "peak_rss_bytes"))
+            if iv is not None and iv[1] is not None:
+                value, low, high = iv
+            else:  # one trial a side: the range over ranks stands in for the interval
+                value = _metric(tf, "peak_rss_bytes") / _metric(other, "peak_rss_bytes")
+                t_lo, t_hi = _rss_range(tf)
+                o_lo, o_hi = _rss_range(other)
+                low, high = t_lo / o_hi, t_hi / o_lo
+            pairs.append((tf, other, value, low, high))
     if not pairs:
         has_tf = any(run_field(r, "framework") == "tensorflow" for r in runs)
         reason = ("no torch or jax run with the same parallel strategy and workers as a "
@@ -445,9 +514,11 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
     details = tuple(f"{_label(t)} {_mb(t)} MB vs {_label(o)} {_mb(o)} MB: {_x(v)}"
                     for t, o, v, _, _ in pairs)
     figure = (f"{_label(tf)} {_mb(tf)} MB vs {_label(other)} {_mb(other)} MB: {_x(value)}"
-              + (f" (range over ranks {low:.2f}-{high:.2f}x)" if high - low > 1e-9 else ""))
-    holds = all(v < LESS_MEMORY_BELOW - _EPS for _, _, v, _, _ in pairs)
-    return Claim(**base, verdict=HOLDS if holds else NOT_HOLD, figure=figure, value=value,
+              + (f" (interval {low:.2f}-{high:.2f}x)" if high - low > 1e-9 else ""))
+    each = [verdict_below(lo, hi, LESS_MEMORY_BELOW) for _, _, _, lo, hi in pairs]
+    verdict = (HOLDS if all(v == HOLDS for v in each) else NOT_HOLD if NOT_HOLD in each
+               else INCONCLUSIVE)
+    return Claim(**base, verdict=verdict, figure=figure, value=value,
                  low=low, high=high, details=details,
                  run_ids=tuple(dict.fromkeys(i for t, o, *_ in pairs for i in _ids(t, o))))
 
@@ -468,7 +539,24 @@ def check_claims(runs: Sequence[Mapping[str, Any]], *, workload_hash: str | None
     same = [r for r in ok if _workload_key(r) == key or r.get("workload_hash") == key]
     last = same[-1] if same else ok[-1]
     workload = {**(last.get("workload") or {}), "file": last.get("workload_file")}
-    return [check(same, workload) for check in CHECKS]
+    quiet = [r for r in same if not _disturbed(r)]
+    out = []
+    for check in CHECKS:
+        claim = check(quiet, workload)
+        if claim.verdict == NOT_MEASURED and len(quiet) < len(same):
+            with_disturbed = check(same, workload)
+            if with_disturbed.verdict != NOT_MEASURED:
+                # Measured, but only by runs the machine disturbed: no verdict from them.
+                claim = dataclasses.replace(
+                    with_disturbed, verdict=INCONCLUSIVE,
+                    reason="only disturbed runs measured it (another program used the CPU "
+                           "while they trained); re-run on a quiet machine")
+        out.append(claim)
+    return out
+
+
+def _disturbed(run: Mapping[str, Any]) -> bool:
+    return bool((run.get("metrics") or {}).get("disturbed"))
 
 
 # -- small formatters (no import from sextant.commands: this package stays standalone) ---

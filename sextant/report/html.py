@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED
+from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
 from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
@@ -70,7 +70,7 @@ td:not(.l){white-space:nowrap}table:not(.claims) td:first-child{white-space:nowr
 .pill{display:inline-block;padding:.12rem .55rem;border-radius:999px;font-size:.8rem;
 font-weight:600;white-space:nowrap}
 .pill.holds{background:#d3f9d8;color:#1b5e20}.pill.nohold{background:#ffe3e3;color:#a51111}
-.pill.nm{background:#e9ecef;color:#495057}
+.pill.inc{background:#fff3bf;color:#7a5b00}.pill.nm{background:#e9ecef;color:#495057}
 .tag{white-space:nowrap;font-size:.72rem;padding:.05rem .4rem;border-radius:4px;background:#e7f5ff;
 color:#1864ab;margin-left:.3rem}.tag.rot{background:#f1f3f5;color:#495057}
 .ok{color:#2a7a2a;font-weight:600}.bad{color:#c92a2a;font-weight:600}
@@ -92,7 +92,7 @@ footer{margin-top:2rem;color:#7a8190;font-size:.8rem}
 @media print{body{background:#fff}section{break-inside:avoid}}
 """
 
-VERDICT_CLASS = {HOLDS: "holds", NOT_HOLD: "nohold", NOT_MEASURED: "nm"}
+VERDICT_CLASS = {HOLDS: "holds", NOT_HOLD: "nohold", INCONCLUSIVE: "inc", NOT_MEASURED: "nm"}
 SECTIONS = (("claims", "Claims check"), ("speed", "Throughput"), ("scaling", "Scaling"),
             ("interconnect", "Interconnect"), ("comm", "Communication"), ("memory", "Memory"), ("parity", "Loss parity"),
             ("compile", "Compile time"), ("env", "Environment"))
@@ -180,12 +180,13 @@ def _hero(report: Mapping[str, Any]) -> str:
                 '</section>')
 
     if fastest:
-        ref = s["reference"]
-        vs = (f' &middot; {_x(fastest["speedup_vs_reference"])} the speed of {e(ref)}'
-              if fastest["run"] != ref and fastest["speedup_vs_reference"] else "")
-        headline = (f'<div class="big">{e(fastest["run"])} is fastest here</div>'
+        from sextant.report.model import headline_text
+
+        title, sentence = headline_text(s)
+        headline = (f'<div class="big">{e(title)}</div>'
                     f'<p>{e(fmt_rate(fastest["tokens_per_s"]))} tokens/s, '
-                    f'{e(fmt_ms(fastest["step_time_s"]))} ms per step (median){vs}.</p>')
+                    f'{e(fmt_ms(fastest["step_time_s"]))} ms per step (median); '
+                    f'{e(sentence)}</p>' + _disturbed_note(s))
     else:
         headline = '<div class="big">No timed run</div>'
     parity = ('<p><span class="ok">Same training in every run</span>: identical weights and '
@@ -201,6 +202,16 @@ def _hero(report: Mapping[str, Any]) -> str:
              f'<p class="small">Write your own profile with <code>sextant advise --init</code>.'
              f'</p>')
     return f'<section class="hero"><div>{left}</div><div>{right}</div></section>'
+
+
+def _disturbed_note(s: Mapping[str, Any]) -> str:
+    if not s.get("disturbed"):
+        return ""
+    runs = "; ".join(f'{d["run"]} (run {", ".join(str(i) for i in d["ids"])})'
+                     for d in s["disturbed"])
+    return (f'<p class="small"><span class="bad">Disturbed</span>: another program used the '
+            f'CPU while these trials trained, so they are left out of every verdict: '
+            f'{e(runs)}. Re-run them on a quiet machine.</p>')
 
 
 def _cards(report: Mapping[str, Any]) -> str:
@@ -228,7 +239,8 @@ def _cards(report: Mapping[str, Any]) -> str:
     c = s["claims"]
     cards.append(("good" if c[HOLDS] else "neutral", "Claims checked",
                   f'{c[HOLDS]} of {sum(c.values())} hold',
-                  f'{c[NOT_HOLD]} do not hold here, {c[NOT_MEASURED]} not measured'))
+                  f'{c[NOT_HOLD]} do not hold here, {c[INCONCLUSIVE]} inconclusive, '
+                  f'{c[NOT_MEASURED]} not measured'))
     if len(cards) < 4 and s["scaling"]:
         p = s["scaling"][0]
         cards.append(("neutral", "Scaling", _x(p["speedup_vs_one"]),
@@ -260,9 +272,11 @@ def _claims(report: Mapping[str, Any]) -> str:
         )
     return (
         '<section id="claims"><h2>Claims check: what articles say, what this workload shows'
-        '</h2><p class="small">Ratios of median step times; the range pairs one run\'s p10 '
-        'with the other\'s p90, so it shows step-to-step spread, not the uncertainty of the '
-        'median. Rules and thresholds: docs/report.md.</p><table class="claims"><thead><tr>'
+        '</h2><p class="small">Ratios of step times (mean of each configuration\'s trial '
+        'medians) with a 95% confidence interval from a bootstrap over trials and blocks of '
+        'steps. A verdict holds or does not hold only when the whole interval is on one side '
+        'of the threshold; otherwise, or when only disturbed runs measured it, it is '
+        'inconclusive. Rules and thresholds: docs/report.md.</p><table class="claims"><thead><tr>'
         '<th class="l">Claim</th><th class="l">Verdict</th><th class="l">Measured here</th>'
         '<th class="l">Reproduce</th></tr></thead><tbody>' + "".join(rows)
         + "</tbody></table></section>"
@@ -270,6 +284,8 @@ def _claims(report: Mapping[str, Any]) -> str:
 
 
 def _speed(report: Mapping[str, Any]) -> str:
+    from sextant.report.model import speedup_cell
+
     runs = report["runs"]
     rows = []
     for r in runs:
@@ -280,7 +296,7 @@ def _speed(report: Mapping[str, Any]) -> str:
                                      if t["low"] is not None else ""),
             f'{fmt_ms(st["median"])} ({fmt_ms(st["p10"])}-{fmt_ms(st["p90"])})',
             st["n"] if st["n"] is not None else "-",
-            "ref" if r["index"] == 0 else _x(r["speedup_vs_reference"]),
+            speedup_cell(r),
             fmt_rate(r["achieved_flops_per_s"]) + "FLOP/s"
             if r["achieved_flops_per_s"] is not None else "-",
             fmt_share(r["data_wait_share"]),
@@ -288,7 +304,7 @@ def _speed(report: Mapping[str, Any]) -> str:
             f'{r["final_loss"]:.4f}' if r["final_loss"] is not None else "-",
         ))
     table = _table(("run", "workers x thr", "tokens/s (range)", "step ms median (p10-p90)",
-                    "n", "speed-up", "achieved", "data wait", "peak RSS MB/worker",
+                    "n", "speed-up [95% CI]", "achieved", "data wait", "peak RSS MB/worker",
                     "final loss"), rows)
     chart = hbar_chart(
         [{"name": r["label"], "value": r["tokens_per_s"]["median"],

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED
+from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
+from sextant.report.model import speedup_cell
 from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
 
 
@@ -63,11 +64,15 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
     else:
         f = s["fastest"]
         if f:
-            vs = (f", {_x(f['speedup_vs_reference'])} the speed of {md(s['reference'])}"
-                  if f["run"] != s["reference"] and f["speedup_vs_reference"] else "")
-            lines.append(f"**Measured on this machine: {md(f['run'])} is fastest**, "
+            from sextant.report.model import headline_text
+
+            title, sentence = headline_text(s)
+            lines.append(f"**Measured on this machine: {md(title)}**, "
                          f"{fmt_rate(f['tokens_per_s'])} tokens/s, "
-                         f"{fmt_ms(f['step_time_s'])} ms per step (median){vs}.")
+                         f"{fmt_ms(f['step_time_s'])} ms per step (median); {md(sentence)}")
+        for d in s.get("disturbed") or []:
+            lines.append(f"- Disturbed (left out of verdicts; re-run on a quiet machine): "
+                         f"{md(d['run'])}, runs {', '.join(str(i) for i in d['ids'])}")
         lines += ["", "For a recommendation for your team, give a team profile: "
                       f"{code(rec['hint'])}"]
     lines.append("")
@@ -78,6 +83,7 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
         lines.append(f"- Least memory per worker: {md(s['leanest']['run'])}, "
                      f"{fmt_bytes_mb(s['leanest']['peak_rss_bytes'])} MB")
     lines += [f"- Claims: {c[HOLDS]} hold, {c[NOT_HOLD]} do not hold here, "
+              f"{c[INCONCLUSIVE]} inconclusive, "
               f"{c[NOT_MEASURED]} not measured", ""]
 
     lines += ["## Claims check", ""]
@@ -91,7 +97,7 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
 
     lines += ["## Throughput and step time", ""]
     lines += _table(("run", "workers x threads", "tokens/s", "tokens/s range",
-                     "step ms median", "p10-p90", "n", "speed-up", "peak RSS MB/worker",
+                     "step ms median", "p10-p90", "n", "speed-up [95% CI]", "peak RSS MB/worker",
                      "final loss"), [
         (r["label"], f"{r['workers']} x {r['threads_per_worker'] or '?'}",
          fmt_rate(r["tokens_per_s"]["median"]),
@@ -99,7 +105,7 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
          fmt_ms(r["step_time_s"]["median"]),
          f"{fmt_ms(r['step_time_s']['p10'])}-{fmt_ms(r['step_time_s']['p90'])}",
          r["step_time_s"]["n"] if r["step_time_s"]["n"] is not None else "-",
-         "ref" if r["index"] == 0 else _x(r["speedup_vs_reference"]),
+         speedup_cell(r),
          fmt_bytes_mb(r["peak_rss_bytes"]),
          f"{r['final_loss']:.4f}" if r["final_loss"] is not None else "-")
         for r in report["runs"]])

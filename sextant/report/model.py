@@ -14,6 +14,12 @@ from typing import Any
 
 from sextant import __version__
 from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED, check_claims, run_field
+from sextant.measure.intervals import (
+    CONFIDENCE,
+    INCONCLUSIVE,
+    distinguishable,
+    speedup_interval,
+)
 from sextant.measure.stats import max_loss_diff
 
 # fp32 loss agreement considered "identical data flow" in the report's verdict; the tests
@@ -89,6 +95,52 @@ def _run_row(run: Mapping[str, Any], ref: Mapping[str, Any], index: int) -> dict
         "final_loss": _m(run, "final_loss"),
         "max_loss_diff": None if run is ref else diff,
     }
+
+
+def _disturbed(run: Mapping[str, Any]) -> bool:
+    return bool((run.get("metrics") or {}).get("disturbed"))
+
+
+def trial_groups(runs: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """The runs grouped by configuration (label), in order of first appearance: each group
+    holds a configuration's repeated trials."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault(label_of(run), []).append(run)
+    return list(groups.values())
+
+
+def representative(trials: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The trial that stands for its configuration in per-run sections: the undisturbed
+    trial with the median step time (the latest trial when all were disturbed)."""
+    quiet = [t for t in trials if not _disturbed(t) and t.get("status", "ok") == "ok"
+             and _m(t, "step_time_median_s") is not None]
+    if not quiet:
+        return trials[-1]
+    ordered = sorted(quiet, key=lambda t: _m(t, "step_time_median_s") or 0.0)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _usable(trials: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [t for t in trials if not _disturbed(t) and t.get("status", "ok") == "ok"
+            and _m(t, "step_time_median_s")]
+
+
+def _trial_fields(row: dict[str, Any], trials: Sequence[Mapping[str, Any]],
+                  ref_trials: Sequence[Mapping[str, Any]]) -> None:
+    """Add a configuration's trial counts and its speed-up interval against the reference
+    (undisturbed trials only) to its row."""
+    usable, ref_usable = _usable(trials), _usable(ref_trials)
+    iv = speedup_interval(ref_usable, usable) if usable and ref_usable else None
+    row["trials"] = len(trials)
+    row["disturbed_trials"] = sum(1 for t in trials if _disturbed(t))
+    row["disturbed_ids"] = [t.get("id") for t in trials if _disturbed(t)]
+    row["interference"] = [((t.get("fingerprint") or {}).get("interference") or {})
+                           .get("outside_cores_mean") for t in trials]
+    if iv is not None:
+        row["speedup_vs_reference"] = iv[0]
+    row["speedup_ci"] = {"low": iv[1] if iv else None, "high": iv[2] if iv else None,
+                         "confidence": CONFIDENCE}
 
 
 def _colour_index(rows: list[dict[str, Any]]) -> None:
@@ -292,15 +344,90 @@ def _environment(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> d
     return {"fingerprint": common, "framework_versions": versions}
 
 
+def _headline(rows: list[dict[str, Any]], groups: Sequence[Sequence[Mapping[str, Any]]]
+              ) -> dict[str, Any] | None:
+    """The fastest configuration by its speed-up point estimate, and whether its interval
+    against the runner-up excludes 1. If not, the headline says they are tied."""
+    ranked = sorted(((r, g) for r, g in zip(rows, groups)
+                     if r["speedup_vs_reference"] is not None and _usable(g)),
+                    key=lambda rg: rg[0]["speedup_vs_reference"], reverse=True)
+    if not ranked:
+        return None
+    best, best_trials = ranked[0]
+    out: dict[str, Any] = {"verdict": "fastest", "runner_up": None, "vs_runner_up": None,
+                           "tied_with": []}
+    for row, trials in ranked[1:]:
+        iv = speedup_interval(_usable(trials), _usable(best_trials))
+        if iv is None:
+            continue
+        if out["runner_up"] is None:
+            out["runner_up"] = row["label"]
+            out["vs_runner_up"] = {"value": iv[0], "low": iv[1], "high": iv[2],
+                                   "confidence": CONFIDENCE}
+        if not distinguishable(iv[1], iv[2]):
+            out["tied_with"].append(row["label"])
+    if out["tied_with"]:
+        out["verdict"] = "tied"
+    elif out["runner_up"] is None and len(ranked) > 1:
+        out["verdict"] = INCONCLUSIVE
+    out["row"] = best
+    return out
+
+
+def speedup_cell(row: Mapping[str, Any]) -> str:
+    """'1.19x [1.05-1.33]', 'ref', '-', with the trial count and disturbed trials."""
+    if row["index"] == 0:
+        text = "ref"
+    elif row.get("speedup_vs_reference") is None:
+        text = "-"
+    else:
+        ci = row.get("speedup_ci") or {}
+        text = f"{row['speedup_vs_reference']:.2f}x" + (
+            f" [{ci['low']:.2f}-{ci['high']:.2f}]" if ci.get("low") is not None else "")
+    if row.get("trials", 1) > 1:
+        text += f", {row['trials']} trials"
+    if row.get("disturbed_trials"):
+        text += f", {row['disturbed_trials']} disturbed"
+    return text
+
+
+def headline_text(summary: Mapping[str, Any]) -> tuple[str, str]:
+    """(headline, the sentence under it) of the measured fastest run: never a winner its
+    interval against the runner-up cannot support."""
+    f = summary.get("fastest")
+    if not f:
+        return "No timed run", ""
+    vs = f.get("vs_runner_up")
+    ci = ("" if not vs or vs["low"] is None else
+          f" ({vs['confidence']:.0%} CI {vs['low']:.2f}-{vs['high']:.2f}x)")
+    trials = summary.get("trials") or 1
+    over = f"over {trials} trials each" if trials > 1 else "one trial each"
+    if f.get("verdict") == "tied":
+        names = " and ".join([f["run"], *f["tied_with"]][:3])
+        return (f"{names}: tied within the interval",
+                f"{f['run']} measured {vs['value']:.2f}x the speed of {f['runner_up']}{ci}, "
+                f"{over}: the interval includes 1, so no winner is named.")
+    if f.get("verdict") == INCONCLUSIVE or not vs:
+        return (f"{f['run']} measured fastest, not confirmed",
+                "no interval against the runner-up could be computed: re-run with "
+                "--repeats 3." if vs is None and summary.get("runs", 0) > 1 else
+                "only one configuration was timed.")
+    return (f"{f['run']} is fastest here",
+            f"{vs['value']:.2f}x the speed of the runner-up, {f['runner_up']}{ci}, {over}.")
+
+
 def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
-             claims: list[dict[str, Any]], scaling: dict[str, Any]) -> dict[str, Any]:
+             claims: list[dict[str, Any]], scaling: dict[str, Any],
+             groups: Sequence[Sequence[Mapping[str, Any]]] = ()) -> dict[str, Any]:
     timed = [r for r in rows if r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
-    fastest = max(timed, key=lambda r: r["tokens_per_s"]["median"]) if timed else None
+    head = _headline(rows, groups) if groups else None
+    fastest = (head["row"] if head else
+               max(timed, key=lambda r: r["tokens_per_s"]["median"]) if timed else None)
     with_rss = [r for r in rows if r["peak_rss_bytes"] is not None]
     leanest = min(with_rss, key=lambda r: r["peak_rss_bytes"]) if with_rss else None
     heaviest = max(with_rss, key=lambda r: r["peak_rss_bytes"]) if with_rss else None
     counts = {v: sum(1 for c in claims if c["verdict"] == v)
-              for v in (HOLDS, NOT_HOLD, NOT_MEASURED)}
+              for v in (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED)}
     scaling_points = [
         {"series": s["name"], "workers": p["workers"], "speedup_vs_one": p["speedup_vs_one"]}
         for s in scaling["series"] for p in s["points"][-1:] if p["workers"] > 1
@@ -311,7 +438,15 @@ def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
         "fastest": None if fastest is None else {
             "run": fastest["label"], "tokens_per_s": fastest["tokens_per_s"]["median"],
             "step_time_s": fastest["step_time_s"]["median"],
-            "speedup_vs_reference": fastest["speedup_vs_reference"]},
+            "speedup_vs_reference": fastest["speedup_vs_reference"],
+            "speedup_ci": fastest.get("speedup_ci"),
+            "verdict": head["verdict"] if head else INCONCLUSIVE,
+            "runner_up": head["runner_up"] if head else None,
+            "vs_runner_up": head["vs_runner_up"] if head else None,
+            "tied_with": head["tied_with"] if head else []},
+        "trials": max((r.get("trials", 1) for r in rows), default=0),
+        "disturbed": [{"run": r["label"], "ids": r["disturbed_ids"]}
+                      for r in rows if r.get("disturbed_trials")],
         "leanest": None if leanest is None else {
             "run": leanest["label"], "peak_rss_bytes": leanest["peak_rss_bytes"],
             "heaviest_run": heaviest["label"] if heaviest else None,
@@ -370,11 +505,15 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
 
     if not runs:
         raise UserError("no runs to report; run 'sextant compare' first")
+    groups = trial_groups(runs)
+    every_run, runs = runs, [representative(g) for g in groups]
     ref = runs[0]
     rows = [_run_row(run, ref, i) for i, run in enumerate(runs)]
+    for row, trials in zip(rows, groups):
+        _trial_fields(row, trials, groups[0])
     _colour_index(rows)
     parity = _parity(runs, ref)
-    claims = [c.to_dict() for c in check_claims(runs)]
+    claims = [c.to_dict() for c in check_claims(every_run)]
     scaling = _scaling(rows)
     _predict(scaling, runs, machine)
     workload = dict(ref.get("workload") or {})
@@ -386,7 +525,7 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
         "workload": workload,
         "workload_hash": ref.get("workload_hash"),
         "recommendation": _recommendation(advice, profile_path),
-        "summary": _summary(rows, parity, claims, scaling),
+        "summary": _summary(rows, parity, claims, scaling, groups),
         "claims": claims,
         "runs": rows,
         "scaling": scaling,

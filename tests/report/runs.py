@@ -15,6 +15,18 @@ WORKLOAD = {"name": "gpt-tiny", "description": "a test workload", "seed": 0, "st
 _ids = itertools.count(1)
 
 
+WARMUP, TIMED = 5, 15
+# Fixed, shuffled offsets in [-1.25, 1.25]: median 0, p10/p90 about -/+1.
+_OFFSETS = [0.0, 0.89, -0.36, 1.25, -1.07, 0.54, -0.18, -1.25, 0.71, -0.54, 1.07, -0.89,
+            0.18, 0.36, -0.71]
+
+
+def step_times(step: float, spread: float) -> list[float]:
+    """Per-step times of one rank: WARMUP slow steps, then TIMED steady ones whose median is
+    `step` and whose p10/p90 are about step x (1 -/+ spread)."""
+    return [step * 3] * WARMUP + [step * (1 + spread * u) for u in _OFFSETS]
+
+
 def make_run(framework: str = "torch", mode: str = "eager", parallel: str = "single",
              workers: int = 1, *, step: float = 0.1, spread: float = 0.1,
              rss: float = 300 * 2**20, precision: str = "fp32", compress: str = "none",
@@ -59,7 +71,7 @@ def make_run(framework: str = "torch", mode: str = "eager", parallel: str = "sin
         "losses": list(losses or [5.5, 4.0, 3.0]), "grad_norms": [1.0, 1.0, 1.0],
         "ranks": [{"rank": r, "step_time": {"median": step, "p10": step * 0.9,
                                             "p90": step * 1.1, "n": 15},
-                   "step_times_s": [step] * 3, "data_wait_median_s": 0.001,
+                   "step_times_s": step_times(step, spread), "data_wait_median_s": 0.001,
                    "peak_rss_bytes": rss - r * 2**20, "rss_start_bytes": rss * 0.8,
                    "fingerprint": {"threads": 1}, "details": {}} for r in range(n_ranks)],
         "fingerprint": {"cpu": "Test CPU", "cpu_count": 2, "framework": framework,

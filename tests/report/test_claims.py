@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED, check_claims
+from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED, check_claims
 from sextant.claims.check import (
     claim_compile,
     claim_compression,
@@ -25,15 +25,17 @@ def test_all_claims_in_fixed_order_and_json_able() -> None:
     claims = check_claims(compare_group())
     assert [c.id for c in claims] == ["compile", "jax-vs-eager", "mixed-precision",
                                       "compression", "workers-slower", "tf-memory"]
-    assert all(c.verdict in (HOLDS, NOT_HOLD, NOT_MEASURED) for c in claims)
+    assert all(c.verdict in (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED) for c in claims)
     json.dumps([c.to_dict() for c in claims])
 
 
-def test_speedup_is_ratio_of_medians_with_p10_p90_range() -> None:
+def test_speedup_is_ratio_of_medians_with_a_bootstrap_interval() -> None:
     base, new = make_run(step=0.2, spread=0.1), make_run(step=0.1, spread=0.2)
     value, low, high = speedup(base, new)
     assert value == pytest.approx(2.0)
-    assert low == pytest.approx(0.18 / 0.12) and high == pytest.approx(0.22 / 0.08)
+    # Narrower than the step-to-step range (0.18 / 0.12 to 0.22 / 0.08), around the value.
+    assert 0.18 / 0.12 < low < 2.0 < high < 0.22 / 0.08
+    assert speedup(base, new) == (value, low, high)  # seeded: the same runs, the same CI
 
 
 # -- torch.compile ---------------------------------------------------------------------
@@ -42,17 +44,30 @@ def test_compile_holds() -> None:
     c = claim_compile([make_run(step=0.20), make_run(mode="compiled", step=0.16)], WORKLOAD)
     assert c.verdict == HOLDS and c.value == pytest.approx(1.25)
     assert c.low is not None and c.low < c.value < c.high
-    assert "1.25x" in c.figure and "faster" in c.figure and "range" in c.figure
+    assert "1.25x" in c.figure and "faster" in c.figure and "95% CI" in c.figure
     assert c.command == "sextant compare --workload gpt-tiny --steps 20 --frameworks torch"
     assert len(c.run_ids) == 2
 
 
-def test_compile_at_threshold_holds_below_does_not() -> None:
+def test_compile_straddling_the_threshold_is_inconclusive() -> None:
     at = claim_compile([make_run(step=0.22), make_run(mode="compiled", step=0.20)], WORKLOAD)
-    assert at.verdict == HOLDS
-    below = claim_compile([make_run(step=0.21), make_run(mode="compiled", step=0.20)],
-                          WORKLOAD)
-    assert below.verdict == NOT_HOLD
+    assert at.verdict == INCONCLUSIVE and at.low < 1.10 < at.high
+    # The same medians with a tight spread: the interval clears the threshold.
+    tight = claim_compile([make_run(step=0.23, spread=0.01),
+                           make_run(mode="compiled", step=0.20, spread=0.01)], WORKLOAD)
+    assert tight.verdict == HOLDS
+    below = claim_compile([make_run(step=0.21, spread=0.01),
+                           make_run(mode="compiled", step=0.20, spread=0.01)], WORKLOAD)
+    assert below.verdict == NOT_HOLD and below.high < 1.10
+
+
+def test_one_trial_without_step_times_is_inconclusive() -> None:
+    eager, compiled = make_run(step=0.30), make_run(mode="compiled", step=0.10)
+    for run in (eager, compiled):  # an older record: medians only
+        for rank in run["ranks"]:
+            rank["step_times_s"] = []
+    c = claim_compile([eager, compiled], WORKLOAD)
+    assert c.value == pytest.approx(3.0) and c.verdict == INCONCLUSIVE and c.low is None
 
 
 def test_compile_slower_does_not_hold() -> None:
@@ -79,7 +94,8 @@ def test_jax_holds() -> None:
 
 
 def test_jax_small_saving_does_not_hold() -> None:
-    c = claim_jax([make_run(step=0.20), make_run("jax", "compiled", step=0.19)], WORKLOAD)
+    c = claim_jax([make_run(step=0.20, spread=0.01),
+                   make_run("jax", "compiled", step=0.19, spread=0.01)], WORKLOAD)
     assert c.verdict == NOT_HOLD
 
 
@@ -139,18 +155,24 @@ def test_compression_holds() -> None:
     runs = [_dp(step=0.12, comm=0.04, sync_step=0.12),
             _dp(step=0.10, comm=0.01, sync_step=0.10, compress="powersgd")]
     c = claim_compression(runs, WORKLOAD)
-    assert c.verdict == HOLDS and c.value == pytest.approx(0.25)
+    assert c.verdict == INCONCLUSIVE  # one trial a side: no interval of exposed comm
     assert "exposed communication 0.25x" in c.figure and "compute 1.1" in c.figure
     assert c.details == ("torch dp x2 compress powersgd vs torch dp x2: exposed comm "
                          "40.0 -> 10.0 ms, compute 80.0 -> 90.0 ms",)
+    # Two trials a side (interleaved, as --repeats 2 stores them).
+    runs += [_dp(step=0.12, comm=0.042, sync_step=0.12),
+             _dp(step=0.10, comm=0.011, sync_step=0.10, compress="powersgd")]
+    c = claim_compression(runs, WORKLOAD)
+    assert c.verdict == HOLDS and c.value == pytest.approx(0.0105 / 0.041)  # trial means
+    assert "95% CI of exposed communication 0.2" in c.figure
 
 
 def test_compression_without_cpu_cost_does_not_hold() -> None:
     runs = [_dp(step=0.12, comm=0.04, sync_step=0.12),
-            _dp(step=0.09, comm=0.02, sync_step=0.09, compress="bf16")]
+            _dp(step=0.09, comm=0.02, sync_step=0.09, compress="bf16")] * 2
     assert claim_compression(runs, WORKLOAD).verdict == NOT_HOLD
     more_comm = [_dp(step=0.12, comm=0.04, sync_step=0.12),
-                 _dp(step=0.2, comm=0.05, sync_step=0.2, compress="fp16")]
+                 _dp(step=0.2, comm=0.05, sync_step=0.2, compress="fp16")] * 2
     assert claim_compression(more_comm, WORKLOAD).verdict == NOT_HOLD
 
 
@@ -181,8 +203,11 @@ def test_workers_faster_does_not_hold() -> None:
     assert c.command.endswith("--frameworks torch --workers 4")
 
 
-def test_workers_within_noise_does_not_hold() -> None:
+def test_workers_within_noise_is_inconclusive_or_does_not_hold() -> None:
     runs = [make_run(step=0.2), make_run("torch", "eager", "dp", 2, step=0.205)]
+    assert claim_workers(runs, WORKLOAD).verdict == INCONCLUSIVE  # CI straddles 0.95
+    runs = [make_run(step=0.2, spread=0.01),
+            make_run("torch", "eager", "dp", 2, step=0.205, spread=0.01)]
     assert claim_workers(runs, WORKLOAD).verdict == NOT_HOLD
 
 
@@ -237,7 +262,7 @@ def test_failed_runs_and_other_workloads_are_ignored() -> None:
             make_run(mode="compiled", step=0.05, workload_hash="other"),
             make_run(mode="compiled", step=0.19)]
     compile_claim = check_claims(runs, workload_hash="w1")[0]
-    assert compile_claim.verdict == NOT_HOLD and compile_claim.run_ids == (
+    assert compile_claim.value == pytest.approx(0.2 / 0.19) and compile_claim.run_ids == (
         runs[0]["id"], runs[3]["id"])
 
 
@@ -257,3 +282,41 @@ def test_command_quotes_the_workload_name() -> None:
 
 def test_no_runs_gives_not_measured_everywhere() -> None:
     assert {c.verdict for c in check_claims([])} == {NOT_MEASURED}
+
+
+# -- repeated trials and disturbed runs ------------------------------------------------
+
+def _trials(step: float, n: int, mode: str = "eager", group: str = "g1", **kw):
+    return [dict(make_run(mode=mode, step=step * (1 + 0.02 * i), **kw), group_id=group)
+            for i in range(n)]
+
+
+def test_trials_of_a_group_are_pooled_and_other_groups_are_not() -> None:
+    eager = _trials(0.20, 3)
+    compiled = _trials(0.16, 3, mode="compiled")
+    other = _trials(0.01, 3, mode="compiled", group="g2")  # another compare: never pooled
+    c = claim_compile(eager + other + compiled, WORKLOAD)
+    assert c.verdict == HOLDS
+    assert c.value == pytest.approx(0.2 * 1.02 / (0.16 * 1.02))
+    assert c.low < c.value < c.high
+
+
+def test_trials_that_disagree_make_the_verdict_inconclusive() -> None:
+    # Each trial is tight, but the trials of compiled disagree by 40%: the between-trial
+    # level of the bootstrap widens the interval across the threshold.
+    eager = [make_run(step=0.20, spread=0.01) for _ in range(3)]
+    compiled = [make_run(mode="compiled", step=s, spread=0.01) for s in (0.14, 0.20, 0.17)]
+    c = claim_compile(eager + compiled, WORKLOAD)
+    assert c.verdict == INCONCLUSIVE and c.low < 1.10 < c.high
+
+
+def test_disturbed_runs_are_left_out_of_verdicts() -> None:
+    eager = make_run(step=0.20, spread=0.01)
+    quiet = make_run(mode="compiled", step=0.21, spread=0.01)
+    burst = make_run(mode="compiled", step=0.10, spread=0.01)  # a lucky, disturbed trial
+    burst["metrics"]["disturbed"] = True
+    c = check_claims([eager, quiet, burst])[0]
+    assert c.verdict == NOT_HOLD and burst["id"] not in c.run_ids
+    # Only disturbed runs of compiled: measured, but no verdict.
+    c = check_claims([eager, burst])[0]
+    assert c.verdict == INCONCLUSIVE and "disturbed" in c.reason
