@@ -12,21 +12,14 @@ import argparse
 import os
 from typing import Any
 
-from rich.markup import escape
-
-from sextant.commands.common import (
-    RunProgress,
-    add_run_args,
-    comparison_table,
-    console,
-    open_store,
-    runs_dir,
+from sextant.commands.common import add_run_args
+from sextant.commands.run import (
+    add_strategy_args,
+    load_with_steps,
+    run_and_show,
+    strategy_from_args,
 )
-from sextant.commands.run import add_strategy_args, load_with_steps, strategy_from_args
-from sextant.errors import RunFailed
 from sextant.launch import join
-from sextant.runner import execute
-from sextant.workload import workload_source
 
 
 def register(sub: Any) -> None:
@@ -48,18 +41,4 @@ def cmd_join(args: argparse.Namespace) -> int:
     workload = load_with_steps(args)
     strategy = strategy_from_args(args, default_workers=identity.world)
     start = join.rank0_launcher(identity, bind=join.resolve(identity.master_addr))
-    out = console()
-    with open_store(args) as store, RunProgress(out, tensorboard=None) as progress:
-        progress.start(strategy.label, workload.steps, workload=workload)
-        try:
-            record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
-                             on_event=progress.on_event, timeout_s=args.timeout,
-                             collective_timeout_s=args.collective_timeout, launcher=start,
-                             workload_file=workload_source(args.workload))
-        except RunFailed as exc:
-            progress.finish(strategy.label, None, error=str(exc))
-            raise
-        progress.finish(strategy.label, record)
-    out.print(comparison_table([record], f"{escape(workload.name)}: run {record['id']}"))
-    out.print(f"stored as run {record['id']} in {store.path}", markup=False)
-    return 0
+    return run_and_show(args, workload, strategy, launcher=start)

@@ -12,10 +12,10 @@ from sextant.backends.base import REGISTRY
 from sextant.commands.common import (
     RunProgress,
     add_lever_args,
-    lever_fields,
     add_run_args,
     comparison_table,
     console,
+    lever_fields,
     open_store,
     runs_dir,
 )
@@ -115,8 +115,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.dry_run or args.nodes or args.tasks_per_node or args.partition:
         raise UserError("--nodes, --tasks-per-node, --partition and --dry-run go with "
                         "--launcher slurm")
+    return run_and_show(args, workload, strategy, launcher=launcher,
+                        tensorboard=args.tensorboard)
+
+
+def run_and_show(args: argparse.Namespace, workload: Workload, strategy: Strategy, *,
+                 launcher: Any = None, tensorboard: Any = None) -> int:
+    """Execute one run with live progress, store it and print its table (`run`, `join`)."""
     out = console()
-    with open_store(args) as store, RunProgress(out, tensorboard=args.tensorboard) as progress:
+    with open_store(args) as store, RunProgress(out, tensorboard=tensorboard) as progress:
         progress.start(strategy.label, workload.steps, workload=workload)
         try:
             record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
