@@ -3,6 +3,10 @@
 A backend module must not import its framework at module level: `capabilities()` is called in
 the parent process (which never imports a framework) to validate a strategy before any worker
 starts; `run()` is called inside the worker process.
+
+A backend class inherits `BackendBase` (the defaults of the optional parts of the protocol:
+no extra checks, one worker process per worker) and satisfies `Backend`. The contracts it
+receives and returns are typed in `sextant.backends.contracts`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from sextant.errors import UserError
 
 if TYPE_CHECKING:
-    from sextant.launch.worker import WorkerContext
+    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.strategy import Strategy
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -45,10 +50,9 @@ class ProcessLayout:
         return cls(roles=("worker",) * n, primary=tuple(range(n)))
 
 
-def process_layout(backend: Any, strategy: Any) -> ProcessLayout:
-    """The backend's layout for a strategy (default: `workers` identical worker processes)."""
-    custom = getattr(backend, "process_layout", None)
-    return custom(strategy) if custom is not None else ProcessLayout.workers(strategy.workers)
+def process_layout(backend: Backend, strategy: Strategy) -> ProcessLayout:
+    """The backend's layout for a strategy (the launchers' entry point)."""
+    return backend.process_layout(strategy)
 
 
 @runtime_checkable
@@ -66,9 +70,28 @@ class Backend(Protocol):
         """Strategy fields (mode, parallel, workers) that `sextant compare` runs by default."""
         ...
 
-    def run(self, ctx: WorkerContext) -> dict[str, Any]:
+    def check(self, strategy: Strategy) -> None:
+        """Refuse (UserError, one line naming what works) a combination the flat capability
+        lists cannot express. Called in the parent process, after the capability checks."""
+        ...
+
+    def process_layout(self, strategy: Strategy) -> ProcessLayout:
+        """The processes a run of this strategy needs (default: `workers` identical ones)."""
+        ...
+
+    def run(self, ctx: WorkerContext) -> RankResult:
         """Train the plan in this worker process; return this rank's raw measurements."""
         ...
+
+
+class BackendBase:
+    """Defaults for the optional parts of the `Backend` protocol; every backend inherits it."""
+
+    def check(self, strategy: Strategy) -> None:
+        """No combination beyond the capability lists is refused."""
+
+    def process_layout(self, strategy: Strategy) -> ProcessLayout:
+        return ProcessLayout.workers(strategy.workers)
 
 
 # name -> "module:Class"; the module is imported on first use.
@@ -92,7 +115,7 @@ def available(name: str) -> bool:
     return importlib.util.find_spec(backend.package) is not None
 
 
-def require(strategy: Any) -> Backend:
+def require(strategy: Strategy) -> Backend:
     """The backend for a strategy, after checking it is installed and supports the strategy."""
     backend = get_backend(strategy.framework)
     if importlib.util.find_spec(backend.package) is None:
@@ -121,7 +144,5 @@ def require(strategy: Any) -> Backend:
             f"{backend.name} cannot checkpoint parallel {strategy.parallel!r}; "
             f"checkpointing works with: {', '.join(caps.checkpoint) or 'nothing yet'}"
         )
-    check = getattr(backend, "check", None)
-    if check is not None:
-        check(strategy)  # combinations the flat capability lists cannot express
+    backend.check(strategy)  # combinations the flat capability lists cannot express
     return backend

@@ -5,6 +5,8 @@ MASTER_ADDR, MASTER_PORT); every backend reads them from the WorkerContext. The 
 progress events to `rank{r}.events.jsonl` (one JSON object per line, flushed as written) and
 its measurements to `rank{r}.result.json` (atomically, at the end). A failure writes
 `rank{r}.error.txt` and exits non-zero; the launcher names the rank.
+
+WorkerContext is defined in sextant.backends.contracts and re-exported here.
 """
 
 from __future__ import annotations
@@ -14,69 +16,18 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from sextant.backends.contracts import EVENT_SCHEMA, WorkerContext
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
-from sextant.launch.collector import Channel
 from sextant.launch.hosts import adopt_host
 from sextant.launch.local import default_threads
 from sextant.strategy import Strategy
-from sextant.workload import Workload, workload_from_dict
+from sextant.workload import workload_from_dict
 
-EVENT_SCHEMA = 1
-
-
-@dataclass(kw_only=True)
-class WorkerContext:
-    workload: Workload
-    strategy: Strategy
-    rank: int
-    world: int
-    local_rank: int
-    master_addr: str
-    master_port: int
-    run_dir: Path
-    threads: int
-    collective_timeout_s: float
-    roles: tuple[str, ...] = ()
-    """Role of every rank (see backends.base.ProcessLayout)."""
-    ports: tuple[int, ...] = ()
-    """A free port reserved for every rank."""
-    addresses: tuple[str, ...] = ()
-    """Address of every rank's host (loopback on one machine)."""
-    local_world: int = 1
-    """Ranks on this rank's host."""
-    fault: str | None = None
-    """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
-    _events: TextIO | None = field(default=None, repr=False)
-    channel: Channel | None = field(default=None, repr=False)
-    """Connection to the run's collector when the ranks share no filesystem with it."""
-
-    @property
-    def role(self) -> str:
-        return self.roles[self.rank]
-
-    def endpoint(self, rank: int) -> str:
-        """host:port a rank's server listens on (TF_CONFIG and the like)."""
-        return f"{self.addresses[rank]}:{self.ports[rank]}"
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.strategy.parallel != "single"
-
-    def emit(self, kind: str, **payload: Any) -> None:
-        """Append one event line (schema-versioned) to this rank's event file."""
-        if self._events is None:
-            self._events = open(self.run_dir / f"rank{self.rank}.events.jsonl", "a")
-        record = {"schema": EVENT_SCHEMA, "event": kind, "rank": self.rank,
-                  "time": time.time(), **payload}
-        self._events.write(json.dumps(record) + "\n")
-        self._events.flush()
-        if self.channel is not None:
-            self.channel.send({"kind": "event", "event": record})
+__all__ = ["EVENT_SCHEMA", "WorkerContext", "context_from_plan", "main", "run_rank"]
 
 
 def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContext:

@@ -6,12 +6,16 @@ JAX is imported only inside `run`, in the worker process.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sextant.backends.base import Capabilities
+from sextant.backends.base import BackendBase, Capabilities
+
+if TYPE_CHECKING:
+    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.strategy import Strategy
 
 
-class JaxBackend:
+class JaxBackend(BackendBase):
     name = "jax"
     package = "jax"
     extra = "jax"
@@ -28,7 +32,7 @@ class JaxBackend:
             checkpoint=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
         )
 
-    def check(self, strategy: Any) -> None:
+    def check(self, strategy: Strategy) -> None:
         from sextant.errors import UserError
 
         if strategy.compress != "none" and strategy.parallel != "dp-manual":
@@ -45,7 +49,7 @@ class JaxBackend:
             {"mode": "compiled", "parallel": "fsdp", "workers": workers},
         ]
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: WorkerContext) -> RankResult:
         from sextant.backends.jax_backend.train import run
 
         return run(ctx)

@@ -24,7 +24,7 @@ the pmean: every device updates its replica from its local gradients.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,8 +38,11 @@ from sextant.measure.guard import guard_recompiles
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
 
+if TYPE_CHECKING:
+    from sextant.backends.contracts import WorkerContext
 
-def run(ctx: Any) -> dict[str, Any]:
+
+def run(ctx: WorkerContext) -> dict[str, Any]:
     import jax
 
     if ctx.strategy.devices_per_worker > 1:
@@ -71,7 +74,7 @@ def _fsdp_spec(shape: tuple[int, ...], n: int) -> Any:
     return P()  # too small to split evenly: replicated
 
 
-def _train(ctx: Any) -> dict[str, Any]:
+def _train(ctx: WorkerContext) -> dict[str, Any]:
     import jax
     import jax.flatten_util
     import jax.numpy as jnp

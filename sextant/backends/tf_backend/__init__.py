@@ -14,9 +14,13 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sextant.backends.base import Capabilities, ProcessLayout
+from sextant.backends.base import BackendBase, Capabilities, ProcessLayout
+
+if TYPE_CHECKING:
+    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.strategy import Strategy
 
 # Set in every TensorFlow worker before TensorFlow is imported, overriding the user's shell,
 # so that a run's numerics and speed never depend on it (docs/tensorflow.md).
@@ -50,7 +54,7 @@ def prepare_environment() -> None:
     os.environ.update(WORKER_ENV)
 
 
-def import_tensorflow(ctx: Any) -> Any:
+def import_tensorflow(ctx: WorkerContext) -> Any:
     """`import tensorflow` with its import-time notices filtered out of stderr.
 
     The import's stderr goes to rank{r}.tf-import.log in the run directory (kept if the
@@ -91,7 +95,7 @@ def filtered_stderr(path: Path, drop: tuple[str, ...]) -> Iterator[list[str]]:
     path.unlink()
 
 
-class TensorFlowBackend:
+class TensorFlowBackend(BackendBase):
     name = "tensorflow"
     package = "tensorflow"
     extra = "tensorflow"
@@ -109,7 +113,7 @@ class TensorFlowBackend:
             checkpoint=("single", "dp"),
         )
 
-    def check(self, strategy: Any) -> None:
+    def check(self, strategy: Strategy) -> None:
         """Combinations the capability lists cannot express (checked in the parent)."""
         from sextant.errors import UserError
 
@@ -148,7 +152,7 @@ class TensorFlowBackend:
             {"mode": "compiled", "parallel": "dp", "workers": workers},
         ]
 
-    def process_layout(self, strategy: Any) -> ProcessLayout:
+    def process_layout(self, strategy: Strategy) -> ProcessLayout:
         if strategy.parallel == "ps":
             return ProcessLayout(
                 roles=("chief",) + ("ps",) * strategy.ps + ("worker",) * strategy.workers,
@@ -156,7 +160,7 @@ class TensorFlowBackend:
             )
         return ProcessLayout.workers(strategy.workers)
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: WorkerContext) -> RankResult:
         if ctx.strategy.parallel == "ps":
             from sextant.backends.tf_backend.ps import run as run_ps
 

@@ -37,7 +37,7 @@ import re
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from sextant.measure.env import fingerprint
 from sextant.measure.loop import Faults, timed_training
 from sextant.schedule import lr_table
 
+if TYPE_CHECKING:
+    from sextant.backends.contracts import WorkerContext
+
 ASYNC_NOTE = (
     "parameter-server training is asynchronous: each step is {w} concurrent updates, one per "
     "worker on its 1/{w} of the global batch, each computed on parameters the others may be "
@@ -63,7 +66,7 @@ ASYNC_NOTE = (
 PS_INTER_OP_THREADS = 2
 
 
-def cluster_of(ctx: Any) -> dict[str, list[str]]:
+def cluster_of(ctx: WorkerContext) -> dict[str, list[str]]:
     """TF cluster spec from the process layout: one host:port per rank."""
     if len(ctx.ports) < ctx.world:
         raise UserError(
@@ -75,11 +78,11 @@ def cluster_of(ctx: Any) -> dict[str, list[str]]:
     return cluster
 
 
-def task_index(ctx: Any) -> int:
+def task_index(ctx: WorkerContext) -> int:
     return ctx.roles[: ctx.rank].count(ctx.role)
 
 
-def worker_threads(ctx: Any) -> int:
+def worker_threads(ctx: WorkerContext) -> int:
     """Intra-op threads of a ps worker: the cores shared by the workers (the launcher's
     default divides them by the primary ranks, here only the chief)."""
     if ctx.strategy.threads is not None:
@@ -94,7 +97,7 @@ def update_lrs(opt: Any, steps: int, workers: int) -> np.ndarray:
                     steps * workers)
 
 
-def run(ctx: Any) -> dict[str, Any]:
+def run(ctx: WorkerContext) -> dict[str, Any]:
     # gRPC errors surface to the caller at once instead of being retried by the channel, so
     # the coordinator sees a dead server (TensorFlow's parameter-server guide sets this).
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
@@ -104,7 +107,7 @@ def run(ctx: Any) -> dict[str, Any]:
     raise AssertionError("unreachable: Server.join() returned")
 
 
-def _serve(ctx: Any) -> None:
+def _serve(ctx: WorkerContext) -> None:
     from sextant.backends.tf_backend import import_tensorflow
 
     tf = import_tensorflow(ctx)
@@ -125,7 +128,7 @@ def _serve(ctx: Any) -> None:
     server.join()
 
 
-def _die_after_chief_step(ctx: Any, step: int) -> None:
+def _die_after_chief_step(ctx: WorkerContext, step: int) -> None:
     """Test hook: SIGKILL this service process once the chief has logged `step`."""
     path = ctx.run_dir / "rank0.events.jsonl"
     while True:
@@ -139,7 +142,7 @@ def _die_after_chief_step(ctx: Any, step: int) -> None:
         time.sleep(0.02)
 
 
-def _coordinate(ctx: Any) -> dict[str, Any]:
+def _coordinate(ctx: WorkerContext) -> dict[str, Any]:
     from sextant.backends.tf_backend import import_tensorflow
 
     tf = import_tensorflow(ctx)
@@ -266,7 +269,7 @@ def _coordinate(ctx: Any) -> dict[str, Any]:
     return result
 
 
-def _named_failure(ctx: Any, exc: Exception) -> Exception:
+def _named_failure(ctx: WorkerContext, exc: Exception) -> Exception:
     """The coordinator's error, naming the rank of the server it lost when it can."""
     text = str(exc)
     # A lost parameter server is reported through the worker that ran the closure, so its

@@ -32,7 +32,7 @@ import contextlib
 import json
 import os
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,10 +47,13 @@ from sextant.measure.env import fingerprint
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
 
+if TYPE_CHECKING:
+    from sextant.backends.contracts import WorkerContext
+
 INTER_OP_THREADS = 2
 
 
-def configure(tf: Any, ctx: Any, logical_cpus: int = 1) -> None:
+def configure(tf: Any, ctx: WorkerContext, logical_cpus: int = 1) -> None:
     """Threads and logical devices; must run before TensorFlow initialises its runtime."""
     tf.get_logger().setLevel("ERROR")
     tf.config.threading.set_intra_op_parallelism_threads(ctx.threads)
@@ -62,7 +65,7 @@ def configure(tf: Any, ctx: Any, logical_cpus: int = 1) -> None:
         )
 
 
-def make_strategy(tf: Any, ctx: Any) -> tuple[Any, str, str | None]:
+def make_strategy(tf: Any, ctx: WorkerContext) -> tuple[Any, str, str | None]:
     """(strategy or None, its description, collectives description)."""
     strategy = ctx.strategy
     if strategy.parallel == "single":
@@ -101,7 +104,7 @@ def make_strategy(tf: Any, ctx: Any) -> tuple[Any, str, str | None]:
     )
 
 
-def run(ctx: Any) -> dict[str, Any]:
+def run(ctx: WorkerContext) -> dict[str, Any]:
     from sextant.backends.tf_backend import import_tensorflow
 
     tf = import_tensorflow(ctx)
@@ -249,7 +252,7 @@ def run(ctx: Any) -> dict[str, Any]:
             x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
             rows["n"] = len(x)
 
-            def local_shard(value_ctx: Any) -> tuple[tf.Tensor, tf.Tensor]:
+            def local_shard(value_ctx: WorkerContext) -> tuple[tf.Tensor, tf.Tensor]:
                 d = value_ctx.replica_id_in_sync_group - ctx.rank * n_local
                 with tf.device(local_devices[d]):
                     return (tf.constant(data.shard(x, d, n_local)),
@@ -376,7 +379,7 @@ def run(ctx: Any) -> dict[str, Any]:
     return result
 
 
-def probe_16bit_notice(tf: Any, ctx: Any, dtypes: list[Any]) -> list[str]:
+def probe_16bit_notice(tf: Any, ctx: WorkerContext, dtypes: list[Any]) -> list[str]:
     """TensorFlow's once-per-process notice that its oneDNN kernels do not run these 16-bit
     dtypes on this CPU (no AVX-512; the Eigen kernels do), provoked here by a tiny function
     while stderr is captured, and returned for the record instead of landing in the worker's
@@ -400,7 +403,7 @@ def probe_16bit_notice(tf: Any, ctx: Any, dtypes: list[Any]) -> list[str]:
 CKPT_PREFIX = "ckpt"
 
 
-def _barrier(tf: Any, dist: Any, ctx: Any) -> Any:
+def _barrier(tf: Any, dist: Any, ctx: WorkerContext) -> Any:
     """A barrier across the MultiWorkerMirroredStrategy workers, outside the training step:
     a one-element all-reduce, traced once, whose value is read back (the read waits for
     every worker's contribution). Each worker calls it at the same points, in order."""

@@ -5,12 +5,16 @@ Torch is imported only inside `run`, in the worker process.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sextant.backends.base import Capabilities
+from sextant.backends.base import BackendBase, Capabilities
+
+if TYPE_CHECKING:
+    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.strategy import Strategy
 
 
-class TorchBackend:
+class TorchBackend(BackendBase):
     name = "torch"
     package = "torch"
     extra = "torch"
@@ -27,7 +31,7 @@ class TorchBackend:
             checkpoint=("single", "dp", "zero2", "fsdp"),
         )
 
-    def check(self, strategy: Any) -> None:
+    def check(self, strategy: Strategy) -> None:
         from sextant.errors import UserError
 
         if strategy.compress != "none" and strategy.parallel not in ("dp", "zero1"):
@@ -46,7 +50,7 @@ class TorchBackend:
             {"mode": "eager", "parallel": "dp", "workers": workers},
         ]
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: WorkerContext) -> RankResult:
         from sextant.backends.torch_backend.train import run
 
         return run(ctx)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,11 +34,14 @@ from sextant.measure.env import fingerprint
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
 
+if TYPE_CHECKING:
+    from sextant.backends.contracts import WorkerContext
+
 DDP_STRATEGIES = ("dp", "zero1")
 FSDP_STRATEGIES = ("zero2", "fsdp")
 
 
-def run(ctx: Any) -> dict[str, Any]:
+def run(ctx: WorkerContext) -> dict[str, Any]:
     torch.set_num_threads(ctx.threads)
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{ctx.local_rank}" if cuda else "cpu")
@@ -83,7 +86,7 @@ def _bf16_compress_hook(state, bucket):  # noqa: ANN001
     return fut.then(decompress)
 
 
-def _install_hook(ddp: DDP, ctx: Any) -> dict[str, int]:
+def _install_hook(ddp: DDP, ctx: WorkerContext) -> dict[str, int]:
     """Register the communication hook for the strategy's compression, wrapped so that it
     counts the gradient bytes DDP hands over (before compression): the measured side of the
     bytes-per-step figure. Returns the counter."""
@@ -136,7 +139,7 @@ def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
-           ctx: Any) -> tuple[torch.optim.Optimizer, str]:
+           ctx: WorkerContext) -> tuple[torch.optim.Optimizer, str]:
     spec = ctx.workload.optimizer
     decay, no_decay = [], []
     for key, p in net.named_parameters():
@@ -156,7 +159,7 @@ def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.nda
         return torch.optim.AdamW(groups, foreach=True, **kwargs), "AdamW (foreach)"
 
 
-def _apply_fsdp(module: torch.nn.Module, net: torch.nn.Module, ctx: Any) -> None:
+def _apply_fsdp(module: torch.nn.Module, net: torch.nn.Module, ctx: WorkerContext) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -190,7 +193,7 @@ def _full_canonical(net: torch.nn.Module, names: list[str]) -> dict[str, np.ndar
 # --- the worker ------------------------------------------------------------------------
 
 
-def _train(ctx: Any, device: torch.device, cuda: bool) -> dict[str, Any]:
+def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, Any]:
     workload, strategy = ctx.workload, ctx.strategy
     parallel = strategy.parallel
     params = init_params(workload.model, workload.seed)

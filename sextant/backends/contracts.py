@@ -1,0 +1,131 @@
+"""The typed contracts between the launcher, the harness and a backend.
+
+`WorkerContext` is what a backend's `run` receives inside its worker process; `RankResult` is
+what it returns (the raw measurements of one rank, which `sextant.runner.aggregate` and
+`rank_summaries` turn into the stored run record). They live here, next to the `Backend`
+protocol (`sextant.backends.base`), so that backends can name them without importing the
+launcher: `sextant.launch.worker` builds a WorkerContext and re-exports the name.
+
+This module imports no framework and nothing from `sextant.launch` at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+
+from sextant.strategy import Strategy
+from sextant.workload import Workload
+
+if TYPE_CHECKING:
+    from sextant.launch.collector import Channel
+
+EVENT_SCHEMA = 1
+"""Version of the progress-event lines a rank writes (rank{r}.events.jsonl)."""
+
+RANK_RESULT_SCHEMA = 1
+"""Version of the RankResult shape below. Rank results are not stored as they are: the run
+record (sextant.runner.RECORD_SCHEMA) is assembled from them, so a change here that keeps the
+keys the runner reads keeps every stored record readable."""
+
+
+@dataclass(kw_only=True)
+class WorkerContext:
+    """One rank of one run, as its worker process sees it."""
+
+    workload: Workload
+    strategy: Strategy
+    rank: int
+    world: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    run_dir: Path
+    threads: int
+    collective_timeout_s: float
+    roles: tuple[str, ...] = ()
+    """Role of every rank (see backends.base.ProcessLayout)."""
+    ports: tuple[int, ...] = ()
+    """A free port reserved for every rank."""
+    addresses: tuple[str, ...] = ()
+    """Address of every rank's host (loopback on one machine)."""
+    local_world: int = 1
+    """Ranks on this rank's host."""
+    fault: str | None = None
+    """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
+    _events: TextIO | None = field(default=None, repr=False)
+    channel: Channel | None = field(default=None, repr=False)
+    """Connection to the run's collector when the ranks share no filesystem with it."""
+
+    @property
+    def role(self) -> str:
+        return self.roles[self.rank]
+
+    def endpoint(self, rank: int) -> str:
+        """host:port a rank's server listens on (TF_CONFIG and the like)."""
+        return f"{self.addresses[rank]}:{self.ports[rank]}"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.strategy.parallel != "single"
+
+    def emit(self, kind: str, **payload: Any) -> None:
+        """Append one event line (schema-versioned) to this rank's event file."""
+        if self._events is None:
+            self._events = open(self.run_dir / f"rank{self.rank}.events.jsonl", "a")
+        record = {"schema": EVENT_SCHEMA, "event": kind, "rank": self.rank,
+                  "time": time.time(), **payload}
+        self._events.write(json.dumps(record) + "\n")
+        self._events.flush()
+        if self.channel is not None:
+            self.channel.send({"kind": "event", "event": record})
+
+
+class _RankResultOptional(TypedDict, total=False):
+    rank: int
+    """Added by the worker (sextant.launch.worker.run_rank) after `run` returns."""
+    world: int
+    device_peak_bytes: int
+    """Accelerator allocator peak, where the framework reports one."""
+
+
+class RankResult(_RankResultOptional):
+    """What one primary rank returns (schema RANK_RESULT_SCHEMA), as a JSON-ready dict.
+
+    The timed loop (`sextant.measure.loop.timed_training`) fills the timing and numerics
+    keys; the backend adds the accounting, details and fingerprint; the worker adds rank and
+    world. Lists are per step, from `start_step`. (Optional keys are declared in a
+    `total=False` base: `NotRequired` is not seen under postponed annotations on 3.11.)
+    """
+
+    step_times_s: list[float]
+    data_times_s: list[float]
+    losses: list[float]
+    grad_norms: list[float]
+    start_step: int
+    rows_per_step: list[int | None]
+    checkpoint_times_s: list[float]
+    warmup_steps: int
+    peak_rss_bytes: int
+    rss_start_bytes: int
+    sync_step_times_s: list[float]
+    """Exposed-communication pairs: steps with gradient sync (empty without a no-sync step)."""
+    nosync_step_times_s: list[float]
+    final_params_sha256: str | None
+    """Digest of the final canonical parameters (rank 0 only; None elsewhere)."""
+    memory_accounting: dict[str, Any]
+    comm: dict[str, Any]
+    details: dict[str, Any]
+    fingerprint: dict[str, Any]
+
+
+RANK_RESULT_KEYS: frozenset[str] = frozenset(RankResult.__required_keys__)
+"""The keys every backend's `run` must return."""
+
+
+def missing_keys(result: dict[str, Any]) -> list[str]:
+    """Keys of RankResult a backend's result lacks (sorted; empty when complete)."""
+    return sorted(RANK_RESULT_KEYS - result.keys())
