@@ -411,3 +411,28 @@ def check_checkpoint(reference: dict[str, Any] | None, saved: dict[str, Any] | N
         summary=f"saved at step {saved_step}, resumed, steps {saved_step + 1}-{steps} match the "
                 f"uninterrupted run (max relative difference {continued:.1e}, tolerance {rtol:g})",
         details=details)
+
+
+def check_quiet(summary: dict[str, Any]) -> CheckResult:
+    """The machine is quiet enough for timings: while sextant itself idles, the CPU used by
+    other programs, CPU steal and throttling stay under the thresholds that mark a run
+    disturbed (sextant.measure.interference)."""
+    if not summary.get("sampled"):
+        return CheckResult(check="quiet", status=SKIP,
+                           summary=f"not run: {summary.get('reason', 'no /proc on this system')}")
+    figures = (f"{summary['outside_cores_mean']:.2f} of {summary['cores']} cores busy with "
+               f"other programs (bursts >= {summary['thresholds']['burst_cores']} cores "
+               f"{summary['outside_busy_share']:.0%} of the time), steal "
+               f"{summary['steal_share']:.0%}, load average {summary['load1_max']}")
+    details = {k: v for k, v in summary.items() if k != "thresholds"}
+    if summary["disturbed"]:
+        return CheckResult(
+            check="quiet", status=WARN, measured=summary["outside_cores_mean"],
+            threshold=summary["thresholds"]["outside_cores"], unit="cores",
+            summary=f"machine busy: {figures}; runs now would be marked disturbed",
+            hint="wait for the other programs to finish (top shows them) or use a machine "
+                 "of your own; timings taken now are left out of verdicts",
+            details=details)
+    return CheckResult(check="quiet", status=PASS, measured=summary["outside_cores_mean"],
+                       threshold=summary["thresholds"]["outside_cores"], unit="cores",
+                       summary=f"quiet: {figures}", details=details)

@@ -258,6 +258,16 @@ def run_checks(opts: CheckOptions, say: Callable[[str], None] = lambda _: None,
     opts.runs_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, CheckResult] = {}
 
+    if "quiet" in only:  # first: before the checks' own runs load the machine
+        from sextant.measure import interference
+
+        say(f"quiet: what other programs use of the machine, over "
+            f"{interference.QUIET_CHECK_S:g} s")
+        sampler = interference.Sampler().start()
+        time.sleep(interference.QUIET_CHECK_S)
+        sampler.stop()
+        results["quiet"] = analyse.check_quiet(sampler.summary())
+
     base: Outcome | None = None
     if only & _NEEDS_SINGLE or (not multi and only & _NEEDS_DP):
         say(f"mvp: {single.label}, {steps} steps")

@@ -104,6 +104,8 @@ def _figure(value: float | None, unit: str) -> str:
         return f"{value * 100:.0f}%"
     if "relative" in unit:
         return f"{value:.1e}"
+    if unit == "cores":
+        return f"{value:.2f} cores"
     if "Gb/s" in unit:
         return f"{value:.2f} Gb/s"
     return f"{value:g}"

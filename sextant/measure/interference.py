@@ -20,6 +20,7 @@ Only Linux is sampled; elsewhere the summary says so and no run is marked.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -48,7 +49,7 @@ def machine_jiffies() -> tuple[int, int, int]:
     """(busy, steal, total) CPU time of the whole machine, in clock ticks."""
     with open(_PROC / "stat") as f:
         fields = [int(x) for x in f.readline().split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     return user + nice + system + irq + softirq, steal, sum(fields)
 
 
@@ -179,7 +180,7 @@ def summarize(samples: list[dict[str, Any]], window: tuple[float, float] | None,
                 "disturbed": False, "thresholds": thresholds, "cores": cores}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     outside = []
-    for a, b in zip(chosen, chosen[1:]):
+    for a, b in itertools.pairwise(chosen):
         dt = b["t"] - a["t"]
         if dt <= 0:
             continue
@@ -214,6 +215,7 @@ def summarize(samples: list[dict[str, Any]], window: tuple[float, float] | None,
         "outside_cores_p90": ordered[int(0.9 * (len(ordered) - 1))] if ordered else None,
         "outside_cores_max": ordered[-1] if ordered else None,
         "outside_busy_share": busy_share,
+        "run_cores_mean": (last["tree"] - first["tree"]) / tick / span,
         "steal_share": steal,
         "load1_max": max(loads) if loads else None,
         "throttle_events": (throttles[-1] - throttles[0]) if throttles else None,
