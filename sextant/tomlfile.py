@@ -1,4 +1,5 @@
-"""Reading a user's TOML file (workload, profile) into a dict; every problem is one line.
+"""Reading a user's TOML file (workload, profile, catalogue) into a dict; every problem is one
+line.
 
 tomllib raises more than TOMLDecodeError on hostile input: RecursionError for tables or
 arrays nested thousands deep, ValueError for an integer longer than Python's 4,300-digit
@@ -23,8 +24,9 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
         raise UserError(f"{what} file not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not a UTF-8 text file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (byte {exc.start}): expected a {what} "
+                        f"TOML file") from None
     except OSError as exc:
         raise UserError(f"cannot read {what} file {path}: {exc.strerror}") from None
     return parse_toml(text, str(path))
@@ -36,6 +38,6 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{source} is not valid TOML: {exc}") from None
     except RecursionError:
-        raise UserError(f"{source} is not usable TOML: nested too deeply") from None
+        raise UserError(f"{source} is not valid TOML: nested too deeply") from None
     except ValueError as exc:  # int() over the 4,300-digit limit
-        raise UserError(f"{source} is not usable TOML: {str(exc).split(';')[0]}") from None
+        raise UserError(f"{source} is not valid TOML: {str(exc).split(';')[0]}") from None

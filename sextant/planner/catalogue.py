@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.tomlfile import read_toml
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
 DEFAULT_CALIBRATION = Path("sextant-results") / "calibration.json"
@@ -216,34 +216,8 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_toml(path: Path, what: str = "catalogue") -> dict[str, Any]:
-    """A TOML file as a dict, or a one-line UserError: missing, a directory, not UTF-8, not
-    TOML, nested too deep for the parser, or an integer too long to convert."""
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{what} file {path} is a directory, not a TOML file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{what} file not found: {path}") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(
-            f"{path} is not UTF-8 text (byte {exc.start}): expected a TOML file"
-        ) from None
-    except OSError as exc:
-        raise UserError(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
-    except RecursionError:
-        raise UserError(f"{path} is not valid TOML: nested too deeply") from None
-    except ValueError as exc:  # e.g. an integer over Python's 4,300-digit conversion limit
-        raise UserError(f"{path} is not valid TOML: {str(exc).splitlines()[0]}") from None
-
-
 def _read_toml(path: Path) -> dict[str, Any]:
-    return read_toml(path, "catalogue")
+    return read_toml(path, "catalogue")  # sextant.tomlfile: one-line errors for any bad file
 
 
 def load_catalogue(

@@ -713,7 +713,7 @@ def _transformer_from_workload(
 
 
 def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
-    from sextant.planner.catalogue import read_toml
+    from sextant.tomlfile import read_toml
 
     raw = read_toml(Path(path), "workload")
     return shape_from_workload(raw, where=str(path))
