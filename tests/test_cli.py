@@ -53,6 +53,8 @@ def test_help_lists_commands() -> None:
           "missing.json"], "--plan missing.json: no such file"),
         (["report", "--plan", "p.json"], "--plan gives the advisor's training hours: it needs"),
         (["compare", "--frameworks", "torch,caffe"], "unknown framework 'caffe' in --frameworks"),
+        (["compare", "--repeats", "0"], "argument --repeats: must be an integer >= 1"),
+        (["run", "--repeats", "two"], "argument --repeats: must be an integer >= 1"),
         (["runs", "list"], "no results store at"),
         (["bogus"], "invalid choice: 'bogus'"),
     ],

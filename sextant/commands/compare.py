@@ -17,12 +17,18 @@ from sextant.cluster import emulated
 from sextant.commands.common import (
     RunProgress,
     add_run_args,
-    comparison_table,
     console,
     open_store,
     runs_dir,
 )
 from sextant.commands.run import load_with_steps
+from sextant.commands.trials import (
+    DEFAULT_REPEATS,
+    add_repeats_arg,
+    by_config,
+    disturbed_lines,
+    trials_table,
+)
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
@@ -38,6 +44,7 @@ def register(sub: Any) -> None:
                                    "the comparison and write the HTML report.")
     add_run_args(p)
     add_monitor_args(p)
+    add_repeats_arg(p, DEFAULT_REPEATS)
     p.add_argument("--frameworks", default=None,
                    help=f"comma-separated subset of: {', '.join(REGISTRY)} (default: all installed)")
     p.add_argument("--workers", type=int, default=2,
@@ -165,31 +172,41 @@ def cmd_compare(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     failures: list[str] = []
     with open_store(args) as store:
-        out.print(f"[bold]{escape(workload.name)}[/bold]: {len(strategies)} runs, "
-                  f"{workload.steps} steps each, global batch {workload.global_batch}")
+        n = args.repeats
+        out.print(f"[bold]{escape(workload.name)}[/bold]: {len(strategies)} configurations"
+                  + (f" x {n} interleaved trials" if n > 1 else "")
+                  + f", {workload.steps} steps each, global batch {workload.global_batch}")
+        # Interleaved (A B C, A B C, ...): drift and bursts of other programs hit every
+        # configuration alike instead of all the trials of one.
+        schedule = [(t, s) for t in range(1, n + 1) for s in strategies]
         with RunProgress(out, tensorboard=args.tensorboard) as progress:
-            for strategy in strategies:
-                progress.start(strategy.label, workload.steps, workload=workload)
+            for trial, strategy in schedule:
+                shown = strategy.label + (f" #{trial}" if n > 1 else "")
+                progress.start(shown, workload.steps, workload=workload)
                 try:
                     record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
                                      group_id=group, on_event=progress.on_event,
                                      workload_file=workload_source(args.workload),
                                      timeout_s=args.timeout,
                                      collective_timeout_s=args.collective_timeout,
-                                     cluster=args.cluster)
+                                     cluster=args.cluster, trial=(trial, n))
                 except RunFailed as exc:
-                    progress.finish(strategy.label, None, error=str(exc))
+                    progress.finish(shown, None, error=str(exc))
                     failures.append(str(exc))
                     continue
-                progress.finish(strategy.label, record)
+                progress.finish(shown, record)
                 records.append(record)
         if records and args.levers:
-            out.print(lever_table(records))
+            out.print(lever_table([g[-1] for g in by_config(records)]))
         elif records:
-            out.print(comparison_table(
+            out.print(trials_table(
                 records, f"{escape(workload.name)} - speed-up and max |Δloss| against "
                          f"{records[0]['label']}"
             ))
+            _print_headline(records, out)
+        for line in disturbed_lines(records):
+            out.print(Text(line, style="yellow"))
+        if records:
             out.print(f"stored runs {records[0]['id']}-{records[-1]['id']} (group {group}) "
                       f"in {store.path}")
         if records and not args.no_report:
@@ -204,6 +221,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for failure in failures:
         out.print(Text("failed: ", style="red") + Text(failure))
     return 1 if failures else 0
+
+
+def _print_headline(records: list[dict[str, Any]], out: Any) -> None:
+    """The report's headline and claim verdicts, in the terminal."""
+    from sextant.report.model import build_report, headline_text
+
+    report = build_report(records)
+    title, sentence = headline_text(report["summary"])
+    out.print(Text(f"{title}: ", style="bold") + Text(sentence))
+    for claim in report["claims"]:
+        if claim["verdict"] != "not measured":
+            out.print(Text(f"  {claim['claim']}: ", style="dim") + Text(claim["verdict"])
+                      + Text(f" ({claim['figure']})", style="dim"))
 
 
 def ensure_calibration(results_dir: Path, out: Any) -> None:

@@ -19,6 +19,7 @@ from sextant.commands.common import (
     open_store,
     runs_dir,
 )
+from sextant.commands.trials import add_repeats_arg, run_trials
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
@@ -33,6 +34,7 @@ def register(sub: Any) -> None:
     add_run_args(p)
     add_monitor_args(p)
     add_strategy_args(p)
+    add_repeats_arg(p, 1)
     p.add_argument("--launcher", default="local", choices=("local", "slurm"),
                    help="local (default: processes on this machine, or on the hosts of "
                         "--cluster) or slurm (a batch job through sbatch, or srun inside an "
@@ -115,6 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.dry_run or args.nodes or args.tasks_per_node or args.partition:
         raise UserError("--nodes, --tasks-per-node, --partition and --dry-run go with "
                         "--launcher slurm")
+    if args.repeats > 1:
+        return run_trials(args, workload, strategy, launcher=launcher)
     return run_and_show(args, workload, strategy, launcher=launcher,
                         tensorboard=args.tensorboard)
 

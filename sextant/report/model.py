@@ -404,14 +404,18 @@ def headline_text(summary: Mapping[str, Any]) -> tuple[str, str]:
     over = f"over {trials} trials each" if trials > 1 else "one trial each"
     if f.get("verdict") == "tied":
         names = " and ".join([f["run"], *f["tied_with"]][:3])
-        return (f"{names}: tied within the interval",
-                f"{f['run']} measured {vs['value']:.2f}x the speed of {f['runner_up']}{ci}, "
-                f"{over}: the interval includes 1, so no winner is named.")
+        sentence = (f"{f['run']} measured {vs['value']:.2f}x the speed of {f['runner_up']}"
+                    f"{ci}, {over}: the interval includes 1, so no winner is named.")
+        return f"{names}: tied within the interval", sentence
     if f.get("verdict") == INCONCLUSIVE or not vs:
-        return (f"{f['run']} measured fastest, not confirmed",
-                "no interval against the runner-up could be computed: re-run with "
-                "--repeats 3." if vs is None and summary.get("runs", 0) > 1 else
-                "only one configuration was timed.")
+        if summary.get("disturbed"):
+            why = ("other programs used the CPU while the runs trained (disturbed runs are "
+                   "left out): re-run on a quiet machine.")
+        elif summary.get("runs", 0) > 1:
+            why = "no interval against the runner-up could be computed: re-run with --repeats 2."
+        else:
+            why = "only one configuration was timed."
+        return f"{f['run']} measured fastest, not confirmed", why
     return (f"{f['run']} is fastest here",
             f"{vs['value']:.2f}x the speed of the runner-up, {f['runner_up']}{ci}, {over}.")
 

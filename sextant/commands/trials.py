@@ -1,0 +1,159 @@
+"""Repeated, interleaved trials (`--repeats N` on compare and run): the table of their
+configurations with confidence intervals, and the disturbed runs to re-run."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+
+from sextant.commands.common import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
+from sextant.measure.intervals import CONFIDENCE, speedup_interval
+from sextant.measure.stats import max_loss_diff
+
+DEFAULT_REPEATS = 2
+"""Trials per configuration of `compare` (docs/methodology.md, "Repeated trials"): the
+smallest count that gives the bootstrap a between-trial level, and the largest that keeps
+the default compare (9 configurations, each pass dominated by process start and compile)
+near its 5-minute bound on the 2-core reference machine."""
+
+
+def repeats(text: str) -> int:
+    """argparse type of --repeats: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1. Received: {text!r}")
+    return value
+
+
+def add_repeats_arg(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument("--repeats", type=repeats, default=default, metavar="N",
+                   help=f"run each configuration N times, each in fresh processes, "
+                        f"interleaved (A B C, A B C, ...) so drift and bursts of other "
+                        f"programs hit every configuration alike; speed-ups get a "
+                        f"{CONFIDENCE:.0%} interval over the trials (default: {default})")
+
+
+def disturbed(run: Mapping[str, Any]) -> bool:
+    return bool((run.get("metrics") or {}).get("disturbed"))
+
+
+def _usable(trials: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [t for t in trials if not disturbed(t)
+            and (t.get("metrics") or {}).get("step_time_median_s")]
+
+
+def by_config(records: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault(str(rec["label"]), []).append(rec)
+    return list(groups.values())
+
+
+def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
+    """One row per configuration: its trials, the mean of their median steps, the range of
+    those medians, and the speed-up against the first configuration with its interval.
+    Disturbed trials are counted and shown, never used."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("run", "trials", "step ms", "trial medians", "tokens/s",
+                 f"speed-up [{CONFIDENCE:.0%} CI]", "RSS MB/proc", "exposed comm",
+                 "final loss", "max |Δloss|"):
+        table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+    groups = by_config(records)
+    ref = _usable(groups[0]) if groups else []
+    for i, trials in enumerate(groups):
+        usable = _usable(trials)
+        n_bad = len(trials) - len(usable)
+        counted = f"{len(usable)}" + (f" (+{n_bad} disturbed)" if n_bad else "")
+        shown = usable[-1] if usable else trials[-1]
+        m = shown["metrics"]
+        # With no quiet trial the disturbed ones' figures are still shown, marked as such.
+        pool = usable or [t for t in trials if t["metrics"].get("step_time_median_s")]
+        medians = [t["metrics"]["step_time_median_s"] for t in pool]
+        mean = sum(medians) / len(medians) if medians else None
+        if i == 0:
+            speed = "ref" if usable else "no quiet trial"
+        elif usable and ref:
+            value, low, high = speedup_interval(ref, usable)  # type: ignore[misc]
+            speed = f"{value:.2f}x" + (f" [{low:.2f}-{high:.2f}]" if low is not None
+                                       else " [no interval]")
+        else:
+            speed = "no quiet trial" if not usable else "-"
+        tokens = m["tokens_per_step"] / mean if mean and m.get("tokens_per_step") else None
+        diff = max_loss_diff(shown.get("losses") or [], groups[0][-1].get("losses") or [])
+        table.add_row(
+            str(shown["label"]), counted,
+            fmt_ms(mean) + (" (disturbed)" if pool and not usable else ""),
+            f"{fmt_ms(min(medians))}-{fmt_ms(max(medians))}" if len(medians) > 1 else "-",
+            fmt_rate(tokens if tokens is not None else m.get("tokens_per_s")), speed,
+            fmt_bytes_mb(m.get("peak_rss_bytes")), fmt_share(m.get("exposed_comm_share")),
+            fmt_loss(m.get("final_loss")),
+            "ref" if i == 0 else (f"{diff:.1e}" if diff is not None else "-"),
+        )
+    return table
+
+
+def disturbed_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per disturbed run: which, why, and that it should be re-run."""
+    out = []
+    for rec in records:
+        if not disturbed(rec):
+            continue
+        info = (rec.get("fingerprint") or {}).get("interference") or {}
+        m = rec.get("metrics") or {}
+        trial = f" trial {m['trial']}/{m['trials']}" if m.get("trial") else ""
+        out.append(f"disturbed: run {rec.get('id', '?')} ({rec['label']}{trial}): "
+                   f"{info.get('reason') or 'over the interference thresholds'}; left out of "
+                   "the verdicts")
+    if out:
+        out.append("re-run the disturbed configurations on a quiet machine ('sextant check "
+                   "--only quiet' says whether it is quiet now)")
+    return out
+
+
+def run_trials(args: argparse.Namespace, workload: Any, strategy: Any, *,
+               launcher: Any = None) -> int:
+    """`sextant run --repeats N`: N trials of one configuration, each in fresh processes,
+    stored as one group (trial index in each record's metrics)."""
+    import uuid
+
+    from rich.markup import escape
+    from rich.text import Text
+
+    from sextant.commands.common import RunProgress, console, open_store, runs_dir
+    from sextant.runner import execute
+    from sextant.workload import workload_source
+
+    out = console()
+    group = uuid.uuid4().hex[:12]
+    records = []
+    n = args.repeats
+    with open_store(args) as store:
+        with RunProgress(out, tensorboard=args.tensorboard) as progress:
+            for trial in range(1, n + 1):
+                shown = f"{strategy.label} #{trial}"
+                progress.start(shown, workload.steps, workload=workload)
+                try:
+                    record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
+                                     group_id=group, on_event=progress.on_event,
+                                     timeout_s=args.timeout,
+                                     collective_timeout_s=args.collective_timeout,
+                                     cluster=args.cluster, launcher=launcher,
+                                     workload_file=workload_source(args.workload),
+                                     trial=(trial, n))
+                except Exception as exc:
+                    progress.finish(shown, None, error=str(exc))
+                    raise
+                progress.finish(shown, record)
+                records.append(record)
+        out.print(trials_table(records, f"{escape(workload.name)}: {n} trials"))
+        for line in disturbed_lines(records):
+            out.print(Text(line, style="yellow"))
+        out.print(f"stored as runs {records[0]['id']}-{records[-1]['id']} (group {group}) in "
+                  f"{store.path}", markup=False)
+    return 0
