@@ -36,7 +36,8 @@ def add_repeats_arg(p: argparse.ArgumentParser, default: int) -> None:
                    help=f"run each configuration N times, each in fresh processes, "
                         f"interleaved (A B C, A B C, ...) so drift and bursts of other "
                         f"programs hit every configuration alike; speed-ups get a "
-                        f"{CONFIDENCE:.0%} interval over the trials (default: {default})")
+                        f"{CONFIDENCE * 100:.0f}%% interval over the trials (default: "
+                        f"{default})")
 
 
 def disturbed(run: Mapping[str, Any]) -> bool:
