@@ -49,6 +49,9 @@ class Strategy:
     batch is unchanged, so the losses must equal the grad_accum=1 run."""
     compress: str = "none"
     """Gradient-communication compression (data-parallel strategies only)."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of keeping
+    them (less activation memory, about one more forward per step; numerics unchanged)."""
     checkpoint_every: int = 0
     """Save a checkpoint after every K steps (0: never)."""
     checkpoint_dir: str | None = None
@@ -113,6 +116,9 @@ class Strategy:
             raise UserError(
                 f"--compress applies to gradient all-reduces; parallel {self.parallel!r} has none"
             )
+        if not isinstance(self.activation_checkpointing, bool):
+            raise UserError("activation_checkpointing must be true or false. "
+                            f"Received: {self.activation_checkpointing!r}")
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise UserError(
@@ -155,6 +161,8 @@ class Strategy:
             parts.append(f"accum{self.grad_accum}")
         if self.compress != "none":
             parts.append(f"compress={self.compress}")
+        if self.activation_checkpointing:
+            parts.append("act-ckpt")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@
    tolerance of tests.helpers.
 
 Runs use the cheapest layout a backend accepts: eager where declared, one process with 2
-devices where it can, otherwise 2 worker processes. One run per (backend, strategy), shared by the assertions.
+devices where it can, otherwise 2 worker processes. One run per (backend, strategy), shared
+by the assertions.
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ def test_capabilities_match_require(name: str) -> None:
         assert cheapest(name, parallel, mode=default, checkpoint_every=1,
                         checkpoint_dir="ckpt") is not None, (name, parallel)
     assert (cheapest(name, "single", mode=default, grad_accum=2) is not None) == caps.grad_accum
+    assert (cheapest(name, "single", mode=default, activation_checkpointing=True) is not None
+            ) == caps.activation_checkpointing
+    if not caps.activation_checkpointing:
+        message = refusal({"framework": name, "mode": default, "activation_checkpointing": True})
+        assert "\n" not in message and "supported by: " in message
 
     # Refused, in one line naming what is supported.
     for axis, vocabulary, declared, field in (

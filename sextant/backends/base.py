@@ -31,6 +31,8 @@ class Capabilities:
     precisions: tuple[str, ...]
     compress: tuple[str, ...] = ("none",)
     grad_accum: bool = False
+    activation_checkpointing: bool = False
+    """Recomputes each transformer block in backward (Strategy.activation_checkpointing)."""
     checkpoint: tuple[str, ...] = ()
     """Parallel strategies whose runs can be checkpointed and resumed."""
 
@@ -115,6 +117,11 @@ def available(name: str) -> bool:
     return importlib.util.find_spec(backend.package) is not None
 
 
+def _supporting(flag: str) -> list[str]:
+    """Registered backends whose capabilities set a boolean lever (no framework imported)."""
+    return [name for name in REGISTRY if getattr(get_backend(name).capabilities(), flag)]
+
+
 def require(strategy: Strategy) -> Backend:
     """The backend for a strategy, after checking it is installed and supports the strategy."""
     backend = get_backend(strategy.framework)
@@ -139,6 +146,9 @@ def require(strategy: Strategy) -> Backend:
         )
     if strategy.grad_accum > 1 and not caps.grad_accum:
         raise UserError(f"{backend.name} does not support gradient accumulation yet")
+    if strategy.activation_checkpointing and not caps.activation_checkpointing:
+        raise UserError(f"{backend.name} does not support --activation-checkpointing; "
+                        f"supported by: {', '.join(_supporting('activation_checkpointing'))}")
     if (strategy.checkpoint_every or strategy.resume) and strategy.parallel not in caps.checkpoint:
         raise UserError(
             f"{backend.name} cannot checkpoint parallel {strategy.parallel!r}; "

@@ -57,6 +57,9 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
                    help="micro-batches per optimizer step (global batch unchanged; default 1)")
     p.add_argument("--compress", default="none",
                    help="gradient-communication compression: none (default), bf16, fp16, powersgd")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each transformer block in backward instead of keeping its "
+                        "activations (`sextant capabilities` shows who supports it)")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="save a checkpoint every K steps (default: never)")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint directory")
@@ -71,6 +74,7 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {"precision": args.precision, "grad_accum": args.grad_accum,
             "compress": args.compress, "checkpoint_every": args.checkpoint_every,
+            "activation_checkpointing": args.activation_checkpointing,
             "checkpoint_dir": args.checkpoint_dir, "resume": args.resume,
             "trust_checkpoint": args.trust_checkpoint}
 

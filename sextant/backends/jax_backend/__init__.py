@@ -29,6 +29,7 @@ class JaxBackend(BackendBase):
             precisions=("fp32", "bf16"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
+            activation_checkpointing=True,
             checkpoint=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
         )
 

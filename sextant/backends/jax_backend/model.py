@@ -6,6 +6,7 @@ they are: no mapping at all.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -32,27 +33,41 @@ def mlp_logits(spec: MLPSpec, p: Params, x: jax.Array) -> jax.Array:  # (B, in) 
     return x
 
 
-def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array) -> jax.Array:  # (B, T) -> (B, T, V)
-    B, T = idx.shape
-    C, H = spec.d_model, spec.n_heads
+def gpt_block(spec: GPTSpec, bp: Params, x: jax.Array) -> jax.Array:  # (B, T, C) -> same
+    """One transformer block; `bp` holds its parameters without the 'blocks.{i}.' prefix."""
+    B, T, C = x.shape
+    H = spec.n_heads
+    h = _layer_norm(x, bp["ln1.scale"], bp["ln1.bias"])
+    qkv = h @ bp["attn.qkv.weight"] + bp["attn.qkv.bias"]  # (B, T, 3C)
+    q, k, v = (t.reshape(B, T, H, C // H) for t in jnp.split(qkv, 3, axis=-1))
+    y = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                     scale=1.0 / math.sqrt(C // H))  # (B, T, H, hs)
+    x = x + y.reshape(B, T, C) @ bp["attn.proj.weight"] + bp["attn.proj.bias"]
+    h = _layer_norm(x, bp["ln2.scale"], bp["ln2.bias"])
+    h = jax.nn.gelu(h @ bp["mlp.fc.weight"] + bp["mlp.fc.bias"], approximate=True)
+    return x + h @ bp["mlp.proj.weight"] + bp["mlp.proj.bias"]
+
+
+def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array,
+               remat: bool = False) -> jax.Array:  # (B, T) -> (B, T, V)
+    """`remat`: each block under jax.checkpoint (activation checkpointing: its activations
+    are recomputed in the backward pass instead of kept)."""
+    T = idx.shape[1]
+    block = functools.partial(gpt_block, spec)
+    if remat:
+        block = jax.checkpoint(block)
     x = p["wte"][idx] + p["wpe"][:T]
     for i in range(spec.n_layers):
-        b = f"blocks.{i}."
-        h = _layer_norm(x, p[b + "ln1.scale"], p[b + "ln1.bias"])
-        qkv = h @ p[b + "attn.qkv.weight"] + p[b + "attn.qkv.bias"]  # (B, T, 3C)
-        q, k, v = (t.reshape(B, T, H, C // H) for t in jnp.split(qkv, 3, axis=-1))
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                         scale=1.0 / math.sqrt(C // H))  # (B, T, H, hs)
-        x = x + y.reshape(B, T, C) @ p[b + "attn.proj.weight"] + p[b + "attn.proj.bias"]
-        h = _layer_norm(x, p[b + "ln2.scale"], p[b + "ln2.bias"])
-        h = jax.nn.gelu(h @ p[b + "mlp.fc.weight"] + p[b + "mlp.fc.bias"], approximate=True)
-        x = x + h @ p[b + "mlp.proj.weight"] + p[b + "mlp.proj.bias"]
+        prefix = f"blocks.{i}."
+        x = block({k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}, x)
     return _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]) @ p["head.weight"]
 
 
-def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy over every target in the batch."""
-    logits = mlp_logits(spec, p, x) if isinstance(spec, MLPSpec) else gpt_logits(spec, p, x)
+def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
+            remat: bool = False) -> jax.Array:
+    """Mean softmax cross-entropy over every target in the batch (`remat`: see gpt_logits)."""
+    logits = (mlp_logits(spec, p, x) if isinstance(spec, MLPSpec)
+              else gpt_logits(spec, p, x, remat))
     logits = logits.reshape(-1, logits.shape[-1])
     logz = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]

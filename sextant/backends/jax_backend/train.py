@@ -37,6 +37,7 @@ from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
+from sextant.workload import MLPSpec
 
 if TYPE_CHECKING:
     from sextant.backends.contracts import WorkerContext
@@ -129,6 +130,11 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
     opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
 
     accum = strategy.grad_accum
+    # Activation checkpointing: every transformer block under jax.checkpoint.
+    remat = strategy.activation_checkpointing
+    if remat and isinstance(spec, MLPSpec):
+        raise UserError("--activation-checkpointing recomputes transformer blocks; "
+                        "this model (mlp) has none")
     compute_dtype = jnp.bfloat16 if strategy.precision == "bf16" else jnp.float32
 
     def precision_loss(p: Any, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -138,7 +144,7 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
             p = jax.tree.map(lambda a: a.astype(compute_dtype), p)
             if x.dtype == jnp.float32:
                 x = x.astype(compute_dtype)
-        return loss_fn(spec, p, x, y).astype(jnp.float32)
+        return loss_fn(spec, p, x, y, remat).astype(jnp.float32)
 
     single_grad = jax.value_and_grad(precision_loss)
 
@@ -353,6 +359,8 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         "hlo_collectives": collectives,
         "notes": notes,
     }
+    if remat:
+        result["details"]["activation_checkpointing"] = "jax.checkpoint per transformer block"
     result["fingerprint"] = fingerprint(
         framework="jax",
         framework_version=jax.__version__,

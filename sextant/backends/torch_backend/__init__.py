@@ -26,6 +26,7 @@ class TorchBackend(BackendBase):
             precisions=("fp32", "bf16"),
             compress=("none", "bf16", "fp16", "powersgd"),
             grad_accum=True,
+            activation_checkpointing=True,
             # ZeroRedundancyOptimizer's state dict is consolidated on one rank, which
             # torch.distributed.checkpoint does not read back: zero1 is not checkpointed.
             checkpoint=("single", "dp", "zero2", "fsdp"),

@@ -159,6 +159,25 @@ def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.nda
         return torch.optim.AdamW(groups, foreach=True, **kwargs), "AdamW (foreach)"
 
 
+def _apply_activation_checkpointing(net: torch.nn.Module) -> None:
+    """Recompute each transformer block in backward (torch.utils.checkpoint, non-reentrant,
+    as torchtitan). The block's forward is replaced on the instance, so parameter names, the
+    FSDP per-block wrapping (whose hooks stay outside the checkpointed region) and the
+    canonical mapping are unchanged."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = getattr(net, "blocks", None)
+    if not blocks:
+        from sextant.errors import UserError
+
+        raise UserError("--activation-checkpointing recomputes transformer blocks; "
+                        f"this model ({type(net).__name__}) has none")
+    for block in blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
 def _apply_fsdp(module: torch.nn.Module, net: torch.nn.Module, ctx: WorkerContext) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -202,6 +221,9 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     names = tm.canonical_names(net, params)
     net.to(device)
 
+    # Applied in torchtitan's order: activation checkpointing, then DDP or FSDP, then compile.
+    if strategy.activation_checkpointing:
+        _apply_activation_checkpointing(net)
     module: torch.nn.Module = tm.WithLoss(net)
     ddp: DDP | None = None
     counter: dict[str, int] | None = None
@@ -349,6 +371,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
         "optimizer": f"torch.optim.{optimizer_impl}",
         "wrapping": " + ".join(
             w for w, on in (
+                ("activation checkpointing per block", strategy.activation_checkpointing),
                 ("DDP", ddp is not None), ("FSDP2 fully_shard", parallel in FSDP_STRATEGIES),
                 ("torch.compile", strategy.mode == "compiled"),
                 ("autocast bf16", strategy.precision == "bf16"),
