@@ -29,14 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 from sextant.claims import HOLDS, NOT_HOLD
 from sextant.report.model import build_report
 from sextant.results.store import ResultsStore
 
 LOAD = "while True:\n    pass\n"
+SEXTANT = [sys.executable, "-c",
+           "import sys; from sextant.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
 def load1() -> float:
@@ -45,10 +44,10 @@ def load1() -> float:
 
 def compare(db: Path, extra: list[str]) -> tuple[float, str]:
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "sextant", "compare", "--no-report",
+    proc = subprocess.run([*SEXTANT, "compare", "--no-report",
                            "--no-calibrate", "--db", str(db), *extra],
                           capture_output=True, text=True, cwd=db.parent, check=False)
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1) or not db.exists():
         raise SystemExit(f"compare failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return time.monotonic() - t0, proc.stdout
 
@@ -60,9 +59,14 @@ def start_load(core: int) -> subprocess.Popen[bytes]:
     return proc
 
 
-def verdicts(db: Path) -> dict:
+def verdicts(db: Path, keep_disturbed: bool = False) -> dict:
+    """The compare's verdicts; with keep_disturbed, as if no run had been marked disturbed
+    (what the intervals alone decide, for comparison)."""
     with ResultsStore(db, create=False) as store:
         runs = store.runs(group_id=store.latest_group())
+    if keep_disturbed:
+        for r in runs:
+            r["metrics"]["disturbed"] = False
     report = build_report(runs)
     s = report["summary"]
     head = s["fastest"] or {}
@@ -127,7 +131,7 @@ def main() -> int:
     # The loaded compare in the background; the load starts after `delay`, ends after
     # `length`, and is killed whatever happens.
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "sextant", "compare", "--no-report",
+    proc = subprocess.Popen([*SEXTANT, "compare", "--no-report",
                              "--no-calibrate", "--db", str(work / "loaded.db"), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=work)
@@ -150,11 +154,14 @@ def main() -> int:
             window[1] = time.monotonic() - t0
     loaded_s = time.monotonic() - t0
     stdout, stderr = proc.communicate()
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1) or not (work / "loaded.db").exists():
         raise SystemExit(f"loaded compare failed ({proc.returncode}): {stderr[-2000:]}")
 
     quiet, loaded = verdicts(work / "quiet.db"), verdicts(work / "loaded.db")
     flipped = flips(quiet, loaded)
+    quiet_all = verdicts(work / "quiet.db", keep_disturbed=True)
+    loaded_all = verdicts(work / "loaded.db", keep_disturbed=True)
+    flipped_all = flips(quiet_all, loaded_all)
     result = {
         "command": " ".join(["python benchmarks/noise.py", *sys.argv[1:]]),
         "compare_args": extra,
@@ -163,23 +170,29 @@ def main() -> int:
         "quiet_s": quiet_s, "loaded_s": loaded_s,
         "load_window_s": window, "load_core": args.core,
         "quiet": quiet, "loaded": loaded, "flipped": flipped,
+        "keeping_disturbed": {"quiet": quiet_all, "loaded": loaded_all,
+                              "flipped": flipped_all},
         "quiet_stdout": quiet_out[-6000:], "loaded_stdout": stdout[-6000:],
     }
     args.out.write_text(json.dumps(result, indent=2))
 
-    print("| | quiet | under load |\n|---|---|---|")
+    print("| | quiet | under load | quiet, disturbed kept | under load, disturbed kept |\n"
+          "|---|---|---|---|---|")
     print(f"| wall time | {quiet_s:.0f} s | {loaded_s:.0f} s (load on core {args.core} "
-          f"from {window[0]:.0f} s to {window[1]:.0f} s) |" if window else
-          f"| wall time | {quiet_s:.0f} s | {loaded_s:.0f} s (the load never started) |")
-    print(f"| runs | {quiet['runs']} | {loaded['runs']} |")
-    print(f"| disturbed runs | {len(quiet['disturbed'])} | {len(loaded['disturbed'])} |")
-    qh, lh = quiet["headline"], loaded["headline"]
-    print(f"| headline | {qh['run']} ({qh['verdict']}) | {lh['run']} ({lh['verdict']}) |")
-    for cid, q in quiet["claims"].items():
-        print(f"| {cid} | {q['verdict']} | {loaded['claims'][cid]['verdict']} |")
+          f"from {window[0]:.0f} s to {window[1]:.0f} s) | | |" if window else
+          f"| wall time | {quiet_s:.0f} s | {loaded_s:.0f} s (the load never started) | | |")
+    print(f"| runs | {quiet['runs']} | {loaded['runs']} | | |")
+    print(f"| disturbed runs | {len(quiet['disturbed'])} | {len(loaded['disturbed'])} | | |")
+    heads = [v["headline"] for v in (quiet, loaded, quiet_all, loaded_all)]
+    print("| headline | " + " | ".join(f"{h['run']} ({h['verdict']})" for h in heads) + " |")
+    for cid in quiet["claims"]:
+        print(f"| {cid} | " + " | ".join(v["claims"][cid]["verdict"]
+                                        for v in (quiet, loaded, quiet_all, loaded_all)) + " |")
     print(f"\nload average (1 min) before: {load_before:.2f}, after the quiet compare: "
           f"{load_after_quiet:.2f}, at the end: {result['load1_end']:.2f}")
     print(f"flipped verdicts: {len(flipped)}" + (f": {'; '.join(flipped)}" if flipped else ""))
+    print(f"flipped if disturbed runs were kept (intervals alone): {len(flipped_all)}"
+          + (f": {'; '.join(flipped_all)}" if flipped_all else ""))
     print(f"figures: {args.out}")
     return 1 if flipped else 0
 
