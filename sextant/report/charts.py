@@ -167,11 +167,13 @@ def stacked_hbar_chart(rows: Sequence[dict[str, Any]], segments: Sequence[tuple[
 
 def line_chart(series: Sequence[dict[str, Any]], *, label: str, xlabel: str, ylabel: str,
                integer_x: bool = False, markers: bool = False, width: int = 900,
-               height: int = 320, x_labels: dict[float, str] | None = None) -> str:
+               height: int = 320, x_labels: dict[float, str] | None = None,
+               x_format: Any = None) -> str:
     """Lines over a numeric x axis; series: name, colour, dash, points [(x, y)], optional
     width (stroke), ghost (True: drawn faint, left out of the legend), ranges
     [(x, low, high)] for whiskers. `x_labels`: tick positions and their text (e.g. a log
-    axis), instead of integer ticks."""
+    axis), instead of integer ticks; `x_format(x)`: how a marker's tooltip names its x."""
+    name_x = x_format or (lambda v: f"{v:g}")
     pts = [(x, y) for s in series for x, y in s["points"] if y is not None]
     if not pts:
         return "<p class=\"muted\">No data.</p>"
@@ -235,7 +237,7 @@ def line_chart(series: Sequence[dict[str, Any]], *, label: str, xlabel: str, yla
             for x, y in points:
                 parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" '
                              f'fill="{s["colour"]}"><title>{e(s["name"])}: '
-                             f'{e(fmt_tick(round(y, 1)))} at {x:g}</title></circle>')
+                             f'{e(fmt_tick(round(y, 1)))} at {e(name_x(x))}</title></circle>')
     parts.append("</svg>")
     return "".join(parts) + legend([(s["name"], s["colour"], s.get("dash", ""))
                                     for s in series if not s.get("ghost")])

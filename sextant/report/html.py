@@ -385,7 +385,8 @@ def _interconnect(report: Mapping[str, Any]) -> str:
     ticks = {math.log10(g): f"{g:g}" for g in (0.1, 1, 10, 100, 400)}
     chart = line_chart(series, label="scaling efficiency by link rate",
                        xlabel="link rate, Gbit/s (log scale)", ylabel="efficiency",
-                       markers=True, height=300, x_labels=ticks)
+                       markers=True, height=300, x_labels=ticks,
+                       x_format=lambda v: f"{10 ** v:.3g} Gbit/s")
     table = _table(("series", "link", "hosts", "tokens/s", "efficiency", "planner",
                     "planner error (tokens/s)", "exposed comm", "run"), rows)
     return (f'{head}<p class="small">Efficiency of runs across emulated hosts: tokens/s over '
