@@ -370,8 +370,17 @@ def _headline(rows: list[dict[str, Any]], groups: Sequence[Sequence[Mapping[str,
         out["verdict"] = "tied"
     elif out["runner_up"] is None and len(ranked) > 1:
         out["verdict"] = INCONCLUSIVE
+    elif _lost_trials(best_trials) or (len(ranked) > 1 and _lost_trials(ranked[1][1])):
+        # A trial lost to disturbance leaves an interval over fewer runs than were asked for
+        # (one trial: step-to-step noise only), narrower than the run-to-run spread it must
+        # cover: no winner is named on it.
+        out["verdict"] = INCONCLUSIVE
     out["row"] = best
     return out
+
+
+def _lost_trials(trials: Sequence[Mapping[str, Any]]) -> bool:
+    return len(_usable(trials)) < len(trials)
 
 
 def speedup_cell(row: Mapping[str, Any]) -> str:

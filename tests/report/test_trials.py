@@ -92,3 +92,18 @@ def test_all_disturbed_names_no_winner() -> None:
     assert "not confirmed" in title and "quiet machine" in sentence
     text = _text(trials_table(runs, "t"))
     assert "0 (+2 disturbed)" in text and "no quiet trial" in text and "(disturbed)" in text
+
+
+def test_a_winner_that_lost_trials_to_disturbance_is_not_confirmed() -> None:
+    """The quiet noise benchmark's case: the fastest run's second trial was disturbed; the
+    interval from the one left covers step noise only, so no winner is named on it."""
+    runs = _interleave(_trials("torch", "eager", [0.20, 0.20], spread=0.01, disturbed=(1,)),
+                       _trials("jax", "compiled", [0.30, 0.30], spread=0.01))
+    summary = build_report(runs)["summary"]
+    title, sentence = headline_text(summary)
+    assert summary["fastest"]["run"] == "torch eager"
+    assert title == "torch eager measured fastest, not confirmed"
+    assert "quiet machine" in sentence
+    quiet = _interleave(_trials("torch", "eager", [0.20, 0.20], spread=0.01),
+                        _trials("jax", "compiled", [0.30, 0.30], spread=0.01))
+    assert headline_text(build_report(quiet)["summary"])[0] == "torch eager is fastest here"
