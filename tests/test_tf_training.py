@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sextant.backends.base import get_backend, process_layout, require
+from sextant.backends.base import get_backend, require
 from sextant.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
@@ -47,9 +47,9 @@ def test_backend_contract_without_importing_tensorflow() -> None:
     backend = get_backend("tensorflow")
     assert backend.capabilities().parallel == ("single", "dp", "ps")
     assert [s["mode"] for s in backend.compare_matrix(2)] == ["compiled", "compiled"]
-    layout = process_layout(backend, tf("eager", "ps", 2, ps=1))
+    layout = backend.process_layout(tf("eager", "ps", 2, ps=1))
     assert layout.roles == ("chief", "ps", "worker", "worker") and layout.primary == (0,)
-    assert process_layout(backend, tf("eager", "dp", 2)).primary == (0, 1)
+    assert backend.process_layout(tf("eager", "dp", 2)).primary == (0, 1)
     require(tf("compiled", "dp", 1, devices_per_worker=2))
     with pytest.raises(UserError, match="devices_per_worker > 1 needs parallel dp with one"):
         require(tf("compiled", "dp", 2, devices_per_worker=2))

@@ -52,9 +52,10 @@ class ProcessLayout:
         return cls(roles=("worker",) * n, primary=tuple(range(n)))
 
 
-def process_layout(backend: Backend, strategy: Strategy) -> ProcessLayout:
-    """The backend's layout for a strategy (the launchers' entry point)."""
-    return backend.process_layout(strategy)
+def layout_of(strategy: Strategy) -> ProcessLayout:
+    """The processes a run of `strategy` needs, from its framework's backend (the
+    launchers' entry point)."""
+    return get_backend(strategy.framework).process_layout(strategy)
 
 
 @runtime_checkable

@@ -40,10 +40,10 @@ def measure_collective(op: str, *, world: int = 2, max_bytes: int = 64 * 2**20,
         raise UserError(f"unknown collective {op!r}; allowed: {', '.join(OPS)}")
     if importlib.util.find_spec("torch") is None:
         raise UserError(f"the {op} measurement needs PyTorch: pip install 'sextant[torch]'")
-    with contextlib.ExitStack() as stack:
-        if placement is None:
-            placement = stack.enter_context(private_loopback(world))
-        return _measure(op, world, placement, min_bytes, max_bytes, timeout)
+    hosts = (contextlib.nullcontext(placement) if placement is not None
+             else private_loopback(world))
+    with hosts as where:
+        return _measure(op, world, where, min_bytes, max_bytes, timeout)
 
 
 def _measure(op: str, world: int, placement: Placement, min_bytes: int, max_bytes: int,

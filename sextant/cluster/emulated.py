@@ -35,16 +35,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json, atomic_write_text
+from sextant.fsutil import atomic_write_json
+from sextant.launch.hosts import NETNS_ETC, delete_netns, write_netns_hosts
 
 PREFIX = "sextant-"
 SUBNET_BASE = "10.211"
 """Cluster k's hosts are SUBNET_BASE.k.(i+1); this machine is SUBNET_BASE.k.254 on it."""
 GATEWAY_HOST = 254
 STATE_DIR = Path(os.environ.get("SEXTANT_CLUSTER_STATE", "/run/sextant/clusters"))
-NETNS_ETC = Path("/etc/netns")
-"""`ip netns exec NS` bind-mounts NETNS_ETC/NS/* over /etc: each host's /etc/hosts names every
-host, so a framework that resolves its own hostname (gloo) finds its cluster address."""
+
 NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_HOSTS = 64
 RATE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$")
@@ -295,9 +294,9 @@ def up(name: str, hosts: int, link: Link) -> Cluster:
         _run("ip", "addr", "add", f"{cluster.gateway}/24", "dev", gw)
         _run("ip", "link", "set", gw, "up")
         hosts_file = "".join(f"{h.address}\t{h.name}\n" for h in cluster.hosts)
-        for host in cluster.hosts:
-            atomic_write_text(NETNS_ETC / host.netns / "hosts",
-                              f"127.0.0.1\tlocalhost\n{hosts_file}")
+        for host in cluster.hosts:  # every host names every host, so a framework that
+            # resolves its own hostname (gloo) finds its cluster address
+            write_netns_hosts(host.netns, f"127.0.0.1\tlocalhost\n{hosts_file}")
         atomic_write_json(STATE_DIR / f"{name}.json", cluster.to_dict())
     except BaseException:
         down(name)
@@ -312,8 +311,7 @@ def down(name: str) -> list[str]:
     removed = []
     for ns in _cluster_namespaces(name):
         _kill_processes_in(ns)
-        _run("ip", "netns", "del", ns, check=False)
-        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        delete_netns(ns)
         removed.append(ns)
     from sextant.cluster import slurm_lab
 
@@ -321,7 +319,7 @@ def down(name: str) -> list[str]:
     # The gateway veth dies with its peer in the switch namespace; remove it if a failed up
     # left it without one.
     _run("ip", "link", "del", gateway_device(name), check=False)
-    for leftover in NETNS_ETC.glob(f"{PREFIX}{name}-*"):
+    for leftover in NETNS_ETC.glob(f"{PREFIX}{name}-*"):  # of namespaces already gone
         shutil.rmtree(leftover, ignore_errors=True)
     (STATE_DIR / f"{name}.json").unlink(missing_ok=True)
     return removed

@@ -9,6 +9,7 @@ host's address only: loopback on one machine, the cluster interface across hosts
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import socket
@@ -18,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sextant.errors import UserError
+from sextant.fsutil import atomic_write_text
 
 LOOPBACK = "127.0.0.1"
 PRIVATE_PREFIX = "sextant-run-"
 """Network namespaces of single-host runs: sextant-run-<launcher pid>-<n>."""
 NETNS_DIR = Path("/run/netns")
 NETNS_ETC = Path("/etc/netns")
+"""`ip netns exec NS` bind-mounts NETNS_ETC/NS/* over /etc (see write_netns_hosts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,18 +109,22 @@ def private_loopback(world: int) -> Iterator[Placement]:
                                       timeout=20).returncode != 0:
             yield single_host(world)
             return
-        hosts = NETNS_ETC / name / "hosts"
-        hosts.parent.mkdir(parents=True, exist_ok=True)
-        hosts.write_text(f"127.0.0.1\tlocalhost {socket.gethostname()}\n")
+        write_netns_hosts(name, f"127.0.0.1\tlocalhost {socket.gethostname()}\n")
         yield Placement(hosts=(HostSlot(name="localhost", address=LOOPBACK,
                                         prefix=("ip", "netns", "exec", name)),),
                         rank_host=(0,) * world)
     finally:
         if made:
-            _delete(name)
+            delete_netns(name)
 
 
-def _delete(name: str) -> None:
+def write_netns_hosts(netns: str, text: str) -> None:
+    """The /etc/hosts that `ip netns exec NETNS` bind-mounts over /etc/hosts."""
+    atomic_write_text(NETNS_ETC / netns / "hosts", text)
+
+
+def delete_netns(name: str) -> None:
+    """Remove a named network namespace and its /etc/netns files (no error if absent)."""
     subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=20)
     shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
@@ -127,10 +134,10 @@ def _remove_stale() -> None:
     for path in NETNS_DIR.glob(f"{PRIVATE_PREFIX}*"):
         pid = path.name[len(PRIVATE_PREFIX):].split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            _delete(path.name)
+            delete_netns(path.name)
 
 
-_COUNTER = iter(range(1, 1 << 62))
+_COUNTER = itertools.count(1)
 
 
 def blocks(world: int, hosts: int) -> tuple[int, ...]:

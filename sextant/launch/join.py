@@ -28,6 +28,7 @@ from typing import Any
 
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, Channel, Collector, gather
+from sextant.launch.local import free_port
 
 DEFAULT_MASTER_PORT = 29500
 COLLECTOR_PORT_OFFSET = 1
@@ -102,19 +103,12 @@ def first_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
 
 
-def free_port() -> int:
-    """A TCP port free on every interface of this host now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def connect(address: str, rank: int, timeout_s: float) -> Channel:
     """Connect to the collector, retrying while it starts (rank 0 may be slower to start)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return Channel(address, rank, free_port())
+            return Channel(address, rank, free_port(""))  # reached from other hosts
         except RunFailed:
             if time.monotonic() > deadline:
                 raise
@@ -161,12 +155,12 @@ def run_joined_rank(identity: Identity, collector_address: str, timeout_s: float
 def rank0_launcher(identity: Identity, *, bind: str) -> Any:
     """A launcher (see runner.execute) for rank 0 of a torchrun-style start: host the
     collector, train rank 0 in this process, then gather every rank's result."""
-    from sextant.backends.base import get_backend, process_layout
+    from sextant.backends.base import layout_of
     from sextant.launch.local import base_plan
 
     def launch(workload: Any, strategy: Any, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: Any = None, **_: Any) -> list[dict]:
-        layout = process_layout(get_backend(strategy.framework), strategy)
+        layout = layout_of(strategy)
         if len(layout.roles) != identity.world:
             raise UserError(
                 f"{strategy.label} needs {len(layout.roles)} processes but the launcher "

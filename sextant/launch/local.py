@@ -31,11 +31,11 @@ from sextant.workload import Workload
 EventHandler = Callable[[dict[str, Any]], None]
 
 
-def free_port() -> int:
-    """A TCP port on loopback that is free now (the OS picks it)."""
+def free_port(bind: str = "127.0.0.1") -> int:
+    """A TCP port free now on `bind` (loopback; "" for every interface); the OS picks it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.bind((bind, 0))
+        return int(s.getsockname()[1])
 
 
 def usable_cores() -> list[int]:
@@ -136,14 +136,14 @@ def launch(
 ) -> list[dict[str, Any]]:
     """Run all ranks (on this machine, or across the hosts of emulated `cluster`); return
     each primary rank's result dict (rank order)."""
-    from sextant.backends.base import get_backend, process_layout
+    from sextant.backends.base import layout_of
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    layout = process_layout(get_backend(strategy.framework), strategy)
+    layout = layout_of(strategy)
     world = len(layout.roles)
-    with contextlib.ExitStack() as stack:
-        placement = (on_emulated_cluster(cluster, world) if cluster is not None
-                     else stack.enter_context(private_loopback(world)))
+    hosts = (contextlib.nullcontext(on_emulated_cluster(cluster, world)) if cluster is not None
+             else private_loopback(world))
+    with hosts as placement:
         return _launch(workload, strategy, run_dir, layout, placement, timeout_s=timeout_s,
                        collective_timeout_s=collective_timeout_s, on_event=on_event,
                        extra_env=extra_env)

@@ -49,9 +49,9 @@ class Job:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, strategy: Strategy) -> Job:
-        from sextant.backends.base import get_backend, process_layout
+        from sextant.backends.base import layout_of
 
-        world = len(process_layout(get_backend(strategy.framework), strategy).roles)
+        world = len(layout_of(strategy).roles)
         nodes = args.nodes if args.nodes is not None else (
             world // args.tasks_per_node if args.tasks_per_node else world)
         per_node = args.tasks_per_node or (world // nodes if nodes and world % nodes == 0
@@ -146,13 +146,13 @@ def _slurm(*argv: str, timeout: float = SUBMIT_TIMEOUT_S) -> subprocess.Complete
 
 def launcher(job: Job) -> Any:
     """A launcher for runner.execute: submit (or srun) the job, host the collector, gather."""
-    from sextant.backends.base import get_backend, process_layout
+    from sextant.backends.base import layout_of
     from sextant.launch.local import base_plan
 
     def launch(workload: Any, strategy: Strategy, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: Any = None,
                extra_env: dict[str, str] | None = None, **_: Any) -> list[dict[str, Any]]:
-        layout = process_layout(get_backend(strategy.framework), strategy)
+        layout = layout_of(strategy)
         plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s)
         collector = Collector(_collector_bind(), plan, job.tasks,
                               join_timeout_s=collective_timeout_s + 60)
@@ -198,9 +198,9 @@ def _start(job: Job, env: dict[str, str], run_dir: Path, job_id: list[str]
         script = run_dir / "job.sbatch"
         script.write_text(batch_script(job))
         cmd = ["sbatch", "--wait", "--parsable", str(script)]
-    log = open(run_dir / "slurm.log", "w")  # noqa: SIM115 - the job's process owns it
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-                            stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+    with open(run_dir / "slurm.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                                stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
     if not job_id and proc.stdout is not None:
         first = proc.stdout.readline().strip()  # --parsable: the job id, at submission
         if first:
