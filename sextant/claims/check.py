@@ -551,8 +551,28 @@ def check_claims(runs: Sequence[Mapping[str, Any]], *, workload_hash: str | None
                     with_disturbed, verdict=INCONCLUSIVE,
                     reason="only disturbed runs measured it (another program used the CPU "
                            "while they trained); re-run on a quiet machine")
+        elif claim.verdict in (HOLDS, NOT_HOLD) and _lost_trials(claim, same, quiet):
+            # A configuration that lost a trial to disturbance is judged on fewer runs than
+            # were asked for (one trial: step-to-step noise only), an interval narrower than
+            # the run-to-run spread it must cover: no verdict is drawn from it.
+            claim = dataclasses.replace(
+                claim, verdict=INCONCLUSIVE,
+                reason="a run it compares lost a trial to disturbance (another program used "
+                       "the CPU), so its interval covers fewer trials than asked for; re-run "
+                       "on a quiet machine")
         out.append(claim)
     return out
+
+
+def _lost_trials(claim: Claim, same: Sequence[Mapping[str, Any]],
+                 quiet: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a run the claim compares has fewer quiet trials than trials."""
+    by_id = {r.get("id"): r for r in quiet if r.get("id") is not None}
+    for run_id in claim.run_ids:
+        run = by_id.get(run_id)
+        if run is not None and len(trials_of(quiet, run)) < len(trials_of(same, run)):
+            return True
+    return False
 
 
 def _disturbed(run: Mapping[str, Any]) -> bool:

@@ -316,6 +316,11 @@ def test_disturbed_runs_are_left_out_of_verdicts() -> None:
     burst = make_run(mode="compiled", step=0.10, spread=0.01)  # a lucky, disturbed trial
     burst["metrics"]["disturbed"] = True
     c = check_claims([eager, quiet, burst])[0]
+    assert burst["id"] not in c.run_ids and quiet["id"] in c.run_ids
+    # compiled lost one of its two trials: its interval covers one run only, no verdict.
+    assert c.verdict == INCONCLUSIVE and "lost a trial" in c.reason
+    # The disturbed run belonged to an earlier compare: nothing lost here, a verdict.
+    c = check_claims([dict(burst, group_id="earlier"), eager, quiet])[0]
     assert c.verdict == NOT_HOLD and burst["id"] not in c.run_ids
     # Only disturbed runs of compiled: measured, but no verdict.
     c = check_claims([eager, burst])[0]
