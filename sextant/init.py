@@ -8,6 +8,12 @@ GPT layout of the fused attention input projection `blocks.{i}.attn.qkv.weight`:
 (d_model, 3 * d_model), columns [q | k | v]; within each, head h owns columns
 [h * head_dim, (h + 1) * head_dim).
 
+Llama layout: separate `attn.q/k/v/o.weight` ((d_model, n_heads * head_dim) for q,
+(d_model, n_kv_heads * head_dim) for k and v, head h at columns [h * head_dim, (h + 1) *
+head_dim)), SwiGLU `mlp.gate/up.weight` (d_model, d_ff) and `mlp.down.weight` (d_ff, d_model),
+RMSNorm `scale`s, no biases; `head.weight` is absent when the embeddings are tied (the head is
+`wte` transposed).
+
 Each array is drawn from its own generator keyed by (seed, name), so adding a parameter never
 changes the values of the others.
 """
@@ -20,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from sextant.workload import GPTSpec, MLPSpec, ModelSpec
+from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT convention
 
@@ -34,6 +40,8 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
             shapes[f"layers.{i}.weight"] = (fan_in, fan_out)
             shapes[f"layers.{i}.bias"] = (fan_out,)
         return shapes
+    if isinstance(model, LlamaSpec):
+        return _llama_shapes(model)
     d, f = model.d_model, model.d_ff
     shapes["wte"] = (model.vocab_size, d)
     shapes["wpe"] = (model.seq_len, d)
@@ -57,10 +65,31 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _llama_shapes(model: LlamaSpec) -> dict[str, tuple[int, ...]]:
+    d, f, hd = model.d_model, model.d_ff, model.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"wte": (model.vocab_size, d)}
+    for i in range(model.n_layers):
+        p = f"blocks.{i}."
+        shapes[p + "attn_norm.scale"] = (d,)
+        shapes[p + "attn.q.weight"] = (d, model.n_heads * hd)
+        shapes[p + "attn.k.weight"] = (d, model.n_kv_heads * hd)
+        shapes[p + "attn.v.weight"] = (d, model.n_kv_heads * hd)
+        shapes[p + "attn.o.weight"] = (model.n_heads * hd, d)
+        shapes[p + "mlp_norm.scale"] = (d,)
+        shapes[p + "mlp.gate.weight"] = (d, f)
+        shapes[p + "mlp.up.weight"] = (d, f)
+        shapes[p + "mlp.down.weight"] = (f, d)
+    shapes["norm_f.scale"] = (d,)
+    if not model.tie_embeddings:
+        shapes["head.weight"] = (d, model.vocab_size)
+    return shapes
+
+
 def _std(model: ModelSpec, name: str, shape: tuple[int, ...]) -> float:
     if isinstance(model, MLPSpec):
         return math.sqrt(2.0 / shape[0])  # He init for ReLU
-    if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
+    if name.endswith(("attn.proj.weight", "mlp.proj.weight", "attn.o.weight",
+                      "mlp.down.weight")):
         # GPT-2: residual projections scaled by 1/sqrt(2 * n_layers).
         return INIT_STD / math.sqrt(2 * model.n_layers)
     return INIT_STD
@@ -92,8 +121,10 @@ def count_params(model: ModelSpec) -> int:
 
 
 def matmul_params(model: ModelSpec) -> int:
-    """Parameters that take part in a matrix multiply (embedding lookups do not)."""
-    return sum(
+    """Parameters that take part in a matrix multiply (embedding lookups do not; a tied
+    head counts, once, as the matrix multiply it is)."""
+    tied_head = model.vocab_size * model.d_model if getattr(model, "tie_embeddings", False) else 0
+    return tied_head + sum(
         math.prod(s)
         for n, s in param_shapes(model).items()
         if n not in ("wte", "wpe")
@@ -108,7 +139,7 @@ def flops_per_step(model: ModelSpec, global_batch: int) -> int:
     product with the values (Chowdhery et al. 2022, appendix B; the causal mask is not
     discounted, as in that formula). For the MLP, one sample counts as one token.
     """
-    if isinstance(model, GPTSpec):
+    if isinstance(model, (GPTSpec, LlamaSpec)):
         tokens = global_batch * model.seq_len
         attention = 12 * model.n_layers * model.d_model * model.seq_len
         return tokens * (6 * matmul_params(model) + attention)
@@ -123,3 +154,18 @@ def params_digest(params: dict[str, np.ndarray]) -> str:
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
     return digest.hexdigest()
+
+
+def rope_tables(model: LlamaSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The rotary embedding's (cos, sin), float32 (seq_len, head_dim), computed in float64
+    once so that every backend turns by exactly the same angles.
+
+    Rotate-half form: pair i of a head is (x[i], x[i + head_dim/2]), turned by position *
+    rope_theta^(-2i/head_dim); rotated = x * cos + rotate_half(x) * sin with
+    rotate_half(x) = [-x2, x1], so both halves of the tables repeat the same angles.
+    """
+    half = model.head_dim // 2
+    inv_freq = model.rope_theta ** (-np.arange(half, dtype=np.float64) * 2 / model.head_dim)
+    angles = np.arange(model.seq_len, dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

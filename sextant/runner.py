@@ -159,6 +159,37 @@ def check_layout(workload: Workload, strategy: Strategy) -> None:
             f"gets (global_batch {workload.global_batch} / {strategy.replicas} replicas); "
             f"use a divisor of {rows}"
         )
+    if strategy.tp > 1 or strategy.pp > 1:
+        check_model_parallel(workload, strategy)
+
+
+def check_model_parallel(workload: Workload, strategy: Strategy) -> None:
+    """The model splits the way tensor / pipeline parallelism asks (one line otherwise)."""
+    model = workload.model
+    if model.family != "llama":
+        raise UserError(
+            f"parallel {strategy.parallel!r} splits a Llama-shaped model (separate q/k/v "
+            f"heads, SwiGLU); workload {workload.name!r} is a {model.family} model: use "
+            "--workload llama-tiny or another llama-family workload")
+    tp, pp = strategy.tp, strategy.pp
+    for name, value in (("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads),
+                        ("d_ff", model.d_ff)):
+        if value % tp:
+            raise UserError(f"--tp {tp} must divide model.{name} ({value}): each "
+                            "tensor-parallel rank holds an equal share")
+    if model.n_layers % pp:
+        raise UserError(f"--pp {pp} must divide model.n_layers ({model.n_layers}): each stage "
+                        "holds an equal share of the blocks")
+    if pp > 1 and model.tie_embeddings:
+        raise UserError("parallel 'pp' with tied embeddings is not supported: the embedding "
+                        "(first stage) and the head (last stage) would share one matrix "
+                        "across stages; set model.tie_embeddings = false")
+    rows = workload.global_batch // strategy.replicas
+    if rows % strategy.microbatches:
+        raise UserError(
+            f"--microbatches {strategy.microbatches} does not divide the {rows} rows each "
+            f"pipeline gets (global_batch {workload.global_batch} / {strategy.replicas} "
+            f"replicas); use a divisor of {rows}")
 
 
 def execute(

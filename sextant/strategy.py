@@ -26,7 +26,17 @@ MODES = ("eager", "compiled")
 #   fsdp       parameters, gradients and optimizer state sharded across data-parallel ranks
 #              (ZeRO-3 style)
 #   ps         parameter servers hold the variables; workers push gradients asynchronously
-PARALLEL = ("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "ps")
+#   tp         tensor parallel (Megatron's split): attention heads and MLP columns divided
+#              over `tp` devices, column-parallel in, row-parallel out; with more devices than
+#              `tp`, the rest is data parallel (dp x tp on a 2-D device mesh)
+#   tp-manual  the same split written by hand: explicit all-reduces of the partial sums
+#              (jax shard_map + psum, Megatron's f/g operators)
+#   pp         pipeline parallel: the layers cut into `pp` stages, each batch into
+#              `microbatches`, run by a `schedule` (gpipe or 1f1b); dp x pp likewise
+PARALLEL = ("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "ps", "tp", "tp-manual",
+            "pp")
+TENSOR_PARALLEL = ("tp", "tp-manual")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = ("fp32", "bf16")
 # Gradient-communication compression: cast to 16 bits before the all-reduce, or PowerSGD
 # (low-rank, with error feedback).
@@ -67,6 +77,18 @@ class Strategy:
     """Parameter-server processes (parallel 'ps' only)."""
     threads: int | None = None
     """Intra-op threads per worker; default: the machine's cores divided by the workers."""
+    tp: int = 1
+    """Tensor-parallel degree (parallel 'tp' / 'tp-manual'): devices that split each layer."""
+    pp: int = 1
+    """Pipeline stages (parallel 'pp')."""
+    microbatches: int = 1
+    """Micro-batches each batch is cut into for the pipeline (parallel 'pp')."""
+    schedule: str = "gpipe"
+    """Pipeline schedule (parallel 'pp'): 'gpipe' (all forwards, then all backwards) or
+    '1f1b' (one forward, one backward, interleaved once the pipeline is full)."""
+    sequence_parallel: bool = False
+    """With tensor parallelism: norms and residuals split along the sequence between the
+    tensor-parallel regions (all-gather / reduce-scatter instead of all-reduce)."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -133,15 +155,46 @@ class Strategy:
                             "give --resume too")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UserError("--checkpoint-every and --resume need --checkpoint-dir")
+        self._check_model_parallel()
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
             raise UserError(f"threads must be an integer >= 1. Received: {self.threads!r}")
 
+    def _check_model_parallel(self) -> None:
+        for name in ("tp", "pp", "microbatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"{name} must be an integer >= 1. Received: {value!r}")
+        devices = self.workers * self.devices_per_worker
+        if self.parallel in TENSOR_PARALLEL:
+            if self.tp < 2 or devices % self.tp:
+                raise UserError(
+                    f"parallel {self.parallel!r} needs --tp N >= 2 dividing the {devices} "
+                    f"devices (the rest is data parallel). Received: tp={self.tp}")
+        elif self.tp != 1 or self.sequence_parallel:
+            raise UserError("--tp and --sequence-parallel are for parallel 'tp' or 'tp-manual'. "
+                            f"Received: parallel={self.parallel!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise UserError("sequence_parallel must be true or false. "
+                            f"Received: {self.sequence_parallel!r}")
+        if self.parallel == "pp":
+            if self.pp < 2 or devices % self.pp:
+                raise UserError(
+                    f"parallel 'pp' needs --pp N >= 2 dividing the {devices} devices (the "
+                    f"rest is data parallel). Received: pp={self.pp}")
+            if self.schedule not in PIPELINE_SCHEDULES:
+                raise UserError(f"unknown pipeline schedule {self.schedule!r}; allowed: "
+                                f"{', '.join(PIPELINE_SCHEDULES)}")
+        elif self.pp != 1 or self.microbatches != 1 or self.schedule != "gpipe":
+            raise UserError("--pp, --microbatches and --schedule are for parallel 'pp'. "
+                            f"Received: parallel={self.parallel!r}")
+
     @property
     def replicas(self) -> int:
-        """Data-parallel replicas: the global batch is split this many ways."""
-        return self.workers * self.devices_per_worker
+        """Data-parallel replicas: the global batch is split this many ways (the devices
+        that are not tensor- or pipeline-parallel peers of one another)."""
+        return self.workers * self.devices_per_worker // (self.tp * self.pp)
 
     @property
     def label(self) -> str:
@@ -155,6 +208,13 @@ class Strategy:
             parts.append(f"{self.parallel} {size}")
         if self.ps:
             parts.append(f"ps{self.ps}")
+        if self.tp > 1 or self.pp > 1:
+            if self.replicas > 1:
+                parts.append(f"dp{self.replicas}")
+            if self.pp > 1:
+                parts.append(f"m{self.microbatches} {self.schedule}")
+        if self.sequence_parallel:
+            parts.append("sp")
         if self.precision != "fp32":
             parts.append(self.precision)
         if self.grad_accum > 1:

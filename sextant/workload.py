@@ -19,8 +19,8 @@ from typing import Any
 from sextant.errors import UserError
 from sextant.tomlfile import read_toml
 
-MODEL_FAMILIES = ("mlp", "gpt")
-DATASETS = {"mlp": ("digits",), "gpt": ("python-reference",)}
+MODEL_FAMILIES = ("mlp", "gpt", "llama")
+DATASETS = {"mlp": ("digits",), "gpt": ("python-reference",), "llama": ("python-reference",)}
 DATASET_FACTS: dict[str, dict[str, int]] = {
     "digits": {"samples": 1797, "input_dim": 64, "num_classes": 10},
     "python-reference": {"tokens": 466_273},
@@ -99,7 +99,74 @@ class GPTSpec:
         return self.d_model // self.n_heads
 
 
-ModelSpec = MLPSpec | GPTSpec
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LlamaSpec:
+    """A Llama-shaped decoder: pre-RMSNorm, rotary position embeddings (rotate-half form),
+    grouped-query causal attention, SwiGLU MLP, no biases; embeddings tied or not."""
+
+    family: str = "llama"
+    vocab_size: int = 256
+    """Byte-level: 256."""
+    seq_len: int = 64
+    """Tokens per sequence (the context length)."""
+    d_model: int = 64
+    """Residual stream width."""
+    n_layers: int = 2
+    """Transformer blocks."""
+    n_heads: int = 4
+    """Query heads; must divide d_model, and d_model / n_heads must be even (rotary pairs)."""
+    n_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide n_heads. n_heads: multi-head
+    attention; 1: multi-query attention."""
+    d_ff: int = 176
+    """Hidden width of each block's SwiGLU MLP (three matrices: gate, up, down)."""
+    tie_embeddings: bool = False
+    """The output head reuses the token embedding (transposed) instead of its own matrix."""
+    rope_theta: float = 10000.0
+    """Base of the rotary frequencies: pair i of a head turns at rope_theta^(-2i/head_dim)."""
+    norm_eps: float = 1e-5
+    """RMSNorm's epsilon, inside the root."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_kv_heads", "d_ff"):
+            _positive_int(f"model.{name}", getattr(self, name), MAX_WIDTH)
+        _positive_int("model.n_layers", self.n_layers, MAX_LAYERS)
+        if self.vocab_size != 256:
+            raise UserError(
+                "model.vocab_size must be 256: the text data is byte-level. "
+                f"Received: {self.vocab_size}"
+            )
+        if self.d_model % self.n_heads:
+            raise UserError(
+                "model.n_heads must divide model.d_model. "
+                f"Received: d_model={self.d_model}, n_heads={self.n_heads}"
+            )
+        if (self.d_model // self.n_heads) % 2:
+            raise UserError(
+                "model.d_model / model.n_heads (the head width) must be even: rotary "
+                f"embeddings turn pairs of dimensions. Received: d_model={self.d_model}, "
+                f"n_heads={self.n_heads} (head width {self.d_model // self.n_heads})"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise UserError(
+                "model.n_kv_heads must divide model.n_heads (each key/value head serves a "
+                f"group of query heads). Received: n_heads={self.n_heads}, "
+                f"n_kv_heads={self.n_kv_heads}"
+            )
+        if not isinstance(self.tie_embeddings, bool):
+            raise UserError("model.tie_embeddings must be true or false. "
+                            f"Received: {_short(self.tie_embeddings)}")
+        _positive_float("model.rope_theta", self.rope_theta)
+        _positive_float("model.norm_eps", self.norm_eps)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+ModelSpec = MLPSpec | GPTSpec | LlamaSpec
+TransformerSpec = GPTSpec | LlamaSpec
+"""The families that read token sequences."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -212,7 +279,7 @@ class Workload:
 
     @property
     def tokens_per_sample(self) -> int:
-        return self.model.seq_len if isinstance(self.model, GPTSpec) else 1
+        return 1 if isinstance(self.model, MLPSpec) else self.model.seq_len
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -265,7 +332,7 @@ def workload_from_dict(raw: dict[str, Any]) -> Workload:
         raise UserError(
             f"model.family must be one of {list(MODEL_FAMILIES)}. Received: {family!r}"
         )
-    model_cls = MLPSpec if family == "mlp" else GPTSpec
+    model_cls = {"mlp": MLPSpec, "gpt": GPTSpec, "llama": LlamaSpec}[family]
     _reject_unknown("model.", model_raw, _field_names(model_cls))
     if "hidden" in model_raw:
         hidden = model_raw["hidden"]

@@ -23,7 +23,7 @@ from sextant.commands.trials import add_repeats_arg, run_trials
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
-from sextant.strategy import Strategy
+from sextant.strategy import TENSOR_PARALLEL, Strategy
 from sextant.workload import Workload, resolve_workload, workload_source
 
 
@@ -57,8 +57,9 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
                    help="eager or compiled (default: the framework's usual way: eager for "
                         "torch, compiled (jit) for jax)")
     p.add_argument("--parallel", default="single",
-                   help="single (default), dp, dp-manual, fsdp or ps "
-                        "(`sextant capabilities` shows which framework supports which)")
+                   help="single (default), dp, dp-manual, zero1, zero2, fsdp, ps, tp, "
+                        "tp-manual or pp (`sextant capabilities` shows which framework "
+                        "supports which)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: 1, or 2 with a parallel strategy)")
     p.add_argument("--devices-per-worker", type=int, default=1,
@@ -66,9 +67,34 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
                         "logical CPUs; default: 1)")
     p.add_argument("--ps", type=int, default=0,
                    help="parameter-server processes (with --parallel ps)")
+    p.add_argument("--tp", type=int, default=None,
+                   help="with --parallel tp/tp-manual: tensor-parallel degree (default: all "
+                        "devices; fewer makes the rest data parallel, dp x tp)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --parallel tp: split norms and residuals along the sequence")
+    p.add_argument("--pp", type=int, default=None,
+                   help="with --parallel pp: pipeline stages (default: all devices; fewer "
+                        "makes the rest data parallel, dp x pp)")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="with --parallel pp: micro-batches per batch (default: 2 x stages)")
+    p.add_argument("--schedule", default="gpipe",
+                   help="with --parallel pp: gpipe (default) or 1f1b")
     add_lever_args(p)
     p.add_argument("--threads", type=int, default=None,
                    help="threads per worker (default: cores / workers)")
+
+
+def model_parallel_fields(args: argparse.Namespace, devices: int) -> dict[str, Any]:
+    """--tp / --pp / --microbatches / --schedule / --sequence-parallel, with their defaults
+    (the degree: every device; micro-batches: twice the stages)."""
+    tp = args.tp if args.tp is not None else (devices if args.parallel in TENSOR_PARALLEL
+                                               else 1)
+    pp = args.pp if args.pp is not None else (devices if args.parallel == "pp" else 1)
+    microbatches = args.microbatches
+    if microbatches is None:
+        microbatches = 2 * pp if args.parallel == "pp" else 1
+    return {"tp": tp, "pp": pp, "microbatches": microbatches, "schedule": args.schedule,
+            "sequence_parallel": args.sequence_parallel}
 
 
 def strategy_from_args(args: argparse.Namespace, default_workers: int = 2) -> Strategy:
@@ -85,7 +111,8 @@ def strategy_from_args(args: argparse.Namespace, default_workers: int = 2) -> St
                 if args.framework in REGISTRY else "eager")
     strategy = Strategy(framework=args.framework, mode=mode, parallel=args.parallel,
                         workers=workers, devices_per_worker=args.devices_per_worker,
-                        ps=args.ps, threads=args.threads, **lever_fields(args))
+                        ps=args.ps, threads=args.threads, **lever_fields(args),
+                        **model_parallel_fields(args, workers * args.devices_per_worker))
     require(strategy)
     return strategy
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.workload import GPTSpec, Workload
+from sextant.workload import MLPSpec, Workload
 
 DATA_DIR = Path(__file__).parent
 
@@ -43,12 +43,12 @@ def text_tokens(name: str = "python-reference") -> np.ndarray:
 def global_batch(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]:
     """The inputs and targets of global batch `step`.
 
-    mlp: (x float32 (B, 64), y int64 (B,)); gpt: (x int64 (B, T), y int64 (B, T)), y being x
+    mlp: (x float32 (B, 64), y int64 (B,)); gpt and llama: (x int64 (B, T), y int64 (B, T)), y being x
     shifted by one byte.
     """
     rng = np.random.default_rng([workload.seed, 0xDA7A, step])
     batch = workload.global_batch
-    if isinstance(workload.model, GPTSpec):
+    if not isinstance(workload.model, MLPSpec):
         tokens = text_tokens(workload.data.dataset)
         window = workload.model.seq_len + 1
         offsets = rng.integers(0, tokens.size - window, size=batch)

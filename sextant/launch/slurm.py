@@ -75,6 +75,15 @@ def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
            "--timeout", f"{args.timeout:g}"]
     if strategy.ps:
         out += ["--ps", str(strategy.ps)]
+    if strategy.tp > 1:
+        out += ["--tp", str(strategy.tp)]
+    if strategy.pp > 1:
+        out += ["--pp", str(strategy.pp), "--microbatches", str(strategy.microbatches),
+                "--schedule", strategy.schedule]
+    if strategy.sequence_parallel:
+        out += ["--sequence-parallel"]
+    if strategy.activation_checkpointing:
+        out += ["--activation-checkpointing"]
     if args.steps is not None:
         out += ["--steps", str(args.steps)]
     if strategy.threads:

@@ -12,7 +12,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sextant.workload import GPTSpec, MLPSpec, ModelSpec
+from sextant.init import rope_tables
+from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 Params = dict[str, jax.Array]
@@ -58,16 +59,66 @@ def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array,
         block = jax.checkpoint(block)
     x = p["wte"][idx] + p["wpe"][:T]
     for i in range(spec.n_layers):
-        prefix = f"blocks.{i}."
-        x = block({k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}, x)
+        x = block(block_params(p, i), x)
     return _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]) @ p["head.weight"]
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), -1, keepdims=True) + eps) * scale
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotary embedding, rotate-half form: x (B, T, heads, hd), cos/sin (T, 1, hd)."""
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array
+                ) -> jax.Array:  # (B, T, C) -> same
+    """One Llama block; head counts come from the weights' widths (`-1`), so a shard that
+    holds a subset of the heads (tensor parallelism by hand) runs the same code."""
+    B, T, _ = x.shape
+    hd = spec.head_dim
+    h = rms_norm(x, bp["attn_norm.scale"], spec.norm_eps)
+    q = rotate((h @ bp["attn.q.weight"]).reshape(B, T, -1, hd), cos, sin)
+    k = rotate((h @ bp["attn.k.weight"]).reshape(B, T, -1, hd), cos, sin)
+    v = (h @ bp["attn.v.weight"]).reshape(B, T, -1, hd)
+    y = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                     scale=1.0 / math.sqrt(hd))  # GQA: K, V heads broadcast
+    x = x + y.reshape(B, T, -1) @ bp["attn.o.weight"]
+    h = rms_norm(x, bp["mlp_norm.scale"], spec.norm_eps)
+    gated = jax.nn.silu(h @ bp["mlp.gate.weight"]) * (h @ bp["mlp.up.weight"])
+    return x + gated @ bp["mlp.down.weight"]
+
+
+def block_params(p: Params, i: int) -> Params:
+    prefix = f"blocks.{i}."
+    return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
+
+
+def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array,
+                 remat: bool = False) -> jax.Array:  # (B, T) -> (B, T, V)
+    T = idx.shape[1]
+    cos, sin = (jnp.asarray(t[:T, None, :]) for t in rope_tables(spec))
+    block = functools.partial(llama_block, spec)
+    if remat:
+        block = jax.checkpoint(block)
+    x = p["wte"][idx]
+    for i in range(spec.n_layers):
+        x = block(block_params(p, i), x, cos, sin)
+    x = rms_norm(x, p["norm_f.scale"], spec.norm_eps)
+    return x @ p["wte"].T if spec.tie_embeddings else x @ p["head.weight"]
 
 
 def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
             remat: bool = False) -> jax.Array:
     """Mean softmax cross-entropy over every target in the batch (`remat`: see gpt_logits)."""
-    logits = (mlp_logits(spec, p, x) if isinstance(spec, MLPSpec)
-              else gpt_logits(spec, p, x, remat))
+    if isinstance(spec, MLPSpec):
+        logits = mlp_logits(spec, p, x)
+    elif isinstance(spec, LlamaSpec):
+        logits = llama_logits(spec, p, x, remat)
+    else:
+        logits = gpt_logits(spec, p, x, remat)
     logits = logits.reshape(-1, logits.shape[-1])
     logz = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]

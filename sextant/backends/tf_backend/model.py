@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sextant.init import decays
-from sextant.workload import GPTSpec, MLPSpec, ModelSpec, OptimizerSpec
+from sextant.init import decays, rope_tables
+from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec, OptimizerSpec
 
 LAYER_NORM_EPS = 1e-5
 
@@ -82,10 +82,56 @@ def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Te
     return _dense(x, p["head.weight"])
 
 
+def _rms_norm(x: tf.Tensor, scale: tf.Tensor, eps: float) -> tf.Tensor:
+    return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + eps) * scale
+
+
+def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Tensor:
+    """(B, T) int token ids -> (B*T, V) logits: RMSNorm, rotary, grouped-query attention
+    (each key/value head repeated for its group of query heads), SwiGLU."""
+    B, T = tf.shape(idx)[0], idx.shape[1]
+    C, nh, nkv, hd = spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim
+    x = tf.reshape(tf.gather(p["wte"], idx), (-1, C))  # (B*T, C)
+    dtype = x.dtype
+    cos, sin = (tf.constant(t[:T, None, :], dtype) for t in rope_tables(spec))
+    causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
+    neg_inf = tf.constant(-np.inf, dtype)
+    scale = tf.constant(1.0 / math.sqrt(hd), dtype)
+
+    def heads(t: tf.Tensor, n: int, rotary: bool) -> tf.Tensor:  # (B*T, n*hd) -> (B, nh, T, hd)
+        t = tf.reshape(t, (B, T, n, hd))
+        if rotary:
+            t1, t2 = tf.split(t, 2, axis=-1)
+            t = t * cos + tf.concat([-t2, t1], axis=-1) * sin
+        if n != nh:
+            t = tf.repeat(t, nh // n, axis=2)  # query head j reads key/value head j // group
+        return tf.transpose(t, (0, 2, 1, 3))
+
+    for i in range(spec.n_layers):
+        b = f"blocks.{i}."
+        h = _rms_norm(x, p[b + "attn_norm.scale"], spec.norm_eps)
+        q = heads(_dense(h, p[b + "attn.q.weight"]), nh, True)
+        k = heads(_dense(h, p[b + "attn.k.weight"]), nkv, True)
+        v = heads(_dense(h, p[b + "attn.v.weight"]), nkv, False)
+        att = tf.matmul(q, k, transpose_b=True) * scale  # (B, nh, T, T)
+        att = tf.nn.softmax(tf.where(causal, att, neg_inf), axis=-1)
+        y = tf.reshape(tf.transpose(tf.matmul(att, v), (0, 2, 1, 3)), (-1, C))
+        x = x + _dense(y, p[b + "attn.o.weight"])
+        h = _rms_norm(x, p[b + "mlp_norm.scale"], spec.norm_eps)
+        gated = tf.nn.silu(_dense(h, p[b + "mlp.gate.weight"])) * _dense(h, p[b + "mlp.up.weight"])
+        x = x + _dense(gated, p[b + "mlp.down.weight"])
+    x = _rms_norm(x, p["norm_f.scale"], spec.norm_eps)
+    if spec.tie_embeddings:
+        return tf.matmul(x, p["wte"], transpose_b=True)
+    return _dense(x, p["head.weight"])
+
+
 def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     """Mean softmax cross-entropy over every sample (MLP) or every token (GPT)."""
     if isinstance(spec, MLPSpec):
         logits = _mlp_logits(spec, p, x)
+    elif isinstance(spec, LlamaSpec):
+        logits = _llama_logits(spec, p, x)
     else:
         logits = _gpt_logits(spec, p, x)
     labels = tf.reshape(y, (-1,))

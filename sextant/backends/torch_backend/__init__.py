@@ -1,4 +1,5 @@
-"""PyTorch backend: eager or torch.compile; single process or DDP (gloo on CPU, nccl on CUDA).
+"""PyTorch backend: eager or torch.compile; single process, DDP, ZeRO/FSDP2 (gloo on CPU, nccl
+on CUDA), tensor parallel (DTensor) and pipeline parallel (torch.distributed.pipelining).
 
 Torch is imported only inside `run`, in the worker process.
 """
@@ -22,7 +23,7 @@ class TorchBackend(BackendBase):
     def capabilities(self) -> Capabilities:
         return Capabilities(
             modes=("eager", "compiled"),
-            parallel=("single", "dp", "zero1", "zero2", "fsdp"),
+            parallel=("single", "dp", "zero1", "zero2", "fsdp", "tp", "pp"),
             precisions=("fp32", "bf16"),
             compress=("none", "bf16", "fp16", "powersgd"),
             grad_accum=True,
@@ -42,6 +43,18 @@ class TorchBackend(BackendBase):
             )
         if strategy.devices_per_worker != 1:
             raise UserError("torch runs one device per worker process; use --workers")
+        if strategy.parallel in ("tp", "pp"):
+            unsupported = [flag for flag, on in (
+                ("--grad-accum", strategy.grad_accum > 1),
+                ("--precision bf16", strategy.precision != "fp32"),
+            ) if on]
+            if unsupported:
+                raise UserError(f"torch {strategy.parallel} runs fp32 without gradient "
+                                f"accumulation (the pipeline's micro-batches are its "
+                                f"accumulation); received {', '.join(unsupported)}")
+        if strategy.parallel == "pp" and strategy.mode == "compiled":
+            raise UserError("torch pp runs eager: torch.distributed.pipelining stages are not "
+                            "compiled by sextant yet; use --mode eager")
 
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
         """The strategies `sextant compare` runs by default."""

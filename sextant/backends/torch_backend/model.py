@@ -1,7 +1,8 @@
 """The canonical models as torch modules, and the mapping from canonical parameters.
 
 Canonical dense weights are (in, out); nn.Linear stores (out, in), so they are transposed on
-the way in and out. LayerNorm's canonical `scale` is torch's `weight`.
+the way in and out. A norm's canonical `scale` is torch's `weight`. With tied embeddings the
+head's weight *is* the embedding's Parameter (one tensor, one gradient, one optimizer state).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sextant.workload import GPTSpec, MLPSpec, ModelSpec
+from sextant.init import rope_tables
+from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 
@@ -70,6 +72,88 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half form: x (B, T, heads, hd), cos/sin (T, 1, hd)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query causal attention with rotary embeddings, no biases.
+
+    Head counts and the sequence length are read from the projections' outputs
+    (`view(B, T, -1, hd)`), so the same code runs on a tensor-parallel shard that holds a
+    subset of the heads, and on the sequence-parallel layout (whose input is gathered to the
+    whole sequence before the projections)."""
+
+    def __init__(self, spec: LlamaSpec) -> None:
+        super().__init__()
+        d, hd = spec.d_model, spec.head_dim
+        self.head_dim = hd
+        self.q = nn.Linear(d, spec.n_heads * hd, bias=False)
+        self.k = nn.Linear(d, spec.n_kv_heads * hd, bias=False)
+        self.v = nn.Linear(d, spec.n_kv_heads * hd, bias=False)
+        self.o = nn.Linear(spec.n_heads * hd, d, bias=False)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(h), self.k(h), self.v(h)
+        B, T, hd = q.shape[0], q.shape[1], self.head_dim
+        q = rotate(q.view(B, T, -1, hd), cos, sin).transpose(1, 2)
+        k = rotate(k.view(B, T, -1, hd), cos, sin).transpose(1, 2)
+        v = v.view(B, T, -1, hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, spec: LlamaSpec) -> None:
+        super().__init__()
+        self.gate = nn.Linear(spec.d_model, spec.d_ff, bias=False)
+        self.up = nn.Linear(spec.d_model, spec.d_ff, bias=False)
+        self.down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-RMSNorm block: attention, then SwiGLU, each added to the residual stream."""
+
+    def __init__(self, spec: LlamaSpec) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+        self.mlp = SwiGLU(spec)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, spec: LlamaSpec) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.blocks = nn.ModuleList(LlamaBlock(spec) for _ in range(spec.n_layers))
+        self.norm_f = nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        if spec.tie_embeddings:
+            self.head.weight = self.wte.weight
+        cos, sin = (torch.from_numpy(t)[:, None, :] for t in rope_tables(spec))
+        self.register_buffer("cos", cos, persistent=False)  # (T, 1, hd)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
+        T = idx.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.head(self.norm_f(x))
+
+
 class WithLoss(nn.Module):
     """Model + mean cross-entropy, so that compile and DDP see one module returning the loss."""
 
@@ -83,7 +167,9 @@ class WithLoss(nn.Module):
 
 
 def build(spec: ModelSpec) -> nn.Module:
-    return MLP(spec) if isinstance(spec, MLPSpec) else GPT(spec)
+    if isinstance(spec, MLPSpec):
+        return MLP(spec)
+    return Llama(spec) if isinstance(spec, LlamaSpec) else GPT(spec)
 
 
 def _torch_name(canonical: str) -> tuple[str, bool]:
@@ -100,6 +186,8 @@ def load_canonical(net: nn.Module, params: dict[str, np.ndarray]) -> None:
     for name, value in params.items():
         key, transpose = _torch_name(name)
         state[key] = torch.from_numpy(np.ascontiguousarray(value.T if transpose else value))
+    if "head.weight" not in state and "wte" in params:  # tied: the head is the embedding
+        state["head.weight"] = state["wte.weight"]
     net.load_state_dict(state, strict=True)
 
 

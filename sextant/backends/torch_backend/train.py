@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from sextant import checkpoint as ckpt
 from sextant import data
 from sextant.backends.torch_backend import model as tm
+from sextant.backends.torch_backend import parallel as par
 from sextant.init import decays, init_params, params_digest
 from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 DDP_STRATEGIES = ("dp", "zero1")
 FSDP_STRATEGIES = ("zero2", "fsdp")
+MODEL_PARALLEL = ("tp", "pp")
 
 
 def run(ctx: WorkerContext) -> dict[str, Any]:
@@ -221,10 +223,16 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     names = tm.canonical_names(net, params)
     net.to(device)
 
-    # Applied in torchtitan's order: activation checkpointing, then DDP or FSDP, then compile.
+    # Applied in torchtitan's order: tensor parallelism, activation checkpointing, then DDP
+    # or FSDP, then compile.
+    lay = par.layout(ctx, device.type) if parallel in MODEL_PARALLEL else None
+    if parallel == "tp":
+        par.apply_tp(net, lay.mesh["tp"], strategy.sequence_parallel,
+                     workload.model.tie_embeddings)
     if strategy.activation_checkpointing:
         _apply_activation_checkpointing(net)
     module: torch.nn.Module = tm.WithLoss(net)
+    stage, schedule = par.pipeline(net, lay, ctx, device) if parallel == "pp" else (None, None)
     ddp: DDP | None = None
     counter: dict[str, int] | None = None
     if parallel in DDP_STRATEGIES:
@@ -233,7 +241,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
         module = ddp
     elif parallel in FSDP_STRATEGIES:
         _apply_fsdp(module, net, ctx)
-    optimizer, optimizer_impl = _adamw(net, names, params, ctx)
+    optimizer, optimizer_impl = _adamw(stage or net, names, params, ctx)
     if strategy.mode == "compiled":
         module = torch.compile(module)
 
@@ -243,15 +251,19 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
                 if strategy.precision == "bf16" else contextlib.nullcontext())
     accounting: dict[str, int] = {}
-    trainable = list(net.parameters())
+    trainable = list((stage or net).parameters())
 
     def grad_norm() -> torch.Tensor:
         # Global L2 norm of the (already reduced) gradients, without a host sync.
+        if lay is not None:
+            return par.grad_norm(trainable, lay.mp_group if parallel == "pp" else None)
         norm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None],
                                              foreach=True)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def update() -> torch.Tensor:
+        if lay is not None:
+            par.average_over_dp(trainable, lay, ctx.fault)
         norm = grad_norm()
         if not accounting:
             accounting["grads"] = _nbytes(p.grad for p in trainable if p.grad is not None)
@@ -274,8 +286,28 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
             _root(module).set_requires_gradient_sync(last and sync)
         return contextlib.nullcontext()
 
+    def pipeline_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        first, last = stage.wte is not None, stage.head is not None
+        losses: list[torch.Tensor] = []
+        if first and last:
+            schedule.step(x, target=y, losses=losses)
+        elif first:
+            schedule.step(x)
+        elif last:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step()
+        # Every stage reports the loss: the last stage's mean over micro-batches, sent along
+        # the pipeline group (the run's loss is the mean of all ranks' reports).
+        loss = torch.stack(losses).mean().detach() if last else torch.zeros((), device=device)
+        dist.broadcast(loss, src=ctx.rank - lay.mp_rank + lay.degree - 1, group=lay.mp_group)
+        return torch.stack((loss, update()))
+
     def train_step(batch: tuple[torch.Tensor, torch.Tensor], sync: bool = True) -> torch.Tensor:
         x, y = batch
+        if parallel == "pp":
+            return pipeline_step(batch)
         if accum == 1:
             with sync_context(True, sync):
                 with autocast:
@@ -292,7 +324,10 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
         return torch.stack((total, update()))
 
     def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
+        if lay is not None:  # model-parallel peers read the same rows
+            x, y = data.local_batch(workload, i, lay.dp_rank, lay.dp, ctx.fault)
+        else:
+            x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
         return (torch.from_numpy(x).to(device, non_blocking=True),
                 torch.from_numpy(y).to(device, non_blocking=True))
 
@@ -340,7 +375,8 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
         # (which keep updating the parameters, for timing only).
         if counter is not None:  # payload of the training steps only
             exported["payload_per_step"] = counter["bytes"] / (counter_k["k"] - start_step)
-        final = _full_canonical(net, list(params))
+        final = (par.gather_stages(stage, names, lay, ctx.rank) if stage is not None
+                 else _full_canonical(net, list(params)))
         if final is not None:
             np.savez(ctx.run_dir / "final_params.npz", **final)
             exported["sha256"] = params_digest(final)
@@ -373,6 +409,12 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
             w for w, on in (
                 ("activation checkpointing per block", strategy.activation_checkpointing),
                 ("DDP", ddp is not None), ("FSDP2 fully_shard", parallel in FSDP_STRATEGIES),
+                (f"tensor parallel x{strategy.tp} (parallelize_module)", parallel == "tp"),
+                ("sequence parallel", strategy.sequence_parallel),
+                (f"pipeline x{strategy.pp} ({type(schedule).__name__}, "
+                 f"{strategy.microbatches} micro-batches)", parallel == "pp"),
+                (f"gradients averaged over dp{lay.dp if lay else 1}",
+                 lay is not None and lay.dp > 1),
                 ("torch.compile", strategy.mode == "compiled"),
                 ("autocast bf16", strategy.precision == "bf16"),
             ) if on

@@ -1,0 +1,214 @@
+"""Tensor and pipeline parallelism with PyTorch's own distributed APIs, on the Llama family.
+
+- tp: `torch.distributed.tensor.parallel.parallelize_module` over a DeviceMesh, torchtitan's
+  plan: q/k/v and the SwiGLU gate/up column-parallel, attention output and down projection
+  row-parallel (one all-reduce after each in forward, one before each in backward); the
+  token embedding row-parallel over the vocabulary, the head column-parallel with its output
+  gathered. `--sequence-parallel`: norms run on a sequence shard (SequenceParallel), the
+  attention and MLP inputs are all-gathered along the sequence once each (PrepareModuleInput)
+  and their outputs reduce-scattered back to it.
+- pp: `torch.distributed.pipelining`: the blocks cut into equal stages (the first also holds
+  the embedding, the last the final norm, head and loss), each batch into micro-batches run
+  by ScheduleGPipe or Schedule1F1B; gradients scaled by 1/microbatches by the schedule, so
+  they equal the whole batch's.
+- dp x tp, dp x pp: a 2-D DeviceMesh ('dp', 'tp' or 'pp'); data-parallel peers average their
+  gradients with one all-reduce of a flat buffer over the 'dp' group (DDP's algorithm,
+  written out, because DDP does not wrap DTensor parameters or pipeline stages).
+
+Rank r sits at mesh coordinate (r // degree, r % degree): model-parallel peers are
+neighbours, as on a GPU node where they share the fastest links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from sextant.backends.contracts import WorkerContext
+
+
+@dataclass
+class Layout:
+    """Where this rank sits on the 2-D mesh."""
+
+    degree: int
+    """Model-parallel degree (tp or pp)."""
+    dp: int
+    dp_rank: int
+    mp_rank: int
+    mesh: Any
+    """DeviceMesh ('dp', 'tp' | 'pp')."""
+
+    @property
+    def mp_group(self) -> Any:
+        return self.mesh.get_group(1)
+
+    @property
+    def dp_group(self) -> Any:
+        return self.mesh.get_group(0)
+
+
+def layout(ctx: WorkerContext, device_type: str) -> Layout:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    strategy = ctx.strategy
+    degree = strategy.tp * strategy.pp
+    dp = ctx.world // degree
+    axis = "tp" if strategy.tp > 1 else "pp"
+    mesh = init_device_mesh(device_type, (dp, degree), mesh_dim_names=("dp", axis))
+    return Layout(degree=degree, dp=dp, dp_rank=ctx.rank // degree, mp_rank=ctx.rank % degree,
+                  mesh=mesh)
+
+
+# --- tensor parallelism ----------------------------------------------------------------
+
+
+def apply_tp(net: nn.Module, mesh: Any, sequence_parallel: bool, tied: bool) -> None:
+    """Parallelize a torch_backend.model.Llama in place over the 1-D mesh `mesh`."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top: dict[str, Any] = {}
+    if not tied:  # a tied matrix cannot be split two ways (rows for one, columns for other)
+        top["wte"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        top["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    if sequence_parallel:
+        top["norm_f"] = SequenceParallel()
+    if top:
+        parallelize_module(net, mesh, top)
+    for block in net.blocks:
+        plan: dict[str, Any] = {
+            "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
+            "attn.v": ColwiseParallel(), "attn.o": RowwiseParallel(output_layouts=seq),
+            "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan.update({
+                "attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
+                "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                           desired_input_layouts=(Replicate(), None, None)),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
+                                          desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, mesh, plan)
+
+
+def grad_norm(params: list[torch.Tensor], pp_group: Any = None) -> torch.Tensor:
+    """Global L2 norm of the gradients, DTensor shards and plain tensors alike, without a
+    host sync; `pp_group`: the stages' squared norms are summed over it."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    squared = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else None)
+    if sharded:
+        squared = squared + torch.nn.utils.get_total_norm(sharded, foreach=True).full_tensor() ** 2
+    if plain:
+        squared = squared + torch.nn.utils.get_total_norm(plain, foreach=True) ** 2
+    if pp_group is not None:
+        dist.all_reduce(squared, group=pp_group)
+    return squared.sqrt()
+
+
+def average_over_dp(params: list[torch.Tensor], lay: Layout, fault: str | None) -> None:
+    """Mean of the data-parallel peers' gradients: one all-reduce of a flat buffer.
+    SEXTANT_TEST_FAULT=sum-gradients leaves out the division (the parity tests must fail)."""
+    from torch.distributed.tensor import DTensor
+
+    if lay.dp == 1:
+        return
+    local = [(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
+             for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in local])
+    dist.all_reduce(flat, group=lay.dp_group)
+    if not (fault and "sum-gradients" in fault.split(",")):
+        flat /= lay.dp
+    offset = 0
+    for g in local:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# --- pipeline parallelism --------------------------------------------------------------
+
+
+class Stage(nn.Module):
+    """Blocks [lo, hi) of a Llama, with the embedding on the first stage and the final norm
+    and head on the last. Parameter names keep the whole model's (`blocks.<i>.` with the
+    global i), so the canonical mapping and the optimizer's decay groups apply unchanged."""
+
+    def __init__(self, net: nn.Module, lo: int, hi: int, first: bool, last: bool) -> None:
+        super().__init__()
+        self.wte = net.wte if first else None
+        self.blocks = nn.ModuleDict({str(i): net.blocks[i] for i in range(lo, hi)})
+        self.norm_f = net.norm_f if last else None
+        self.head = net.head if last else None
+        self.register_buffer("cos", net.cos, persistent=False)
+        self.register_buffer("sin", net.sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wte is not None:
+            x = self.wte(x)
+        T = x.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        for block in self.blocks.values():
+            x = block(x, cos, sin)
+        if self.head is not None:
+            x = self.head(self.norm_f(x))
+        return x
+
+
+def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def pipeline(net: nn.Module, lay: Layout, ctx: WorkerContext, device: torch.device
+             ) -> tuple[Stage, Any]:
+    """This rank's stage and the schedule that runs it."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    strategy = ctx.strategy
+    n_layers = len(net.blocks)
+    per = n_layers // lay.degree
+    s = lay.mp_rank
+    stage = Stage(net, s * per, (s + 1) * per, first=s == 0, last=s == lay.degree - 1)
+    handle = PipelineStage(stage, s, lay.degree, device, group=lay.mp_group)
+    cls = Schedule1F1B if strategy.schedule == "1f1b" else ScheduleGPipe
+    schedule = cls(handle, n_microbatches=strategy.microbatches, loss_fn=pipeline_loss)
+    return stage, schedule
+
+
+def gather_stages(stage: Stage, names: dict[str, str], lay: Layout, rank: int
+                  ) -> dict[str, Any] | None:
+    """The whole model in canonical layout on rank 0, from the stages of its pipeline."""
+    import numpy as np
+
+    from sextant.backends.torch_backend.model import _torch_name
+
+    own = {}
+    for key, value in stage.state_dict().items():
+        if key in names:
+            transpose = _torch_name(names[key])[1]
+            array = value.detach().cpu().float().numpy()
+            own[names[key]] = np.ascontiguousarray(array.T if transpose else array)
+    parts: list[Any] = [None] * lay.mesh.size()
+    dist.all_gather_object(parts, own)
+    if rank != 0:
+        return None
+    merged = {k: v for part in parts[:lay.degree] for k, v in part.items()}
+    return {name: merged[name] for name in sorted(merged, key=list(names.values()).index)}
