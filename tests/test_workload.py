@@ -51,7 +51,7 @@ def test_good_file_and_defaults(tmp_path: Path) -> None:
         (GOOD + "colour = 1\n", "unknown key data.colour; allowed keys: dataset"),
         (GOOD.replace("d_model = 32", "d_model = 32\nwidth = 3"), "unknown key model.width"),
         (GOOD + "[optimizer]\nmomentum = 0.9\n", "unknown key optimizer.momentum"),
-        (GOOD.replace('"gpt"', '"cnn"'), "model.family must be one of ['mlp', 'gpt']"),
+        (GOOD.replace('"gpt"', '"cnn"'), "model.family must be one of ['mlp', 'gpt', 'llama']"),
         (GOOD.replace("n_heads = 4", "n_heads = 5"), "n_heads must divide model.d_model"),
         (GOOD.replace("steps = 10", "steps = 0"), "steps must be an integer >= 1. Received: 0"),
         (GOOD.replace("steps = 10", 'steps = "ten"'), "steps must be an integer"),

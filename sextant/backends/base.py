@@ -35,6 +35,10 @@ class Capabilities:
     """Recomputes each transformer block in backward (Strategy.activation_checkpointing)."""
     checkpoint: tuple[str, ...] = ()
     """Parallel strategies whose runs can be checkpointed and resumed."""
+    why_not: tuple[tuple[str, str], ...] = ()
+    """(parallel strategy, reason) for strategies this backend does not run, where the
+    reason is worth knowing (what the framework offers instead); shown by `sextant
+    capabilities` and in the refusal."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -137,8 +141,10 @@ def require(strategy: Strategy) -> Backend:
         ("precision", strategy.precision, caps.precisions),
     ):
         if value not in allowed:
+            reason = dict(caps.why_not).get(value) if axis == "parallel" else None
             raise UserError(
-                f"{backend.name} does not support {axis} {value!r}; supported: {', '.join(allowed)}"
+                f"{backend.name} does not support {axis} {value!r}"
+                + (f" ({reason})" if reason else "") + f"; supported: {', '.join(allowed)}"
             )
     if strategy.compress not in caps.compress:
         raise UserError(

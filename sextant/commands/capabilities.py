@@ -30,6 +30,7 @@ def matrix() -> tuple[list[str], list[tuple[str, list[bool | str]]]]:
     rows += [(f"compress {c}", [c in caps[n].compress for n in names])
              for c in COMPRESSIONS if c != "none"]
     rows.append(("grad accumulation", [caps[n].grad_accum for n in names]))
+    rows.append(("activation checkpointing", [caps[n].activation_checkpointing for n in names]))
     rows.append(("checkpoint/resume", [", ".join(caps[n].checkpoint) or False for n in names]))
     return names, rows
 
@@ -45,5 +46,12 @@ def cmd_capabilities(args: argparse.Namespace) -> int:
     for label, cells in rows:
         table.add_row(label, *("✓" if c is True else "-" if c is False else str(c)
                                for c in cells))
-    console().print(table)
+    out = console()
+    out.print(table)
+    for name in names:
+        kinds: dict[str, list[str]] = {}  # reason -> strategies, so each reason prints once
+        for kind, reason in get_backend(name).capabilities().why_not:
+            kinds.setdefault(reason, []).append(kind)
+        for reason, which in kinds.items():
+            out.print(f"{name} parallel {', '.join(which)}: {reason}")
     return 0

@@ -25,17 +25,30 @@ class JaxBackend(BackendBase):
         # compare PyTorch against a strawman.
         return Capabilities(
             modes=("compiled",),
-            parallel=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
+            parallel=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "tp", "tp-manual"),
             precisions=("fp32", "bf16"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
             activation_checkpointing=True,
             checkpoint=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
+            why_not=(("pp", "not built yet: JAX has no pipeline API; the way its experts "
+                            "write one (a shard_map over a 'stage' axis passing activations "
+                            "with lax.ppermute, micro-batches in a scan) is future work"),),
         )
 
     def check(self, strategy: Strategy) -> None:
         from sextant.errors import UserError
 
+        if strategy.parallel in ("tp", "tp-manual"):
+            unsupported = [flag for flag, on in (
+                ("--grad-accum", strategy.grad_accum > 1),
+                ("--precision bf16", strategy.precision != "fp32"),
+                ("--activation-checkpointing", strategy.activation_checkpointing),
+                ("--sequence-parallel", strategy.sequence_parallel),
+            ) if on]
+            if unsupported:
+                raise UserError(f"jax {strategy.parallel} runs fp32 without "
+                                f"{', '.join(unsupported)} in sextant yet")
         if strategy.compress != "none" and strategy.parallel != "dp-manual":
             raise UserError(
                 "jax compresses gradients by casting before the hand-written pmean: --compress "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -73,22 +74,58 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array
-                ) -> jax.Array:  # (B, T, C) -> same
+@functools.lru_cache(maxsize=None)
+def megatron_ops(axis: str) -> tuple[Any, Any]:
+    """Megatron-LM's conjugate operators over mesh axis `axis` (inside shard_map):
+    f = identity forward, all-reduce (psum) of the input gradient backward, placed before a
+    column-parallel matmul; g = all-reduce forward, identity backward, after a row-parallel
+    one. Two all-reduces per block in forward and two in backward, all written here."""
+
+    @jax.custom_vjp
+    def f(x: jax.Array) -> jax.Array:
+        return x
+
+    f.defvjp(lambda x: (x, None), lambda _, g: (jax.lax.psum(g, axis),))
+
+    def reduce(x: jax.Array) -> jax.Array:
+        # The test hook SEXTANT_TEST_FAULT=skip-tp-allreduce drops g's all-reduce: each shard
+        # then keeps its partial sum, and the parity tests must fail.
+        return x if "skip-tp-allreduce" in TEST_FAULTS else jax.lax.psum(x, axis)
+
+    @jax.custom_vjp
+    def g(x: jax.Array) -> jax.Array:
+        return reduce(x)
+
+    g.defvjp(lambda x: (reduce(x), None), lambda _, t: (t,))
+    return f, g
+
+
+TEST_FAULTS: set[str] = set()
+"""SEXTANT_TEST_FAULT's entries, set by the worker before tracing (see megatron_ops)."""
+
+
+def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                tp_axis: str | None = None) -> jax.Array:  # (B, T, C) -> same
     """One Llama block; head counts come from the weights' widths (`-1`), so a shard that
-    holds a subset of the heads (tensor parallelism by hand) runs the same code."""
+    holds a subset of the heads runs the same code. `tp_axis`: this is one tensor-parallel
+    shard inside shard_map, with Megatron's f/g operators around its two halves."""
+    f, g = megatron_ops(tp_axis) if tp_axis else (_identity, _identity)
     B, T, _ = x.shape
     hd = spec.head_dim
-    h = rms_norm(x, bp["attn_norm.scale"], spec.norm_eps)
+    h = f(rms_norm(x, bp["attn_norm.scale"], spec.norm_eps))
     q = rotate((h @ bp["attn.q.weight"]).reshape(B, T, -1, hd), cos, sin)
     k = rotate((h @ bp["attn.k.weight"]).reshape(B, T, -1, hd), cos, sin)
     v = (h @ bp["attn.v.weight"]).reshape(B, T, -1, hd)
     y = jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                      scale=1.0 / math.sqrt(hd))  # GQA: K, V heads broadcast
-    x = x + y.reshape(B, T, -1) @ bp["attn.o.weight"]
-    h = rms_norm(x, bp["mlp_norm.scale"], spec.norm_eps)
+    x = x + g(y.reshape(B, T, -1) @ bp["attn.o.weight"])
+    h = f(rms_norm(x, bp["mlp_norm.scale"], spec.norm_eps))
     gated = jax.nn.silu(h @ bp["mlp.gate.weight"]) * (h @ bp["mlp.up.weight"])
-    return x + gated @ bp["mlp.down.weight"]
+    return x + g(gated @ bp["mlp.down.weight"])
+
+
+def _identity(x: jax.Array) -> jax.Array:
+    return x
 
 
 def block_params(p: Params, i: int) -> Params:
@@ -96,11 +133,11 @@ def block_params(p: Params, i: int) -> Params:
     return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
 
 
-def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array,
-                 remat: bool = False) -> jax.Array:  # (B, T) -> (B, T, V)
+def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array, remat: bool = False,
+                 tp_axis: str | None = None) -> jax.Array:  # (B, T) -> (B, T, V)
     T = idx.shape[1]
     cos, sin = (jnp.asarray(t[:T, None, :]) for t in rope_tables(spec))
-    block = functools.partial(llama_block, spec)
+    block = functools.partial(llama_block, spec, tp_axis=tp_axis)
     if remat:
         block = jax.checkpoint(block)
     x = p["wte"][idx]
@@ -111,12 +148,13 @@ def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array,
 
 
 def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
-            remat: bool = False) -> jax.Array:
-    """Mean softmax cross-entropy over every target in the batch (`remat`: see gpt_logits)."""
+            remat: bool = False, tp_axis: str | None = None) -> jax.Array:
+    """Mean softmax cross-entropy over every target in the batch (`remat`: see gpt_logits;
+    `tp_axis`: see llama_block)."""
     if isinstance(spec, MLPSpec):
         logits = mlp_logits(spec, p, x)
     elif isinstance(spec, LlamaSpec):
-        logits = llama_logits(spec, p, x, remat)
+        logits = llama_logits(spec, p, x, remat, tp_axis)
     else:
         logits = gpt_logits(spec, p, x, remat)
     logits = logits.reshape(-1, logits.shape[-1])

@@ -15,6 +15,14 @@ joined by jax.distributed):
 - fsdp:      parameters and optimizer state sharded on 'data' along their first divisible
              axis (ZeRO-3 style); XLA inserts all-gathers and reduce-scatters.
 
+Tensor parallelism (Llama family) over a 2-D Mesh ('data', 'model'), batch on 'data':
+- tp:        declared: q/k/v and gate/up weights sharded by columns on 'model', the attention
+             output and down projection by rows, embeddings, norms and head replicated;
+             XLA inserts the collectives (read back from the compiled HLO).
+- tp-manual: the same split written by hand: jax.shard_map over the mesh, Megatron's f/g
+             operators (model.megatron_ops: psum of the partial sums forward, of the input
+             gradients backward), gradients averaged over 'data' with an explicit pmean.
+
 Checkpoints: orbax (StandardCheckpointer) of parameters and optimizer state, every process
 writing its own shards, sealed by sextant.checkpoint's manifest.
 
@@ -75,12 +83,88 @@ def _fsdp_spec(shape: tuple[int, ...], n: int) -> Any:
     return P()  # too small to split evenly: replicated
 
 
+COLUMN_PARALLEL = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.gate.weight",
+                   "mlp.up.weight")
+ROW_PARALLEL = ("attn.o.weight", "mlp.down.weight")
+
+
+def _tp_spec(name: str) -> Any:
+    """Megatron's split of a Llama parameter over mesh axis 'model'."""
+    from jax.sharding import PartitionSpec as P
+
+    if name.endswith(COLUMN_PARALLEL):
+        return P(None, "model")
+    if name.endswith(ROW_PARALLEL):
+        return P("model", None)
+    return P()
+
+
+def _megatron_step(mesh: Any, tp_specs: dict[str, Any], loss_of: Any, apply: Any,
+                   summed: bool = False) -> Any:
+    """Tensor parallelism by hand: each device's shard computes its loss and gradients with
+    Megatron's f/g operators (model.megatron_ops), then averages them over 'data' with an
+    explicit pmean (`summed`: the test hook that leaves out the division)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    mean = jax.lax.psum if summed else jax.lax.pmean
+
+    def local(p: Any, x: Any, y: Any) -> tuple:
+        # One shard: its heads and MLP columns, its rows of the batch.
+        loss, grads = jax.value_and_grad(loss_of)(p, x, y, "model")
+        return jax.lax.pmean(loss, "data"), jax.tree.map(lambda g: mean(g, "data"), grads)
+
+    def step(params: Any, opt_state: Any, x: Any, y: Any) -> tuple:
+        loss, grads = jax.shard_map(
+            local, mesh=mesh, in_specs=(tp_specs, P("data"), P("data")),
+            out_specs=(P(), tp_specs), check_vma=False)(params, x, y)
+        return apply(params, opt_state, loss, grads)
+
+    return step
+
+
+def _check_remat(remat: bool, spec: Any) -> None:
+    if remat and isinstance(spec, MLPSpec):
+        raise UserError("--activation-checkpointing recomputes transformer blocks; "
+                        "this model (mlp) has none")
+
+
+def _register_faults(fault: str | None) -> None:
+    from sextant.backends.jax_backend import model as jax_model
+
+    jax_model.TEST_FAULTS.update(fault.split(",") if fault else ())
+
+
+def _shardings(parallel: str, devices: list[Any], tp: int, params_np: dict[str, np.ndarray]
+               ) -> tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(mesh, tensor-parallel PartitionSpecs, parameter and optimizer-moment shardings)."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = len(devices) // tp
+    if parallel in ("tp", "tp-manual"):
+        mesh = Mesh(np.array(devices).reshape(n, tp), ("data", "model"))
+    else:
+        mesh = Mesh(np.array(devices), ("data",))
+    replicated = NamedSharding(mesh, P())
+    tp_specs = {k: _tp_spec(k) for k in params_np}
+    sharded = {k: NamedSharding(mesh, _fsdp_spec(v.shape, n)) for k, v in params_np.items()}
+    if parallel in ("tp", "tp-manual"):
+        param_sh = {k: NamedSharding(mesh, tp_specs[k]) for k in params_np}
+    else:
+        param_sh = sharded if parallel == "fsdp" else {k: replicated for k in params_np}
+    # ZeRO-1: the optimizer moments are sharded, the parameters replicated (XLA all-gathers
+    # the updated parameters); fsdp shards both.
+    moment_sh = sharded if parallel in ("zero1", "zero2", "fsdp") else param_sh
+    return mesh, tp_specs, param_sh, moment_sh
+
+
 def _train(ctx: WorkerContext) -> dict[str, Any]:
     import jax
     import jax.flatten_util
     import jax.numpy as jnp
     import optax
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from sextant.backends.jax_backend.model import loss_fn
@@ -89,21 +173,17 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
     spec = workload.model
     parallel = strategy.parallel
     devices = jax.devices()
-    n = len(devices)
+    tp = strategy.tp
+    n = len(devices) // tp  # data-parallel replicas
     if workload.global_batch % n:
         raise UserError(
             f"global_batch {workload.global_batch} is not divisible by {n} devices"
         )
-    mesh = Mesh(np.array(devices), ("data",))
+    tensor_parallel = parallel in ("tp", "tp-manual")
+    params_np = init_params(spec, workload.seed)
+    mesh, tp_specs, param_sh, moment_sh = _shardings(parallel, devices, tp, params_np)
     replicated = NamedSharding(mesh, P())
     batch_sharding = NamedSharding(mesh, P("data"))
-
-    params_np = init_params(spec, workload.seed)
-    sharded = {k: NamedSharding(mesh, _fsdp_spec(v.shape, n)) for k, v in params_np.items()}
-    param_sh = sharded if parallel == "fsdp" else {k: replicated for k in params_np}
-    # ZeRO-1: the optimizer moments are sharded, the parameters replicated (XLA all-gathers
-    # the updated parameters); fsdp shards both.
-    moment_sh = sharded if parallel in ("zero1", "zero2", "fsdp") else param_sh
     params = {
         k: jax.make_array_from_callback(v.shape, param_sh[k], lambda idx, v=v: v[idx])
         for k, v in params_np.items()
@@ -132,19 +212,18 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
     accum = strategy.grad_accum
     # Activation checkpointing: every transformer block under jax.checkpoint.
     remat = strategy.activation_checkpointing
-    if remat and isinstance(spec, MLPSpec):
-        raise UserError("--activation-checkpointing recomputes transformer blocks; "
-                        "this model (mlp) has none")
+    _check_remat(remat, spec)
     compute_dtype = jnp.bfloat16 if strategy.precision == "bf16" else jnp.float32
 
-    def precision_loss(p: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    def precision_loss(p: Any, x: jax.Array, y: jax.Array, tp_axis: str | None = None
+                       ) -> jax.Array:
         # bf16: compute with bf16 copies of the fp32 master weights; the loss (softmax
         # cross-entropy) is taken in fp32.
         if compute_dtype != jnp.float32:
             p = jax.tree.map(lambda a: a.astype(compute_dtype), p)
             if x.dtype == jnp.float32:
                 x = x.astype(compute_dtype)
-        return loss_fn(spec, p, x, y, remat).astype(jnp.float32)
+        return loss_fn(spec, p, x, y, remat, tp_axis).astype(jnp.float32)
 
     single_grad = jax.value_and_grad(precision_loss)
 
@@ -217,15 +296,21 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
                              out_specs=(P(), P(), P()), check_vma=False)
 
+    _register_faults(ctx.fault)
     donate = (0, 1)
+    device = devices[0]
     if parallel == "single":
-        device = devices[0]
         train_step = jax.jit(declarative_step, donate_argnums=donate)
     elif parallel == "dp-manual":
         train_step = jax.jit(per_device_step(True), donate_argnums=donate)
     else:
+        if parallel == "tp-manual":
+            step_fn = _megatron_step(mesh, tp_specs, precision_loss, apply,
+                                     summed="sum-gradients" in (ctx.fault or "").split(","))
+        else:
+            step_fn = declarative_step
         train_step = jax.jit(
-            declarative_step,
+            step_fn,
             in_shardings=(param_sh, state_sh, batch_sharding, batch_sharding),
             out_shardings=(param_sh, state_sh, replicated),
             donate_argnums=donate,
@@ -239,6 +324,9 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
             x, y = x[:-n], y[:-n]  # test hook: a batch of another shape after warm-up
         if parallel == "single":
             return jax.device_put(x, device), jax.device_put(y, device)
+        if tensor_parallel:  # each process feeds the rows of its devices' 'data' positions
+            return (jax.make_array_from_callback(x.shape, batch_sharding, lambda i: x[i]),
+                    jax.make_array_from_callback(y.shape, batch_sharding, lambda i: y[i]))
         x, y = data.shard(x, ctx.rank, ctx.world), data.shard(y, ctx.rank, ctx.world)
         return (jax.make_array_from_process_local_data(batch_sharding, x),
                 jax.make_array_from_process_local_data(batch_sharding, y))
@@ -323,7 +411,7 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
     )
     result["final_params_sha256"] = exported.get("sha256")  # rank 0 only
     collectives = None
-    if n > 1:
+    if len(devices) > 1:
         # The collectives XLA put in the compiled step (the cached executable: no recompile).
         hlo = train_step.lower(state["params"], state["opt"], *fetch(0)).compile().as_text()
         collectives = hlo_collectives(hlo)
@@ -352,7 +440,11 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
                  "zero1": "jit over Mesh(data), params replicated, optimizer state sharded",
                  "zero2": "jit over Mesh(data), params replicated, gradients and optimizer "
                           "state sharded",
-                 "fsdp": "jit over Mesh(data), params and optimizer state sharded"}[parallel],
+                 "fsdp": "jit over Mesh(data), params and optimizer state sharded",
+                 "tp": f"jit over Mesh(data={n}, model={tp}), q/k/v/gate/up sharded by "
+                       "columns, o/down by rows (XLA inserts the collectives)",
+                 "tp-manual": f"jit(shard_map) over Mesh(data={n}, model={tp}) with "
+                              "Megatron's f/g psum operators"}[parallel],
         "devices": n,
         "local_param_bytes": local_bytes_params,
         "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,

@@ -95,6 +95,15 @@ def filtered_stderr(path: Path, drop: tuple[str, ...]) -> Iterator[list[str]]:
     path.unlink()
 
 
+TF_NO_MODEL_PARALLEL = (
+    "tf.distribute in TensorFlow 2.21 has data-parallel strategies only (Mirrored, "
+    "MultiWorkerMirrored, ParameterServer, TPU); layouts that split a layer exist only in the "
+    "experimental tf.experimental.dtensor (Mesh/Layout, no tf.distribute strategy, no pipeline "
+    "schedule), and Keras 3's ModelParallel distribution is built for its JAX backend (its TensorFlow "
+    "module is marked a prototype, 'DO NOT USE', in Keras 3.15)"
+)
+
+
 class TensorFlowBackend(BackendBase):
     name = "tensorflow"
     package = "tensorflow"
@@ -111,6 +120,7 @@ class TensorFlowBackend(BackendBase):
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
             checkpoint=("single", "dp"),
+            why_not=tuple((kind, TF_NO_MODEL_PARALLEL) for kind in ("tp", "tp-manual", "pp")),
         )
 
     def check(self, strategy: Strategy) -> None:

@@ -69,9 +69,12 @@ def layout(ctx: WorkerContext, device_type: str) -> Layout:
 # --- tensor parallelism ----------------------------------------------------------------
 
 
-def apply_tp(net: nn.Module, mesh: Any, sequence_parallel: bool, tied: bool) -> None:
-    """Parallelize a torch_backend.model.Llama in place over the 1-D mesh `mesh`."""
-    from torch.distributed.tensor import Replicate, Shard
+def apply_tp(net: nn.Module, mesh: Any, sequence_parallel: bool, tied: bool,
+             fault: str | None = None) -> None:
+    """Parallelize a torch_backend.model.Llama in place over the 1-D mesh `mesh`.
+    SEXTANT_TEST_FAULT=skip-tp-allreduce leaves the attention output's partial sums
+    unreduced (each rank keeps its own heads' share): the parity tests must fail."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -89,10 +92,12 @@ def apply_tp(net: nn.Module, mesh: Any, sequence_parallel: bool, tied: bool) -> 
         top["norm_f"] = SequenceParallel()
     if top:
         parallelize_module(net, mesh, top)
+    skip = bool(fault and "skip-tp-allreduce" in fault.split(","))
     for block in net.blocks:
         plan: dict[str, Any] = {
             "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
-            "attn.v": ColwiseParallel(), "attn.o": RowwiseParallel(output_layouts=seq),
+            "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(output_layouts=Partial() if skip else seq),
             "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
             "mlp.down": RowwiseParallel(output_layouts=seq),
         }
@@ -152,8 +157,13 @@ class Stage(nn.Module):
     and head on the last. Parameter names keep the whole model's (`blocks.<i>.` with the
     global i), so the canonical mapping and the optimizer's decay groups apply unchanged."""
 
-    def __init__(self, net: nn.Module, lo: int, hi: int, first: bool, last: bool) -> None:
+    def __init__(self, net: nn.Module, lo: int, hi: int, first: bool, last: bool,
+                 fault: str | None = None) -> None:
         super().__init__()
+        # SEXTANT_TEST_FAULT=pp-misrouted-handoff: a later stage receives the activations of
+        # the wrong rows (rolled by one), a mis-routed hand-off the parity tests must catch.
+        self.misrouted = bool(fault and "pp-misrouted-handoff" in fault.split(",")
+                              and not first)
         self.wte = net.wte if first else None
         self.blocks = nn.ModuleDict({str(i): net.blocks[i] for i in range(lo, hi)})
         self.norm_f = net.norm_f if last else None
@@ -164,6 +174,8 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.wte is not None:
             x = self.wte(x)
+        if self.misrouted:
+            x = x.roll(1, dims=0)
         T = x.shape[1]
         cos, sin = self.cos[:T], self.sin[:T]
         for block in self.blocks.values():
@@ -186,7 +198,8 @@ def pipeline(net: nn.Module, lay: Layout, ctx: WorkerContext, device: torch.devi
     n_layers = len(net.blocks)
     per = n_layers // lay.degree
     s = lay.mp_rank
-    stage = Stage(net, s * per, (s + 1) * per, first=s == 0, last=s == lay.degree - 1)
+    stage = Stage(net, s * per, (s + 1) * per, first=s == 0, last=s == lay.degree - 1,
+                  fault=ctx.fault)
     handle = PipelineStage(stage, s, lay.degree, device, group=lay.mp_group)
     cls = Schedule1F1B if strategy.schedule == "1f1b" else ScheduleGPipe
     schedule = cls(handle, n_microbatches=strategy.microbatches, loss_fn=pipeline_loss)

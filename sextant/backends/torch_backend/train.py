@@ -228,7 +228,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     lay = par.layout(ctx, device.type) if parallel in MODEL_PARALLEL else None
     if parallel == "tp":
         par.apply_tp(net, lay.mesh["tp"], strategy.sequence_parallel,
-                     workload.model.tie_embeddings)
+                     workload.model.tie_embeddings, ctx.fault)
     if strategy.activation_checkpointing:
         _apply_activation_checkpointing(net)
     module: torch.nn.Module = tm.WithLoss(net)
