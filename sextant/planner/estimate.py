@@ -288,6 +288,18 @@ class Layout:
 
 def check_layout(cost: ModelCost, layout: Layout, devices: int, global_batch: int) -> None:
     """UserError unless the layout is a valid way to run this model on `devices` devices."""
+    for key in ("tp", "pp", "cp"):
+        value = getattr(layout, key)
+        if devices % value:
+            raise UserError(
+                f"{key} must divide the device count. Received: {key}={value}, "
+                f"devices={devices}"
+            )
+    if devices % (layout.tp * layout.pp * layout.cp):
+        raise UserError(
+            f"tp x pp x cp must divide the device count. Received: {layout.tp} x {layout.pp} "
+            f"x {layout.cp} = {layout.tp * layout.pp * layout.cp}, devices={devices}"
+        )
     if layout.devices != devices:
         raise UserError(
             f"dp x tp x pp x cp must equal the device count. Received: {layout.dp} x "
