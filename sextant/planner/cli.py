@@ -98,7 +98,13 @@ def register(subparsers: Any) -> None:
     lay.add_argument("--pp", type=int)
     lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
     lay.add_argument("--mbs", type=int, help="micro-batch size")
-    lay.add_argument("--recompute", choices=("none", "selective", "full"))
+    lay.add_argument(
+        "--recompute",
+        choices=("none", "selective", "full", "op", "alternate"),  # estimate.RECOMPUTE
+        help="none, selective (attention core), full; op / alternate: torchtitan's selective "
+        "op AC (every other matmul recomputed) and selective layer AC (every 2nd layer); "
+        "the last two only when given",
+    )
     lay.add_argument("--sp", choices=("on", "off"), help="sequence parallelism")
     lay.add_argument("--offload", choices=("none", "optimizer", "params"))
     lay.add_argument("--interleave", type=int, help="model chunks per pipeline stage")

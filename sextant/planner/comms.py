@@ -16,8 +16,8 @@ all-gather and reduce-scatter). Tree: NCCL's double binary tree (Sanders, Speck 
 bandwidth * 0.9, algorithm bandwidth = bus bandwidth / 2). The cheaper algorithm is taken, as
 NCCL's tuner does. Every call also pays the link's fixed `call_latency` (NCCL baseLat).
 
-Hierarchical all-reduce (the 2D scheme of NCCL and Horovod): reduce-scatter inside the node,
-all-reduce of the 1/n_intra shard across nodes, all-gather inside the node.
+Across nodes NCCL runs its rings (and trees) over every rank at once, pipelined through the
+NVLink and the network hops: the slowest hop sets the rate (hier_all_reduce).
 """
 
 from __future__ import annotations
@@ -90,23 +90,38 @@ def ring_latency(n_intra, n_inter, lat_intra, lat_inter, rounds=1.0):
     return rounds * ((n - n_inter) * lat_intra + (n_inter - 1.0) * lat_inter)
 
 
+def _pipelined_bw(n_intra, intra_bw, inter_bw):
+    """Bus bandwidth of a collective whose ring (or tree) crosses nodes: NCCL streams every
+    channel through NVLink and network hops at once, so the slowest hop sets the rate, not
+    the sum of an intra-node and an inter-node phase. A node's n_intra ranks each drive their
+    own NIC share (rail-aligned), so the network side offers n_intra x the per-rank share."""
+    return np.minimum(intra_bw, np.maximum(n_intra, 1.0) * inter_bw)
+
+
 def hier_all_reduce(m, n_intra, n_inter, intra, inter):
     """All-reduce over n_intra ranks per node times n_inter nodes. `intra`/`inter` are
     (bandwidth, latency, call) triples; the inter bandwidth is the per-rank share of the
-    node's NICs. Bandwidth: reduce-scatter inside the node, all-reduce of the 1/n_intra shard
-    across nodes, all-gather inside the node (NCCL's rings over rail-aligned NICs reach the
-    same bus bandwidth); latency: NCCL's ring model over all ranks, or its tree
-    (2 (n_intra - 1) intra + 2 log2(nodes) inter steps), whichever is cheaper."""
+    node's NICs.
+
+    Bandwidth: NCCL's ring over all n ranks, pipelined: each rank moves 2(n-1)/n x M and the
+    slowest hop sets the rate, min(intra, n_intra x inter) (_pipelined_bw). The earlier
+    model here summed a reduce-scatter inside the node, an all-reduce of the 1/n_intra shard
+    across nodes and an all-gather inside the node, as if the phases ran one after another;
+    measured, they overlap: 4 nodes of 8 B200 (NVLink 5 ring 682 GB/s, 8 x 50 GB/s EFA per
+    node) reach 381.8 GB/s bus bandwidth at 16 GiB (Bekman, Machine Learning Engineering,
+    network/README.md), where the summed phases give 307 and the pipelined ring 400 (the
+    `collective-b200-4node-*` rows of docs/validation.md). Latency: NCCL's ring model over
+    all ranks, or its tree (2 (n_intra - 1) intra + 2 log2(nodes) inter steps, bandwidth
+    x 0.9), whichever is cheaper."""
     m, n_intra, n_inter = _arr(m), _arr(n_intra), _arr(n_inter)
     flat = all_reduce(m, n_intra, *intra)
-    volume = (
-        2.0 * bus_factor("reduce_scatter", np.maximum(n_intra, 1.0)) * m / intra[0]
-        + bus_factor("all_reduce", np.maximum(n_inter, 1.0)) * (m / n_intra) / inter[0]
+    n = n_intra * n_inter
+    bw = _pipelined_bw(n_intra, intra[0], inter[0])
+    ring = bus_factor("all_reduce", n) * m / bw + ring_latency(
+        n_intra, n_inter, intra[1], inter[1], 2.0
     )
-    ring = volume + ring_latency(n_intra, n_inter, intra[1], inter[1], 2.0)
     tree = (
-        2.0 * bus_factor("reduce_scatter", np.maximum(n_intra, 1.0)) * m / intra[0]
-        + 2.0 * (m / n_intra) / (TREE_BW_FACTOR * inter[0])
+        2.0 * m / (TREE_BW_FACTOR * bw)
         + 2.0 * (n_intra - 1.0) * intra[1]
         + 2.0 * ceil_log2(n_inter) * inter[1]
     )
@@ -115,13 +130,14 @@ def hier_all_reduce(m, n_intra, n_inter, intra, inter):
 
 
 def hier_reduce_scatter(m, n_intra, n_inter, intra, inter):
-    """Reduce-scatter (or all-gather: same cost) over n_intra x n_inter ranks: the intra-node
-    and inter-node volumes, NCCL's ring latency over every rank, one call."""
+    """Reduce-scatter (or all-gather: same cost) over n_intra x n_inter ranks: NCCL's ring
+    over every rank, pipelined through both kinds of hop ((n-1)/n x M at the slowest hop's
+    rate), its ring latency over every rank, one call."""
     m, n_intra, n_inter = _arr(m), _arr(n_intra), _arr(n_inter)
     flat = reduce_scatter(m, n_intra, *intra)
+    n = n_intra * n_inter
     multi = (
-        bus_factor("reduce_scatter", np.maximum(n_intra, 1.0)) * m / intra[0]
-        + bus_factor("reduce_scatter", np.maximum(n_inter, 1.0)) * (m / n_intra) / inter[0]
+        bus_factor("reduce_scatter", n) * m / _pipelined_bw(n_intra, intra[0], inter[0])
         + ring_latency(n_intra, n_inter, intra[1], inter[1])
         + inter[2]
     )

@@ -37,7 +37,12 @@ from sextant.planner import comms, efficiency, memory
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
 from sextant.planner.models import ModelCost
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op", "alternate")
+"""Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022);
+full (every layer from its input); op (torchtitan's "selective op" AC: every other matmul and
+every elementwise op recomputed); alternate (torchtitan's "selective layer" AC with its
+default option 2: every second layer fully recomputed). The search tries the first three;
+the last two are taken when pinned (--recompute)."""
 OFFLOAD = ("none", "optimizer", "params")
 KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs", "cp", "ep")
 COMPONENTS = (
@@ -181,7 +186,8 @@ class Layout:
     mbs: int = 1
     """Micro-batch size in sequences."""
     recompute: str = "none"
-    """Activation recomputation: none, selective (attention core), full."""
+    """Activation recomputation (RECOMPUTE): none, selective (attention core), full, op,
+    alternate."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
     offload: str = "none"
@@ -282,6 +288,18 @@ class Layout:
 
 def check_layout(cost: ModelCost, layout: Layout, devices: int, global_batch: int) -> None:
     """UserError unless the layout is a valid way to run this model on `devices` devices."""
+    for key in ("tp", "pp", "cp"):
+        value = getattr(layout, key)
+        if devices % value:
+            raise UserError(
+                f"{key} must divide the device count. Received: {key}={value}, "
+                f"devices={devices}"
+            )
+    if devices % (layout.tp * layout.pp * layout.cp):
+        raise UserError(
+            f"tp x pp x cp must divide the device count. Received: {layout.tp} x {layout.pp} "
+            f"x {layout.cp} = {layout.tp * layout.pp * layout.cp}, devices={devices}"
+        )
     if layout.devices != devices:
         raise UserError(
             f"dp x tp x pp x cp must equal the device count. Received: {layout.dp} x "
@@ -446,6 +464,13 @@ def _evaluate(
     tok_mb = mbs * s
     tok_dev = tok_mb / cp  # tokens of one micro-batch on one device (context parallelism)
     full_rc, sel_rc = rc == 2, rc == 1
+    op_rc, alt_rc = rc == 3, rc == 4
+    # Forward passes of the layers' GEMMs and collectives recomputed per micro-batch: 1 for
+    # full recomputation, 1/2 when every second layer is checkpointed; "op" recomputes its
+    # share of the matmul FLOPs (below) but keeps the collectives' and attention's outputs.
+    fwd_rc = full_rc + 0.5 * alt_rc
+    op_share = cost.op_recompute_flops_per_token / max(cost.full_recompute_flops_per_token, 1.0)
+    gemm_rc = fwd_rc + op_rc * op_share
     z1, z3 = zero >= 1, zero >= 3
 
     # --- parameters per device, first and last pipeline stage -------------------------------
@@ -504,7 +529,7 @@ def _evaluate(
     # --- activations (memory.py: Korthikanti et al. 2022 Table 2, 1F1B in-flight count) -------
     per_layer = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, rc, act_scale)
     full = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, 0, act_scale)
-    working = full_rc * full  # the layer being recomputed
+    working = (full_rc | alt_rc) * full  # the layer being recomputed
     logits = tok_dev * cost.logits_bytes_per_token / tp
     inflight = memory.pipeline_inflight(pp, m, v)
     act_first = per_layer * lps * inflight + working + np.where(multi, 0.0, logits)
@@ -533,13 +558,9 @@ def _evaluate(
         fits = fits & (host_per_node <= opts.host_memory_gb * 1e9)
 
     # --- compute ---------------------------------------------------------------------------
-    extra = np.where(
-        full_rc,
-        cost.full_recompute_flops_per_token + cost.flash_recompute_flops_per_token,
-        np.where(
-            sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
-        ),
-    )
+    extra = fwd_rc * cost.full_recompute_flops_per_token + np.where(
+        sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
+    ) + op_rc * cost.op_recompute_flops_per_token
     hw_flops_tok = cost.model_flops_per_token + extra + cost.padding_flops_per_token
     tokens_step = batch * s
     # The pipeline runs at its slowest stage: the last holds ceil(L/p) layers and the output
@@ -567,7 +588,7 @@ def _evaluate(
     if opts.fp8:
         # FP8 GEMMs (Micikevicius et al. 2022): the matrix multiplies at the fp8 peak, the
         # attention core (QK^T, PV and their recomputation) at the 16-bit one.
-        attn_tok = cost.attention_flops_per_token * (1.0 + full_rc / 3.0) + np.where(
+        attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0) + np.where(
             sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
         )
         rate = (hw_flops_tok - attn_tok) / acc.peak("fp8") + attn_tok / peak
@@ -577,20 +598,20 @@ def _evaluate(
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
     # and twice backward (+1 forward with full recomputation).
     psi_stage = np.maximum(psi_first, psi_last)
-    t_weights = (m * (3.0 + full_rc)) * psi_stage * (pb / mem_bw)
+    t_weights = (m * (3.0 + gemm_rc)) * psi_stage * (pb / mem_bw)
     # Memory traffic of the GEMM operands and of the elementwise kernels (efficiency.py): the
     # part of the compute that depends on width, tokens per micro-batch and TP degree. On a
     # shared CPU node (cpu-local) the fitted kernel efficiency already holds all of it.
     if acc.shared_node or not acc.memory_bw:
         t_memops = np.zeros_like(t_flops)
     else:
-        gemm_passes = 3.0 + full_rc  # forward, input gradient, weight gradient, recompute
+        gemm_passes = 3.0 + gemm_rc  # forward, input gradient, weight gradient, recompute
         operands = efficiency.gemm_operand_bytes(
             cost.gemms, tok_dev, tp, act_bytes, experts=cost.n_experts, local_experts=(
                 cost.n_experts / ep if cost.n_experts else 1.0
             ), routed=cost.top_k * cost.capacity_factor,
         )
-        elementwise = efficiency.elementwise_bytes(full, full_rc)
+        elementwise = efficiency.elementwise_bytes(full, fwd_rc + op_rc)
         t_memops = m * lps * (gemm_passes * operands + elementwise) / mem_bw
     t_compute = np.maximum(t_flops + t_memops, t_weights)
 
@@ -623,7 +644,7 @@ def _evaluate(
 
     m_tp = tok_dev * (cost.hidden * act_bytes)
     tp_multi = tp > 1
-    t_tp = (m * lps * (4.0 + 2.0 * full_rc) * (1.0 - opts.tp_overlap)) * np.where(
+    t_tp = (m * lps * (4.0 + 2.0 * fwd_rc) * (1.0 - opts.tp_overlap)) * np.where(
         tp_multi, comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter), 0.0
     )
 
@@ -645,8 +666,8 @@ def _evaluate(
         cp_bw = np.where(cp > cp_in, inter[0], intra[0])
         cp_lat = np.where(cp > cp_in, inter[1], intra[1])
         ring_pass = (cp - 1.0) * (kv_block / cp_bw + cp_lat)
-        t_cp_all = m * lps * (3.0 + full_rc) * ring_pass
-        attn_tok = cost.attention_flops_per_token * (1.0 + full_rc / 3.0)
+        t_cp_all = m * lps * (3.0 + fwd_rc) * ring_pass
+        attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0)
         t_attention = tokens_step * attn_tok / (n * opts.compute_efficiency * peak)
         t_cp = np.where(cp > 1, np.maximum(t_cp_all - t_attention, 0.0), 0.0)
     else:
@@ -663,7 +684,7 @@ def _evaluate(
         a2a_bw = np.where(ep > ep_in, inter[0], intra[0])
         a2a_lat = np.where(ep > ep_in, inter[1], intra[1])
         a2a = (ep - 1.0) / ep * routed / a2a_bw + (ep - 1.0) * a2a_lat + intra[2]
-        t_ep = np.where(ep > 1, m * lps * (4.0 + 2.0 * full_rc) * a2a, 0.0)
+        t_ep = np.where(ep > 1, m * lps * (4.0 + 2.0 * fwd_rc) * a2a, 0.0)
     else:
         t_ep = np.zeros_like(n)
     t_bubble = (pp - 1.0) / (v * m) * (t_compute + t_tp + t_cp + t_ep + t_pp)

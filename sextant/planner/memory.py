@@ -222,6 +222,8 @@ def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=
         no recomputation:        tokens * (R / (t if SP else 1) + S / t + A / t)
         selective recomputation: tokens * (R / (t if SP else 1) + S / t)
         full recomputation:      tokens * 2h / (t if SP else 1)   (the layer input only)
+        op (torchtitan's operator-level selective AC): ModelCost.act_op_*
+        alternate (every second layer fully recomputed): the mean of none and full
     For a GPT layer R = 10h, S = 24h, A = 5as, which gives the paper's sbh(34 + 5as/h),
     sbh(10 + 24/t + 5as/ht), sbh(34/t + 5as/ht), sbh(10 + 24/t), sbh(34/t) and 2sbh.
     """
@@ -233,7 +235,14 @@ def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=
     full = tokens * (rep + cost.act_split / t + cost.act_scores / t)
     selective = tokens * (rep + cost.act_split / t)
     checkpoint = tokens * cost.act_checkpoint / sp_div
-    out = np.where(recompute == 0, full, np.where(recompute == 1, selective, checkpoint))
+    # "op" (index 3): what operator-level checkpointing keeps (ModelCost.act_op_*);
+    # "alternate" (index 4): every second layer checkpointed, so on average half of each.
+    op = tokens * (cost.act_op_replicated / sp_div + cost.act_op_split / t)
+    out = np.select(
+        [recompute == 0, recompute == 1, recompute == 2, recompute == 3],
+        [full, selective, checkpoint, op],
+        0.5 * (full + checkpoint),
+    )
     return out * act_scale
 
 

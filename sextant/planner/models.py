@@ -223,6 +223,18 @@ class TransformerShape:
             if self.n_experts
             else 0.0
         )
+        # Operator-level selective checkpointing as torchtitan runs it ("selective op" AC,
+        # torchtitan/parallelisms/parallelize_llama.py at commit 0413364: "Saves output of all
+        # compute ops, except every second mm"): the layer's matmuls in execution order (Q, K,
+        # V, attention output; MLP in (gate, up), MLP out), the odd ones' outputs kept, the even
+        # ones recomputed with every elementwise op; the attention kernel's output is kept.
+        fe_op = (self.moe_d_ff or f) * (self.top_k * self.capacity_factor if self.n_experts else 1)
+        mlp_in = [(h, fe_op), (h, fe_op)] if self.gated_mlp else [(h, fe_op)]
+        mms = [(h, q, True), (h, kv, True), (h, kv, True), (q, h, False)]
+        mms += [(k, m_, True) for k, m_ in mlp_in] + [(fe_op, h, False)]
+        op_flops = sum(2 * k * m_ for i, (k, m_, _) in enumerate(mms) if i % 2 == 1)
+        op_split = 2 * q + sum(2 * m_ for i, (_, m_, col) in enumerate(mms) if i % 2 == 0 and col)
+        op_rep = 2 * h + sum(2 * m_ for i, (_, m_, col) in enumerate(mms) if i % 2 == 0 and not col)
         # Forward FLOPs of one layer per token: 2 per matmul parameter + 4*s*q (QK^T, PV).
         layer_fwd = 2 * layer_mm + 4 * s * q + padding / (3.0 * self.n_layers)
         return ModelCost(
@@ -248,6 +260,9 @@ class TransformerShape:
             act_split=float(split),
             act_scores=0.0 if flash_attention else float(scores),
             act_checkpoint=float(2 * h),
+            act_op_replicated=float(op_rep),
+            act_op_split=float(op_split),
+            op_recompute_flops_per_token=float(self.n_layers * op_flops),
             logits_bytes_per_token=float(4 * self.vocab_size),
             hidden=h,
             n_heads=self.n_heads,
@@ -318,6 +333,8 @@ class MLPShape:
             act_split=0.0,
             act_scores=0.0,
             act_checkpoint=2.0 * self.input_dim,
+            act_op_replicated=acts,
+            op_recompute_flops_per_token=n,
             logits_bytes_per_token=4.0 * self.num_classes,
             hidden=self.input_dim,
             n_heads=1,
@@ -375,6 +392,13 @@ class ModelCost:
     """The attention core's share of model_flops_per_token (QK^T and PV: 12 L q s)."""
     padding_flops_per_token: float = 0.0
     """MoE capacity padding: expert FLOPs computed on empty slots (hardware FLOPs only)."""
+    act_op_replicated: float = 0.0
+    act_op_split: float = 0.0
+    """Activation bytes per token per layer kept under operator-level selective checkpointing
+    (recompute "op": every other matmul output, the attention output and the layer input),
+    outside and inside the tensor-parallel region."""
+    op_recompute_flops_per_token: float = 0.0
+    """FLOPs recomputed under "op" checkpointing: the even-numbered matmuls of every layer."""
     n_experts: int = 0
     top_k: int = 1
     capacity_factor: float = 1.0

@@ -4,7 +4,7 @@ Each reference is a number a paper or model card published, the planner's figure
 setting, and the relative error. The settings the papers do not state (micro-batch size,
 interleaving, cluster size for GPU-hour totals) are written next to each row: they are the
 planner's defaults or the simplest choice, never tuned to reduce the error. Default
-assumptions (compute efficiency 0.5, overlap 0.5) are used throughout.
+assumptions (kernel efficiency 0.75, overlap 0.5) are used throughout.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.planner import comms
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
@@ -36,8 +37,9 @@ class Reference:
     setting: str
     command: str = ""
     kind: str = "end-to-end"
-    """'formula' (follows from a formula: held to 0.5%) or 'end-to-end' (throughput, MFU,
-    time to train, memory as allocated: held to 10%); docs/validation.md."""
+    """'formula' (follows from a formula: held to 0.5%), 'end-to-end' (throughput, MFU,
+    time to train, memory as allocated: held to 10%) or 'collective' (a published collective
+    benchmark's bus bandwidth, held to 10% and counted apart); docs/validation.md."""
     printed: float | None = None
     """The precision the source prints (0.1 for "1.9 GB"): formula points are compared after
     rounding the planner's figure to it."""
@@ -280,12 +282,13 @@ def _references() -> list[Reference]:
                 300e9
                 / _best(
                     _gpt175(), 1024, "a100-80gb", "ib-hdr", batch=1536, flash=False,
-                    fixed={"rc": 2, "sp": 0}, balanced_stages=False,
+                    fixed={"rc": 2, "sp": 0, "zero": 0, "off": 0}, balanced_stages=False,
                 )["tokens_per_s"]
                 / 86400
             ),
-            setting="best layout of the search with what the 2021 stack had: no FlashAttention, "
-            "full recomputation, no sequence parallelism",
+            setting="best layout of the search with what the 2021 stack (Megatron-LM) had: no "
+            "FlashAttention, full recomputation, no sequence parallelism, no ZeRO / distributed "
+            "optimizer, no CPU offload",
         )
     )
     refs.append(
@@ -452,7 +455,7 @@ def _references() -> list[Reference]:
             setting="as above",
         )
     )
-    return refs + _new_references()
+    return refs + _new_references() + _collective_references()
 
 
 def _pinned(
@@ -478,13 +481,19 @@ def _pinned(
 
 TT = "torchtitan docs/performance.md (commit 0413364), FSDP2 on 64 A100 80GB"
 # (preset, local batch, torchtitan activation checkpointing, planner recompute, WPS per GPU)
+# torchtitan's "selective op" AC saves every compute op's output "except every second mm"
+# (planner recompute "op"); "selective layer" checkpoints every 2nd layer (its default option
+# "2"; planner recompute "alternate"): torchtitan/parallelisms/parallelize_llama.py at the same
+# commit. Earlier revisions of this table read both as the planner's "selective" (attention
+# core only), which recomputes far less.
 TORCHTITAN_A100 = [
-    ("llama3-8b", 1, "selective op", "selective", 2973),
-    ("llama3-8b", 1, "selective layer", "selective", 2904),
+    ("llama3-8b", 1, "selective op", "op", 2973),
+    ("llama3-8b", 1, "selective layer", "alternate", 2904),
     ("llama3-70b", 1, "full", "full", 331),
     ("llama2-13b", 2, "no", "none", 2162),
-    ("llama2-13b", 2, "selective op", "selective", 1904),
-    ("llama2-70b", 1, "selective op", "selective", 355),
+    ("llama2-13b", 2, "selective layer", "alternate", 1914),
+    ("llama2-13b", 2, "selective op", "op", 1904),
+    ("llama2-70b", 1, "selective op", "op", 355),
     ("llama2-70b", 2, "full", "full", 353),
 ]
 MTNLG = "Smith et al. 2022 (Megatron-Turing NLG 530B), §2.4"
@@ -598,8 +607,8 @@ def _new_references() -> list[Reference]:
                 )["tokens_per_s"]
                 / 64,
                 setting="zero 3 (FSDP2), --memory-model torch, FlashAttention; network not "
-                "published (ib-hdr, 8 ports per node assumed); 'selective' AC read as the "
-                "planner's selective recomputation",
+                "published (ib-hdr, 8 ports per node assumed); selective op AC = --recompute op, "
+                "selective layer AC = --recompute alternate (torchtitan's policies at that commit)",
                 command=f"sextant plan --model {name} --gpus 64 --accelerator a100-80gb "
                 f"--network ib-hdr --dp 64 --zero 3 --mbs {local} --recompute {rc} "
                 "--memory-model torch --global-batch " + str(64 * local),
@@ -671,6 +680,71 @@ def _new_references() -> list[Reference]:
     return refs
 
 
+MLENG = (
+    "Bekman, Machine Learning Engineering Open Book, network/README.md "
+    "(github.com/stas00/ml-engineering, commit 29c6b70)"
+)
+# (accelerator, network, ranks per node, nodes, payload bytes, published busbw GB/s, section)
+COLLECTIVES = [
+    ("b200", "ib-ndr", 8, 4, 16 * 2**20, 64.43, "Inter-node speed depends on intra-node speed"),
+    ("b200", "ib-ndr", 8, 4, 256 * 2**20, 229.09, "Inter-node speed depends on intra-node speed"),
+    ("b200", "ib-ndr", 8, 4, 2**30, 361.99, "Inter-node speed depends on intra-node speed"),
+    ("b200", "ib-ndr", 8, 4, 16 * 2**30, 381.80, "Inter-node speed depends on intra-node speed"),
+    ("a100-80gb", "ib-hdr", 8, 1, 2**20, 18.00, "Real network throughput"),
+    ("a100-80gb", "ib-hdr", 8, 1, 16 * 2**20, 106.16, "Real network throughput"),
+    ("a100-80gb", "ib-hdr", 8, 1, 64 * 2**20, 171.54, "Real network throughput"),
+    ("a100-80gb", "ib-hdr", 8, 1, 256 * 2**20, 194.07, "Real network throughput"),
+    ("a100-80gb", "ib-hdr", 8, 1, 2**30, 229.04, "Real network throughput"),
+]
+
+
+def _busbw(acc: str, net: str, n_intra: int, n_inter: int, payload: float) -> float:
+    """All-reduce bus bandwidth as nccl-tests reports it (2 (n-1)/n x size / time), GB/s,
+    from the planner's collective cost on the catalogue's links."""
+    hw = resolve_hardware(_cat(), acc, net)
+    intra = (hw.intra.collective_bandwidth, hw.intra.latency, hw.intra.call_latency)
+    inter = (hw.inter_coll_bw_per_device, hw.inter.latency, hw.inter.call_latency)
+    t = float(comms.hier_all_reduce(payload, n_intra, n_inter, intra, inter))
+    n = n_intra * n_inter
+    return 2.0 * (n - 1) / n * payload / t / 1e9
+
+
+def _size(payload: float) -> str:
+    return f"{payload / 2**30:g} GiB" if payload >= 2**30 else f"{payload / 2**20:g} MiB"
+
+
+def _collective_references() -> list[Reference]:
+    refs = []
+    for acc, net, g, nodes, payload, published, section in COLLECTIVES:
+        what = (
+            f"{nodes} nodes x {g} B200 (NVLink 5; 8 x 400 Gb/s EFA v4 per node)"
+            if acc == "b200"
+            else f"one node of {g} A100 (NVLink 3)"
+        )
+        setting = (
+            "NVLink 5 at the catalogue's ring figure (682.2 GB/s, one node, NVLS off, same "
+            "source), the network at ib-ndr's 50 GB/s per GPU (the same 400 Gb/s per GPU), "
+            "NCCL's ring and tree latencies"
+            if acc == "b200"
+            else "NVLink 3 at the catalogue's 235 GB/s (this sweep's 16 GiB plateau, so that "
+            "point is not a row), NCCL's ring and tree latencies"
+        )
+        refs.append(
+            Reference(
+                id=f"collective-{acc.split('-')[0]}-{nodes}node-{_size(payload).replace(' ', '')}"
+                .lower(),
+                source=f"{MLENG}, '{section}'",
+                quantity=f"all-reduce bus bandwidth, {what}, {_size(payload)}",
+                unit="GB/s",
+                published=published,
+                planner=lambda a=acc, n=net, g=g, k=nodes, m=payload: _busbw(a, n, g, k, m),
+                setting=setting,
+                kind="collective",
+            )
+        )
+    return refs
+
+
 def _bloom_tflops() -> float:
     shape = TransformerShape(
         name="bloom-176b", n_layers=70, d_model=14336, n_heads=112, n_kv_heads=112,
@@ -728,14 +802,17 @@ def run_references(only: str | None = None) -> list[dict[str, Any]]:
 def summary(rows: list[dict[str, Any]]) -> str:
     """The validation summary line (docs/validation.md, `plan --references`)."""
     formula = [r for r in rows if r["kind"] == "formula"]
-    e2e = [r for r in rows if r["kind"] != "formula"]
+    e2e = [r for r in rows if r["kind"] == "end-to-end"]
+    coll = [r for r in rows if r["kind"] == "collective"]
     f_ok = sum(abs(r["error"]) <= 0.005 for r in formula)
     e_ok = sum(abs(r["error"]) <= 0.10 for r in e2e)
+    c_ok = sum(abs(r["error"]) <= 0.10 for r in coll)
     errs = sorted(abs(r["error"]) for r in rows)
+    collectives = f", {c_ok}/{len(coll)} collective benchmarks within 10%" if coll else ""
     return (
         f"{len(rows)} references: {f_ok}/{len(formula)} formula-defined within 0.5%, "
-        f"{e_ok}/{len(e2e)} end-to-end within 10% ({e_ok / max(len(e2e), 1):.0%}); "
-        f"median |error| {errs[len(errs) // 2]:.1%}, max {errs[-1]:.1%}."
+        f"{e_ok}/{len(e2e)} end-to-end within 10% ({e_ok / max(len(e2e), 1):.0%})"
+        f"{collectives}; median |error| {errs[len(errs) // 2]:.1%}, max {errs[-1]:.1%}."
     )
 
 

@@ -79,10 +79,12 @@ def enumerate_layouts(
     if not rows:
         return {k: np.zeros(0, dtype=np.int64) for k in KNOBS}
     base = np.array(rows, dtype=np.int64)
-    # Options grid: zero x recompute x sp x offload x interleave.
+    # Options grid: zero x recompute x sp x offload x interleave. The search tries none,
+    # selective and full recomputation; torchtitan's op / alternate modes only when pinned.
+    rcs = [int(fixed["rc"])] if "rc" in fixed else [0, 1, 2]
     opt = (
         np.array(
-            np.meshgrid([0, 1, 2, 3], [0, 1, 2], [0, 1], [0, 1, 2], list(INTERLEAVE), indexing="ij")
+            np.meshgrid([0, 1, 2, 3], rcs, [0, 1], [0, 1, 2], list(INTERLEAVE), indexing="ij")
         )
         .reshape(5, -1)
         .T
@@ -112,7 +114,8 @@ def enumerate_layouts(
     ok &= (lay["v"] == 1) | (
         (lay["pp"] > 1) & (m % lay["pp"] == 0) & (lay["pp"] * lay["v"] <= cost.n_layers)
     )
-    if cost.act_scores == 0:  # with FlashAttention selective recomputation saves nothing
+    if cost.act_scores == 0 and "rc" not in fixed:
+        # With FlashAttention selective recomputation saves nothing: searched, it only ties.
         ok &= lay["rc"] != 1
     for key, value in fixed.items():
         if key != "hs":

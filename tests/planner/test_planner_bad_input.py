@@ -58,3 +58,33 @@ def test_workload_nested_5000_deep(capsys, tmp_path):
 def test_workload_with_a_4300_digit_integer(capsys, tmp_path):
     argv = _workload(tmp_path, "seed = " + "9" * 4301 + "\n")
     assert "not valid TOML" in _one_line_error(capsys, argv)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--model", "mixtral-8x7b", "--gpus", "64", "--ep", "3"], "divide the number of experts"),
+        (["--model", "mixtral-8x7b", "--gpus", "8", "--dp", "2", "--tp", "4", "--ep", "4"],
+         "ep must divide dp x cp"),
+        (["--model", "llama2-7b", "--gpus", "8", "--ep", "2"], "needs an MoE model"),
+        (["--model", "llama2-7b", "--gpus", "6", "--cp", "3"], "2 x cp chunks"),
+        (["--model", "llama2-7b", "--gpus", "8", "--cp", "3"], "cp must divide the device count"),
+        (["--model", "llama2-7b", "--gpus", "8", "--tp", "3"], "tp must divide the device count"),
+        (["--model", "llama2-7b", "--gpus", "8", "--pp", "3"], "pp must divide the device count"),
+        (["--model", "llama2-7b", "--gpus", "8", "--tp", "4", "--cp", "4"],
+         "tp x pp x cp must divide"),
+        (["--model", "llama2-7b", "--gpus", "64", "--pp", "64"], "layer count"),
+        (["--model", "llama2-7b", "--gpus", "8", "--sp", "on", "--tp", "1"], "tp > 1"),
+        (["--model", "llama2-7b", "--gpus", "8", "--hsdp", "on", "--zero", "0"], "ZeRO stage"),
+        (["--model", "llama2-7b", "--gpus", "8", "--offload", "params", "--zero", "2"],
+         "needs zero 3"),
+        (["--model", "llama2-7b", "--gpus", "8", "--global-batch", "12", "--dp", "8"],
+         "multiple of dp x micro-batch"),
+        (["--model", "llama2-7b", "--gpus", "16", "--dp", "2", "--tp", "4", "--pp", "2",
+          "--interleave", "2", "--global-batch", "6", "--mbs", "1"], "multiple of pp"),
+        (["--model", "llama2-7b", "--gpus", "8", "--accelerator", "a100-80gb", "--fp8"],
+         "fp8"),
+    ],
+)
+def test_impossible_layouts_are_one_line_errors(capsys, argv, words):
+    assert words in _one_line_error(capsys, ["plan", *argv, "--no-curve"])

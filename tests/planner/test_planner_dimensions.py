@@ -38,6 +38,16 @@ def test_hybrid_sharding_divides_states_by_the_node_and_keeps_gathers_inside_it(
     full = _eval(Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full"))
     hybrid = _eval(Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full", hsdp=True))
     assert hybrid["mem_optimizer"] == pytest.approx(full["mem_optimizer"] * 128 / 8)
+    # With one 400 Gb/s port per GPU the node's network (8 x 50 GB/s) is nearly as fast as
+    # its NVLink ring, so a ring over all ranks (pipelined through both) costs about what the
+    # gathers on NVLink plus the replicas' all-reduce do. With two ports per node the
+    # network is the bottleneck and hybrid sharding, which keeps the gathers inside the
+    # node, moves less over it.
+    slow = {"nics_per_node": 2}
+    full = _eval(Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full"), **slow)
+    hybrid = _eval(
+        Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full", hsdp=True), **slow
+    )
     assert hybrid["dp_comm"] < full["dp_comm"]  # gathers on NVLink instead of the network
 
 
@@ -73,3 +83,32 @@ def test_cli_flags(capsys):
     assert main(["plan", "--model", "llama2-70b", "--gpus", "256", "--oversubscription", "2",
                  "--no-curve"]) == 2
     assert "--nodes-per-leaf" in capsys.readouterr().err
+
+
+def test_torchtitan_checkpointing_modes_sit_between_none_and_full():
+    # "op": every other matmul recomputed (torchtitan selective op AC); "alternate": every
+    # second layer fully recomputed (selective layer AC, option 2).
+    figs = {
+        rc: _eval(Layout(dp=128, tp=8, pp=1, zero=1, mbs=1, recompute=rc))
+        for rc in ("none", "op", "alternate", "full")
+    }
+    acts = {rc: f["mem_activations"] for rc, f in figs.items()}
+    flops = {rc: f["hw_flops_per_token"] for rc, f in figs.items()}
+    assert acts["full"] < acts["op"] < acts["none"]
+    assert acts["full"] < acts["alternate"] < acts["none"]
+    assert flops["none"] < flops["op"] < flops["full"]
+    assert flops["alternate"] == pytest.approx((flops["none"] + flops["full"]) / 2)
+    # llama2-70b's matmuls in order Q K V O gate up down: K, O and up are recomputed.
+    cost = preset("llama2-70b").cost()
+    h, kv, f = 8192, 1024, 28672
+    assert cost.op_recompute_flops_per_token == pytest.approx(
+        80 * 2 * (h * kv + h * h + h * f)
+    )
+
+
+def test_pinned_torchtitan_modes_reach_the_search(capsys):
+    rc = main(["plan", "--model", "llama3-8b", "--gpus", "64", "--accelerator", "a100-80gb",
+               "--dp", "64", "--zero", "3", "--mbs", "1", "--recompute", "op",
+               "--memory-model", "torch", "--global-batch", "64", "--no-curve", "--json"])
+    assert rc in (0, None)
+    assert "rc-op" in capsys.readouterr().out
