@@ -651,6 +651,8 @@ def shape_from_workload(
         )
     if family == "transformer":
         return _transformer_from_workload(model, name=name, batch=batch, where=where)
+    if family == "llama":
+        return _llama_from_workload(model, name=name, batch=batch, where=where)
     if family == "mlp":
         for key in _MLP_KEYS:
             if key not in model:
@@ -675,7 +677,8 @@ def shape_from_workload(
             source=where,
         )
     raise UserError(
-        f"{where}: model.family must be 'gpt', 'transformer' or 'mlp'. Received: {family!r}"
+        f"{where}: model.family must be 'gpt', 'llama', 'transformer' or 'mlp'. "
+        f"Received: {family!r}"
     )
 
 
@@ -694,6 +697,28 @@ _TRANSFORMER_OPTIONAL = {
     "capacity_factor": float,
     "moe_d_ff": int,
 }
+
+
+def _llama_from_workload(model: dict[str, Any], *, name: str, batch: int, where: str
+                         ) -> TransformerShape:
+    """sextant's runnable llama family (sextant/init.py): RMSNorm, rotary positions,
+    grouped-query attention, SwiGLU, no biases, no dropout; validated by the runner's own
+    spec, so the planner and the runner accept the same files."""
+    from sextant.workload import LlamaSpec, workload_from_dict
+
+    try:
+        workload_from_dict({"name": name, "model": model,
+                            "data": {"dataset": "python-reference"}})
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    spec = LlamaSpec(**{k: v for k, v in model.items() if k != "family"})
+    return TransformerShape(
+        name=name, n_layers=spec.n_layers, d_model=spec.d_model, n_heads=spec.n_heads,
+        n_kv_heads=spec.n_kv_heads, d_ff=spec.d_ff, vocab_size=spec.vocab_size,
+        seq_len=spec.seq_len, gated_mlp=True, tied_embeddings=spec.tie_embeddings,
+        learned_positions=False, biases=False, layernorm=False, dropout=False,
+        global_batch=batch, source=where,
+    )
 
 
 def _transformer_from_workload(
