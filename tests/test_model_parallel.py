@@ -101,3 +101,23 @@ def test_jax_tensor_parallel_matches_single(fields: dict, single: dict) -> None:
 def test_jax_broken_tensor_parallel_fails_parity(fields: dict, fault: str,
                                                  single: dict) -> None:
     _broken(_run(Strategy(framework="jax", mode="compiled", **fields), fault), single)
+
+
+@needs_torch
+@needs_jax
+def test_tied_embeddings_split_the_same_way() -> None:
+    """A tied head is the embedding matrix: torch keeps it whole under tp (it cannot be split
+    by rows for one use and by columns for the other), JAX splits it over the vocabulary for
+    both; either way the training matches one process."""
+    import dataclasses
+
+    w = short("llama-tiny", STEPS)
+    w = w.replace(model=dataclasses.replace(w.model, tie_embeddings=True))
+
+    def run(**fields: object) -> dict:
+        return execute(w, Strategy(**fields), runs_dir=Path(tempfile.mkdtemp()))
+
+    one = run(framework="torch")
+    same_training(run(framework="torch", parallel="tp", workers=2, tp=2), one)
+    same_training(run(framework="jax", mode="compiled", parallel="tp-manual", workers=1,
+                      devices_per_worker=2, tp=2), one)

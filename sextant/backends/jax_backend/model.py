@@ -140,11 +140,45 @@ def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array, remat: bool = False
     block = functools.partial(llama_block, spec, tp_axis=tp_axis)
     if remat:
         block = jax.checkpoint(block)
-    x = p["wte"][idx]
+    if tp_axis:  # the embedding and the head split over the vocabulary, Megatron-style
+        x = vocab_parallel_embed(p["wte"], idx, tp_axis)
+    else:
+        x = p["wte"][idx]
     for i in range(spec.n_layers):
         x = block(block_params(p, i), x, cos, sin)
     x = rms_norm(x, p["norm_f.scale"], spec.norm_eps)
+    if tp_axis:
+        f, _ = megatron_ops(tp_axis)
+        head = p["wte"].T if spec.tie_embeddings else p["head.weight"]
+        return gather_vocab(tp_axis)(f(x) @ head)
     return x @ p["wte"].T if spec.tie_embeddings else x @ p["head.weight"]
+
+
+def vocab_parallel_embed(table: jax.Array, idx: jax.Array, axis: str) -> jax.Array:
+    """Megatron's VocabParallelEmbedding: this shard holds rows [r*Vl, (r+1)*Vl) of the
+    table; tokens outside them look up zeros, and g's all-reduce sums the shards' rows."""
+    rows = table.shape[0]
+    local = idx - jax.lax.axis_index(axis) * rows
+    inside = (local >= 0) & (local < rows)
+    x = jnp.where(inside[..., None], table[jnp.clip(local, 0, rows - 1)], 0.0)
+    return megatron_ops(axis)[1](x)
+
+
+@functools.lru_cache(maxsize=None)
+def gather_vocab(axis: str) -> Any:
+    """The column-parallel head's logits joined along the vocabulary: all-gather forward,
+    this shard's slice of the gradient backward (every shard computes the same loss)."""
+
+    @jax.custom_vjp
+    def gather(x: jax.Array) -> jax.Array:
+        return jax.lax.all_gather(x, axis, axis=x.ndim - 1, tiled=True)
+
+    def backward(width: int, t: jax.Array) -> tuple[jax.Array]:
+        start = jax.lax.axis_index(axis) * width
+        return (jax.lax.dynamic_slice_in_dim(t, start, width, axis=t.ndim - 1),)
+
+    gather.defvjp(lambda x: (gather(x), x.shape[-1]), backward)
+    return gather
 
 
 def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,

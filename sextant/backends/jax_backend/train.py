@@ -17,11 +17,13 @@ joined by jax.distributed):
 
 Tensor parallelism (Llama family) over a 2-D Mesh ('data', 'model'), batch on 'data':
 - tp:        declared: q/k/v and gate/up weights sharded by columns on 'model', the attention
-             output and down projection by rows, embeddings, norms and head replicated;
-             XLA inserts the collectives (read back from the compiled HLO).
+             output and down projection by rows, the embedding and the head over the
+             vocabulary, norms replicated; XLA inserts the collectives (read back from the
+             compiled HLO).
 - tp-manual: the same split written by hand: jax.shard_map over the mesh, Megatron's f/g
              operators (model.megatron_ops: psum of the partial sums forward, of the input
-             gradients backward), gradients averaged over 'data' with an explicit pmean.
+             gradients backward), a vocabulary-parallel embedding and head (masked lookup +
+             psum; logits all-gathered), gradients averaged over 'data' with a pmean.
 
 Checkpoints: orbax (StandardCheckpointer) of parameters and optimizer state, every process
 writing its own shards, sealed by sextant.checkpoint's manifest.
@@ -92,9 +94,9 @@ def _tp_spec(name: str) -> Any:
     """Megatron's split of a Llama parameter over mesh axis 'model'."""
     from jax.sharding import PartitionSpec as P
 
-    if name.endswith(COLUMN_PARALLEL):
+    if name.endswith(COLUMN_PARALLEL) or name == "head.weight":  # head: over the vocabulary
         return P(None, "model")
-    if name.endswith(ROW_PARALLEL):
+    if name.endswith(ROW_PARALLEL) or name == "wte":  # embedding rows: over the vocabulary
         return P("model", None)
     return P()
 

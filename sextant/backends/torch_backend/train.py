@@ -142,13 +142,19 @@ def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
            ctx: WorkerContext) -> tuple[torch.optim.Optimizer, str]:
+    from torch.distributed.tensor import DTensor
+
     spec = ctx.workload.optimizer
-    decay, no_decay = [], []
+    # Groups by (decay, DTensor or not): the fused and foreach kernels take one kind of
+    # tensor per group, and tensor parallelism leaves some parameters (norms, a tied
+    # embedding) as plain tensors beside the DTensor shards.
+    by_kind: dict[tuple[bool, bool], list[torch.Tensor]] = {}
     for key, p in net.named_parameters():
         canonical = names[key]
-        (decay if decays(canonical, params[canonical].shape) else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": spec.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+        kind = (decays(canonical, params[canonical].shape), isinstance(p, DTensor))
+        by_kind.setdefault(kind, []).append(p)
+    groups = [{"params": ps, "weight_decay": spec.weight_decay if decay else 0.0}
+              for (decay, _), ps in sorted(by_kind.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
     kwargs: dict[str, Any] = dict(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
     if ctx.strategy.parallel == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
