@@ -37,3 +37,18 @@ def bytes_per_step(strategy: Any, params: int, powersgd_payload: int | None = No
     out = {k: float(sent[k]) if float(counts[k]) else 0.0 for k in counts}
     out["total"] = sum(out.values())
     return out
+
+
+def megatron_tp_payload(workload: Any, strategy: Any) -> dict[str, float] | None:
+    """The planner's tensor-parallel term as bytes: per transformer layer and micro-batch,
+    four all-reduces (two forward, two backward: after the row-parallel attention output
+    and down projection, and their conjugates) of one activation, tokens x d_model x 4 bytes
+    in fp32 (sextant.planner.estimate, `m_tp`; Megatron-LM, Shoeybi et al. 2019, Fig. 3).
+    The all-reduce payload of one data-parallel replica's step; None without tp.
+    It leaves out the vocabulary-parallel embedding and head, which sextant's runs also
+    split (their collectives show in the measured figure beside it)."""
+    if strategy.tp < 2:
+        return None
+    model = workload.model
+    tokens = workload.global_batch // strategy.replicas * model.seq_len
+    return {"all_reduce": 4.0 * model.n_layers * tokens * model.d_model * 4}

@@ -34,6 +34,7 @@ the pmean: every device updates its replica from its local gradients.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from sextant import checkpoint as ckpt
 from sextant import data
 from sextant.errors import UserError
 from sextant.init import decays, init_params, params_digest
-from sextant.measure.comm import bytes_per_step
+from sextant.measure.comm import bytes_per_step, megatron_tp_payload
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
 from sextant.measure.loop import timed_training
@@ -110,10 +111,13 @@ def _megatron_step(mesh: Any, tp_specs: dict[str, Any], loss_of: Any, apply: Any
     from jax.sharding import PartitionSpec as P
 
     mean = jax.lax.psum if summed else jax.lax.pmean
+    replicas = mesh.shape["data"]
 
     def local(p: Any, x: Any, y: Any) -> tuple:
         # One shard: its heads and MLP columns, its rows of the batch.
         loss, grads = jax.value_and_grad(loss_of)(p, x, y, "model")
+        if replicas == 1:  # no data-parallel peers: XLA would keep a no-op all-reduce
+            return loss, grads
         return jax.lax.pmean(loss, "data"), jax.tree.map(lambda g: mean(g, "data"), grads)
 
     def step(params: Any, opt_state: Any, x: Any, y: Any) -> tuple:
@@ -412,11 +416,12 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         on_trained=export_final,
     )
     result["final_params_sha256"] = exported.get("sha256")  # rank 0 only
-    collectives = None
+    collectives = collective_bytes = None
     if len(devices) > 1:
         # The collectives XLA put in the compiled step (the cached executable: no recompile).
         hlo = train_step.lower(state["params"], state["opt"], *fetch(0)).compile().as_text()
         collectives = hlo_collectives(hlo)
+        collective_bytes = hlo_collective_bytes(hlo)
         if ctx.rank == 0:  # kept with the run: what XLA made of the strategy
             (ctx.run_dir / "train_step.hlo.txt").write_text(hlo)
 
@@ -451,6 +456,8 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         "local_param_bytes": local_bytes_params,
         "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,
         "hlo_collectives": collectives,
+        "hlo_collective_bytes": collective_bytes,
+        "tp_planned_bytes_per_step": megatron_tp_payload(workload, strategy),
         "notes": notes,
     }
     if remat:
@@ -466,6 +473,41 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         gpu=devices[0].device_kind if devices[0].platform == "gpu" else None,
     )
     return result
+
+
+_DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
+                "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
+
+
+def hlo_collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Input payload bytes of each collective in a compiled XLA module, per execution of its
+    computation (op -> bytes): the operand an all-reduce or reduce-scatter reduces, the shard
+    an all-gather contributes, as torch's functional collectives count them. Group sizes
+    come from replica_groups ({{0,1},...} or the iota form [groups,size]<=[n])."""
+    import re
+
+    ops = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+    out: dict[str, int] = {}
+    for line in hlo_text.splitlines():
+        head = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([a-z-]+?)(?:-start)?\(", line)
+        if not head or head.group(2) not in ops:
+            continue
+        size = sum(
+            _DTYPE_BYTES.get(dtype, 4) * (math.prod(int(d) for d in dims.split(",")) if dims
+                                          else 1)
+            for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", head.group(1)))
+        explicit = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
+        iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+        group = len(explicit.group(1).split(",")) if explicit else int(iota.group(1)) if iota else 1
+        op = head.group(2)
+        if group == 1 and (explicit or iota):
+            continue  # groups of one device: nothing crosses a link
+        if op == "all-gather":
+            size //= group
+        elif op == "reduce-scatter":
+            size *= group
+        out[op] = out.get(op, 0) + size
+    return out
 
 
 def hlo_collectives(hlo_text: str) -> dict[str, list[int]]:

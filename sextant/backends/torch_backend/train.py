@@ -30,7 +30,7 @@ from sextant import data
 from sextant.backends.torch_backend import model as tm
 from sextant.backends.torch_backend import parallel as par
 from sextant.init import decays, init_params, params_digest
-from sextant.measure.comm import bytes_per_step
+from sextant.measure.comm import bytes_per_step, megatron_tp_payload
 from sextant.measure.env import fingerprint
 from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
@@ -399,6 +399,16 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     )
     if cuda:
         result["device_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+    probe: dict[str, Any] = {}
+    if parallel == "tp":  # one extra step, counted (after the timed ones and the export)
+        probe["tp_collectives_bytes_per_step"] = par.count_collectives(train_step, fetch(0))
+        probe["tp_planned_bytes_per_step"] = megatron_tp_payload(workload, strategy)
+    elif parallel == "pp":
+        probe["pipeline"] = {**par.stage_probe(stage, train_step, fetch(0),
+                                               strategy.microbatches),
+                             "stage": lay.mp_rank,
+                             "bubble_planned": (strategy.pp - 1) / (strategy.microbatches
+                                                                    + strategy.pp - 1)}
 
     result["final_params_sha256"] = exported.get("sha256")  # rank 0 only
 
@@ -428,6 +438,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
         "collectives": ("nccl" if cuda else "gloo") if dist.is_initialized() else None,
         "compression": strategy.compress,
         "notes": notes,
+        **probe,
     }
     result["fingerprint"] = fingerprint(
         framework="torch",
