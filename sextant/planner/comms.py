@@ -276,3 +276,23 @@ def dp_bytes_sent(zero, n, grad_payload, param_payload, microbatches=1, schedule
     out["total"] = out["all_reduce"] + out["reduce_scatter"] + out["all_gather"]
     return out
 
+
+# --- gradient buckets ------------------------------------------------------------------------
+DP_BUCKET_DEFAULTS = {
+    "torch": ("bytes", 25 * 2**20),
+    "deepspeed": ("elements", 5e8),
+}
+"""Framework defaults for the data-parallel gradient bucket, by memory model: torch DDP's
+bucket_cap_mb = 25 (torch.nn.parallel.DistributedDataParallel signature), DeepSpeed's
+zero_optimization.reduce_bucket_size = 5e8 elements (deepspeed/runtime/zero/config.py:
+"Number of elements reduced/allreduced at a time"). 'zero' and 'megatron' reduce the whole
+contiguous gradient buffer in one call (Megatron-LM's DDP over its grad buffer; the ZeRO
+paper's accounting)."""
+
+
+def dp_bucket_bytes(memory_model: str, override: float | None, grad_bytes_per_elem: float):
+    """Bytes per gradient bucket (0: one call over the whole buffer)."""
+    if override is not None:
+        return float(override)
+    unit, size = DP_BUCKET_DEFAULTS.get(memory_model, ("bytes", 0.0))
+    return float(size) * (grad_bytes_per_elem if unit == "elements" else 1.0)

@@ -111,6 +111,12 @@ class PlanOptions:
     dp_schedule: str = ""
     """Data-parallel collectives per step (comms.DP_SCHEDULES); '' = the memory model's
     ('torch' for the torch model, 'zero' otherwise)."""
+    dp_bucket_bytes: float | None = None
+    """Bytes per gradient bucket of the data-parallel all-reduce (and of ZeRO-1/2's
+    reduce-scatters and gathers): each bucket is one collective, priced at its own size
+    (comms.ramp_efficiency). None: the memory model's framework default
+    (comms.DP_BUCKET_DEFAULTS: DDP's 25 MiB for 'torch', DeepSpeed's 5e8 elements for
+    'deepspeed', one call over the whole buffer for 'zero' and 'megatron'); 0: one call."""
 
     def __post_init__(self) -> None:
         if self.precision not in ("bf16", "fp16", "fp32"):
@@ -120,6 +126,12 @@ class PlanOptions:
             object.__setattr__(
                 self, "dp_schedule", "torch" if self.memory_model == "torch" else "zero"
             )
+        if self.dp_bucket_bytes is not None and not (
+            isinstance(self.dp_bucket_bytes, (int, float))
+            and not isinstance(self.dp_bucket_bytes, bool)
+            and self.dp_bucket_bytes >= 0
+        ):
+            raise UserError(f"dp_bucket_bytes must be >= 0. Received: {self.dp_bucket_bytes!r}")
         if self.dp_schedule not in comms.DP_SCHEDULES:
             raise UserError(
                 f"dp_schedule must be one of {', '.join(comms.DP_SCHEDULES)}. "
@@ -712,10 +724,13 @@ def _evaluate(
     # runs' bytes), each over the rank's gradient or parameter payload.
     counts = comms.dp_collectives(zero, m, opts.dp_schedule)
     grad_b = psi_stage * grad_wire
-    ar = comms.hier_all_reduce(grad_b, dp_in, dp_out, intra, inter)
+    # Gradient buckets: one collective per bucket, each at the bandwidth of its own size.
+    bucket = comms.dp_bucket_bytes(opts.memory_model, opts.dp_bucket_bytes, grad_wire)
+    buckets = np.maximum(np.ceil(grad_b / bucket), 1.0) if bucket else np.ones_like(grad_b)
+    ar = buckets * comms.hier_all_reduce(grad_b / buckets, dp_in, dp_out, intra, inter)
     # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
     # layer, the bytes are the same (ZeRO §5.3; FSDP's fully_shard per transformer block).
-    units = np.where(z3, lps, 1.0)
+    units = np.where(z3, lps, buckets)
     # HSDP: the sharded collectives stay inside the node; each gradient reduction adds an
     # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
     s_in = dp_in

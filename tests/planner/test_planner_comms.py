@@ -153,3 +153,26 @@ def test_ramp_slows_mid_size_collectives_and_leaves_large_ones():
     assert e1536 < e8
     assert comms.ramp_efficiency(None, 123.0) == 1.0
 
+
+def test_gradient_buckets_follow_the_framework_default():
+    assert comms.dp_bucket_bytes("torch", None, 4) == 25 * 2**20  # DDP bucket_cap_mb=25
+    assert comms.dp_bucket_bytes("deepspeed", None, 2) == 1e9  # 5e8 elements x 2 bytes
+    assert comms.dp_bucket_bytes("megatron", None, 4) == 0.0  # one call
+    assert comms.dp_bucket_bytes("torch", 0, 4) == 0.0
+
+
+def test_ddp_buckets_cost_more_than_one_call_and_can_be_turned_off():
+    # DDP over 4 nodes: 25 MiB buckets run at the ramp's rate for ~0.8 MiB per rank.
+    from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+    from sextant.planner.models import preset
+
+    shape = preset("llama2-7b")
+    cat = load_catalogue(calibration=None)
+    lay = Layout(dp=32, tp=1, pp=1, zero=0, mbs=1, recompute="full")
+    dp = {}
+    for bucket in (None, 0):
+        opts = PlanOptions(global_batch=32, memory_model="torch", dp_bucket_bytes=bucket)
+        hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
+        dp[bucket] = float(evaluate_one(shape.cost(), hw, opts, lay).figures["dp_comm"])
+    assert dp[None] > dp[0] * 1.05
