@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sextant.errors import UserError
 from sextant.tomlfile import read_toml
 
@@ -47,6 +49,10 @@ _LINK_KEYS = {
     "source",
     "measured",
     "latency_assumed",
+    "sweep",
+    "sweep_layout",
+    "sweep_intra_link",
+    "sweep_source",
 }
 
 
@@ -113,6 +119,17 @@ class Link:
     bus_bandwidth: float | None = None
     """Bus bandwidth collectives achieve on this link where it is below the nominal rate
     (bytes/s; from NCCL's tuning model or published nccl-tests results); None: nominal."""
+    sweep: tuple[tuple[float, float], ...] = ()
+    """A published all-reduce sweep on this link: (buffer bytes, bus bandwidth bytes/s)."""
+    sweep_layout: tuple[int, int] = (8, 1)
+    """Ranks per node and nodes of that sweep."""
+    sweep_intra_link: str | None = None
+    """For a network link's multi-node sweep: the intra-node link the sweep's nodes had."""
+    sweep_source: str = ""
+    ramp: tuple | None = None
+    """Bandwidth efficiency versus bytes per rank fitted to the sweep: (log2 bytes per rank,
+    e) arrays for comms.ramp_efficiency, filled by load_catalogue; None: no published sweep,
+    the plateau at every size."""
 
     @property
     def collective_bandwidth(self) -> float:
@@ -234,6 +251,7 @@ def load_catalogue(
     defaults = raw.get("defaults", {})
     base = float(defaults.get("collective_base_latency_us", 0.0)) * 1e-6
     links = {k: _link(k, v, base) for k, v in raw.get("links", {}).items()}
+    links = {k: _with_ramp(link, links) for k, link in links.items()}
     prices_raw = dict(raw.get("prices", {}))
     date = str(prices_raw.pop("date", "unknown"))
     basis = str(prices_raw.pop("basis", ""))
@@ -338,4 +356,88 @@ def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
         latency_assumed=bool(raw.get("latency_assumed", False)),
         call_latency=0.0 if measured else base_latency,
         bus_bandwidth=None if bus is None else bus * 1e9,
+        **_sweep(where, raw),
     )
+
+
+def _sweep(where: str, raw: dict[str, Any]) -> dict[str, Any]:
+    points = raw.get("sweep")
+    if points is None:
+        return {}
+    ok = (
+        isinstance(points, list)
+        and len(points) >= 2
+        and all(
+            isinstance(pt, list)
+            and len(pt) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in pt)
+            for pt in points
+        )
+        and all(a[0] < b[0] for a, b in zip(points, points[1:]))
+    )
+    if not ok:
+        raise UserError(
+            f"{where}.sweep must be a list of [bytes, bus GB/s] pairs > 0, sizes increasing"
+        )
+    if not raw.get("sweep_source"):
+        raise UserError(f"{where}.sweep must cite a source (sweep_source)")
+    layout = raw.get("sweep_layout", [8, 1])
+    if not (
+        isinstance(layout, list)
+        and len(layout) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in layout)
+        and layout[0] * layout[1] >= 2
+    ):
+        raise UserError(f"{where}.sweep_layout must be [ranks per node, nodes], 2+ ranks")
+    if layout[1] > 1 and not raw.get("sweep_intra_link"):
+        raise UserError(f"{where}.sweep over several nodes needs sweep_intra_link")
+    return {
+        "sweep": tuple((float(m), float(bw) * 1e9) for m, bw in points),
+        "sweep_layout": (int(layout[0]), int(layout[1])),
+        "sweep_intra_link": raw.get("sweep_intra_link") or None,
+        "sweep_source": str(raw["sweep_source"]),
+    }
+
+
+def _with_ramp(link: Link, links: dict[str, Link]) -> Link:
+    """The link with its ramp fitted to its published sweep (fit_ramp), if it has one."""
+    if not link.sweep:
+        return link
+    intra = link
+    if link.sweep_layout[1] > 1:
+        key = link.sweep_intra_link
+        if key not in links:
+            raise UserError(f"links.{link.key}.sweep_intra_link: unknown link {key!r}")
+        intra = links[key]
+    return replace(link, ramp=fit_ramp(link, intra))
+
+
+def fit_ramp(link: Link, intra: Link) -> tuple:
+    """Bandwidth efficiency per sweep point: the e in (0, 1] at which the planner's own
+    all-reduce (comms.hier_all_reduce: NCCL's ring and tree latencies, the call latency, the
+    plateau bus bandwidth x e) takes the measured time, 2 (n-1)/n x size / busbw, at the
+    sweep's layout. A point measured faster than the model at the plateau gets e = 1 (the
+    ramp never lifts a link above its catalogue plateau). Solved by bisection on log e,
+    vectorised over the points. Returns (log2 bytes per rank, e) for np.interp."""
+    from sextant.planner import comms  # comms has no catalogue dependency
+
+    g, nodes = link.sweep_layout
+    n = g * nodes
+    size = np.array([m for m, _ in link.sweep])
+    busbw = np.array([bw for _, bw in link.sweep])
+    measured = comms.bus_factor("all_reduce", n) * size / busbw
+    in_bw, in_lat, in_call = intra.collective_bandwidth, intra.latency, intra.call_latency
+    out_bw = link.collective_bandwidth
+
+    def model(e):
+        return comms.hier_all_reduce(
+            size, g, nodes, (in_bw * e, in_lat, in_call), (out_bw * e, link.latency, link.call_latency)
+        )
+
+    lo, hi = np.full(size.shape, np.log(1e-6)), np.zeros(size.shape)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        slow = model(np.exp(mid)) > measured  # too slow at e: the answer is above
+        lo, hi = np.where(slow, mid, lo), np.where(slow, hi, mid)
+    eff = np.exp(hi)
+    return (np.log2(size / n), eff)

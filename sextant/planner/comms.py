@@ -18,6 +18,19 @@ NCCL's tuner does. Every call also pays the link's fixed `call_latency` (NCCL ba
 
 Across nodes NCCL runs its rings (and trees) over every rank at once, pipelined through the
 NVLink and the network hops: the slowest hop sets the rate (hier_all_reduce).
+
+Bandwidth versus message size (ramp_efficiency): measured, NCCL reaches its plateau bus bandwidth only
+at hundreds of MiB, far more slowly than the alpha terms above imply (nccl-tests on 8 A100:
+busbw 106 GB/s at 16 MiB, 172 at 64 MiB, 194 at 256 MiB, 229 at 1 GiB, 235 at 16 GiB). The
+excess over the alpha-beta time is not a constant (about 70 us at 4 MiB, 185 at 64 MiB, 420
+at 256 MiB on that sweep), so a latency term, or the equivalent Hockney curve
+bw(m) = bw_peak * m / (m + m_half), cannot fit both ends. A link with a published sweep
+therefore carries a piecewise-linear-in-log2 table of the *bandwidth efficiency* left after
+the model's own latency terms, fitted point by point so that the model reproduces the sweep at
+its rank count (catalogue.py, fit_ramp). It is indexed by the bytes each rank holds (M / n,
+the chunk a ring step moves): the alpha-beta ring's own efficiency depends on M / n too, and
+it is what makes a per-layer all-gather over 1,536 ranks slower than the same buffer over 8.
+Outside the sweep the table is held at its end values (np.interp).
 """
 
 from __future__ import annotations
@@ -39,6 +52,19 @@ def bus_factor(collective: str, n):
 
 def _arr(x):
     return np.asarray(x, dtype=np.float64)
+
+
+def ramp_efficiency(ramp, per_rank_bytes):
+    """Fraction of the plateau bus bandwidth a collective reaches when each rank holds
+    `per_rank_bytes` (1.0 without a ramp)."""
+    if ramp is None:
+        return 1.0
+    s = np.maximum(_arr(per_rank_bytes), 1.0)
+    return np.interp(np.log2(s), ramp[0], ramp[1])
+
+
+def _ramp_of(link):
+    return link[3] if len(link) > 3 else None
 
 
 def ring_all_reduce(m, n, bw, lat):
@@ -65,14 +91,16 @@ def tree_all_reduce(m, n, bw, lat):
     return np.where(n > 1, 2.0 * ceil_log2(n) * lat + 2.0 * m / (TREE_BW_FACTOR * bw), 0.0)
 
 
-def all_reduce(m, n, bw, lat, call=0.0):
-    n = _arr(n)
+def all_reduce(m, n, bw, lat, call=0.0, ramp=None):
+    m, n = _arr(m), _arr(n)
+    bw = bw * ramp_efficiency(ramp, m / np.maximum(n, 1.0))
     best = np.minimum(ring_all_reduce(m, n, bw, lat), tree_all_reduce(m, n, bw, lat))
     return np.where(n > 1, best + call, 0.0)
 
 
-def reduce_scatter(m, n, bw, lat, call=0.0):
-    n = _arr(n)
+def reduce_scatter(m, n, bw, lat, call=0.0, ramp=None):
+    m, n = _arr(m), _arr(n)
+    bw = bw * ramp_efficiency(ramp, m / np.maximum(n, 1.0))
     return np.where(n > 1, ring_reduce_scatter(m, n, bw, lat) + call, 0.0)
 
 
@@ -98,10 +126,21 @@ def _pipelined_bw(n_intra, intra_bw, inter_bw):
     return np.minimum(intra_bw, np.maximum(n_intra, 1.0) * inter_bw)
 
 
+def _multi_node_bw(m, n_intra, n, intra, inter):
+    """Pipelined bus bandwidth of a collective over n ranks on several nodes, at the ramp's
+    efficiency for its M / n: the network's own multi-node ramp where one is published,
+    else the intra-node link's (crossing nodes adds latency, it does not remove any)."""
+    ramp = _ramp_of(inter)
+    if ramp is None:
+        ramp = _ramp_of(intra)
+    eff = ramp_efficiency(ramp, m / np.maximum(n, 1.0))
+    return _pipelined_bw(n_intra, intra[0], inter[0]) * eff
+
+
 def hier_all_reduce(m, n_intra, n_inter, intra, inter):
     """All-reduce over n_intra ranks per node times n_inter nodes. `intra`/`inter` are
-    (bandwidth, latency, call) triples; the inter bandwidth is the per-rank share of the
-    node's NICs.
+    (bandwidth, latency, call[, ramp]) tuples; the inter bandwidth is the per-rank share of
+    the node's NICs; the ramp (bandwidth versus message size) is optional.
 
     Bandwidth: NCCL's ring over all n ranks, pipelined: each rank moves 2(n-1)/n x M and the
     slowest hop sets the rate, min(intra, n_intra x inter) (_pipelined_bw). The earlier
@@ -116,7 +155,7 @@ def hier_all_reduce(m, n_intra, n_inter, intra, inter):
     m, n_intra, n_inter = _arr(m), _arr(n_intra), _arr(n_inter)
     flat = all_reduce(m, n_intra, *intra)
     n = n_intra * n_inter
-    bw = _pipelined_bw(n_intra, intra[0], inter[0])
+    bw = _multi_node_bw(m, n_intra, n, intra, inter)
     ring = bus_factor("all_reduce", n) * m / bw + ring_latency(
         n_intra, n_inter, intra[1], inter[1], 2.0
     )
@@ -137,7 +176,7 @@ def hier_reduce_scatter(m, n_intra, n_inter, intra, inter):
     flat = reduce_scatter(m, n_intra, *intra)
     n = n_intra * n_inter
     multi = (
-        bus_factor("reduce_scatter", n) * m / _pipelined_bw(n_intra, intra[0], inter[0])
+        bus_factor("reduce_scatter", n) * m / _multi_node_bw(m, n_intra, n, intra, inter)
         + ring_latency(n_intra, n_inter, intra[1], inter[1])
         + inter[2]
     )
@@ -147,9 +186,12 @@ def hier_reduce_scatter(m, n_intra, n_inter, intra, inter):
 hier_all_gather = hier_reduce_scatter
 
 
-def p2p(m, bw, lat, call=0.0):
-    """One point-to-point send of m bytes (pipeline activations)."""
-    return call + lat + _arr(m) / bw
+def p2p(m, bw, lat, call=0.0, ramp=None):
+    """One point-to-point send of m bytes (pipeline activations), at the ramp's efficiency for
+    a ring step of m bytes (a ring collective is a chain of such sends; no send/recv sweep is
+    catalogued)."""
+    m = _arr(m)
+    return call + lat + m / (bw * ramp_efficiency(ramp, m))
 
 
 # --- which collectives data parallelism issues ---------------------------------------------
@@ -233,3 +275,24 @@ def dp_bytes_sent(zero, n, grad_payload, param_payload, microbatches=1, schedule
     }
     out["total"] = out["all_reduce"] + out["reduce_scatter"] + out["all_gather"]
     return out
+
+
+# --- gradient buckets ------------------------------------------------------------------------
+DP_BUCKET_DEFAULTS = {
+    "torch": ("bytes", 25 * 2**20),
+    "deepspeed": ("elements", 5e8),
+}
+"""Framework defaults for the data-parallel gradient bucket, by memory model: torch DDP's
+bucket_cap_mb = 25 (torch.nn.parallel.DistributedDataParallel signature), DeepSpeed's
+zero_optimization.reduce_bucket_size = 5e8 elements (deepspeed/runtime/zero/config.py:
+"Number of elements reduced/allreduced at a time"). 'zero' and 'megatron' reduce the whole
+contiguous gradient buffer in one call (Megatron-LM's DDP over its grad buffer; the ZeRO
+paper's accounting)."""
+
+
+def dp_bucket_bytes(memory_model: str, override: float | None, grad_bytes_per_elem: float):
+    """Bytes per gradient bucket (0: one call over the whole buffer)."""
+    if override is not None:
+        return float(override)
+    unit, size = DP_BUCKET_DEFAULTS.get(memory_model, ("bytes", 0.0))
+    return float(size) * (grad_bytes_per_elem if unit == "elements" else 1.0)

@@ -111,6 +111,12 @@ class PlanOptions:
     dp_schedule: str = ""
     """Data-parallel collectives per step (comms.DP_SCHEDULES); '' = the memory model's
     ('torch' for the torch model, 'zero' otherwise)."""
+    dp_bucket_bytes: float | None = None
+    """Bytes per gradient bucket of the data-parallel all-reduce (and of ZeRO-1/2's
+    reduce-scatters and gathers): each bucket is one collective, priced at its own size
+    (comms.ramp_efficiency). None: the memory model's framework default
+    (comms.DP_BUCKET_DEFAULTS: DDP's 25 MiB for 'torch', DeepSpeed's 5e8 elements for
+    'deepspeed', one call over the whole buffer for 'zero' and 'megatron'); 0: one call."""
 
     def __post_init__(self) -> None:
         if self.precision not in ("bf16", "fp16", "fp32"):
@@ -120,6 +126,12 @@ class PlanOptions:
             object.__setattr__(
                 self, "dp_schedule", "torch" if self.memory_model == "torch" else "zero"
             )
+        if self.dp_bucket_bytes is not None and not (
+            isinstance(self.dp_bucket_bytes, (int, float))
+            and not isinstance(self.dp_bucket_bytes, bool)
+            and self.dp_bucket_bytes >= 0
+        ):
+            raise UserError(f"dp_bucket_bytes must be >= 0. Received: {self.dp_bucket_bytes!r}")
         if self.dp_schedule not in comms.DP_SCHEDULES:
             raise UserError(
                 f"dp_schedule must be one of {', '.join(comms.DP_SCHEDULES)}. "
@@ -632,15 +644,23 @@ def _evaluate(
     le = opts.link_efficiency
     # Collectives run at the achievable bus bandwidth of each link (catalogue), not its
     # nominal rate; pipeline sends (point to point) at the nominal one.
-    intra = (hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency)
-    inter = (hw.inter_coll_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
+    # Each link also carries its bandwidth-versus-message-size ramp (comms.ramp_efficiency,
+    # fitted to published sweeps); a network without one uses the intra-node link's.
+    intra_ramp = hw.intra.ramp
+    inter_ramp = hw.inter.ramp if hw.inter.ramp is not None else intra_ramp
+    intra = (
+        hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency, intra_ramp
+    )
+    inter = (
+        hw.inter_coll_bw_per_device * le, hw.inter.latency, hw.inter.call_latency, inter_ramp
+    )
     if opts.oversubscription > 1 and opts.nodes_per_leaf is not None:
         # A group spanning more nodes than one leaf switch crosses the tapered spine.
         nodes = np.ceil(n / g)
         taper = np.where(nodes > opts.nodes_per_leaf, opts.oversubscription, 1.0)
-        inter = (inter[0] / taper, inter[1], inter[2])
-    intra_p2p = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency)
-    inter_p2p = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency)
+        inter = (inter[0] / taper, inter[1], inter[2], inter[3])
+    intra_p2p = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency, intra_ramp)
+    inter_p2p = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency, inter_ramp)
 
     m_tp = tok_dev * (cost.hidden * act_bytes)
     tp_multi = tp > 1
@@ -663,7 +683,12 @@ def _evaluate(
     # hidden behind the attention core's compute as far as it lasts.
     if np.any(cp > 1):
         kv_block = tok_dev * (2.0 * cost.n_kv_heads * cost.hidden / cost.n_heads) * act_bytes
-        cp_bw = np.where(cp > cp_in, inter[0], intra[0])
+        # Each ring step sends one K/V block, at the ramp's efficiency for that message.
+        cp_bw = np.where(
+            cp > cp_in,
+            inter[0] * comms.ramp_efficiency(inter[3], kv_block),
+            intra[0] * comms.ramp_efficiency(intra[3], kv_block),
+        )
         cp_lat = np.where(cp > cp_in, inter[1], intra[1])
         ring_pass = (cp - 1.0) * (kv_block / cp_bw + cp_lat)
         t_cp_all = m * lps * (3.0 + fwd_rc) * ring_pass
@@ -681,7 +706,13 @@ def _evaluate(
         routed = tok_dev * cost.top_k * cost.capacity_factor * cost.hidden * act_bytes
         routed = routed / np.where(sp, tp, 1.0)
         ep_in = np.minimum(ep, dp_in)
-        a2a_bw = np.where(ep > ep_in, inter[0], intra[0])
+        # Each rank sends routed / ep bytes to every peer: the ramp's efficiency at that size.
+        chunk = routed / ep
+        a2a_bw = np.where(
+            ep > ep_in,
+            inter[0] * comms.ramp_efficiency(inter[3], chunk),
+            intra[0] * comms.ramp_efficiency(intra[3], chunk),
+        )
         a2a_lat = np.where(ep > ep_in, inter[1], intra[1])
         a2a = (ep - 1.0) / ep * routed / a2a_bw + (ep - 1.0) * a2a_lat + intra[2]
         t_ep = np.where(ep > 1, m * lps * (4.0 + 2.0 * fwd_rc) * a2a, 0.0)
@@ -693,10 +724,13 @@ def _evaluate(
     # runs' bytes), each over the rank's gradient or parameter payload.
     counts = comms.dp_collectives(zero, m, opts.dp_schedule)
     grad_b = psi_stage * grad_wire
-    ar = comms.hier_all_reduce(grad_b, dp_in, dp_out, intra, inter)
+    # Gradient buckets: one collective per bucket, each at the bandwidth of its own size.
+    bucket = comms.dp_bucket_bytes(opts.memory_model, opts.dp_bucket_bytes, grad_wire)
+    buckets = np.maximum(np.ceil(grad_b / bucket), 1.0) if bucket else np.ones_like(grad_b)
+    ar = buckets * comms.hier_all_reduce(grad_b / buckets, dp_in, dp_out, intra, inter)
     # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
     # layer, the bytes are the same (ZeRO §5.3; FSDP's fully_shard per transformer block).
-    units = np.where(z3, lps, 1.0)
+    units = np.where(z3, lps, buckets)
     # HSDP: the sharded collectives stay inside the node; each gradient reduction adds an
     # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
     s_in = dp_in
@@ -704,7 +738,7 @@ def _evaluate(
     rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
     ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
     replicas = (
-        np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, inter[0], inter[1], inter[2]), 0.0)
+        np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, *inter), 0.0)
         if np.any(hs)
         else 0.0
     )

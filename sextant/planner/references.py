@@ -10,12 +10,12 @@ assumptions (kernel efficiency 0.75, overlap 0.5) are used throughout.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sextant.errors import UserError
 from sextant.planner import comms
-from sextant.planner.catalogue import load_catalogue
+from sextant.planner.catalogue import Link, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
 from sextant.planner.models import TransformerShape, megatron_gpt, preset
@@ -698,12 +698,29 @@ COLLECTIVES = [
 ]
 
 
+def _held_out(link: Link, payload: float, intra: Link) -> Link:
+    """The link with its ramp refitted without the sweep point at `payload` (leave one out):
+    the row then tests the interpolation between the neighbouring published points, not the
+    point the ramp was fitted to."""
+    kept = tuple(pt for pt in link.sweep if pt[0] != payload)
+    if not link.sweep or len(kept) == len(link.sweep):
+        return link
+    trimmed = replace(link, sweep=kept)
+    return replace(trimmed, ramp=fit_ramp(trimmed, intra))
+
+
 def _busbw(acc: str, net: str, n_intra: int, n_inter: int, payload: float) -> float:
     """All-reduce bus bandwidth as nccl-tests reports it (2 (n-1)/n x size / time), GB/s,
-    from the planner's collective cost on the catalogue's links."""
+    from the planner's collective cost on the catalogue's links, with the measured point
+    itself left out of the fitted ramp (_held_out)."""
     hw = resolve_hardware(_cat(), acc, net)
-    intra = (hw.intra.collective_bandwidth, hw.intra.latency, hw.intra.call_latency)
-    inter = (hw.inter_coll_bw_per_device, hw.inter.latency, hw.inter.call_latency)
+    a, b = hw.intra, hw.inter
+    if n_inter > 1:
+        b = _held_out(b, payload, _cat().link(b.sweep_intra_link or a.key))
+    else:
+        a = _held_out(a, payload, a)
+    intra = (a.collective_bandwidth, a.latency, a.call_latency, a.ramp)
+    inter = (hw.inter_coll_bw_per_device, b.latency, b.call_latency, b.ramp)
     t = float(comms.hier_all_reduce(payload, n_intra, n_inter, intra, inter))
     n = n_intra * n_inter
     return 2.0 * (n - 1) / n * payload / t / 1e9
@@ -724,10 +741,12 @@ def _collective_references() -> list[Reference]:
         setting = (
             "NVLink 5 at the catalogue's ring figure (682.2 GB/s, one node, NVLS off, same "
             "source), the network at ib-ndr's 50 GB/s per GPU (the same 400 Gb/s per GPU), "
-            "NCCL's ring and tree latencies"
+            "NCCL's ring and tree latencies, ib-ndr's ramp (this 4-node sweep) refitted "
+            "without this point (held out)"
             if acc == "b200"
             else "NVLink 3 at the catalogue's 235 GB/s (this sweep's 16 GiB plateau, so that "
-            "point is not a row), NCCL's ring and tree latencies"
+            "point is not a row), NCCL's ring and tree latencies, NVLink 3's ramp (this "
+            "sweep) refitted without this point (held out)"
         )
         refs.append(
             Reference(

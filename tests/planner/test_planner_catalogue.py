@@ -126,3 +126,29 @@ def test_advisor_reads_peaks_from_the_catalogue():
             assert rules.peak_tflops(hw) * 1e12 in cat.accelerators[key].peak_flops.values()
     rules_text = (Path(__file__).resolve().parents[2] / "sextant/advisor/rules.toml").read_text()
     assert "tflops" not in rules_text.split("[hardware.nvidia]")[1].split("[[constraint]]")[0]
+
+
+def test_a_sweep_must_be_well_formed_and_cited(tmp_path):
+    base = "[links.nvlink3]\n"
+    cases = {
+        "sweep = [[1, 2]]\n": "sweep must be a list",
+        "sweep = [[2, 1], [1, 2]]\n": "sizes increasing",
+        "sweep = [[1, 1], [2, 2]]\nsweep_source = ''\n": "must cite a source",
+        "sweep = [[1, 1], [2, 2]]\nsweep_source = 'x'\nsweep_layout = [4, 2]\n": (
+            "needs sweep_intra_link"
+        ),
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.toml"
+        path.write_text(base + text)
+        with pytest.raises(UserError, match=message):
+            load_catalogue(override=path, calibration=None)
+
+
+def test_links_with_published_sweeps_carry_a_ramp():
+    cat = load_catalogue(calibration=None)
+    for key in ("nvlink3", "nvlink4", "nvlink5", "ib-ndr"):
+        link = cat.link(key)
+        assert link.ramp is not None and "29c6b70" in link.sweep_source
+        assert 0 < min(link.ramp[1]) and max(link.ramp[1]) <= 1.0
+    assert cat.link("ib-hdr").ramp is None  # no published sweep: plateau at every size
