@@ -100,6 +100,13 @@ class BackendBase:
     def process_layout(self, strategy: Strategy) -> ProcessLayout:
         return ProcessLayout.workers(strategy.workers)
 
+    STRATEGY_CODE: dict[str, tuple[str, ...]] = {}
+    """parallel strategy -> the "module:qualname" functions and classes that implement it
+    (sextant.backends.code_size counts their lines)."""
+
+    def strategy_code(self, parallel: str) -> tuple[str, ...]:
+        return self.STRATEGY_CODE.get(parallel, ())
+
 
 # name -> "module:Class"; the module is imported on first use.
 REGISTRY: dict[str, str] = {

@@ -15,6 +15,7 @@ from sextant.backends import available, get_backend, require
 from sextant.backends.base import REGISTRY
 from sextant.cluster import emulated
 from sextant.commands.common import (
+    DEFAULT_WORKLOAD,
     RunProgress,
     add_run_args,
     console,
@@ -60,6 +61,11 @@ def register(sub: Any) -> None:
                         "(sharding, accumulation, bf16, compression) on one framework (the first "
                         "of --frameworks, default torch) and show what each changed against "
                         "plain data parallel")
+    p.add_argument("--layouts", action="store_true",
+                   help="instead of comparing frameworks, run the parallelism spectrum (dp, "
+                        "fsdp, tp, pp, dp x tp) on torch and jax over a Llama-shaped workload "
+                        "(default llama-tiny) and show step time, communication, memory per "
+                        "rank and the lines of sextant code each layout needed")
     p.set_defaults(func=cmd_compare)
 
 
@@ -105,6 +111,110 @@ def lever_strategies(framework: str, workers: int) -> list[Strategy]:
     return out
 
 
+# The layouts `compare --layouts` runs for each framework, `workers` being the degree of
+# each one-dimensional layout; dp x tp doubles it. Unsupported ones are skipped.
+LAYOUTS: tuple[dict[str, Any], ...] = (
+    {"parallel": "single"}, {"parallel": "dp"}, {"parallel": "fsdp"}, {"parallel": "tp"},
+    {"parallel": "tp-manual"}, {"parallel": "pp"}, {"parallel": "tp", "dp_x": 2},
+)
+
+
+def layout_strategies(frameworks: list[str], workers: int) -> list[Strategy]:
+    out = []
+    for framework in frameworks:
+        backend = get_backend(framework)
+        if not available(framework):
+            continue
+        mode = backend.capabilities().modes[0]
+        for layout in LAYOUTS:
+            parallel = layout["parallel"]
+            n = 1 if parallel == "single" else workers * layout.get("dp_x", 1)
+            fields: dict[str, Any] = {"framework": framework, "mode": mode,
+                                      "parallel": parallel, "workers": n}
+            if parallel in ("tp", "tp-manual"):
+                fields["tp"] = workers
+            if parallel == "pp":
+                fields.update(pp=workers, microbatches=2 * workers)
+            try:
+                strategy = Strategy(**fields)
+                require(strategy)
+            except UserError:
+                continue
+            out.append(strategy)
+    return out
+
+
+def layouts_not_run(frameworks: list[str]) -> list[str]:
+    """One line per installed framework that skips a layout, with its backend's reason."""
+    out = []
+    for name in frameworks:
+        if not available(name):
+            continue
+        caps = get_backend(name).capabilities()
+        skipped = [p for p in dict.fromkeys(layout["parallel"] for layout in LAYOUTS)
+                   if p not in caps.parallel]
+        if skipped:
+            reasons = dict(caps.why_not)
+            why = "; ".join(dict.fromkeys(reasons[p] for p in skipped if p in reasons))
+            out.append(f"{name} does not run {', '.join(skipped)}" + (f": {why}" if why else ""))
+    return out
+
+
+def layout_table(records: list[dict[str, Any]]) -> Any:
+    """The parallelism spectrum: per layout, what it cost and what it needed."""
+    from rich.table import Table
+
+    from sextant.backends.code_size import strategy_lines
+    from sextant.commands.common import fmt_ms, fmt_share
+
+    table = Table(title="parallel layouts (per rank; comm: payload bytes of the collectives one "
+                        "step issued, counted (torch) or read from the compiled HLO (jax); "
+                        "idle: a pipeline stage's share of the step without its own compute)",
+                  title_justify="left", header_style="bold")
+    for col in ("run", "step ms", "vs single", "exposed comm", "comm MB/step", "params MB",
+                "opt MB", "idle", "code lines", "final loss", "Δ loss"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+    singles = {r["strategy"]["framework"]: r for r in records
+               if r["strategy"]["parallel"] == "single"}
+    base = records[0]
+    for rec in records:
+        m, r0, st = rec["metrics"], rec["ranks"][0], rec["strategy"]
+        acc = r0.get("memory_accounting") or {}
+        single = singles.get(st["framework"])
+        ratio = (m["step_time_median_s"] / single["metrics"]["step_time_median_s"]
+                 if single else None)
+        comm = layout_comm_bytes(r0)
+        idle = max((r.get("details", {}).get("pipeline") or {}).get("idle_share", -1)
+                   for r in rec["ranks"])
+        lines = strategy_lines(get_backend(st["framework"]).strategy_code(st["parallel"]))
+        table.add_row(
+            rec["label"], fmt_ms(m["step_time_median_s"]),
+            "-" if ratio is None else f"{ratio:.2f}x", fmt_share(m.get("exposed_comm_share")),
+            "-" if comm is None else f"{comm / 2**20:.2f}",
+            f"{acc['params'] / 2**20:.3f}" if acc.get("params") is not None else "-",
+            f"{acc['optimizer_state'] / 2**20:.3f}" if acc.get("optimizer_state") else "-",
+            "-" if idle < 0 else f"{idle:.0%}",
+            "-" if lines is None else str(lines),
+            f"{m['final_loss']:.4f}",
+            "base" if rec is base else f"{m['final_loss'] - base['metrics']['final_loss']:+.1e}",
+        )
+    return table
+
+
+def layout_comm_bytes(rank: dict[str, Any]) -> float | None:
+    """Payload bytes of one step's collectives on this rank: counted (torch tp), the
+    pipeline hand-off (torch pp), the compiled step's (jax), or the planned gradient
+    traffic of a data-parallel torch run."""
+    details = rank.get("details") or {}
+    for key in ("tp_collectives_bytes_per_step", "hlo_collective_bytes"):
+        if details.get(key):
+            return float(sum(details[key].values()))
+    if details.get("pipeline"):
+        return float(details["pipeline"]["handoff_bytes_per_step"])
+    planned = ((rank.get("comm") or {}).get("planned_bytes_per_step") or {}).get("total")
+    return planned
+
+
 def lever_table(records: list[dict[str, Any]]) -> Any:
     """What each lever changed against the first (baseline) record."""
     from rich.table import Table
@@ -139,15 +249,24 @@ def lever_table(records: list[dict[str, Any]]) -> Any:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.layouts and args.levers:
+        raise UserError("--layouts and --levers are two different comparisons; give one")
+    if args.layouts and args.workload == DEFAULT_WORKLOAD:
+        args.workload = "llama-tiny"
     workload = load_with_steps(args)
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1. Received: {args.workers}")
+    if args.layouts and workload.model.family != "llama":
+        raise UserError(f"--layouts splits a Llama-shaped model; workload {workload.name!r} is a "
+                        f"{workload.model.family} model (try --workload llama-tiny)")
     out = console()
     explicit = args.frameworks is not None
     strategies: list[Strategy] = []
     if args.levers:
         strategies = lever_strategies(_frameworks(args.frameworks or "torch")[0], args.workers)
-    for name in ([] if args.levers else _frameworks(args.frameworks)):
+    elif args.layouts:
+        strategies = layout_strategies(_frameworks(args.frameworks), args.workers)
+    for name in ([] if args.levers or args.layouts else _frameworks(args.frameworks)):
         backend = get_backend(name)
         if not available(name):
             message = f"{name}: not installed (pip install 'sextant[{backend.extra}]')"
@@ -198,6 +317,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 records.append(record)
         if records and args.levers:
             out.print(lever_table([g[-1] for g in by_config(records)]))
+        elif records and args.layouts:
+            out.print(layout_table([g[-1] for g in by_config(records)]))
+            for line in layouts_not_run(_frameworks(args.frameworks)):
+                out.print(Text(line, style="dim"))
         elif records:
             out.print(trials_table(
                 records, f"{escape(workload.name)} - speed-up and max |Δloss| against "

@@ -20,6 +20,18 @@ class JaxBackend(BackendBase):
     package = "jax"
     extra = "jax"
 
+    STRATEGY_CODE = {
+        "dp-manual": ("sextant.backends.jax_backend.train:_train.per_device_step",
+                      "sextant.backends.jax_backend.train:_train.mean_over_devices"),
+        "fsdp": ("sextant.backends.jax_backend.train:_fsdp_spec",),
+        "tp": ("sextant.backends.jax_backend.train:_tp_spec",),
+        "tp-manual": ("sextant.backends.jax_backend.train:_tp_spec",
+                      "sextant.backends.jax_backend.train:_megatron_step",
+                      "sextant.backends.jax_backend.model:megatron_ops",
+                      "sextant.backends.jax_backend.model:vocab_parallel_embed",
+                      "sextant.backends.jax_backend.model:gather_vocab"),
+    }
+
     def capabilities(self) -> Capabilities:
         # Only jit: op-by-op JAX dispatch is not how anyone trains, and measuring it would
         # compare PyTorch against a strawman.

@@ -95,6 +95,10 @@ def filtered_stderr(path: Path, drop: tuple[str, ...]) -> Iterator[list[str]]:
     path.unlink()
 
 
+TF_NO_SHARDING = (
+    "tf.distribute in TensorFlow 2.21 has no sharded data parallelism (no ZeRO / FSDP "
+    "strategy): every replica keeps whole variables and optimizer slots"
+)
 TF_NO_MODEL_PARALLEL = (
     "tf.distribute in TensorFlow 2.21 has data-parallel strategies only (Mirrored, "
     "MultiWorkerMirrored, ParameterServer, TPU); layouts that split a layer exist only in the "
@@ -120,7 +124,9 @@ class TensorFlowBackend(BackendBase):
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
             checkpoint=("single", "dp"),
-            why_not=tuple((kind, TF_NO_MODEL_PARALLEL) for kind in ("tp", "tp-manual", "pp")),
+            why_not=(("zero1", TF_NO_SHARDING), ("zero2", TF_NO_SHARDING),
+                     ("fsdp", TF_NO_SHARDING),
+                     *((kind, TF_NO_MODEL_PARALLEL) for kind in ("tp", "tp-manual", "pp"))),
         )
 
     def check(self, strategy: Strategy) -> None:

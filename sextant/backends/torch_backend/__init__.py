@@ -20,6 +20,18 @@ class TorchBackend(BackendBase):
     package = "torch"
     extra = "torch"
 
+    STRATEGY_CODE = {
+        "dp": ("sextant.backends.torch_backend.train:_apply_ddp",),
+        "zero1": ("sextant.backends.torch_backend.train:_apply_ddp",),
+        "zero2": ("sextant.backends.torch_backend.train:_apply_fsdp",),
+        "fsdp": ("sextant.backends.torch_backend.train:_apply_fsdp",),
+        "tp": tuple(f"sextant.backends.torch_backend.parallel:{name}" for name in (
+            "layout", "apply_tp", "grad_norm", "average_over_dp")),
+        "pp": tuple(f"sextant.backends.torch_backend.parallel:{name}" for name in (
+            "layout", "Stage", "pipeline", "pipeline_loss", "grad_norm", "average_over_dp",
+            "gather_stages")),
+    }
+
     def capabilities(self) -> Capabilities:
         return Capabilities(
             modes=("eager", "compiled"),
@@ -31,6 +43,10 @@ class TorchBackend(BackendBase):
             # ZeroRedundancyOptimizer's state dict is consolidated on one rank, which
             # torch.distributed.checkpoint does not read back: zero1 is not checkpointed.
             checkpoint=("single", "dp", "zero2", "fsdp"),
+            why_not=(("tp-manual", "PyTorch's tensor parallelism is DTensor's "
+                                   "parallelize_module (parallel tp); Megatron's hand-written "
+                                   "all-reduce autograd functions are what it replaces, so "
+                                   "sextant runs the library's way"),),
         )
 
     def check(self, strategy: Strategy) -> None:

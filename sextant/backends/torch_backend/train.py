@@ -186,6 +186,13 @@ def _apply_activation_checkpointing(net: torch.nn.Module) -> None:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
+def _apply_ddp(module: torch.nn.Module, ctx: WorkerContext) -> tuple[DDP, dict[str, int]]:
+    """DDP over the whole module (one flat set of gradient buckets), with the strategy's
+    communication hook; returns the wrapper and the hook's byte counter."""
+    ddp = DDP(module, broadcast_buffers=False, gradient_as_bucket_view=True)
+    return ddp, _install_hook(ddp, ctx)
+
+
 def _apply_fsdp(module: torch.nn.Module, net: torch.nn.Module, ctx: WorkerContext) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -242,8 +249,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     ddp: DDP | None = None
     counter: dict[str, int] | None = None
     if parallel in DDP_STRATEGIES:
-        ddp = DDP(module, broadcast_buffers=False, gradient_as_bucket_view=True)
-        counter = _install_hook(ddp, ctx)
+        ddp, counter = _apply_ddp(module, ctx)
         module = ddp
     elif parallel in FSDP_STRATEGIES:
         _apply_fsdp(module, net, ctx)

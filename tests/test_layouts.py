@@ -1,0 +1,73 @@
+"""`compare --layouts`: which layouts it runs, why it skips the others, and the code-size
+figure it prints (counted in the source, without importing a framework)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from sextant.backends import get_backend
+from sextant.backends.code_size import code_lines, strategy_lines
+from sextant.commands.compare import layout_strategies, layouts_not_run
+from tests.helpers import run_cli
+
+HAS_JAX = importlib.util.find_spec("jax") is not None
+
+
+def test_code_lines_count_statements_not_docstrings_or_comments() -> None:
+    # measure.comm.megatron_tp_payload: a long docstring, then 5 lines of code + signature.
+    n = code_lines("sextant.measure.comm:megatron_tp_payload")
+    assert 4 <= n <= 8
+    # Nested functions are found by qualified name.
+    assert code_lines("sextant.backends.jax_backend.train:_train.per_device_step") > 3
+    with pytest.raises(LookupError):
+        code_lines("sextant.measure.comm:no_such_function")
+
+
+def test_every_named_strategy_function_exists_and_no_framework_is_imported() -> None:
+    for name in ("torch", "jax"):
+        backend = get_backend(name)
+        for parallel in backend.capabilities().parallel:
+            entries = backend.strategy_code(parallel)
+            lines = strategy_lines(entries)
+            assert (lines is None) == (not entries)
+    # Declared sharding needs a handful of lines; the hand-written split many more.
+    jax = get_backend("jax")
+    assert strategy_lines(jax.strategy_code("tp")) < 15 < strategy_lines(
+        jax.strategy_code("tp-manual"))
+    assert "torch" not in sys.modules and "jax" not in sys.modules
+
+
+def test_layouts_run_what_each_backend_supports_and_say_why_not() -> None:
+    labels = [s.label for s in layout_strategies(["torch", "jax", "tensorflow"], 2)]
+    for expected in ("torch tp x2", "torch pp x2 m4 gpipe", "torch tp x4 dp2",
+                     "jax compiled tp-manual x2", "jax compiled tp x4 dp2"):
+        assert expected in labels or not importlib.util.find_spec(expected.split()[0])
+    assert not any(label.startswith("tensorflow") and " tp" in label for label in labels)
+    lines = " ".join(layouts_not_run(["torch", "jax", "tensorflow"]))
+    if importlib.util.find_spec("tensorflow"):
+        assert "tensorflow does not run fsdp, tp, tp-manual, pp" in lines
+        assert "data-parallel strategies only" in lines
+
+
+def test_layouts_refuse_a_gpt_workload_and_levers_together(tmp_path) -> None:
+    out = run_cli("compare", "--layouts", "--workload", "gpt-tiny", "--db",
+                  str(tmp_path / "r.db"))
+    assert out.returncode == 2 and "--layouts splits a Llama-shaped model" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = run_cli("compare", "--layouts", "--levers", "--db", str(tmp_path / "r.db"))
+    assert out.returncode == 2 and "two different comparisons" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+def test_compare_layouts_on_jax_end_to_end(tmp_path) -> None:
+    out = run_cli("compare", "--layouts", "--frameworks", "jax", "--steps", "6",
+                  "--repeats", "1", "--no-report", "--db", str(tmp_path / "r.db"),
+                  env={"COLUMNS": "250"}, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for label in ("jax compiled tp x2", "jax compiled tp-manual x2", "jax compiled tp x4 dp2"):
+        assert label in out.stdout
+    assert "jax does not run pp" in out.stdout
