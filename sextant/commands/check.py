@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, console
+from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, db_path
+from sextant.display import console
 from sextant.errors import UserError
 
 EXIT_FAILED = 3
@@ -163,7 +164,6 @@ def render(results: list[Any], out: Console) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sextant.checks.suite import CheckOptions, parse_only, run_checks
-    from sextant.results.store import default_path
     from sextant.workload import resolve_workload
 
     only = parse_only(args.only)
@@ -174,7 +174,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1. Received: {args.threads}")
     workload = resolve_workload(args.workload)
-    db = args.db if args.db is not None else default_path()
+    db = db_path(args)
     opts = CheckOptions(
         workload=workload, framework=args.framework, mode=args.mode, parallel=args.parallel,
         workers=args.workers, threads=args.threads, steps=args.steps, only=only,
@@ -183,7 +183,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         scaling_tolerance=args.scaling_tolerance, timeout_s=args.timeout, cluster=args.cluster,
         runs_dir=Path(db).parent / "runs",
     )
-    err = Console(stderr=True, highlight=False)
+    err = console(None, stderr=True)
 
     def say(msg: str) -> None:
         err.print(f"[dim]check:[/dim] {escape(msg)}")

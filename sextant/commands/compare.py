@@ -17,7 +17,6 @@ from sextant.cluster import emulated
 from sextant.commands.common import (
     RunProgress,
     add_run_args,
-    console,
     open_store,
     runs_dir,
 )
@@ -29,6 +28,7 @@ from sextant.commands.trials import (
     disturbed_lines,
     trials_table,
 )
+from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
@@ -109,7 +109,7 @@ def lever_table(records: list[dict[str, Any]]) -> Any:
     """What each lever changed against the first (baseline) record."""
     from rich.table import Table
 
-    from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_share
+    from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
 
     base = records[0]
     table = Table(title=f"levers against {base['label']}", title_justify="left",

@@ -14,12 +14,12 @@ from sextant.commands.common import (
     add_lever_args,
     add_run_args,
     comparison_table,
-    console,
     lever_fields,
     open_store,
     runs_dir,
 )
 from sextant.commands.trials import add_repeats_arg, run_trials
+from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute

@@ -13,7 +13,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from sextant.commands.common import add_store_args, console, fmt_ms, fmt_rate, open_store
+from sextant.commands.common import add_store_args, open_store
+from sextant.display import console, fmt_ms, fmt_rate
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
 from sextant.results.store import finite_json
