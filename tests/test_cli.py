@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sextant.strategy import FRAMEWORKS
 from tests.helpers import run_cli
 
 def hide(*packages: str) -> str:
@@ -83,9 +84,9 @@ def test_framework_not_installed(tmp_path: Path) -> None:
     assert_one_line_error(proc, "torch: not installed (pip install 'sextant[torch]')")
     # Without any framework, compare names each missing one, then says what to install.
     proc = run_cli("compare", "--db", str(tmp_path / "r.db"),
-                   prelude=hide("torch", "jax", "tensorflow"))
+                   prelude=hide(*FRAMEWORKS))
     assert proc.returncode == 2
-    for name in ("torch", "jax", "tensorflow"):
+    for name in FRAMEWORKS:
         assert f"{name}: not installed (pip install 'sextant[{name}]')" in proc.stdout
     assert "no framework is installed" in proc.stderr
 

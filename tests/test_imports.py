@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow", "keras", "paddle", "mindspore", "mlx")
+from sextant.strategy import FRAMEWORKS as RUNNABLE
+
+# The frameworks sextant runs, plus the packages they pull in and those the advisor names.
+FRAMEWORKS = (*RUNNABLE, "jaxlib", "keras", "paddle", "mindspore", "mlx")
 
 
 def imported_modules(code: str) -> set[str]:

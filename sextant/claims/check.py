@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sextant.errors import UserError
 from sextant.measure.intervals import (
     CONFIDENCE,
     HOLDS,
@@ -37,6 +38,7 @@ from sextant.measure.intervals import (
     verdict_at_least,
     verdict_below,
 )
+from sextant.strategy import Strategy
 
 NOT_MEASURED = "not measured"
 VERDICTS = (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED)
@@ -129,13 +131,20 @@ def _workload_key(run: Mapping[str, Any]) -> str:
                or json.dumps(run.get("workload") or {}, sort_keys=True))
 
 
-def _label(run: Mapping[str, Any]) -> str:
+def run_label(run: Mapping[str, Any]) -> str:
+    """A run's short name: its stored `label`, else `Strategy.label` (the one definition) of
+    its strategy fields; only a record too incomplete to be a strategy falls back to its
+    framework and mode."""
     if run.get("label"):
         return str(run["label"])
-    parts = [run_field(run, "framework"), run_field(run, "mode")]
-    if run_field(run, "parallel") != "single":
-        parts.append(f"{run_field(run, 'parallel')} x{run_field(run, 'workers')}")
-    return " ".join(str(p) for p in parts)
+    names = {f.name for f in dataclasses.fields(Strategy)}
+    fields = {k: v for k, v in (run.get("strategy") or {}).items() if k in names}
+    fields.update({k: run[k] for k in names if run.get(k) is not None})
+    try:
+        return Strategy.from_dict(fields).label
+    except (TypeError, ValueError, UserError):
+        return f"{run_field(run, 'framework')} {run_field(run, 'mode')}"
+
 
 
 def _plain(run: Mapping[str, Any]) -> bool:
@@ -257,7 +266,7 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                      reason=f"no one-process {missing} run of this workload")
     value, low, high = ratio
     figure = f"{_x(value)}: {_faster('compiled', value)}{_span(low, high)}"
-    detail = (f"{_label(eager)} {_ms(eager)} ms vs {_label(compiled)} {_ms(compiled)} ms "
+    detail = (f"{run_label(eager)} {_ms(eager)} ms vs {run_label(compiled)} {_ms(compiled)} ms "
               "median step")
     return Claim(**base, verdict=verdict_at_least(low, high, COMPILE_MIN_SPEEDUP),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
@@ -288,7 +297,7 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
     saving = 1 - 1 / value
     figure = (f"{_x(value)}: JAX's step takes {abs(saving) * 100:.0f}% "
               f"{'less' if saving >= 0 else 'more'} time{_span(low, high)}")
-    detail = f"{_label(torch)} {_ms(torch)} ms vs {_label(jax)} {_ms(jax)} ms median step"
+    detail = f"{run_label(torch)} {_ms(torch)} ms vs {run_label(jax)} {_ms(jax)} ms median step"
     return Claim(**base, verdict=verdict_at_least(low, high, 1 / (1 - JAX_MIN_SAVING)),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(torch, jax))
@@ -318,7 +327,7 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason="no bf16 run with a matching fp32 run of this workload")
     full, low_p, (value, low, high) = _median_item(pairs, key=lambda p: p[2][0])
-    details = tuple(f"{_label(f)} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
+    details = tuple(f"{run_label(f)} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
                     for f, b, r in pairs)
     return Claim(**base, verdict=verdict_at_least(low, high, MIXED_MIN_SPEEDUP),
                  figure=f"{_x(value)} faster in bf16{_span(low, high)}", value=value, low=low,
@@ -335,7 +344,7 @@ def _compute_s(run: Mapping[str, Any]) -> float | None:
 
 
 def _with_compress(run: Mapping[str, Any]) -> str:
-    label, compress = _label(run), str(run_field(run, "compress"))
+    label, compress = run_label(run), str(run_field(run, "compress"))
     return label if compress in label else f"{label} ({compress})"
 
 
@@ -374,7 +383,7 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
     figure = (f"exposed communication {_x(comm_ratio)}, compute {_x(work_ratio)}"
               + (f"; step {_x(step[0])} faster{_span(step[1], step[2])}" if step else ""))
     details = tuple(
-        f"{_with_compress(c)} vs {_label(p)}: exposed comm "
+        f"{_with_compress(c)} vs {run_label(p)}: exposed comm "
         f"{_ms_of(_metric(p, 'exposed_comm_s'))} -> {_ms_of(_metric(c, 'exposed_comm_s'))} ms, "
         f"compute {_ms_of(_compute_s(p))} -> {_ms_of(_compute_s(c))} ms"
         for p, c, _, _ in pairs
@@ -441,9 +450,9 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                      reason="no multi-worker run with a one-process run of the same framework "
                             "and mode")
     single, run, (value, low, high) = min(pairs, key=lambda p: p[2][0])
-    details = tuple(f"{_label(r)}: {_x(v)} the throughput of {_label(s)}{_span(lo, hi)}"
+    details = tuple(f"{run_label(r)}: {_x(v)} the throughput of {run_label(s)}{_span(lo, hi)}"
                     for s, r, (v, lo, hi) in pairs)
-    figure = (f"{_label(run)}: {_x(value)} the throughput of {_label(single)}"
+    figure = (f"{run_label(run)}: {_x(value)} the throughput of {run_label(single)}"
               f"{_span(low, high)}")
     each = [verdict_below(lo, hi, SLOWER_BELOW) for _, _, (_, lo, hi) in pairs]
     verdict = (HOLDS if HOLDS in each else NOT_HOLD if all(v == NOT_HOLD for v in each)
@@ -511,9 +520,9 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
                   "no TensorFlow run of this workload (pip install 'sextant[tensorflow]')")
         return Claim(**base, verdict=NOT_MEASURED, figure="-", reason=reason)
     tf, other, value, low, high = max(pairs, key=lambda p: p[2])
-    details = tuple(f"{_label(t)} {_mb(t)} MB vs {_label(o)} {_mb(o)} MB: {_x(v)}"
+    details = tuple(f"{run_label(t)} {_mb(t)} MB vs {run_label(o)} {_mb(o)} MB: {_x(v)}"
                     for t, o, v, _, _ in pairs)
-    figure = (f"{_label(tf)} {_mb(tf)} MB vs {_label(other)} {_mb(other)} MB: {_x(value)}"
+    figure = (f"{run_label(tf)} {_mb(tf)} MB vs {run_label(other)} {_mb(other)} MB: {_x(value)}"
               + (f" (interval {low:.2f}-{high:.2f}x)" if high - low > 1e-9 else ""))
     each = [verdict_below(lo, hi, LESS_MEMORY_BELOW) for _, _, _, lo, hi in pairs]
     verdict = (HOLDS if all(v == HOLDS for v in each) else NOT_HOLD if NOT_HOLD in each

@@ -21,6 +21,7 @@ from rich.table import Table
 from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, db_path
 from sextant.display import console
 from sextant.errors import UserError
+from sextant.strategy import FRAMEWORKS
 
 EXIT_FAILED = 3
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
@@ -39,7 +40,8 @@ def register(sub: Any) -> None:
                     "3 a check failed (--strict: or warned), 2 bad input.")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
                    help=f"workload TOML file or bundled name (default: {DEFAULT_WORKLOAD})")
-    p.add_argument("--framework", default="torch", help="torch (default), jax or tensorflow")
+    p.add_argument("--framework", default="torch",
+                   help=f"{', '.join(FRAMEWORKS)} (default: torch)")
     p.add_argument("--mode", default=None, help="eager or compiled (default: the framework's)")
     p.add_argument("--parallel", default="dp",
                    help="multi-worker strategy of the checks (default: dp)")
