@@ -11,6 +11,7 @@ import argparse
 import importlib
 import signal
 import sys
+from typing import NoReturn
 
 from sextant import __version__
 from sextant.errors import RunFailed, UserError
@@ -46,7 +47,7 @@ def one_line(text: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"sextant: error: {one_line(message)} (see '{self.prog} --help')\n")
         raise SystemExit(2)
 

@@ -238,7 +238,9 @@ def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], 
             held = parallel.get(key)
             if held is None or (workers, tps) > held[:2]:
                 parallel[key] = (workers, tps, str(run["id"]))
-    values, ids, text = [], set(), []
+    values: list[float] = []
+    ids: set[str] = set()
+    text: list[str] = []
     for key in sorted(set(single) & set(parallel)):
         base, base_id = single[key]
         workers, tps, run_id = parallel[key]

@@ -351,12 +351,12 @@ def _convert(question: Question, reply: str) -> Any:
         raise UserError(f"{question.key}: received {reply!r}; allowed: yes, no")
     if question.kind in ("number", "integer"):
         try:
-            value = int(reply) if question.kind == "integer" else float(reply)
+            number: int | float = int(reply) if question.kind == "integer" else float(reply)
         except ValueError:
             kind = "an integer" if question.kind == "integer" else "a number"
             raise UserError(f"{question.key}: received {reply!r}; expected {kind}") from None
-        _check_positive(question.key, value, integer=question.kind == "integer")
-        return value
+        _check_positive(question.key, number, integer=question.kind == "integer")
+        return number
     return reply.strip()
 
 

@@ -248,7 +248,7 @@ def _ids(*runs: Mapping[str, Any]) -> tuple[Any, ...]:
 # -- the claims -------------------------------------------------------------------------
 
 def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="compile", claim="torch.compile gives a 10-30% speed-up",
         compared="torch compiled vs torch eager, one process each",
         rule=f"holds if the interval of eager / compiled step time is >= "
@@ -260,7 +260,7 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
     compiled = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
                      and run_field(r, "mode") == "compiled" and _plain(r))
     ratio = speedup(eager, compiled, runs) if eager and compiled else None
-    if ratio is None:
+    if eager is None or compiled is None or ratio is None:
         missing = "torch eager" if eager is None else "torch compiled"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason=f"no one-process {missing} run of this workload")
@@ -274,7 +274,7 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
 
 
 def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="jax-vs-eager",
         claim="JAX (XLA) is faster than eager PyTorch and saves ~20% compute",
         compared="jax (jit) vs torch eager, one process each",
@@ -289,7 +289,7 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
            or _pick(runs, lambda r: run_field(r, "framework") == "jax" and _single(r)
                     and _plain(r)))
     ratio = speedup(torch, jax, runs) if torch and jax else None
-    if ratio is None:
+    if torch is None or jax is None or ratio is None:
         missing = "torch eager" if torch is None else "jax"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason=f"no one-process {missing} run of this workload")
@@ -305,14 +305,14 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
 
 def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                           ) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="mixed-precision", claim="Mixed precision (bf16) roughly doubles training speed",
         compared="bf16 vs fp32, same framework, mode, parallel strategy and workers",
         rule=f"holds if the interval of fp32 / bf16 step time is >= {MIXED_MIN_SPEEDUP:.1f}x "
              "(middle pair of several)",
         unit="speed-up (x)",
     )
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for low_p in runs:
         if run_field(low_p, "precision") != "bf16" or run_field(low_p, "compress") != "none":
             continue
@@ -350,7 +350,7 @@ def _with_compress(run: Mapping[str, Any]) -> str:
 
 def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                       ) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="compression",
         claim="Gradient compression trades CPU time for network bandwidth",
         compared="data-parallel run with gradient compression vs the same run without",
@@ -358,7 +358,7 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
              "communication) rises, both over their whole intervals (needs --repeats >= 2)",
         unit="exposed communication with / without (x)",
     )
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for comp in runs:
         if run_field(comp, "compress") == "none" or _single(comp):
             continue
@@ -371,7 +371,8 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
             continue
         comm_c, comm_p = _metric(comp, "exposed_comm_s"), _metric(plain, "exposed_comm_s")
         work_c, work_p = _compute_s(comp), _compute_s(plain)
-        if None in (comm_c, comm_p, work_c, work_p) or comm_p <= 0 or work_p <= 0:
+        if (comm_c is None or comm_p is None or work_c is None or work_p is None
+                or comm_p <= 0 or work_p <= 0):
             continue
         pairs.append((plain, comp, comm_c / comm_p, work_c / work_p))
     if not pairs:
@@ -426,7 +427,7 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
     multi = [r for r in runs if _multi(r) and _plain(r) and _metric(r, "step_time_median_s")]
     frameworks = list(dict.fromkeys(str(run_field(r, "framework")) for r in multi)) or ["torch"]
     workers = max((int(run_field(r, "workers")) for r in multi), default=2)
-    base = dict(
+    base: dict[str, Any] = dict(
         id="workers-slower", claim="Adding workers can make training slower",
         compared="throughput of each multi-worker run vs one process, same framework and "
                  "mode, same global batch",
@@ -435,7 +436,7 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
         unit="throughput multi / single (x)",
         command=_compare_cmd(workload, frameworks, workers),
     )
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for run in multi:
         if any(_config(r) == _config(run) for _, r, _ in pairs):
             continue  # another trial of a configuration already paired
@@ -473,7 +474,7 @@ def _rss_range(run: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="tf-memory", claim="TensorFlow uses less memory than PyTorch and JAX",
         compared="peak RSS per worker, same parallel strategy and workers, each framework "
                  "at its leanest mode",
@@ -485,16 +486,17 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
     )
     leanest: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
     for run in runs:
-        if not _plain(run) or not _metric(run, "peak_rss_bytes"):
+        peak = _metric(run, "peak_rss_bytes")
+        if not _plain(run) or not peak:
             continue
         config = (run_field(run, "parallel"), int(run_field(run, "workers")),
                   int(run_field(run, "devices_per_worker")))
         per_fw = leanest.setdefault(config, {})
         fw = str(run_field(run, "framework"))
-        if fw not in per_fw or (_metric(run, "peak_rss_bytes")
-                                < _metric(per_fw[fw], "peak_rss_bytes")):
+        best = _metric(per_fw[fw], "peak_rss_bytes") if fw in per_fw else None
+        if best is None or peak < best:
             per_fw[fw] = run
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for config in sorted(leanest, key=str):
         per_fw = leanest[config]
         tf = per_fw.get("tensorflow")
@@ -508,9 +510,12 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
             if iv is not None and iv[1] is not None:
                 value, low, high = iv
             else:  # one trial a side: the range over ranks stands in for the interval
-                value = _metric(tf, "peak_rss_bytes") / _metric(other, "peak_rss_bytes")
-                t_lo, t_hi = _rss_range(tf)
-                o_lo, o_hi = _rss_range(other)
+                t_peak, o_peak = _metric(tf, "peak_rss_bytes"), _metric(other, "peak_rss_bytes")
+                t_range, o_range = _rss_range(tf), _rss_range(other)
+                if t_peak is None or o_peak is None or t_range is None or o_range is None:
+                    continue  # not reached: `leanest` holds runs with a peak RSS only
+                value = t_peak / o_peak
+                (t_lo, t_hi), (o_lo, o_hi) = t_range, o_range
                 low, high = t_lo / o_hi, t_hi / o_lo
             pairs.append((tf, other, value, low, high))
     if not pairs:

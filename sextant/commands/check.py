@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -116,8 +116,10 @@ def _figure(value: float | None, unit: str) -> str:
 
 def render(results: list[Any], out: Console) -> None:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for name, justify in (("check", "left"), ("result", "left"), ("measured", "right"),
-                          ("threshold", "right"), ("", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("check", "left"), ("result", "left"), ("measured", "right"), ("threshold", "right"),
+        ("", "left"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, overflow="fold")
     for r in results:
         style = _STYLE[r.status]

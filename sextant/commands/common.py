@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -145,7 +145,7 @@ class RunProgress:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
     def start(self, label: str, steps: int, workload: Any = None) -> None:
@@ -186,9 +186,9 @@ class RunProgress:
         if not self.live:
             if error:
                 self.console.print(f"{label}: failed: {error}", markup=False)
-            else:
-                m = record["metrics"]  # type: ignore[index]
-                ranks = record.get("ranks") or []  # type: ignore[union-attr]
+            elif record is not None:
+                m = record["metrics"]
+                ranks = record.get("ranks") or []
                 rss = "|".join(fmt_bytes_mb(r.get("peak_rss_bytes")) for r in ranks)
                 comm = m.get("exposed_comm_share")
                 self.console.print(
@@ -217,20 +217,23 @@ class RunProgress:
 def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
     """Medians and spreads side by side; speed-up and loss difference against the first row."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("run", "left"), ("procs x thr", "right"), ("step ms", "right"), ("p10-p90", "right"),
         ("tokens/s", "right"), ("speed-up", "right"), ("1st step s", "right"),
         ("RSS MB/proc", "right"), ("exposed comm", "right"), ("final loss", "right"),
         ("max |Δloss|", "right"),
-    ):
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
-    ref = records[0] if records else None
+    if not records:
+        return table
+    ref = records[0]
     for rec in records:
         m = rec["metrics"]
         s = rec["strategy"]
-        ref_median = ref["metrics"]["step_time_median_s"]  # type: ignore[index]
+        ref_median = ref["metrics"]["step_time_median_s"]
         median = m["step_time_median_s"]
-        diff = max_loss_diff(rec["losses"], ref["losses"])  # type: ignore[index]
+        diff = max_loss_diff(rec["losses"], ref["losses"])
         table.add_row(
             rec["label"],
             f"{s['workers']} x {m.get('threads_per_worker') or '?'}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import uuid
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.markup import escape
@@ -90,7 +91,8 @@ def lever_strategies(framework: str, workers: int) -> list[Strategy]:
     if not available(framework):
         raise UserError(f"{framework}: not installed (pip install 'sextant[{backend.extra}]')")
     mode = backend.capabilities().modes[0]
-    base = {"framework": framework, "mode": mode, "parallel": "dp", "workers": workers}
+    base: dict[str, Any] = {"framework": framework, "mode": mode, "parallel": "dp",
+                            "workers": workers}
     out = [Strategy(**base)]
     for lever in LEVERS:
         fields = {**base, **lever}
@@ -105,7 +107,7 @@ def lever_strategies(framework: str, workers: int) -> list[Strategy]:
     return out
 
 
-def lever_table(records: list[dict[str, Any]]) -> Any:
+def lever_table(records: Sequence[Mapping[str, Any]]) -> Any:
     """What each lever changed against the first (baseline) record."""
     from rich.table import Table
 

@@ -402,7 +402,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def _list(cat: Any, as_json: bool) -> int:
     from sextant.planner.models import ALIASES, PRESETS
 
-    doc = {
+    doc: dict[str, Any] = {
         "presets": {
             k: {"params": v.total_params(), "shape": v.describe(), "source": v.source}
             for k, v in PRESETS.items()

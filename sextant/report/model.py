@@ -167,7 +167,7 @@ def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[s
 
 
 def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    series = []
+    series: list[dict[str, Any]] = []
     multi = [r for r in rows if r["parallel"] != "single" and r["replicas"] > 1
              and r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
     kinds: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
