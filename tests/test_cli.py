@@ -142,3 +142,31 @@ def test_every_command_module_registers_from_sextant_commands() -> None:
     sub = cli.build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
     for command in ("plan", "calibrate", "advise"):
         assert command in sub.choices
+
+
+def test_one_db_flag_for_every_command() -> None:
+    """Every command that takes --db takes it from add_store_args: same type, same default,
+    same documented fallback (plan's hidden one serves the deprecated `plan --validate`)."""
+    import argparse
+
+    from sextant import cli
+    from sextant.results.store import DEFAULT_DB
+
+    def parsers(parser: argparse.ArgumentParser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from parsers(child)
+
+    found = []
+    for parser in parsers(cli.build_parser()):
+        for action in parser._actions:
+            if "--db" in action.option_strings:
+                found.append(parser.prog)
+                assert action.type is Path and action.default is None, parser.prog
+                assert action.help == argparse.SUPPRESS or action.help.endswith(
+                    f"(default: $SEXTANT_RESULTS or ./{DEFAULT_DB.as_posix()})"), parser.prog
+    for prog in ("sextant run", "sextant compare", "sextant advise", "sextant plan validate",
+                 "sextant check", "sextant report"):
+        assert prog in found, found
