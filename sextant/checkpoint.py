@@ -30,11 +30,14 @@ import os
 import re
 import shutil
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
 from sextant.keys import checkpoint_key
+
+if TYPE_CHECKING:  # the contracts import the workload and strategy modules
+    from sextant.backends.contracts import WorkerContext
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 2
@@ -219,12 +222,21 @@ def preflight(workload: Any, strategy: Any) -> list[str]:
     return refusals
 
 
-def save_sealed(ctx: Any, step: int, write: Any, barrier: Any) -> Path:
+def _checkpoint_dir(ctx: WorkerContext) -> str:
+    """The run's checkpoint directory (Strategy refuses checkpointing or --resume without
+    one, so a worker never gets here without it)."""
+    root = ctx.strategy.checkpoint_dir
+    if root is None:
+        raise UserError("checkpointing and --resume need --checkpoint-dir")
+    return root
+
+
+def save_sealed(ctx: WorkerContext, step: int, write: Any, barrier: Any) -> Path:
     """One checkpoint save, the same for every backend: rank 0 clears a stale partial
     directory, every rank calls `write(partial_dir)` (the framework's native save), and rank 0
     seals the directory once all ranks are done. `barrier()` waits for every rank (a no-op in
     a single process)."""
-    root = ctx.strategy.checkpoint_dir
+    root = _checkpoint_dir(ctx)
     partial = partial_dir(root, step)
     if ctx.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
@@ -239,16 +251,16 @@ def save_sealed(ctx: Any, step: int, write: Any, barrier: Any) -> Path:
     return step_dir(root, step)
 
 
-def resume_point(ctx: Any, notes: list[str]) -> tuple[int, Path | None]:
+def resume_point(ctx: WorkerContext, notes: list[str]) -> tuple[int, Path | None]:
     """(step, directory) to resume from: the newest usable checkpoint, or (0, None). Every
     refused checkpoint and the outcome are appended to `notes` and emitted as events."""
     step, directory, refusals = latest_valid(
-        ctx.strategy.checkpoint_dir, state_hash=ctx.workload.state_hash(),
+        _checkpoint_dir(ctx), state_hash=ctx.workload.state_hash(),
         trust=ctx.strategy.trust_checkpoint)
     for refusal in refusals:
         notes.append(refusal)
         ctx.emit("warning", message=refusal)
-    if directory is None:
+    if directory is None or step is None:
         notes.append("no valid checkpoint found: started from step 0")
         return 0, None
     notes.append(f"resumed from {directory.name}")

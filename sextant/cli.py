@@ -9,27 +9,33 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import signal
 import sys
+from typing import NoReturn
 
 from sextant import __version__
 from sextant.errors import RunFailed, UserError
 
-# Sub-command modules, in the order `--help` lists them. A module that is absent (a part of
-# sextant not built yet) is skipped.
+# Sub-command modules, in the order `--help` lists them. Every one must import: a module that
+# fails to (a broken install, a syntax error, a missing dependency) is an error naming it,
+# never a command that silently disappears from `sextant --help`.
 COMMAND_MODULES = (
     "sextant.commands.run",
     "sextant.commands.compare",
     "sextant.commands.runs",
     "sextant.commands.capabilities",
-    "sextant.planner.cli",
-    "sextant.advisor.cli",
+    "sextant.commands.plan",
+    "sextant.commands.calibrate",
+    "sextant.commands.advise",
     "sextant.commands.report",
     "sextant.commands.check",
     "sextant.commands.cluster",
     "sextant.commands.join",
 )
+
+
+class CommandModuleError(ImportError):
+    """A sub-command module of COMMAND_MODULES could not be imported."""
 
 
 def one_line(text: str) -> str:
@@ -41,7 +47,7 @@ def one_line(text: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"sextant: error: {one_line(message)} (see '{self.prog} --help')\n")
         raise SystemExit(2)
 
@@ -54,14 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sextant {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(name.rsplit(".", 1)[0]) is None:
-            continue
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
+        except Exception as exc:
+            raise CommandModuleError(
+                f"sextant: cannot load the command module {name}: "
+                f"{type(exc).__name__}: {exc} (a broken or partial install? "
+                "reinstall sextant)") from exc
         module.register(sub)
     return parser
 
@@ -85,7 +90,11 @@ def _stop(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except CommandModuleError as exc:
+        sys.stderr.write(one_line(str(exc)) + "\n")
+        return 1
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -123,7 +123,9 @@ def count_params(model: ModelSpec) -> int:
 def matmul_params(model: ModelSpec) -> int:
     """Parameters that take part in a matrix multiply (embedding lookups do not; a tied
     head counts, once, as the matrix multiply it is)."""
-    tied_head = model.vocab_size * model.d_model if getattr(model, "tie_embeddings", False) else 0
+    tied_head = 0
+    if not isinstance(model, MLPSpec) and getattr(model, "tie_embeddings", False):
+        tied_head = model.vocab_size * model.d_model
     return tied_head + sum(
         math.prod(s)
         for n, s in param_shapes(model).items()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow", "keras", "paddle", "mindspore", "mlx")
+from sextant.strategy import FRAMEWORKS as RUNNABLE
+
+# The frameworks sextant runs, plus the packages they pull in and those the advisor names.
+FRAMEWORKS = (*RUNNABLE, "jaxlib", "keras", "paddle", "mindspore", "mlx")
 
 
 def imported_modules(code: str) -> set[str]:
@@ -32,3 +35,13 @@ def test_help_imports_no_framework() -> None:
     names = imported_modules(code)
     assert "sextant" in names and "rich" in names
     assert not names & set(FRAMEWORKS)
+
+
+def test_the_report_does_not_import_the_cli_layer() -> None:
+    """`sextant.report` shares its number formatters with the commands through the neutral
+    `sextant.display`; importing it pulls in no `sextant.commands` module."""
+    code = ("import sys, sextant.report.html, sextant.report.markdown, sextant.report.model\n"
+            "bad = sorted(m for m in sys.modules if m.startswith('sextant.commands') "
+            "or m == 'sextant.cli')\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

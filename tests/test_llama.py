@@ -14,11 +14,11 @@ import pytest
 from sextant.errors import UserError
 from sextant.init import count_params, init_params, matmul_params, param_shapes, rope_tables
 from sextant.runner import execute
-from sextant.strategy import Strategy
+from sextant.strategy import FRAMEWORKS, Strategy
 from sextant.workload import LlamaSpec, resolve_workload, workload_from_dict
 from tests.helpers import LEVER_RTOL, needs_torch, same_training, short
 
-HAS = {m: importlib.util.find_spec(m) is not None for m in ("torch", "jax", "tensorflow")}
+HAS = {m: importlib.util.find_spec(m) is not None for m in FRAMEWORKS}
 
 
 @pytest.mark.parametrize("change, message", [
@@ -107,7 +107,7 @@ def test_three_frameworks_train_llama_alike(tied: bool) -> None:
     w = short("llama-tiny", 10)
     if tied:
         w = w.replace(model=dataclasses.replace(w.model, tie_embeddings=True))
-    frameworks = [f for f in ("torch", "jax", "tensorflow") if HAS[f]]
+    frameworks = [f for f in FRAMEWORKS if HAS[f]]
     if tied:  # one pair is enough to hold the tied head to the same numbers
         frameworks = frameworks[:2]
     runs = {f: execute(w, Strategy(framework=f, mode="eager" if f == "torch" else "compiled"),

@@ -400,26 +400,26 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
             reasons[candidate].append((rule.id, delta, RULE_OF_THUMB))
 
     measured = {(e.candidate, e.metric): e for e in evidence if e.source == MEASURED}
-    for rule in rules.evidence_rules:
-        if not rule.when.matches(facts):
+    for ev_rule in rules.evidence_rules:
+        if not ev_rule.when.matches(facts):
             continue
         hits = [
-            (c, measured[(c, rule.metric)]) for c in usable
-            if (c, rule.metric) in measured
-            and COMPARISONS[rule.op](measured[(c, rule.metric)].value, rule.threshold)
+            (c, measured[(c, ev_rule.metric)]) for c in usable
+            if (c, ev_rule.metric) in measured
+            and COMPARISONS[ev_rule.op](measured[(c, ev_rule.metric)].value, ev_rule.threshold)
         ]
         if not hits:
             continue
         fired.append(Fired(
-            id=rule.id, kind="evidence", source=MEASURED, rationale=rule.rationale,
-            condition=f"measured {rule.metric} {'>' if rule.op == 'gt' else '<'} "
-                      f"{rule.threshold:g}",
-            effect=tuple((c, rule.delta) for c, _ in hits),
+            id=ev_rule.id, kind="evidence", source=MEASURED, rationale=ev_rule.rationale,
+            condition=f"measured {ev_rule.metric} {'>' if ev_rule.op == 'gt' else '<'} "
+                      f"{ev_rule.threshold:g}",
+            effect=tuple((c, ev_rule.delta) for c, _ in hits),
             detail="; ".join(f"{c}: {e.detail}" for c, e in hits),
         ))
         for candidate, _ in hits:
-            fit[candidate] += rule.delta
-            reasons[candidate].append((rule.id, rule.delta, MEASURED))
+            fit[candidate] += ev_rule.delta
+            reasons[candidate].append((ev_rule.id, ev_rule.delta, MEASURED))
 
     hours, hours_source = reference_hours(profile, rules, planned)
     factors: dict[str, tuple[float, str]] = {}

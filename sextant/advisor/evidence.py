@@ -8,10 +8,12 @@ execution mode (eager or compiled), the one a user would pick.
 
 from __future__ import annotations
 
+import importlib
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sextant.advisor.vocab import CANDIDATES, MEASURED, SOURCES
@@ -236,7 +238,9 @@ def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], 
             held = parallel.get(key)
             if held is None or (workers, tps) > held[:2]:
                 parallel[key] = (workers, tps, str(run["id"]))
-    values, ids, text = [], set(), []
+    values: list[float] = []
+    ids: set[str] = set()
+    text: list[str] = []
     for key in sorted(set(single) & set(parallel)):
         base, base_id = single[key]
         workers, tps, run_id = parallel[key]
@@ -245,3 +249,27 @@ def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], 
         ids.update((base_id, run_id))
         text.append(f"{key[1]} x{workers}: {efficiency:.0%}")
     return values, ids, text
+
+
+def load_measured_runs(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """Runs of the results store at `path`, or ([], one-line reason) when there are none to
+    read. The store module is looked up at call time (tests replace it)."""
+    if not path.is_file():
+        return [], (f"No measured evidence: no results store at {path}; advice rests on rules "
+                    "of thumb.")
+    try:
+        store_module = importlib.import_module("sextant.results.store")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("sextant.results", "sextant.results.store"):
+            raise
+        return [], "No measured evidence: this sextant has no results store module."
+    store = store_module.ResultsStore(path)
+    try:
+        runs = list(store.runs())
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+    if not runs:
+        return [], f"No measured evidence: {path} holds no runs yet."
+    return runs, None

@@ -1,6 +1,6 @@
 """The team profile: what the advisor needs to know about the team, the model and the budget.
 
-A profile is a small TOML file (`sextant advise --init` writes a commented template) or the
+A profile is a small TOML file (`sextant advise init` writes a commented template) or the
 answers to the interactive questions. Every value is validated here, once: the rules engine
 and the cost model can then trust it. Unknown keys are rejected (a typo must not silently
 fall back to a default) and every error names the allowed values.
@@ -225,7 +225,7 @@ def load_profile(path: str | Path) -> TeamProfile:
     except FileNotFoundError:
         raise UserError(
             f"profile {str(path)!r} does not exist; write a template with "
-            "'sextant advise --init PATH'"
+            "'sextant advise init PATH'"
         ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read profile {str(path)!r}: {exc}") from None
@@ -277,7 +277,7 @@ def write_template(path: str | Path) -> Path:
     """Write the commented template; refuse to overwrite an existing file."""
     path = Path(path)
     if path.exists():
-        raise UserError(f"{str(path)!r} already exists; pass another path to --init or remove it")
+        raise UserError(f"{str(path)!r} already exists; pass another path to 'sextant advise init' or remove it")
     if not path.parent.exists():
         raise UserError(f"directory {str(path.parent)!r} does not exist; create it first")
     path.write_text(TEMPLATE, encoding="utf-8")
@@ -351,12 +351,12 @@ def _convert(question: Question, reply: str) -> Any:
         raise UserError(f"{question.key}: received {reply!r}; allowed: yes, no")
     if question.kind in ("number", "integer"):
         try:
-            value = int(reply) if question.kind == "integer" else float(reply)
+            number: int | float = int(reply) if question.kind == "integer" else float(reply)
         except ValueError:
             kind = "an integer" if question.kind == "integer" else "a number"
             raise UserError(f"{question.key}: received {reply!r}; expected {kind}") from None
-        _check_positive(question.key, value, integer=question.kind == "integer")
-        return value
+        _check_positive(question.key, number, integer=question.kind == "integer")
+        return number
     return reply.strip()
 
 

@@ -6,16 +6,19 @@ evidence labelled 'measured' or 'rule of thumb', cost assumptions, the sensitivi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.advisor.engine import Advice, BreakEven, Cost, Ranked, input_text
 from sextant.advisor.evidence import Evidence
 from sextant.advisor.rules import RuleSet
 from sextant.advisor.vocab import MEASURED, PLANNED
 
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+
 
 def _cost_dict(cost: Cost) -> dict[str, Any]:
-    return {name: getattr(cost, name) for name in Cost.__slots__}  # type: ignore[attr-defined]
+    return {name: getattr(cost, name) for name in Cost.__slots__}
 
 
 def to_dict(advice: Advice) -> dict[str, Any]:
@@ -188,10 +191,11 @@ def print_advice(advice: Advice, console: Any) -> None:
     for note in advice.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     table = Table(title="Ranking", title_justify="left")
-    for name, justify in (("#", "right"), ("candidate", "left"), ("score", "right"),
-                          ("TCO", "right"), ("compute", "right"), ("people", "right"),
-                          ("key reasons", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("#", "right"), ("candidate", "left"), ("score", "right"), ("TCO", "right"),
+        ("compute", "right"), ("people", "right"), ("key reasons", "left"))
+    for name, justify in columns:
+        table.add_column(name, justify=justify)
     for r in advice.ranking:
         style = "bold green" if r.rank == 1 else None
         table.add_row(str(r.rank), r.candidate, f"{r.score:.2f}", money(r.cost.total_usd),
@@ -216,9 +220,10 @@ def print_advice(advice: Advice, console: Any) -> None:
         ev = Table(title="Evidence", title_justify="left")
         for name in ("candidate", "metric", "value", "source", "how"):
             ev.add_column(name, overflow="fold")
-        for e in advice.evidence:
-            source = _source_markup(e.source)
-            ev.add_row(e.candidate, e.metric, evidence_value(e), source, escape(e.detail))
+        for item in advice.evidence:
+            source = _source_markup(item.source)
+            ev.add_row(item.candidate, item.metric, evidence_value(item), source,
+                       escape(item.detail))
         console.print(ev)
 
     console.print("[bold]Cost assumptions[/bold]")

@@ -90,6 +90,11 @@ class Backend(Protocol):
         """Train the plan in this worker process; return this rank's raw measurements."""
         ...
 
+    def strategy_code(self, parallel: str) -> tuple[str, ...]:
+        """The "module:qualname" functions and classes that implement a parallel strategy
+        (sextant.backends.code_size counts their lines; empty: nothing strategy-specific)."""
+        ...
+
 
 class BackendBase:
     """Defaults for the optional parts of the `Backend` protocol; every backend inherits it."""

@@ -26,17 +26,22 @@ def _source(module: str) -> tuple[str, ast.Module]:
     return text, ast.parse(text)
 
 
-def _find(tree: ast.AST, qualname: str) -> ast.AST:
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def _find(tree: ast.Module, qualname: str) -> Definition:
     node: ast.AST = tree
+    found: Definition | None = None
     for part in qualname.split("."):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) \
                     and child.name == part:
-                node = child
+                node = found = child
                 break
         else:
             raise LookupError(f"{qualname}: not found")
-    return node
+    assert found is not None
+    return found
 
 
 def code_lines(entry: str) -> int:
@@ -49,12 +54,12 @@ def code_lines(entry: str) -> int:
     docstrings: set[int] = set()
     for sub in ast.walk(node):
         body = getattr(sub, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            docstrings.update(range(body[0].lineno, body[0].end_lineno + 1))
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                and isinstance(first.value.value, str):
+            docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
     count = 0
-    for number in range(node.lineno, node.end_lineno + 1):
+    for number in range(node.lineno, (node.end_lineno or node.lineno) + 1):
         stripped = lines[number - 1].strip()
         if stripped and not stripped.startswith("#") and number not in docstrings:
             count += 1

@@ -26,6 +26,7 @@ from sextant.checks import analyse
 from sextant.checks.result import CHECKS, SKIP, CheckResult
 from sextant.errors import RunFailed, UserError
 from sextant.monitor.metrics import merged_records, steps_by_rank, write_metrics
+from sextant.results.store import DEFAULT_DB
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -51,7 +52,7 @@ class CheckOptions:
     timeout_s: float = 900.0
     cluster: str | None = None
     """Emulated cluster the runs and the interconnect measurement span."""
-    runs_dir: Path = Path("sextant-results/runs")
+    runs_dir: Path = DEFAULT_DB.parent / "runs"
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment for the training workers (the tests set SEXTANT_TEST_FAULT here)."""
 

@@ -13,6 +13,7 @@ from sextant.claims.check import (
     Claim,
     check_claims,
     run_field,
+    run_label,
     speedup,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "Claim",
     "check_claims",
     "run_field",
+    "run_label",
     "speedup",
 ]

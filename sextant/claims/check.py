@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sextant.errors import UserError
 from sextant.measure.intervals import (
     CONFIDENCE,
     HOLDS,
@@ -37,6 +38,7 @@ from sextant.measure.intervals import (
     verdict_at_least,
     verdict_below,
 )
+from sextant.strategy import Strategy
 
 NOT_MEASURED = "not measured"
 VERDICTS = (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED)
@@ -129,13 +131,20 @@ def _workload_key(run: Mapping[str, Any]) -> str:
                or json.dumps(run.get("workload") or {}, sort_keys=True))
 
 
-def _label(run: Mapping[str, Any]) -> str:
+def run_label(run: Mapping[str, Any]) -> str:
+    """A run's short name: its stored `label`, else `Strategy.label` (the one definition) of
+    its strategy fields; only a record too incomplete to be a strategy falls back to its
+    framework and mode."""
     if run.get("label"):
         return str(run["label"])
-    parts = [run_field(run, "framework"), run_field(run, "mode")]
-    if run_field(run, "parallel") != "single":
-        parts.append(f"{run_field(run, 'parallel')} x{run_field(run, 'workers')}")
-    return " ".join(str(p) for p in parts)
+    names = {f.name for f in dataclasses.fields(Strategy)}
+    fields = {k: v for k, v in (run.get("strategy") or {}).items() if k in names}
+    fields.update({k: run[k] for k in names if run.get(k) is not None})
+    try:
+        return Strategy.from_dict(fields).label
+    except (TypeError, ValueError, UserError):
+        return f"{run_field(run, 'framework')} {run_field(run, 'mode')}"
+
 
 
 def _plain(run: Mapping[str, Any]) -> bool:
@@ -239,7 +248,7 @@ def _ids(*runs: Mapping[str, Any]) -> tuple[Any, ...]:
 # -- the claims -------------------------------------------------------------------------
 
 def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="compile", claim="torch.compile gives a 10-30% speed-up",
         compared="torch compiled vs torch eager, one process each",
         rule=f"holds if the interval of eager / compiled step time is >= "
@@ -251,13 +260,13 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
     compiled = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
                      and run_field(r, "mode") == "compiled" and _plain(r))
     ratio = speedup(eager, compiled, runs) if eager and compiled else None
-    if ratio is None:
+    if eager is None or compiled is None or ratio is None:
         missing = "torch eager" if eager is None else "torch compiled"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason=f"no one-process {missing} run of this workload")
     value, low, high = ratio
     figure = f"{_x(value)}: {_faster('compiled', value)}{_span(low, high)}"
-    detail = (f"{_label(eager)} {_ms(eager)} ms vs {_label(compiled)} {_ms(compiled)} ms "
+    detail = (f"{run_label(eager)} {_ms(eager)} ms vs {run_label(compiled)} {_ms(compiled)} ms "
               "median step")
     return Claim(**base, verdict=verdict_at_least(low, high, COMPILE_MIN_SPEEDUP),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
@@ -265,7 +274,7 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
 
 
 def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="jax-vs-eager",
         claim="JAX (XLA) is faster than eager PyTorch and saves ~20% compute",
         compared="jax (jit) vs torch eager, one process each",
@@ -280,7 +289,7 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
            or _pick(runs, lambda r: run_field(r, "framework") == "jax" and _single(r)
                     and _plain(r)))
     ratio = speedup(torch, jax, runs) if torch and jax else None
-    if ratio is None:
+    if torch is None or jax is None or ratio is None:
         missing = "torch eager" if torch is None else "jax"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason=f"no one-process {missing} run of this workload")
@@ -288,7 +297,7 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
     saving = 1 - 1 / value
     figure = (f"{_x(value)}: JAX's step takes {abs(saving) * 100:.0f}% "
               f"{'less' if saving >= 0 else 'more'} time{_span(low, high)}")
-    detail = f"{_label(torch)} {_ms(torch)} ms vs {_label(jax)} {_ms(jax)} ms median step"
+    detail = f"{run_label(torch)} {_ms(torch)} ms vs {run_label(jax)} {_ms(jax)} ms median step"
     return Claim(**base, verdict=verdict_at_least(low, high, 1 / (1 - JAX_MIN_SAVING)),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(torch, jax))
@@ -296,14 +305,14 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
 
 def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                           ) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="mixed-precision", claim="Mixed precision (bf16) roughly doubles training speed",
         compared="bf16 vs fp32, same framework, mode, parallel strategy and workers",
         rule=f"holds if the interval of fp32 / bf16 step time is >= {MIXED_MIN_SPEEDUP:.1f}x "
              "(middle pair of several)",
         unit="speed-up (x)",
     )
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for low_p in runs:
         if run_field(low_p, "precision") != "bf16" or run_field(low_p, "compress") != "none":
             continue
@@ -318,7 +327,7 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason="no bf16 run with a matching fp32 run of this workload")
     full, low_p, (value, low, high) = _median_item(pairs, key=lambda p: p[2][0])
-    details = tuple(f"{_label(f)} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
+    details = tuple(f"{run_label(f)} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
                     for f, b, r in pairs)
     return Claim(**base, verdict=verdict_at_least(low, high, MIXED_MIN_SPEEDUP),
                  figure=f"{_x(value)} faster in bf16{_span(low, high)}", value=value, low=low,
@@ -335,13 +344,13 @@ def _compute_s(run: Mapping[str, Any]) -> float | None:
 
 
 def _with_compress(run: Mapping[str, Any]) -> str:
-    label, compress = _label(run), str(run_field(run, "compress"))
+    label, compress = run_label(run), str(run_field(run, "compress"))
     return label if compress in label else f"{label} ({compress})"
 
 
 def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                       ) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="compression",
         claim="Gradient compression trades CPU time for network bandwidth",
         compared="data-parallel run with gradient compression vs the same run without",
@@ -349,7 +358,7 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
              "communication) rises, both over their whole intervals (needs --repeats >= 2)",
         unit="exposed communication with / without (x)",
     )
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for comp in runs:
         if run_field(comp, "compress") == "none" or _single(comp):
             continue
@@ -362,7 +371,8 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
             continue
         comm_c, comm_p = _metric(comp, "exposed_comm_s"), _metric(plain, "exposed_comm_s")
         work_c, work_p = _compute_s(comp), _compute_s(plain)
-        if None in (comm_c, comm_p, work_c, work_p) or comm_p <= 0 or work_p <= 0:
+        if (comm_c is None or comm_p is None or work_c is None or work_p is None
+                or comm_p <= 0 or work_p <= 0):
             continue
         pairs.append((plain, comp, comm_c / comm_p, work_c / work_p))
     if not pairs:
@@ -374,7 +384,7 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
     figure = (f"exposed communication {_x(comm_ratio)}, compute {_x(work_ratio)}"
               + (f"; step {_x(step[0])} faster{_span(step[1], step[2])}" if step else ""))
     details = tuple(
-        f"{_with_compress(c)} vs {_label(p)}: exposed comm "
+        f"{_with_compress(c)} vs {run_label(p)}: exposed comm "
         f"{_ms_of(_metric(p, 'exposed_comm_s'))} -> {_ms_of(_metric(c, 'exposed_comm_s'))} ms, "
         f"compute {_ms_of(_compute_s(p))} -> {_ms_of(_compute_s(c))} ms"
         for p, c, _, _ in pairs
@@ -417,7 +427,7 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
     multi = [r for r in runs if _multi(r) and _plain(r) and _metric(r, "step_time_median_s")]
     frameworks = list(dict.fromkeys(str(run_field(r, "framework")) for r in multi)) or ["torch"]
     workers = max((int(run_field(r, "workers")) for r in multi), default=2)
-    base = dict(
+    base: dict[str, Any] = dict(
         id="workers-slower", claim="Adding workers can make training slower",
         compared="throughput of each multi-worker run vs one process, same framework and "
                  "mode, same global batch",
@@ -426,7 +436,7 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
         unit="throughput multi / single (x)",
         command=_compare_cmd(workload, frameworks, workers),
     )
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for run in multi:
         if any(_config(r) == _config(run) for _, r, _ in pairs):
             continue  # another trial of a configuration already paired
@@ -441,9 +451,9 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                      reason="no multi-worker run with a one-process run of the same framework "
                             "and mode")
     single, run, (value, low, high) = min(pairs, key=lambda p: p[2][0])
-    details = tuple(f"{_label(r)}: {_x(v)} the throughput of {_label(s)}{_span(lo, hi)}"
+    details = tuple(f"{run_label(r)}: {_x(v)} the throughput of {run_label(s)}{_span(lo, hi)}"
                     for s, r, (v, lo, hi) in pairs)
-    figure = (f"{_label(run)}: {_x(value)} the throughput of {_label(single)}"
+    figure = (f"{run_label(run)}: {_x(value)} the throughput of {run_label(single)}"
               f"{_span(low, high)}")
     each = [verdict_below(lo, hi, SLOWER_BELOW) for _, _, (_, lo, hi) in pairs]
     verdict = (HOLDS if HOLDS in each else NOT_HOLD if all(v == NOT_HOLD for v in each)
@@ -464,7 +474,7 @@ def _rss_range(run: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
-    base = dict(
+    base: dict[str, Any] = dict(
         id="tf-memory", claim="TensorFlow uses less memory than PyTorch and JAX",
         compared="peak RSS per worker, same parallel strategy and workers, each framework "
                  "at its leanest mode",
@@ -476,16 +486,17 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
     )
     leanest: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
     for run in runs:
-        if not _plain(run) or not _metric(run, "peak_rss_bytes"):
+        peak = _metric(run, "peak_rss_bytes")
+        if not _plain(run) or not peak:
             continue
         config = (run_field(run, "parallel"), int(run_field(run, "workers")),
                   int(run_field(run, "devices_per_worker")))
         per_fw = leanest.setdefault(config, {})
         fw = str(run_field(run, "framework"))
-        if fw not in per_fw or (_metric(run, "peak_rss_bytes")
-                                < _metric(per_fw[fw], "peak_rss_bytes")):
+        best = _metric(per_fw[fw], "peak_rss_bytes") if fw in per_fw else None
+        if best is None or peak < best:
             per_fw[fw] = run
-    pairs = []
+    pairs: list[tuple[Any, ...]] = []
     for config in sorted(leanest, key=str):
         per_fw = leanest[config]
         tf = per_fw.get("tensorflow")
@@ -499,9 +510,12 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
             if iv is not None and iv[1] is not None:
                 value, low, high = iv
             else:  # one trial a side: the range over ranks stands in for the interval
-                value = _metric(tf, "peak_rss_bytes") / _metric(other, "peak_rss_bytes")
-                t_lo, t_hi = _rss_range(tf)
-                o_lo, o_hi = _rss_range(other)
+                t_peak, o_peak = _metric(tf, "peak_rss_bytes"), _metric(other, "peak_rss_bytes")
+                t_range, o_range = _rss_range(tf), _rss_range(other)
+                if t_peak is None or o_peak is None or t_range is None or o_range is None:
+                    continue  # not reached: `leanest` holds runs with a peak RSS only
+                value = t_peak / o_peak
+                (t_lo, t_hi), (o_lo, o_hi) = t_range, o_range
                 low, high = t_lo / o_hi, t_hi / o_lo
             pairs.append((tf, other, value, low, high))
     if not pairs:
@@ -511,9 +525,9 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
                   "no TensorFlow run of this workload (pip install 'sextant[tensorflow]')")
         return Claim(**base, verdict=NOT_MEASURED, figure="-", reason=reason)
     tf, other, value, low, high = max(pairs, key=lambda p: p[2])
-    details = tuple(f"{_label(t)} {_mb(t)} MB vs {_label(o)} {_mb(o)} MB: {_x(v)}"
+    details = tuple(f"{run_label(t)} {_mb(t)} MB vs {run_label(o)} {_mb(o)} MB: {_x(v)}"
                     for t, o, v, _, _ in pairs)
-    figure = (f"{_label(tf)} {_mb(tf)} MB vs {_label(other)} {_mb(other)} MB: {_x(value)}"
+    figure = (f"{run_label(tf)} {_mb(tf)} MB vs {run_label(other)} {_mb(other)} MB: {_x(value)}"
               + (f" (interval {low:.2f}-{high:.2f}x)" if high - low > 1e-9 else ""))
     each = [verdict_below(lo, hi, LESS_MEMORY_BELOW) for _, _, _, lo, hi in pairs]
     verdict = (HOLDS if all(v == HOLDS for v in each) else NOT_HOLD if NOT_HOLD in each

@@ -33,6 +33,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
@@ -100,9 +101,9 @@ class Cluster:
                 "gateway": self.gateway}
 
     @classmethod
-    def from_dict(cls, d: dict[str, object]) -> Cluster:
-        hosts = tuple(Host(**h) for h in d["hosts"])  # type: ignore[arg-type, union-attr]
-        return cls(name=str(d["name"]), hosts=hosts, link=Link(**d["link"]),  # type: ignore[arg-type]
+    def from_dict(cls, d: dict[str, Any]) -> Cluster:
+        hosts = tuple(Host(**h) for h in d["hosts"])
+        return cls(name=str(d["name"]), hosts=hosts, link=Link(**d["link"]),
                    created_at=str(d.get("created_at", "")), gateway=str(d.get("gateway", "")))
 
 

@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, console
+from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, db_path
+from sextant.display import console
 from sextant.errors import UserError
+from sextant.strategy import FRAMEWORKS
 
 EXIT_FAILED = 3
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
@@ -38,7 +40,8 @@ def register(sub: Any) -> None:
                     "3 a check failed (--strict: or warned), 2 bad input.")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
                    help=f"workload TOML file or bundled name (default: {DEFAULT_WORKLOAD})")
-    p.add_argument("--framework", default="torch", help="torch (default), jax or tensorflow")
+    p.add_argument("--framework", default="torch",
+                   help=f"{', '.join(FRAMEWORKS)} (default: torch)")
     p.add_argument("--mode", default=None, help="eager or compiled (default: the framework's)")
     p.add_argument("--parallel", default="dp",
                    help="multi-worker strategy of the checks (default: dp)")
@@ -113,8 +116,10 @@ def _figure(value: float | None, unit: str) -> str:
 
 def render(results: list[Any], out: Console) -> None:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for name, justify in (("check", "left"), ("result", "left"), ("measured", "right"),
-                          ("threshold", "right"), ("", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("check", "left"), ("result", "left"), ("measured", "right"), ("threshold", "right"),
+        ("", "left"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, overflow="fold")
     for r in results:
         style = _STYLE[r.status]
@@ -163,7 +168,6 @@ def render(results: list[Any], out: Console) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sextant.checks.suite import CheckOptions, parse_only, run_checks
-    from sextant.results.store import default_path
     from sextant.workload import resolve_workload
 
     only = parse_only(args.only)
@@ -174,7 +178,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1. Received: {args.threads}")
     workload = resolve_workload(args.workload)
-    db = args.db if args.db is not None else default_path()
+    db = db_path(args)
     opts = CheckOptions(
         workload=workload, framework=args.framework, mode=args.mode, parallel=args.parallel,
         workers=args.workers, threads=args.threads, steps=args.steps, only=only,
@@ -183,7 +187,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         scaling_tolerance=args.scaling_tolerance, timeout_s=args.timeout, cluster=args.cluster,
         runs_dir=Path(db).parent / "runs",
     )
-    err = Console(stderr=True, highlight=False)
+    err = console(None, stderr=True)
 
     def say(msg: str) -> None:
         err.print(f"[dim]check:[/dim] {escape(msg)}")

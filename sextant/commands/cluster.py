@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from sextant.cluster import emulated, slurm_lab
-from sextant.commands.common import console
+from sextant.display import console
 
 DEFAULT_NAME = "sx"
 

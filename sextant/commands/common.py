@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.stats import max_loss_diff
-from sextant.results.store import ResultsStore, default_path
+from sextant.results.store import DEFAULT_DB, ResultsStore, default_path
 
 DEFAULT_WORKLOAD = "gpt-tiny"
 
@@ -28,10 +30,23 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def add_store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", type=Path, default=None,
-                   help="results database (default: $SEXTANT_RESULTS or "
-                        "./sextant-results/results.db)")
+def add_store_args(p: argparse.ArgumentParser, *, purpose: str = "results database",
+                   hidden: bool = False) -> None:
+    """The one `--db` flag of every command that reads or writes the results store."""
+    p.add_argument("--db", type=Path, default=None, metavar="PATH",
+                   help=argparse.SUPPRESS if hidden else
+                   f"{purpose} (default: $SEXTANT_RESULTS or ./{DEFAULT_DB.as_posix()})")
+
+
+def db_path(args: argparse.Namespace) -> Path:
+    """The results database a command uses: `--db`, else $SEXTANT_RESULTS, else the default."""
+    return args.db if args.db is not None else default_path()
+
+
+def deprecated(old: str, new: str) -> None:
+    """One line on stderr for a spelling kept for one release; the exit code is unchanged."""
+    sys.stderr.write(f"sextant: warning: 'sextant {old}' is deprecated and goes in the next "
+                     f"release; use 'sextant {new}'\n")
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -80,50 +95,11 @@ def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore:
-    return ResultsStore(args.db if args.db is not None else default_path(), create=create)
+    return ResultsStore(db_path(args), create=create)
 
 
 def runs_dir(store: ResultsStore) -> Path:
     return store.path.parent / "runs"
-
-
-def console() -> Console:
-    """stdout console; off a terminal (CI logs, pipes) wide enough for the comparison table."""
-    out = Console(highlight=False)
-    if not out.is_terminal and out.width < 160:
-        out = Console(highlight=False, width=160)
-    return out
-
-
-def fmt_ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
-
-
-def fmt_bytes_mb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f}"
-
-
-def fmt_rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
-
-
-def fmt_loss(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4f}"
-
-
-def fmt_signed_pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.0f}%"
-
-
-def fmt_share(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 100:.0f}%" if x >= 0 else f"{x * 100:.0f}% (noise)"
 
 
 class RunProgress:
@@ -169,7 +145,7 @@ class RunProgress:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
     def start(self, label: str, steps: int, workload: Any = None) -> None:
@@ -210,9 +186,9 @@ class RunProgress:
         if not self.live:
             if error:
                 self.console.print(f"{label}: failed: {error}", markup=False)
-            else:
-                m = record["metrics"]  # type: ignore[index]
-                ranks = record.get("ranks") or []  # type: ignore[union-attr]
+            elif record is not None:
+                m = record["metrics"]
+                ranks = record.get("ranks") or []
                 rss = "|".join(fmt_bytes_mb(r.get("peak_rss_bytes")) for r in ranks)
                 comm = m.get("exposed_comm_share")
                 self.console.print(
@@ -241,20 +217,23 @@ class RunProgress:
 def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
     """Medians and spreads side by side; speed-up and loss difference against the first row."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("run", "left"), ("procs x thr", "right"), ("step ms", "right"), ("p10-p90", "right"),
         ("tokens/s", "right"), ("speed-up", "right"), ("1st step s", "right"),
         ("RSS MB/proc", "right"), ("exposed comm", "right"), ("final loss", "right"),
         ("max |Δloss|", "right"),
-    ):
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
-    ref = records[0] if records else None
+    if not records:
+        return table
+    ref = records[0]
     for rec in records:
         m = rec["metrics"]
         s = rec["strategy"]
-        ref_median = ref["metrics"]["step_time_median_s"]  # type: ignore[index]
+        ref_median = ref["metrics"]["step_time_median_s"]
         median = m["step_time_median_s"]
-        diff = max_loss_diff(rec["losses"], ref["losses"])  # type: ignore[index]
+        diff = max_loss_diff(rec["losses"], ref["losses"])
         table.add_row(
             rec["label"],
             f"{s['workers']} x {m.get('threads_per_worker') or '?'}",

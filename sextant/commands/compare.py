@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import uuid
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.markup import escape
@@ -18,7 +19,6 @@ from sextant.commands.common import (
     DEFAULT_WORKLOAD,
     RunProgress,
     add_run_args,
-    console,
     open_store,
     runs_dir,
 )
@@ -30,6 +30,7 @@ from sextant.commands.trials import (
     disturbed_lines,
     trials_table,
 )
+from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
@@ -66,7 +67,8 @@ def register(sub: Any) -> None:
                         "fsdp, tp, pp, dp x tp) on torch and jax over a Llama-shaped workload "
                         "(default llama-tiny) and show step time, communication, memory per "
                         "rank and the lines of sextant code each layout needed")
-    p.set_defaults(func=cmd_compare)
+    # None: gpt-tiny, or llama-tiny with --layouts (an explicit gpt-tiny is refused there).
+    p.set_defaults(func=cmd_compare, workload=None)
 
 
 def _frameworks(spec: str | None) -> list[str]:
@@ -96,7 +98,8 @@ def lever_strategies(framework: str, workers: int) -> list[Strategy]:
     if not available(framework):
         raise UserError(f"{framework}: not installed (pip install 'sextant[{backend.extra}]')")
     mode = backend.capabilities().modes[0]
-    base = {"framework": framework, "mode": mode, "parallel": "dp", "workers": workers}
+    base: dict[str, Any] = {"framework": framework, "mode": mode, "parallel": "dp",
+                            "workers": workers}
     out = [Strategy(**base)]
     for lever in LEVERS:
         fields = {**base, **lever}
@@ -160,12 +163,12 @@ def layouts_not_run(frameworks: list[str]) -> list[str]:
     return out
 
 
-def layout_table(records: list[dict[str, Any]]) -> Any:
+def layout_table(records: Sequence[Mapping[str, Any]]) -> Any:
     """The parallelism spectrum: per layout, what it cost and what it needed."""
     from rich.table import Table
 
     from sextant.backends.code_size import strategy_lines
-    from sextant.commands.common import fmt_ms, fmt_share
+    from sextant.display import fmt_ms, fmt_share
 
     table = Table(title="parallel layouts (per rank; comm: payload bytes of the collectives one "
                         "step issued, counted (torch) or read from the compiled HLO (jax); "
@@ -215,11 +218,11 @@ def layout_comm_bytes(rank: dict[str, Any]) -> float | None:
     return planned
 
 
-def lever_table(records: list[dict[str, Any]]) -> Any:
+def lever_table(records: Sequence[Mapping[str, Any]]) -> Any:
     """What each lever changed against the first (baseline) record."""
     from rich.table import Table
 
-    from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_share
+    from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
 
     base = records[0]
     table = Table(title=f"levers against {base['label']}", title_justify="left",
@@ -251,8 +254,8 @@ def lever_table(records: list[dict[str, Any]]) -> Any:
 def cmd_compare(args: argparse.Namespace) -> int:
     if args.layouts and args.levers:
         raise UserError("--layouts and --levers are two different comparisons; give one")
-    if args.layouts and args.workload == DEFAULT_WORKLOAD:
-        args.workload = "llama-tiny"
+    if args.workload is None:
+        args.workload = "llama-tiny" if args.layouts else DEFAULT_WORKLOAD
     workload = load_with_steps(args)
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1. Received: {args.workers}")

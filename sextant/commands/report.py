@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sextant.commands.common import add_store_args, console, open_store
+from sextant.commands.common import add_store_args, open_store
+from sextant.display import console
 from sextant.errors import UserError
 
 FORMATS = ("html", "md", "json")
@@ -67,7 +68,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(f"unknown --format {args.format!r}; allowed: {', '.join(FORMATS)}")
     if args.profile is not None and not args.profile.is_file():
         raise UserError(f"--profile {args.profile}: no such file; write one with "
-                        "'sextant advise --init' or use examples/profiles/*.toml")
+                        "'sextant advise init' or use examples/profiles/*.toml")
     if args.plan is not None and args.profile is None:
         raise UserError("--plan gives the advisor's training hours: it needs --profile FILE")
     if args.calibration is not None:

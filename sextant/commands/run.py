@@ -14,16 +14,16 @@ from sextant.commands.common import (
     add_lever_args,
     add_run_args,
     comparison_table,
-    console,
     lever_fields,
     open_store,
     runs_dir,
 )
 from sextant.commands.trials import add_repeats_arg, run_trials
+from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
-from sextant.strategy import TENSOR_PARALLEL, Strategy
+from sextant.strategy import FRAMEWORKS, TENSOR_PARALLEL, Strategy
 from sextant.workload import Workload, resolve_workload, workload_source
 
 
@@ -52,7 +52,8 @@ def register(sub: Any) -> None:
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
     """The strategy of one run (framework, mode, parallelism, levers)."""
-    p.add_argument("--framework", default="torch", help="torch (default), jax or tensorflow")
+    p.add_argument("--framework", default="torch",
+                   help=f"{', '.join(FRAMEWORKS)} (default: torch)")
     p.add_argument("--mode", default=None,
                    help="eager or compiled (default: the framework's usual way: eager for "
                         "torch, compiled (jit) for jax)")

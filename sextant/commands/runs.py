@@ -13,7 +13,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from sextant.commands.common import add_store_args, console, fmt_ms, fmt_rate, open_store
+from sextant.commands.common import add_store_args, open_store
+from sextant.display import console, fmt_ms, fmt_rate
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
 from sextant.results.store import finite_json
@@ -58,9 +59,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_column(col)
     for r in runs:
         m = r["metrics"]
-        s = r["strategy"]
-        label = f"{s['framework']} {s['mode']} {s['parallel']} x{s['workers']}"
-        table.add_row(str(r["id"]), r["created_at"][:19], escape(r["workload_name"]), label,
+        table.add_row(str(r["id"]), r["created_at"][:19], escape(r["workload_name"]),
+                      escape(r["label"]),
                       escape(r["status"]) + (" (disturbed)" if m.get("disturbed") else ""),
                       fmt_ms(m.get("step_time_median_s")), fmt_rate(m.get("tokens_per_s")),
                       f"{m['final_loss']:.4f}" if m.get("final_loss") is not None else "-",

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sextant.commands.common import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
+from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.intervals import CONFIDENCE, speedup_interval
 from sextant.measure.stats import max_loss_diff
 
@@ -126,7 +126,8 @@ def run_trials(args: argparse.Namespace, workload: Any, strategy: Any, *,
     from rich.markup import escape
     from rich.text import Text
 
-    from sextant.commands.common import RunProgress, console, open_store, runs_dir
+    from sextant.commands.common import RunProgress, open_store, runs_dir
+    from sextant.display import console
     from sextant.runner import execute
     from sextant.workload import workload_source
 

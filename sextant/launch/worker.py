@@ -72,7 +72,7 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
     try:
         backend = get_backend(ctx.strategy.framework)
         result = backend.run(ctx)
-        result.update(rank=ctx.rank, world=ctx.world)
+        result["rank"], result["world"] = ctx.rank, ctx.world
         if ctx.fault and f"fingerprint-rank-{ctx.rank}" in ctx.fault.split(","):
             # Test hook: this rank reports another framework version, as a node with a
             # different install would.

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 
-def time_collective(op: Callable[[], object]) -> tuple[float, float, float, int]:
+def time_collective(op: Callable[..., object]) -> tuple[float, float, float, int]:
     """(median, p10, p90, repetitions) of `op()` in seconds on this rank.
 
     Three untimed calls warm the connection up; then every rank runs the same number of timed

@@ -30,15 +30,18 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.errors import TrainingDiverged
 from sextant.fsutil import atomic_write_json
 from sextant.measure import memory
 
+if TYPE_CHECKING:  # the contracts import the workload and strategy modules
+    from sextant.backends.contracts import WorkerContext
+
 
 def timed_training(
-    ctx: Any,
+    ctx: WorkerContext,
     *,
     fetch: Callable[[int], Any],
     step: Callable[[Any], Any],
@@ -104,7 +107,7 @@ def timed_training(
             loss_now = None
         ctx.emit("step", step=i + 1, loss=loss_now, step_time_s=step_times[-1],
                  data_time_s=data_times[-1], rows=rows[-1], rss_bytes=memory.current_rss())
-        if every and (i + 1) % every == 0:
+        if every and checkpoint is not None and (i + 1) % every == 0:
             flush()
             tc = time.perf_counter()
             checkpoint(i + 1)
@@ -144,7 +147,7 @@ def timed_training(
     }
 
 
-def check_finite(ctx: Any, losses: list[float], grad_norms: list[float], start_step: int,
+def check_finite(ctx: WorkerContext, losses: list[float], grad_norms: list[float], start_step: int,
                  checked: int = 0) -> None:
     """Stop a diverged run: the first non-finite loss or gradient norm raises
     TrainingDiverged naming the step, rank and value, after writing
@@ -188,7 +191,7 @@ class Faults:
     fingerprint-rank-R (worker).
     """
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: WorkerContext) -> None:
         self.rank = ctx.rank
         self.kill_at: int | None = None
         self.straggle_s = 0.0

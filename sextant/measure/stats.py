@@ -49,7 +49,7 @@ def max_loss_diff(losses: Sequence[float | None], reference: Sequence[float | No
         return None
     worst = 0.0
     for a, b in zip(losses[:n], reference[:n]):
-        if not (_finite(a) and _finite(b)):
+        if a is None or b is None or not (_finite(a) and _finite(b)):
             return math.inf
         worst = max(worst, abs(a - b))
     return worst

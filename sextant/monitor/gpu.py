@@ -28,7 +28,7 @@ class GpuSampler:
         self._lib: Any = None
         self._handles: list[Any] = []
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             self._nvml = pynvml

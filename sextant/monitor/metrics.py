@@ -93,7 +93,7 @@ def validate_record(record: Any) -> None:
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """The complete lines of one rank's event file (a torn last line is skipped)."""
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         text = path.read_text()
     except FileNotFoundError:

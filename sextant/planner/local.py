@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sextant.errors import UserError
 from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
 from sextant.planner.comms import STRATEGY_ZERO_STAGE
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
@@ -65,6 +66,9 @@ def figures(cat: Catalogue, framework: str, shape: TransformerShape | MLPShape, 
             precision: str, efficiency: float) -> dict[str, Any]:
     """The planner's figures for one layout on this machine, with the GEMM rate of the
     framework's own library where calibrate measured it."""
+    if cat.calibration is None:  # the callers load a calibrated catalogue first
+        raise UserError("the planner's local figures need this machine's calibration: run "
+                        "'sextant calibrate' first (or pass --calibration FILE)")
     machine = cat.with_calibration(cat.calibration, library=framework)
     opts = PlanOptions(precision=precision, global_batch=shape.global_batch,
                        compute_efficiency=efficiency, fixed_overhead_gb=FIXED_OVERHEAD_GB)

@@ -200,7 +200,7 @@ class TransformerShape:
         q, kv = self.n_heads * self.hd, self.n_kv_heads * self.hd
         masks = 2 * h if self.dropout else 0  # two 1-byte dropout masks of h per token
         replicated = 4 * h + 2 * h + 2 * h + masks  # LN inputs, QKV input, MLP input, masks
-        mlp_inner = (6 if self.gated_mlp else 4) * f  # gate, up, product | GeLU in, out
+        mlp_inner: float = (6 if self.gated_mlp else 4) * f  # gate, up, product | GeLU in, out
         if self.n_experts:
             # Each token's k expert MLPs, padded to the capacity (plus the router logits).
             fe = self.moe_d_ff or f
@@ -230,7 +230,8 @@ class TransformerShape:
         # ones recomputed with every elementwise op; the attention kernel's output is kept.
         fe_op = (self.moe_d_ff or f) * (self.top_k * self.capacity_factor if self.n_experts else 1)
         mlp_in = [(h, fe_op), (h, fe_op)] if self.gated_mlp else [(h, fe_op)]
-        mms = [(h, q, True), (h, kv, True), (h, kv, True), (q, h, False)]
+        mms: list[tuple[float, float, bool]] = [(h, q, True), (h, kv, True), (h, kv, True),
+                                                (q, h, False)]
         mms += [(k, m_, True) for k, m_ in mlp_in] + [(fe_op, h, False)]
         op_flops = sum(2 * k * m_ for i, (k, m_, _) in enumerate(mms) if i % 2 == 1)
         op_split = 2 * q + sum(2 * m_ for i, (_, m_, col) in enumerate(mms) if i % 2 == 0 and col)

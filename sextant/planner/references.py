@@ -33,7 +33,7 @@ class Reference:
     quantity: str
     unit: str
     published: float
-    planner: Callable[[], float]
+    planner: Callable[..., float]  # lambdas bind their loop variable as a default argument
     setting: str
     command: str = ""
     kind: str = "end-to-end"

@@ -56,7 +56,7 @@ def enumerate_layouts(
     if "tp" in fixed:
         tps = [t for t in tps if t == fixed["tp"]]
     s = cost.tokens_per_sample
-    rows = []  # (dp, tp, pp, mbs, cp, ep)
+    rows: list[tuple[int, ...]] = []  # (dp, tp, pp, mbs, cp, ep)
     for tp in tps:
         # Context parallelism is searched for long sequences (>= 16K tokens) or when pinned.
         cps = [1]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
-from sextant.commands.common import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
+from sextant.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
 from sextant.report.charts import (
@@ -199,7 +199,7 @@ def _hero(report: Mapping[str, Any]) -> str:
              f'<p>This page shows measurements only. For a recommendation that weighs them '
              f'with your team, hardware and deadline, give a team profile:</p>'
              f'<p class="hint"><code>{e(rec["hint"])}</code></p>'
-             f'<p class="small">Write your own profile with <code>sextant advise --init</code>.'
+             f'<p class="small">Write your own profile with <code>sextant advise init</code>.'
              f'</p>')
     return f'<section class="hero"><div>{left}</div><div>{right}</div></section>'
 

@@ -53,11 +53,12 @@ def interconnect(runs: Sequence[Mapping[str, Any]], machine: Any = None) -> dict
             "name": _name(r, workers), "framework": fw, "parallel": key[2], "workers": workers,
             "single_id": single.get("id") if single else None, "points": {}, "fit": None})
         base = _tps(single) if single else None
+        tps = _tps(r)
         s["points"][float(net["link_bit_s"])] = {
             "link_gbit": float(net["link_bit_s"]) / 1e9, "hosts": len(net["hosts"]),
             "tokens_per_s": _tps(r), "id": r.get("id"),
             "exposed_share": (r.get("metrics") or {}).get("exposed_comm_share"),
-            "efficiency": _tps(r) / (workers * base) if base else None}
+            "efficiency": tps / (workers * base) if base and tps is not None else None}
         if s["fit"] is None and net.get("allreduce_fit"):
             s["fit"] = {**net["allreduce_fit"], "link_bit_s": float(net["link_bit_s"])}
     out = []

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sextant import __version__
-from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED, check_claims, run_field
+from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED, check_claims, run_field, run_label
 from sextant.measure.intervals import (
     CONFIDENCE,
     INCONCLUSIVE,
@@ -42,15 +42,6 @@ def _m(run: Mapping[str, Any], key: str) -> float | None:
     return _num((run.get("metrics") or {}).get(key))
 
 
-def label_of(run: Mapping[str, Any]) -> str:
-    if run.get("label"):
-        return str(run["label"])
-    parts = [str(run_field(run, "framework")), str(run_field(run, "mode"))]
-    if run_field(run, "parallel") != "single":
-        parts.append(f"{run_field(run, 'parallel')} x{run_field(run, 'workers')}")
-    return " ".join(parts)
-
-
 def _throughput(run: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
     """tokens/s median and its range from the step-time p90 (low) and p10 (high)."""
     tps, med = _m(run, "tokens_per_s"), _m(run, "step_time_median_s")
@@ -69,7 +60,7 @@ def _run_row(run: Mapping[str, Any], ref: Mapping[str, Any], index: int) -> dict
     return {
         "id": run.get("id"),
         "index": index,
-        "label": label_of(run),
+        "label": run_label(run),
         "framework": str(run_field(run, "framework")),
         "mode": run_field(run, "mode"),
         "parallel": run_field(run, "parallel"),
@@ -106,7 +97,7 @@ def trial_groups(runs: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, An
     holds a configuration's repeated trials."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for run in runs:
-        groups.setdefault(label_of(run), []).append(run)
+        groups.setdefault(run_label(run), []).append(run)
     return list(groups.values())
 
 
@@ -157,26 +148,26 @@ def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[s
         diff = max_loss_diff(list(run.get("losses") or []), ref_losses)
         if run is ref:  # compared with itself: only a NaN (a disagreement) is worth a figure
             diff = diff if diff == math.inf else None
-        per_run.append({"run": label_of(run), "id": run.get("id"),
+        per_run.append({"run": run_label(run), "id": run.get("id"),
                         "precision": run_field(run, "precision"),
                         "max_diff": diff,
                         "held_to_parity": run_field(run, "precision") == "fp32"})
     checked = [p["max_diff"] for p in per_run if p["held_to_parity"] and p["max_diff"] is not None]
     worst = max(checked, default=0.0)
     return {
-        "reference": label_of(ref),
+        "reference": run_label(ref),
         "atol": PARITY_ATOL,
         "max_diff": worst,
         "ok": worst <= PARITY_ATOL,
         "per_run": per_run,
-        "curves": [{"run": label_of(r), "losses": list(r.get("losses") or [])} for r in runs],
+        "curves": [{"run": run_label(r), "losses": list(r.get("losses") or [])} for r in runs],
         "note": ("runs in another precision than fp32 are shown but not held to parity"
                  if not all(p["held_to_parity"] for p in per_run) else ""),
     }
 
 
 def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    series = []
+    series: list[dict[str, Any]] = []
     multi = [r for r in rows if r["parallel"] != "single" and r["replicas"] > 1
              and r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
     kinds: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
@@ -275,7 +266,7 @@ def _memory(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             peak = _num(rank.get("peak_rss_bytes"))
             start = _num(rank.get("rss_start_bytes"))
             rows.append({
-                "run": label_of(run), "id": run.get("id"), "rank": rank.get("rank"),
+                "run": run_label(run), "id": run.get("id"), "rank": rank.get("rank"),
                 "rss_start_bytes": start, "peak_rss_bytes": peak,
                 "growth_bytes": (peak - start) if peak is not None and start is not None
                 else None,
@@ -284,7 +275,7 @@ def _memory(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "threads": (rank.get("fingerprint") or {}).get("threads"),
             })
         if not ranks and _m(run, "peak_rss_bytes") is not None:
-            rows.append({"run": label_of(run), "id": run.get("id"), "rank": None,
+            rows.append({"run": run_label(run), "id": run.get("id"), "rank": None,
                          "rss_start_bytes": None, "peak_rss_bytes": _m(run, "peak_rss_bytes"),
                          "growth_bytes": None, "data_wait_median_s": None,
                          "step_time_median_s": None, "threads": None})

@@ -195,7 +195,10 @@ class ResultsStore:
             if _is_locked(exc):
                 raise StoreLocked(self._locked_message()) from None
             raise
-        return int(cur.lastrowid)
+        row_id = cur.lastrowid
+        if row_id is None:  # sqlite3 sets it after every INSERT
+            raise RuntimeError("the results store did not report the new row's id")
+        return int(row_id)
 
     def _decode(self, row: sqlite3.Row) -> dict[str, Any]:
         out = {k: row[k] for k in row.keys() if k not in _JSON_COLUMNS}

@@ -102,16 +102,32 @@ def test_missing_store_is_one_note(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_init_writes_a_template_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "team.toml"
-    assert main(["advise", "--init", str(path)]) == 0
+    assert main(["advise", "init", str(path)]) == 0
     assert path.exists() and main(["advise", "--profile", str(path)]) == 0
-    assert main(["advise", "--init", str(path)]) == 2
+    assert main(["advise", "init", str(path)]) == 2
     assert "already exists" in capsys.readouterr().err
 
 
 def test_init_default_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    assert main(["advise", "init"]) == 0
+    assert (tmp_path / "sextant-profile.toml").exists()
+
+
+def test_old_init_flag_still_works_with_a_deprecation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
     assert main(["advise", "--init"]) == 0
     assert (tmp_path / "sextant-profile.toml").exists()
+    assert main(["advise", "--init", str(tmp_path / "b.toml")]) == 0
+    assert (tmp_path / "b.toml").exists()
+    out, err = capsys.readouterr()
+    assert out.count("wrote ") == 2
+    assert err.splitlines() == ["sextant: warning: 'sextant advise --init' is deprecated and "
+                                "goes in the next release; use 'sextant advise init'"] * 2
+    assert main(["advise", "--init", str(tmp_path / "b.toml")]) == 2  # exit code unchanged
+    assert "already exists" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -144,7 +160,7 @@ def test_no_profile_without_a_terminal_exits_2(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(isatty=lambda: False))
     assert main(["advise"]) == 2
     err = capsys.readouterr().err
-    assert "--profile" in err and "--init" in err
+    assert "--profile" in err and "advise init" in err
 
 
 def test_no_profile_on_a_terminal_asks(monkeypatch: pytest.MonkeyPatch,
@@ -165,17 +181,30 @@ def test_no_profile_on_a_terminal_asks(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_rules_listing(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["advise", "--rules"]) == 0
+    assert main(["advise", "rules"]) == 0
     assert "hw.ascend" in capsys.readouterr().out
-    assert main(["advise", "--rules", "--json"]) == 0
+    assert main(["advise", "rules", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["version"] == 1 and {"constraint", "rule", "evidence", "deadline"} == {
         r["kind"] for r in data["rules"]}
 
 
+@pytest.mark.parametrize("fmt", [[], ["--json"], ["--markdown"]])
+def test_old_rules_flag_still_works_with_a_deprecation(
+        fmt: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["advise", "rules", *fmt]) == 0
+    new_out, new_err = capsys.readouterr()
+    assert main(["advise", "--rules", *fmt]) == 0
+    old_out, old_err = capsys.readouterr()
+    assert old_out == new_out and new_err == ""
+    assert old_err == ("sextant: warning: 'sextant advise --rules' is deprecated and goes in "
+                       "the next release; use 'sextant advise rules'\n")
+
+
 def test_import_pulls_in_no_framework() -> None:
-    code = ("import sys, sextant.advisor, sextant.advisor.cli; "
-            "bad = {'torch', 'jax', 'tensorflow'} & set(sys.modules); assert not bad, bad")
+    code = ("import sys, sextant.advisor, sextant.commands.advise; "
+            "from sextant.strategy import FRAMEWORKS; "
+            "bad = set(FRAMEWORKS) & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 

@@ -92,7 +92,7 @@ def test_template_is_a_valid_profile_and_is_not_overwritten(tmp_path: Path) -> N
 
 
 def test_load_profile_errors(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="does not exist.*--init"):
+    with pytest.raises(UserError, match="does not exist.*advise init"):
         load_profile(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("hardware = nvidia\n")

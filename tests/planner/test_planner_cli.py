@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sextant.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,9 +155,9 @@ def test_plan_from_a_workload_file(capsys):
 
 
 def test_list_and_references(capsys):
-    assert main(["plan", "--list"]) == 0
+    assert main(["plan", "list"]) == 0
     assert "llama3-405b" in capsys.readouterr().out
-    assert main(["plan", "--references", "--only", "zero-fig1-stage1", "--json"]) == 0
+    assert main(["plan", "references", "--only", "zero-fig1-stage1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["published"] == 31.4 and abs(rows[0]["error"]) < 0.01
 
@@ -163,8 +165,42 @@ def test_list_and_references(capsys):
 def test_validate_without_a_store(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SEXTANT_RESULTS", raising=False)
-    assert main(["plan", "--validate"]) == 2
+    assert main(["plan", "validate"]) == 2
     assert "sextant compare" in capsys.readouterr().err
+    assert main(["plan", "validate", "--db", str(tmp_path / "none.db")]) == 2
+    assert "none.db" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (["plan", "--list", "--json"], ["plan", "list", "--json"]),
+        (
+            ["plan", "--references", "--only", "zero-fig1-stage1", "--json"],
+            ["plan", "references", "--only", "zero-fig1-stage1", "--json"],
+        ),
+        (
+            ["plan", "--references", "--only", "zero-fig1-stage1", "--markdown"],
+            ["plan", "references", "--only", "zero-fig1-stage1", "--markdown"],
+        ),
+        (["plan", "--validate", "--db", "none.db"], ["plan", "validate", "--db", "none.db"]),
+    ],
+)
+def test_old_mode_flags_still_work_with_a_deprecation(old, new, tmp_path, monkeypatch, capsys):
+    """The mode flags the verbs replaced: same output and exit code, plus one stderr line."""
+    monkeypatch.chdir(tmp_path)
+    rc_new = main(new)
+    out_new, err_new = capsys.readouterr()
+    rc_old = main(old)
+    out_old, err_old = capsys.readouterr()
+    assert rc_old == rc_new and out_old == out_new
+    assert "deprecated" not in err_new
+    warning, _, rest = err_old.partition("\n")
+    assert warning == (
+        f"sextant: warning: 'sextant plan {old[1]}' is deprecated and goes in the next "
+        f"release; use 'sextant plan {new[1]}'"
+    )
+    assert rest == err_new
 
 
 def test_calibrate_rejects_bad_flags(capsys):

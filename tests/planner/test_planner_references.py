@@ -45,7 +45,7 @@ def test_docs_table_is_the_current_output(rows):
         pytest.skip("docs/validation.md not written")
     text = DOC.read_text()
     stale = [line for line in references_markdown(rows).splitlines() if line and line not in text]
-    assert not stale, "docs/validation.md is stale: rerun `sextant plan --references --markdown`"
+    assert not stale, "docs/validation.md is stale: rerun `sextant plan references --markdown`"
 
 
 def test_formula_points_are_exact_and_summary_counts_both_kinds(rows):

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sextant.strategy import Strategy
+
 WORKLOAD = {"name": "gpt-tiny", "description": "a test workload", "seed": 0, "steps": 20,
             "global_batch": 16,
             "model": {"family": "gpt", "vocab_size": 256, "seq_len": 64, "d_model": 64,
@@ -57,11 +59,9 @@ def make_run(framework: str = "torch", mode: str = "eager", parallel: str = "sin
                 "workers": workers, "precision": precision, "compress": compress,
                 "devices_per_worker": 1, "ps": 0, "threads": None}
     if label is None:
-        parts = [framework] + ([mode] if mode != "eager" or parallel == "single" else [])
-        parts += [f"{parallel} x{workers}"] if parallel != "single" else []
-        parts += [precision] if precision != "fp32" else []
-        parts += [f"compress {compress}"] if compress != "none" else []
-        label = " ".join(parts)
+        # The store's label (Strategy.label), not a copy of it: a copy here once drifted
+        # ("compress bf16" where the store says "compress=bf16").
+        label = Strategy.from_dict(strategy).label
     return {
         "id": run_id, "created_at": "2026-11-30T10:00:00+0000", "group_id": "g1",
         "status": status, "workload_name": WORKLOAD["name"], "workload_hash": workload_hash,

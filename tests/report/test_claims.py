@@ -157,7 +157,7 @@ def test_compression_holds() -> None:
     c = claim_compression(runs, WORKLOAD)
     assert c.verdict == INCONCLUSIVE  # one trial a side: no interval of exposed comm
     assert "exposed communication 0.25x" in c.figure and "compute 1.1" in c.figure
-    assert c.details == ("torch dp x2 compress powersgd vs torch dp x2: exposed comm "
+    assert c.details == ("torch dp x2 compress=powersgd vs torch dp x2: exposed comm "
                          "40.0 -> 10.0 ms, compute 80.0 -> 90.0 ms",)
     # Two trials a side (interleaved, as --repeats 2 stores them).
     runs += [_dp(step=0.12, comm=0.042, sync_step=0.12),

@@ -1,7 +1,16 @@
-"""`sextant plan` and `sextant calibrate`.
+"""`sextant plan`: the analytical planner, and its verbs `validate`, `references`, `list`.
 
 Only argparse and the planner's own numpy modules are imported at registration; the planner
-never imports an ML framework (calibrate runs torch in child processes only).
+never imports an ML framework. The planner package holds the logic; this module holds the
+command line: arguments, dispatch and the `list` tables.
+
+    sextant plan --model M --gpus N [...]     plan a run (memory, time, cost, scaling)
+    sextant plan validate [--db PATH]         predicted vs measured step time of local runs
+    sextant plan references [--only ID]       the planner against published figures
+    sextant plan list                         presets, accelerators, networks
+
+The mode flags `--validate`, `--references` and `--list` still work for one release, with a
+deprecation message on stderr.
 """
 
 from __future__ import annotations
@@ -9,19 +18,34 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from typing import Any
 
+from sextant.commands.common import add_store_args, db_path, deprecated
+from sextant.display import console
 from sextant.errors import UserError
 
 EPILOG = """examples:
   sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
   sextant plan --model gpt3-175b --gpus 4096 --accelerator a100-80gb --search
   sextant plan --workload gpt-small.toml --gpus 2 --accelerator cpu-local --network loopback
-  sextant plan --validate          (predicted vs measured step time of the local runs)
-  sextant plan --references        (the planner against published figures, docs/validation.md)
-  sextant plan --list              (presets, accelerators, networks)
+  sextant plan validate
+  sextant plan references --only zero-fig1-stage1
+  sextant plan list
 """
+
+
+def _console() -> Any:
+    # The planner's tables print at rich's own width off a terminal (as they always have).
+    return console(None, highlight=True)
+
+
+def _add_catalogue_args(p: Any) -> None:
+    p.add_argument("--catalogue", metavar="FILE", help="TOML merged over the bundled catalogue")
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="calibration JSON (default ./sextant-results/calibration.json)",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -35,7 +59,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = p.add_argument_group("model")
-    src.add_argument("--model", help="architecture preset (see --list), e.g. llama-70b, gpt3-175b")
+    src.add_argument("--model", help="architecture preset (see 'sextant plan list'), e.g. llama-70b, gpt3-175b")
     src.add_argument(
         "--workload", metavar="FILE", help="a sextant workload TOML instead of --model"
     )
@@ -62,12 +86,7 @@ def register(subparsers: Any) -> None:
     hw.add_argument(
         "--host-memory-gb", type=float, help="host RAM per node: offloaded bytes must fit in it"
     )
-    hw.add_argument("--catalogue", metavar="FILE", help="TOML merged over the bundled catalogue")
-    hw.add_argument(
-        "--calibration",
-        metavar="FILE",
-        help="calibration JSON (default ./sextant-results/calibration.json)",
-    )
+    _add_catalogue_args(hw)
     tr = p.add_argument_group("training")
     tr.add_argument("--tokens", type=float, help="tokens to train, e.g. 2e12 (time and cost)")
     tr.add_argument("--global-batch", type=int, help="sequences per step (default: the model's)")
@@ -176,87 +195,59 @@ def register(subparsers: Any) -> None:
     )
     out.add_argument("--no-curve", action="store_true", help="skip the scaling curve")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    modes = p.add_argument_group("other modes")
-    modes.add_argument(
-        "--validate",
-        action="store_true",
-        help="predicted vs measured step time of the runs in the results store",
-    )
-    modes.add_argument("--db", metavar="PATH", help="results store for --validate")
-    modes.add_argument(
-        "--references",
-        action="store_true",
-        help="the planner against published figures (docs/validation.md)",
-    )
-    modes.add_argument("--only", metavar="ID", help="with --references: one reference")
-    modes.add_argument(
-        "--markdown",
-        action="store_true",
-        help="with --references: the markdown table of docs/validation.md",
-    )
-    modes.add_argument("--list", action="store_true", help="list presets, accelerators, networks")
+    # The mode flags these verbs replace, kept for one release (hidden from --help).
+    old = p.add_argument_group("deprecated mode flags")
+    old.add_argument("--validate", action="store_true", help=argparse.SUPPRESS)
+    old.add_argument("--references", action="store_true", help=argparse.SUPPRESS)
+    old.add_argument("--list", action="store_true", help=argparse.SUPPRESS)
+    old.add_argument("--only", metavar="ID", help=argparse.SUPPRESS)
+    old.add_argument("--markdown", action="store_true", help=argparse.SUPPRESS)
+    add_store_args(p, hidden=True)
     p.set_defaults(func=run_plan)
 
-    c = subparsers.add_parser(
-        "calibrate",
-        help="measure this machine (GEMM FLOP/s, memory bandwidth, all-reduce alpha/beta)",
-        description="Measure this machine for the planner's 'cpu-local' accelerator and "
-        "'loopback' link: GEMM FLOP/s with numpy and torch (1 thread and all threads), memory "
-        "copy bandwidth, and all-reduce time between 2 gloo processes on 127.0.0.1 from 1 KB "
-        "to 64 MB, fitted by least squares to t = alpha + beta * bytes.",
+    verbs = p.add_subparsers(dest="plan_verb", metavar="VERB", title="verbs",
+                             description="optional; without one, plan the run the options "
+                             "describe")
+    v = verbs.add_parser(
+        "validate",
+        help="predicted vs measured step time of the runs in the results store",
+        description="Predict each run in the results store on the planner's 'cpu-local' "
+        "accelerator and compare with what was measured.",
     )
-    c.add_argument("--out", metavar="PATH", help="default ./sextant-results/calibration.json")
-    c.add_argument(
-        "--max-bytes",
-        type=int,
-        default=64 * 2**20,
-        help="largest all-reduce message (default 64 MiB)",
+    add_store_args(v, purpose="results database with the measured runs")
+    _add_catalogue_args(v)
+    v.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    v.set_defaults(func=run_validate)
+    r = verbs.add_parser(
+        "references",
+        help="the planner against published figures (docs/validation.md)",
+        description="Run the planner on every published figure of docs/validation.md and "
+        "print predicted against published.",
     )
-    c.add_argument(
-        "--timeout",
-        type=float,
-        default=120.0,
-        help="seconds allowed for the worker processes (default 120)",
-    )
-    c.add_argument("--json", action="store_true", help="print the calibration as JSON")
-    c.set_defaults(func=run_calibrate)
-
-
-def _console():
-    from rich.console import Console
-
-    return Console()
+    r.add_argument("--only", metavar="ID", help="one reference")
+    fmt = r.add_mutually_exclusive_group()
+    fmt.add_argument("--markdown", action="store_true",
+                     help="the markdown table of docs/validation.md")
+    fmt.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    r.set_defaults(func=run_references_cmd)
+    ls = verbs.add_parser("list", help="list presets, accelerators, networks",
+                          description="List the model presets, accelerators, links and prices "
+                          "of the catalogue.")
+    _add_catalogue_args(ls)
+    ls.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ls.set_defaults(func=run_list)
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from sextant.planner.catalogue import load_catalogue
-
     if args.list:
-        return _list(load_catalogue(args.catalogue, args.calibration), args.json)
+        deprecated("plan --list", "plan list")
+        return run_list(args)
     if args.references:
-        from sextant.planner.references import (
-            references_markdown,
-            render_references,
-            run_references,
-        )
-
-        rows = run_references(only=args.only)
-        if args.markdown:
-            print(references_markdown(rows))
-        elif args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            render_references(rows, _console())
-        return 0
+        deprecated("plan --references", "plan references")
+        return run_references_cmd(args)
     if args.validate:
-        from sextant.planner.validate import render_validation, validate
-
-        rows = validate(db=args.db, calibration=args.calibration, catalogue=args.catalogue)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            render_validation(rows, _console())
-        return 0
+        deprecated("plan --validate", "plan validate")
+        return run_validate(args)
     doc = plan_from_args(args)
     if args.json:
         print(json.dumps(doc, indent=2, default=float))
@@ -264,6 +255,40 @@ def run_plan(args: argparse.Namespace) -> int:
         from sextant.planner.render import render_plan
 
         render_plan(doc, _console())
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from sextant.planner.catalogue import load_catalogue
+
+    return _list(load_catalogue(args.catalogue, args.calibration), args.json)
+
+
+def run_references_cmd(args: argparse.Namespace) -> int:
+    from sextant.planner.references import (
+        references_markdown,
+        render_references,
+        run_references,
+    )
+
+    rows = run_references(only=args.only)
+    if args.markdown:
+        print(references_markdown(rows))
+    elif args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        render_references(rows, _console())
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from sextant.planner.validate import render_validation, validate
+
+    rows = validate(db=db_path(args), calibration=args.calibration, catalogue=args.catalogue)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        render_validation(rows, _console())
     return 0
 
 
@@ -275,7 +300,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
     if bool(args.model) == bool(args.workload):
         raise UserError(
-            "give exactly one of --model PRESET or --workload FILE (see 'sextant plan --list')"
+            "give exactly one of --model PRESET or --workload FILE (see 'sextant plan list')"
         )
     if args.gpus is None:
         raise UserError("--gpus N is required (the number of accelerators to plan for)")
@@ -374,10 +399,10 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return make_plan(req, cat, hw)
 
 
-def _list(cat, as_json: bool) -> int:
+def _list(cat: Any, as_json: bool) -> int:
     from sextant.planner.models import ALIASES, PRESETS
 
-    doc = {
+    doc: dict[str, Any] = {
         "presets": {
             k: {"params": v.total_params(), "shape": v.describe(), "source": v.source}
             for k, v in PRESETS.items()
@@ -441,25 +466,4 @@ def _list(cat, as_json: bool) -> int:
         )
     console.print(t)
     console.print(f"prices: {cat.price_basis} ({cat.price_date}); catalogue: {cat.path}")
-    return 0
-
-
-def run_calibrate(args: argparse.Namespace) -> int:
-    from sextant.planner.calibrate import calibrate, default_out, render_calibration
-
-    if args.max_bytes < 1024:
-        raise UserError(f"--max-bytes must be >= 1024. Received: {args.max_bytes}")
-    if args.timeout <= 0:
-        raise UserError(f"--timeout must be > 0. Received: {args.timeout}")
-    out = args.out or default_out()
-    doc = calibrate(
-        out=out,
-        max_bytes=args.max_bytes,
-        timeout=args.timeout,
-        progress=None if args.json else sys.stderr,
-    )
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        render_calibration(doc, _console(), out)
     return 0

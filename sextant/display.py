@@ -1,0 +1,54 @@
+"""Console and number formatting shared by the command layer and the report writers.
+
+A neutral module: `sextant.commands` and `sextant.report` both import from here, so the
+report never imports the CLI layer. Only rich is imported.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+# Off a terminal (CI logs, pipes) rich assumes 80 columns; the comparison tables need more.
+DEFAULT_MIN_WIDTH = 160
+
+
+def console(min_width: int | None = DEFAULT_MIN_WIDTH, *, highlight: bool = False,
+            stderr: bool = False) -> Console:
+    """The console every command prints through (stdout, or stderr with `stderr=True`). Off
+    a terminal it is at least `min_width` columns wide (None: rich's own default, 80), so
+    tables stay readable in logs and pipes."""
+    out = Console(highlight=highlight, stderr=stderr)
+    if min_width is not None and not out.is_terminal and out.width < min_width:
+        out = Console(highlight=highlight, stderr=stderr, width=min_width)
+    return out
+
+
+def fmt_ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def fmt_bytes_mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f}"
+
+
+def fmt_rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def fmt_loss(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def fmt_signed_pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.0f}%"
+
+
+def fmt_share(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 100:.0f}%" if x >= 0 else f"{x * 100:.0f}% (noise)"
