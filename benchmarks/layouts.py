@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sextant.report.model import layout_comm_bytes
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from sextant.workload import resolve_workload
@@ -96,13 +97,22 @@ def main() -> None:
             "param_error": (measured / predicted - 1) if measured and predicted else None,
             "optimizer_bytes_rank0": acct.get("optimizer_state"),
             "hlo_collectives": rank0["details"].get("hlo_collectives"),
+            "comm_bytes_measured": layout_comm_bytes(rank0),
+            "comm_detail": (rank0["details"].get("tp_collectives_bytes_per_step")
+                            or rank0["details"].get("hlo_collective_bytes")),
+            "tp_bytes_planned": (rank0["details"].get("tp_planned_bytes_per_step")
+                                 or {}).get("all_reduce"),
             "bubble_planned": ((pp - 1) / (strategy.microbatches + pp - 1)) if pp > 1 else None,
+            "stage_idle_measured": [(r["details"].get("pipeline") or {}).get("idle_share")
+                                    for r in record["ranks"]] if pp > 1 else None,
         }
         rows.append(row)
         err = f"{row['param_error']:+.1%}" if row["param_error"] is not None else "-"
-        print(f"{row['layout']:<34} {row['step_ms']:7.1f} ms  loss {row['final_loss']:.4f}  "
+        print(f"{row['layout']:<30} {row['step_ms']:7.1f} ms  loss {row['final_loss']:.4f}  "
               f"params/rank {measured} B (planned {predicted}, {err})  "
-              f"hlo {row['hlo_collectives']}  bubble {row['bubble_planned']}", flush=True)
+              f"comm {row['comm_detail'] or row['comm_bytes_measured']} (tp planned "
+              f"{row['tp_bytes_planned']})  idle {row['stage_idle_measured']} (bubble planned "
+              f"{row['bubble_planned']})", flush=True)
     singles = {r["framework"]: r["step_ms"] for r in rows if r["parallel"] == "single"}
     print("step time relative to the same framework's single process: " + ", ".join(
         f"{r['layout']} {r['step_ms'] / singles[r['framework']]:.2f}" for r in rows))

@@ -64,10 +64,16 @@ def test_layouts_refuse_a_gpt_workload_and_levers_together(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
 def test_compare_layouts_on_jax_end_to_end(tmp_path) -> None:
+    report = tmp_path / "report.html"
     out = run_cli("compare", "--layouts", "--frameworks", "jax", "--steps", "6",
-                  "--repeats", "1", "--no-report", "--db", str(tmp_path / "r.db"),
-                  env={"COLUMNS": "250"}, timeout=600)
+                  "--repeats", "1", "--no-calibrate", "--report", str(report),
+                  "--db", str(tmp_path / "r.db"), env={"COLUMNS": "250"}, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     for label in ("jax compiled tp x2", "jax compiled tp-manual x2", "jax compiled tp x4 dp2"):
         assert label in out.stdout
     assert "jax does not run pp" in out.stdout
+    html = report.read_text()
+    section = html[html.index('<section id="layouts">'):]
+    section = section[:section.index("</section>")]
+    assert section.count("<tr>") == 1 + 6  # header + single, dp, fsdp, tp, tp-manual, dp x tp
+    assert "jax compiled tp-manual x2" in section

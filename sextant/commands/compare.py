@@ -169,6 +169,7 @@ def layout_table(records: Sequence[Mapping[str, Any]]) -> Any:
 
     from sextant.backends.code_size import strategy_lines
     from sextant.display import fmt_ms, fmt_share
+    from sextant.report.model import layout_comm_bytes
 
     table = Table(title="parallel layouts (per rank; comm: payload bytes of the collectives one "
                         "step issued, counted (torch) or read from the compiled HLO (jax); "
@@ -202,20 +203,6 @@ def layout_table(records: Sequence[Mapping[str, Any]]) -> Any:
             "base" if rec is base else f"{m['final_loss'] - base['metrics']['final_loss']:+.1e}",
         )
     return table
-
-
-def layout_comm_bytes(rank: dict[str, Any]) -> float | None:
-    """Payload bytes of one step's collectives on this rank: counted (torch tp), the
-    pipeline hand-off (torch pp), the compiled step's (jax), or the planned gradient
-    traffic of a data-parallel torch run."""
-    details = rank.get("details") or {}
-    for key in ("tp_collectives_bytes_per_step", "hlo_collective_bytes"):
-        if details.get(key):
-            return float(sum(details[key].values()))
-    if details.get("pipeline"):
-        return float(details["pipeline"]["handoff_bytes_per_step"])
-    planned = ((rank.get("comm") or {}).get("planned_bytes_per_step") or {}).get("total")
-    return planned
 
 
 def lever_table(records: Sequence[Mapping[str, Any]]) -> Any:

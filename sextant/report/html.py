@@ -94,7 +94,8 @@ footer{margin-top:2rem;color:#7a8190;font-size:.8rem}
 
 VERDICT_CLASS = {HOLDS: "holds", NOT_HOLD: "nohold", INCONCLUSIVE: "inc", NOT_MEASURED: "nm"}
 SECTIONS = (("claims", "Claims check"), ("speed", "Throughput"), ("scaling", "Scaling"),
-            ("interconnect", "Interconnect"), ("comm", "Communication"), ("memory", "Memory"), ("parity", "Loss parity"),
+            ("interconnect", "Interconnect"), ("comm", "Communication"), ("memory", "Memory"),
+            ("layouts", "Parallel layouts"), ("parity", "Loss parity"),
             ("compile", "Compile time"), ("env", "Environment"))
 
 
@@ -454,6 +455,33 @@ def _memory(report: Mapping[str, Any]) -> str:
             f'step).{e(note)}</p>{chart}{table}</section>')
 
 
+def _layouts(report: Mapping[str, Any]) -> str:
+    rows = report.get("layouts")
+    head = '<section id="layouts"><h2>Parallel layouts: control vs automation</h2>'
+    if not rows:
+        return (f'{head}<p class="muted">No tensor- or pipeline-parallel run in this report '
+                "(<code>sextant compare --layouts</code> runs the spectrum).</p></section>")
+
+    def mb(v: float | None) -> str:
+        return "-" if v is None else f"{v / 2**20:.3f}"
+
+    table = _table(
+        ("run", "step ms", "comm MB/step", "params MB/rank", "optimizer MB/rank",
+         "stage idle", "sextant code lines"),
+        [(r["label"], "-" if r["step_time_s"] is None else f'{r["step_time_s"] * 1e3:.1f}',
+          mb(r["comm_bytes_per_step"]), mb(r["param_bytes"]), mb(r["optimizer_bytes"]),
+          _pct(r["stage_idle_share"]),
+          "-" if r["code_lines"] is None else r["code_lines"]) for r in rows])
+    return (f'{head}<p class="small">The same model split different ways. Communication: '
+            "payload bytes of the collectives one step issued on rank 0, counted from the "
+            "framework's own collectives (torch), read from the compiled program (JAX), or "
+            "planned from the gradient size (data parallel). Stage idle: the largest share of "
+            "a pipeline step a stage spends without its own compute (the bubble and the "
+            "hand-offs). Code lines: lines of sextant code specific to the layout (what is "
+            "shared by all is not counted): declared layouts need a few, hand-written ones "
+            f"write their collectives out (docs/parallelism.md).</p>{table}</section>")
+
+
 def _parity(report: Mapping[str, Any]) -> str:
     p = report["parity"]
     series = []
@@ -574,6 +602,7 @@ def html_from_report(report: Mapping[str, Any]) -> str:
 {_interconnect(report)}
 {_comm(report)}
 {_memory(report)}
+{_layouts(report)}
 {_parity(report)}
 {_compile(report)}
 {_advice_details(report)}

@@ -538,5 +538,51 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
         "communication": _communication(rows, runs),
         "parity": parity,
         "compile": _compile(rows),
+        "layouts": _layouts(runs),
         "environment": _environment(runs, ref),
     }
+
+
+MODEL_PARALLEL = ("tp", "tp-manual", "pp")
+
+
+def layout_comm_bytes(rank: Mapping[str, Any]) -> float | None:
+    """Payload bytes of one step's collectives on this rank: counted (torch tp), the
+    pipeline hand-off (torch pp), the compiled step's (jax), or the planned gradient
+    traffic of a data-parallel torch run."""
+    details = rank.get("details") or {}
+    for key in ("tp_collectives_bytes_per_step", "hlo_collective_bytes"):
+        if details.get(key):
+            return float(sum(details[key].values()))
+    if details.get("pipeline"):
+        return float(details["pipeline"]["handoff_bytes_per_step"])
+    planned = ((rank.get("comm") or {}).get("planned_bytes_per_step") or {}).get("total")
+    return float(planned) if planned is not None else None
+
+
+def _layouts(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """The parallelism spectrum (compare --layouts): per run, what its layout cost and how
+    much sextant code it needed; None without a tensor- or pipeline-parallel run."""
+    from sextant.backends import get_backend
+    from sextant.backends.code_size import strategy_lines
+
+    if not any(run_field(r, "parallel") in MODEL_PARALLEL for r in runs):
+        return None
+    rows = []
+    for run in runs:
+        ranks = run.get("ranks") or [{}]
+        acc = ranks[0].get("memory_accounting") or {}
+        idle = [(r.get("details") or {}).get("pipeline", {}).get("idle_share") for r in ranks]
+        framework, parallel = run_field(run, "framework"), run_field(run, "parallel")
+        rows.append({
+            "label": run_label(run),
+            "framework": framework,
+            "parallel": parallel,
+            "step_time_s": (run.get("metrics") or {}).get("step_time_median_s"),
+            "comm_bytes_per_step": layout_comm_bytes(ranks[0]),
+            "param_bytes": acc.get("params"),
+            "optimizer_bytes": acc.get("optimizer_state"),
+            "stage_idle_share": max((x for x in idle if x is not None), default=None),
+            "code_lines": strategy_lines(get_backend(framework).strategy_code(parallel)),
+        })
+    return rows
