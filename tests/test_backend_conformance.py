@@ -4,7 +4,7 @@
    compression and checkpointable strategy is accepted (in some combination the backend's
    own `check` allows); every value of the shared vocabulary it does not declare is refused
    with a one-line UserError naming what it supports.
-2. Every declared parallel strategy trains gpt-tiny for 3 steps and returns a complete
+2. Every declared parallel strategy trains gpt-tiny (llama-tiny for tp and pp) for 3 steps and returns a complete
    RankResult: every key the runner aggregates, finite losses and gradient norms, and (for
    synchronous strategies) the losses and gradient norms of torch single within the fp32
    tolerance of tests.helpers.
@@ -60,7 +60,11 @@ def layouts(framework: str, parallel: str) -> list[dict[str, Any]]:
     """Layouts to try for a strategy, cheapest first (at most 2 workers)."""
     if parallel == "single":
         return [{"framework": framework, "parallel": "single"}]
-    base = {"framework": framework, "parallel": parallel}
+    base: dict[str, Any] = {"framework": framework, "parallel": parallel}
+    if parallel in ("tp", "tp-manual"):
+        base["tp"] = 2
+    if parallel == "pp":
+        base.update(pp=2, microbatches=2)
     if parallel == "ps":
         return [{**base, "workers": 1, "ps": 1}, {**base, "workers": 2, "ps": 1}]
     return [{**base, "workers": 1, "devices_per_worker": 2}, {**base, "workers": 2}]
@@ -150,14 +154,24 @@ CELLS = [(name, parallel) for name in BACKENDS
                           else ("single",))]
 
 
+MODEL_PARALLEL = ("tp", "tp-manual", "pp")
+"""Strategies that split a Llama-shaped model: their cells train llama-tiny."""
+
+
 @pytest.fixture(scope="module")
 def workload() -> Any:
     return short("gpt-tiny", STEPS, nosync_steps=0, log_every=STEPS)
 
 
 @pytest.fixture(scope="module")
+def llama_workload() -> Any:
+    return short("llama-tiny", STEPS, nosync_steps=0, log_every=STEPS)
+
+
+@pytest.fixture(scope="module")
 def runs() -> dict[tuple[str, str], Any]:
-    """(backend, strategy) -> (record, raw rank results), filled as the cells run."""
+    """(backend, strategy, workload) -> (record, raw rank results), filled as the cells
+    run."""
     return {}
 
 
@@ -166,7 +180,8 @@ def run_cell(name: str, parallel: str, workload: Any, runs: dict, tmp: Path) -> 
     from sextant.launch.local import launch
     from sextant.runner import execute
 
-    if (name, parallel) not in runs:
+    key = (name, parallel, workload.name)
+    if key not in runs:
         caps = get_backend(name).capabilities()
         # Eager where declared: no compilation to pay for (the modes are covered above).
         mode = "eager" if "eager" in caps.modes else caps.modes[0]
@@ -180,16 +195,19 @@ def run_cell(name: str, parallel: str, workload: Any, runs: dict, tmp: Path) -> 
             return ranks
 
         record = execute(workload, strategy, runs_dir=tmp, launcher=capturing)
-        runs[(name, parallel)] = (record, raw)
-    return runs[(name, parallel)]
+        runs[key] = (record, raw)
+    return runs[key]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "parallel"), CELLS, ids=[f"{n}-{p}" for n, p in CELLS])
-def test_every_declared_strategy_trains(name: str, parallel: str, workload: Any, runs: dict,
+def test_every_declared_strategy_trains(name: str, parallel: str, workload: Any,
+                                        llama_workload: Any, runs: dict,
                                         tmp_path_factory: pytest.TempPathFactory) -> None:
     if not installed(name) or not installed("torch"):
         pytest.skip(f"{name} or torch (the reference) not installed")
+    if parallel in MODEL_PARALLEL:
+        workload = llama_workload
     tmp = tmp_path_factory.mktemp(f"{name}-{parallel}")
     record, raw = run_cell(name, parallel, workload, runs, tmp)
     reference, _ = run_cell("torch", "single", workload, runs, tmp)
