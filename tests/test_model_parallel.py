@@ -53,6 +53,11 @@ def test_torch_model_parallel_matches_single(fields: dict, single: dict) -> None
     run = _run(Strategy(framework="torch", **fields))
     same_training(run, single)
     assert any(w in run["ranks"][0]["details"]["wrapping"] for w in ("tensor", "pipeline"))
+    if fields["parallel"] == "tp":  # the same step without its collectives, alternated
+        assert run["metrics"]["comm_pairs"] >= 1 and "exposed_comm_s" in run["metrics"]
+        assert run["ranks"][0]["details"]["tp_collectives_bytes_per_step"]
+    else:
+        assert all(r["details"]["pipeline"]["step_s"] > 0 for r in run["ranks"])
 
 
 @needs_torch

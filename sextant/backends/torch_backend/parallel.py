@@ -305,3 +305,33 @@ def stage_probe(stage: Stage, schedule_step: Any, batch: Any, microbatches: int,
     return {"handoff_bytes_per_step": 2 * sent["bytes"] // repeats,
             "step_s": wall, "compute_s": compute,
             "idle_share": max(0.0, 1.0 - compute / wall)}
+
+
+def without_collectives(step: Any) -> Any:
+    """`step` with DTensor's collectives replaced by local stand-ins of the right shape
+    (all-reduce: the input; all-gather: the input repeated; reduce-scatter: its first
+    slice): the same compute without communication, for timing only. The measured loop
+    alternates it with the real step after training; the difference is the exposed
+    communication, as data parallelism's no-sync step gives it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoCollectives(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            if func.namespace == "_c10d_functional":
+                name = func._overloadpacket.__name__
+                if name == "wait_tensor":
+                    return args[0]
+                if name == "all_reduce":
+                    return args[0].clone()
+                if name == "all_gather_into_tensor":
+                    return torch.cat([args[0]] * args[1], dim=0)
+                if name == "reduce_scatter_tensor":
+                    return args[0].chunk(args[2], dim=0)[0].clone()
+            return func(*args, **(kwargs or {}))
+
+    def run(batch: Any) -> Any:
+        with NoCollectives():
+            return step(batch)
+
+    return run

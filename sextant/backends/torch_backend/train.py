@@ -398,7 +398,8 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
         torch.cuda.reset_peak_memory_stats(device)
     result = timed_training(
         ctx, fetch=fetch, step=train_step, block=block, to_floats=to_floats,
-        step_nosync=(lambda b: train_step(b, sync=False)) if ddp is not None else None,
+        step_nosync=((lambda b: train_step(b, sync=False)) if ddp is not None
+                     else par.without_collectives(train_step) if parallel == "tp" else None),
         start_step=start_step,
         checkpoint=save if strategy.checkpoint_every else None,
         on_trained=export_final,
