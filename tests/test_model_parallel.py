@@ -95,6 +95,8 @@ def test_jax_tensor_parallel_matches_single(fields: dict, single: dict) -> None:
     same_training(run, single)
     hlo = run["ranks"][0]["details"]["hlo_collectives"]
     assert hlo and "all-reduce" in hlo  # XLA (tp) or Megatron's psum (tp-manual) reduced
+    if fields["parallel"] == "tp-manual":  # timed against its own copy without collectives
+        assert run["metrics"]["comm_pairs"] >= 1 and "exposed_comm_s" in run["metrics"]
 
 
 @needs_torch

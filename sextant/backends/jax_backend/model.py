@@ -85,12 +85,12 @@ def megatron_ops(axis: str) -> tuple[Any, Any]:
     def f(x: jax.Array) -> jax.Array:
         return x
 
-    f.defvjp(lambda x: (x, None), lambda _, g: (jax.lax.psum(g, axis),))
+    f.defvjp(lambda x: (x, None), lambda _, g: (psum(g, axis),))
 
     def reduce(x: jax.Array) -> jax.Array:
         # The test hook SEXTANT_TEST_FAULT=skip-tp-allreduce drops g's all-reduce: each shard
         # then keeps its partial sum, and the parity tests must fail.
-        return x if "skip-tp-allreduce" in TEST_FAULTS else jax.lax.psum(x, axis)
+        return x if "skip-tp-allreduce" in TEST_FAULTS else psum(x, axis)
 
     @jax.custom_vjp
     def g(x: jax.Array) -> jax.Array:
@@ -101,7 +101,20 @@ def megatron_ops(axis: str) -> tuple[Any, Any]:
 
 
 TEST_FAULTS: set[str] = set()
-"""SEXTANT_TEST_FAULT's entries, set by the worker before tracing (see megatron_ops)."""
+"""SEXTANT_TEST_FAULT's entries, set by the worker before tracing (see megatron_ops), and
+NO_COLLECTIVES while the timing-only step without tensor-parallel collectives is traced."""
+NO_COLLECTIVES = "no-tp-collectives"
+
+
+def psum(x: jax.Array, axis: str) -> jax.Array:
+    return x if NO_COLLECTIVES in TEST_FAULTS else jax.lax.psum(x, axis)
+
+
+def all_gather(x: jax.Array, axis: str) -> jax.Array:
+    """Tiled all-gather along the last axis (or, untimed stand-in, the shard repeated)."""
+    if NO_COLLECTIVES in TEST_FAULTS:
+        return jnp.concatenate([x] * jax.lax.psum(1, axis), axis=-1)
+    return jax.lax.all_gather(x, axis, axis=x.ndim - 1, tiled=True)
 
 
 def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
@@ -171,7 +184,7 @@ def gather_vocab(axis: str) -> Any:
 
     @jax.custom_vjp
     def gather(x: jax.Array) -> jax.Array:
-        return jax.lax.all_gather(x, axis, axis=x.ndim - 1, tiled=True)
+        return all_gather(x, axis)
 
     def backward(width: int, t: jax.Array) -> tuple[jax.Array]:
         start = jax.lax.axis_index(axis) * width

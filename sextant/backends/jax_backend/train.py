@@ -34,6 +34,7 @@ the pmean: every device updates its replica from its local gradients.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,24 @@ def _check_remat(remat: bool, spec: Any) -> None:
     if remat and isinstance(spec, MLPSpec):
         raise UserError("--activation-checkpointing recomputes transformer blocks; "
                         "this model (mlp) has none")
+
+
+def _without_tp_collectives(make_jit: Any, step: Any, params: Any, opt_state: Any,
+                            batch: Any) -> Any:
+    """The hand-written tensor-parallel step compiled again with its collectives replaced by
+    local stand-ins of the right shape (model.NO_COLLECTIVES, read while it is traced): the
+    same compute without tensor-parallel communication, for the exposed-communication pairs
+    after training (the data-parallel pmean, if any, stays)."""
+    from sextant.backends.jax_backend import model as jax_model
+
+    jax_model.TEST_FAULTS.add(jax_model.NO_COLLECTIVES)
+    def untimed_copy(*args: Any) -> Any:  # a new function: jit's trace cache is per function
+        return step(*args)
+
+    try:  # traced here, with the flag set
+        return make_jit(untimed_copy).lower(params, opt_state, *batch).compile()
+    finally:
+        jax_model.TEST_FAULTS.discard(jax_model.NO_COLLECTIVES)
 
 
 def _register_faults(fault: str | None) -> None:
@@ -315,12 +334,13 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
                                      summed="sum-gradients" in (ctx.fault or "").split(","))
         else:
             step_fn = declarative_step
-        train_step = jax.jit(
-            step_fn,
+        sharded_jit = functools.partial(
+            jax.jit,
             in_shardings=(param_sh, state_sh, batch_sharding, batch_sharding),
             out_shardings=(param_sh, state_sh, replicated),
             donate_argnums=donate,
         )
+        train_step = sharded_jit(step_fn)
     nosync_step = (jax.jit(per_device_step(False), donate_argnums=donate)
                    if parallel in ("dp", "dp-manual") else None)
 
@@ -345,6 +365,10 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
 
     step = guard_recompiles(lambda batch: run_step(train_step, batch),
                             workload.measure.warmup_steps, count=train_step._cache_size)
+
+    nosync_step = nosync_step or (_without_tp_collectives(sharded_jit, step_fn, params,
+                                                          opt_state, fetch(0))
+                                  if parallel == "tp-manual" else None)
 
     def step_nosync(batch: tuple[jax.Array, jax.Array]) -> jax.Array:
         return run_step(nosync_step, batch)
