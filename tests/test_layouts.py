@@ -80,9 +80,9 @@ def test_compare_layouts_on_jax_end_to_end(tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     for label in ("jax compiled tp x2", "jax compiled tp-manual x2", "jax compiled tp x4 dp2"):
         assert label in out.stdout
-    assert "jax does not run pp" in out.stdout
+    assert "jax compiled pp x2 m4 gpipe" in out.stdout and "jax does not run" not in out.stdout
     html = report.read_text()
     section = html[html.index('<section id="layouts">'):]
     section = section[:section.index("</section>")]
-    assert section.count("<tr>") == 1 + 6  # header + single, dp, fsdp, tp, tp-manual, dp x tp
+    assert section.count("<tr>") == 1 + 7  # header + single, dp, fsdp, tp, tp-manual, pp, dp x tp
     assert "jax compiled tp-manual x2" in section

@@ -89,12 +89,16 @@ def test_torch_broken_model_parallel_fails_parity(fields: dict, fault: str,
     dict(parallel="tp-manual", workers=2, tp=2),
     dict(parallel="tp", workers=1, devices_per_worker=4, tp=2),
     dict(parallel="tp-manual", workers=1, devices_per_worker=4, tp=2),
+    dict(parallel="pp", workers=1, devices_per_worker=2, pp=2, microbatches=4),
+    dict(parallel="pp", workers=2, pp=2, microbatches=4),
+    dict(parallel="pp", workers=1, devices_per_worker=4, pp=2, microbatches=2),
 ], ids=lambda f: Strategy(framework="jax", mode="compiled", **f).label)
-def test_jax_tensor_parallel_matches_single(fields: dict, single: dict) -> None:
+def test_jax_model_parallel_matches_single(fields: dict, single: dict) -> None:
     run = _run(Strategy(framework="jax", mode="compiled", **fields))
     same_training(run, single)
     hlo = run["ranks"][0]["details"]["hlo_collectives"]
-    assert hlo and "all-reduce" in hlo  # XLA (tp) or Megatron's psum (tp-manual) reduced
+    # XLA's (tp) or Megatron's (tp-manual) all-reduces; the pipeline's hand-offs.
+    assert hlo and ("collective-permute" if fields["parallel"] == "pp" else "all-reduce") in hlo
     if fields["parallel"] == "tp-manual":  # timed against its own copy without collectives
         assert run["metrics"]["comm_pairs"] >= 1 and "exposed_comm_s" in run["metrics"]
 
@@ -104,7 +108,9 @@ def test_jax_tensor_parallel_matches_single(fields: dict, single: dict) -> None:
 @pytest.mark.parametrize("fields, fault", [
     (dict(parallel="tp-manual", workers=1, devices_per_worker=2, tp=2), "skip-tp-allreduce"),
     (dict(parallel="tp-manual", workers=1, devices_per_worker=4, tp=2), "sum-gradients"),
-], ids=["tp-manual without g's psum", "dp x tp-manual summing"])
+    (dict(parallel="pp", workers=1, devices_per_worker=2, pp=2, microbatches=2),
+     "pp-misrouted-handoff"),
+], ids=["tp-manual without g's psum", "dp x tp-manual summing", "pp hand-off mis-routed"])
 def test_jax_broken_tensor_parallel_fails_parity(fields: dict, fault: str,
                                                  single: dict) -> None:
     _broken(_run(Strategy(framework="jax", mode="compiled", **fields), fault), single)

@@ -25,6 +25,8 @@ class JaxBackend(BackendBase):
                       "sextant.backends.jax_backend.train:_train.mean_over_devices"),
         "fsdp": ("sextant.backends.jax_backend.train:_fsdp_spec",),
         "tp": ("sextant.backends.jax_backend.train:_tp_spec",),
+        "pp": tuple(f"sextant.backends.jax_backend.pipeline:{name}" for name in (
+            "stack", "unstack", "spec_of", "decay_mask", "make_loss")),
         "tp-manual": ("sextant.backends.jax_backend.train:_tp_spec",
                       "sextant.backends.jax_backend.train:_megatron_step",
                       "sextant.backends.jax_backend.model:megatron_ops",
@@ -37,21 +39,23 @@ class JaxBackend(BackendBase):
         # compare PyTorch against a strawman.
         return Capabilities(
             modes=("compiled",),
-            parallel=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "tp", "tp-manual"),
+            parallel=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "tp", "tp-manual",
+                      "pp"),
             precisions=("fp32", "bf16"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
             activation_checkpointing=True,
             checkpoint=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
-            why_not=(("pp", "not built yet: JAX has no pipeline API; the way its experts "
-                            "write one (a shard_map over a 'stage' axis passing activations "
-                            "with lax.ppermute, micro-batches in a scan) is future work"),),
         )
 
     def check(self, strategy: Strategy) -> None:
         from sextant.errors import UserError
 
-        if strategy.parallel in ("tp", "tp-manual"):
+        if strategy.parallel == "pp" and strategy.schedule != "gpipe":
+            raise UserError("jax pp runs GPipe: its backward is JAX's transpose of the whole "
+                            "forward program (every forward before the first backward); "
+                            "1F1B's interleaving needs a hand-scheduled backward, not built")
+        if strategy.parallel in ("tp", "tp-manual", "pp"):
             unsupported = [flag for flag, on in (
                 ("--grad-accum", strategy.grad_accum > 1),
                 ("--precision bf16", strategy.precision != "fp32"),

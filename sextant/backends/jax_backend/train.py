@@ -154,21 +154,60 @@ def _without_tp_collectives(make_jit: Any, step: Any, params: Any, opt_state: An
         jax_model.TEST_FAULTS.discard(jax_model.NO_COLLECTIVES)
 
 
+def _initial_params(workload: Any, strategy: Any) -> dict[str, np.ndarray]:
+    """Canonical parameters, or the pipeline's stacked layout of them (parallel pp)."""
+    from sextant.backends.jax_backend import pipeline
+
+    params = init_params(workload.model, workload.seed)
+    return pipeline.stack(params, workload.model, strategy.pp) if strategy.pp > 1 else params
+
+
+def _decay_mask(params: dict[str, np.ndarray], spec: Any, parallel: str) -> dict[str, bool]:
+    from sextant.backends.jax_backend import pipeline
+
+    if parallel == "pp":
+        return pipeline.decay_mask(params, spec)
+    return {k: decays(k, v.shape) for k, v in params.items()}
+
+
+def _model_loss(spec: Any, strategy: Any, mesh: Any, fault: str | None) -> Any:
+    """loss(p, x, y, remat, tp_axis): the model's, or the pipeline's over the mesh."""
+    from sextant.backends.jax_backend import pipeline
+    from sextant.backends.jax_backend.model import loss_fn
+
+    if strategy.parallel == "pp":
+        pp_loss = pipeline.make_loss(spec, mesh, strategy.pp, strategy.microbatches, fault)
+        return lambda p, x, y, remat, tp_axis: pp_loss(p, x, y)
+    return lambda p, x, y, remat, tp_axis: loss_fn(spec, p, x, y, remat, tp_axis)
+
+
+def _canonical(params: dict[str, np.ndarray], spec: Any, parallel: str
+               ) -> dict[str, np.ndarray]:
+    from sextant.backends.jax_backend import pipeline
+
+    return pipeline.unstack(params, spec) if parallel == "pp" else params
+
+
 def _register_faults(fault: str | None) -> None:
     from sextant.backends.jax_backend import model as jax_model
 
     jax_model.TEST_FAULTS.update(fault.split(",") if fault else ())
 
 
-def _shardings(parallel: str, devices: list[Any], tp: int, params_np: dict[str, np.ndarray]
+def _shardings(parallel: str, devices: list[Any], tp: int, pp: int,
+               params_np: dict[str, np.ndarray]
                ) -> tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(mesh, tensor-parallel PartitionSpecs, parameter and optimizer-moment shardings)."""
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    n = len(devices) // tp
+    from sextant.backends.jax_backend import pipeline
+
+    n = len(devices) // (tp * pp)
     if parallel in ("tp", "tp-manual"):
         mesh = Mesh(np.array(devices).reshape(n, tp), ("data", "model"))
+    elif parallel == "pp":
+        mesh = Mesh(np.array(devices).reshape(n, pp), ("data", "stage"))
     else:
         mesh = Mesh(np.array(devices), ("data",))
     replicated = NamedSharding(mesh, P())
@@ -176,6 +215,8 @@ def _shardings(parallel: str, devices: list[Any], tp: int, params_np: dict[str, 
     sharded = {k: NamedSharding(mesh, _fsdp_spec(v.shape, n)) for k, v in params_np.items()}
     if parallel in ("tp", "tp-manual"):
         param_sh = {k: NamedSharding(mesh, tp_specs[k]) for k in params_np}
+    elif parallel == "pp":
+        param_sh = {k: NamedSharding(mesh, pipeline.spec_of(k)) for k in params_np}
     else:
         param_sh = sharded if parallel == "fsdp" else {k: replicated for k in params_np}
     # ZeRO-1: the optimizer moments are sharded, the parameters replicated (XLA all-gathers
@@ -192,21 +233,20 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from sextant.backends.jax_backend.model import loss_fn
-
     workload, strategy = ctx.workload, ctx.strategy
     spec = workload.model
     parallel = strategy.parallel
     devices = jax.devices()
     tp = strategy.tp
-    n = len(devices) // tp  # data-parallel replicas
+    n = len(devices) // (tp * strategy.pp)  # data-parallel replicas
     if workload.global_batch % n:
         raise UserError(
             f"global_batch {workload.global_batch} is not divisible by {n} devices"
         )
-    tensor_parallel = parallel in ("tp", "tp-manual")
-    params_np = init_params(spec, workload.seed)
-    mesh, tp_specs, param_sh, moment_sh = _shardings(parallel, devices, tp, params_np)
+    two_d = parallel in ("tp", "tp-manual", "pp")
+    params_np = _initial_params(workload, strategy)
+    mesh, tp_specs, param_sh, moment_sh = _shardings(parallel, devices, tp, strategy.pp,
+                                                     params_np)
     replicated = NamedSharding(mesh, P())
     batch_sharding = NamedSharding(mesh, P("data"))
     params = {
@@ -223,7 +263,7 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         learning_rate=lambda count: lrs[jnp.minimum(count, last)],
         b1=opt_spec.beta1, b2=opt_spec.beta2, eps=opt_spec.eps,
         weight_decay=opt_spec.weight_decay,
-        mask={k: decays(k, v.shape) for k, v in params_np.items()},
+        mask=_decay_mask(params_np, spec, parallel),
     )
     def state_sharding(path: tuple, leaf: Any) -> NamedSharding:
         # Moments mirror their parameter's sharding; counters are replicated.
@@ -234,6 +274,7 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
                                                 jax.eval_shape(optimizer.init, params))
     opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
 
+    model_loss = _model_loss(spec, strategy, mesh, ctx.fault)
     accum = strategy.grad_accum
     # Activation checkpointing: every transformer block under jax.checkpoint.
     remat = strategy.activation_checkpointing
@@ -248,7 +289,7 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
             p = jax.tree.map(lambda a: a.astype(compute_dtype), p)
             if x.dtype == jnp.float32:
                 x = x.astype(compute_dtype)
-        return loss_fn(spec, p, x, y, remat, tp_axis).astype(jnp.float32)
+        return model_loss(p, x, y, remat, tp_axis).astype(jnp.float32)
 
     single_grad = jax.value_and_grad(precision_loss)
 
@@ -350,7 +391,7 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
             x, y = x[:-n], y[:-n]  # test hook: a batch of another shape after warm-up
         if parallel == "single":
             return jax.device_put(x, device), jax.device_put(y, device)
-        if tensor_parallel:  # each process feeds the rows of its devices' 'data' positions
+        if two_d:  # each process feeds the rows of its devices' 'data' positions
             return (jax.make_array_from_callback(x.shape, batch_sharding, lambda i: x[i]),
                     jax.make_array_from_callback(y.shape, batch_sharding, lambda i: y[i]))
         x, y = data.shard(x, ctx.rank, ctx.world), data.shard(y, ctx.rank, ctx.world)
@@ -425,8 +466,8 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         # keep updating the parameters, for timing only); every process joins the gather.
         from jax.experimental import multihost_utils
 
-        final = {k: np.asarray(v) for k, v in
-                 multihost_utils.process_allgather(state["params"], tiled=True).items()}
+        final = _canonical({k: np.asarray(v) for k, v in multihost_utils.process_allgather(
+            state["params"], tiled=True).items()}, spec, parallel)
         if ctx.rank == 0:
             np.savez(ctx.run_dir / "final_params.npz", **final)
             exported["sha256"] = params_digest(final)
@@ -475,7 +516,10 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
                  "tp": f"jit over Mesh(data={n}, model={tp}), q/k/v/gate/up sharded by "
                        "columns, o/down by rows (XLA inserts the collectives)",
                  "tp-manual": f"jit(shard_map) over Mesh(data={n}, model={tp}) with "
-                              "Megatron's f/g psum operators"}[parallel],
+                              "Megatron's f/g psum operators",
+                 "pp": f"jit(shard_map) over Mesh(data={n}, stage={strategy.pp}): blocks "
+                       f"stacked by stage, lax.ppermute hand-offs, GPipe over "
+                       f"{strategy.microbatches} micro-batches"}[parallel],
         "devices": n,
         "local_param_bytes": local_bytes_params,
         "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,
