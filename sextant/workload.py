@@ -80,23 +80,28 @@ class GPTSpec:
     """Hidden width of each block's MLP."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "d_model", "n_heads", "d_ff"):
-            _positive_int(f"model.{name}", getattr(self, name), MAX_WIDTH)
-        _positive_int("model.n_layers", self.n_layers, MAX_LAYERS)
-        if self.vocab_size != 256:
-            raise UserError(
-                "model.vocab_size must be 256: the text data is byte-level. "
-                f"Received: {self.vocab_size}"
-            )
-        if self.d_model % self.n_heads:
-            raise UserError(
-                "model.n_heads must divide model.d_model. "
-                f"Received: d_model={self.d_model}, n_heads={self.n_heads}"
-            )
+        _check_decoder(self, ("vocab_size", "seq_len", "d_model", "n_heads", "d_ff"))
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+def _check_decoder(spec: GPTSpec | LlamaSpec, widths: tuple[str, ...]) -> None:
+    """What every byte-level decoder shares: positive widths, 256 bytes, whole heads."""
+    for name in widths:
+        _positive_int(f"model.{name}", getattr(spec, name), MAX_WIDTH)
+    _positive_int("model.n_layers", spec.n_layers, MAX_LAYERS)
+    if spec.vocab_size != 256:
+        raise UserError(
+            "model.vocab_size must be 256: the text data is byte-level. "
+            f"Received: {spec.vocab_size}"
+        )
+    if spec.d_model % spec.n_heads:
+        raise UserError(
+            "model.n_heads must divide model.d_model. "
+            f"Received: d_model={spec.d_model}, n_heads={spec.n_heads}"
+        )
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -128,19 +133,8 @@ class LlamaSpec:
     """RMSNorm's epsilon, inside the root."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_kv_heads", "d_ff"):
-            _positive_int(f"model.{name}", getattr(self, name), MAX_WIDTH)
-        _positive_int("model.n_layers", self.n_layers, MAX_LAYERS)
-        if self.vocab_size != 256:
-            raise UserError(
-                "model.vocab_size must be 256: the text data is byte-level. "
-                f"Received: {self.vocab_size}"
-            )
-        if self.d_model % self.n_heads:
-            raise UserError(
-                "model.n_heads must divide model.d_model. "
-                f"Received: d_model={self.d_model}, n_heads={self.n_heads}"
-            )
+        _check_decoder(self, ("vocab_size", "seq_len", "d_model", "n_heads", "n_kv_heads",
+                              "d_ff"))
         if (self.d_model // self.n_heads) % 2:
             raise UserError(
                 "model.d_model / model.n_heads (the head width) must be even: rotary "

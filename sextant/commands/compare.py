@@ -105,13 +105,18 @@ def lever_strategies(framework: str, workers: int) -> list[Strategy]:
         fields = {**base, **lever}
         if "compress" in lever and framework == "jax":
             fields["parallel"] = "dp-manual"  # jax compresses in its hand-written pmean
-        try:
-            strategy = Strategy(**fields)
-            require(strategy)
-        except UserError:
-            continue
-        out.append(strategy)
+        out += _if_supported(fields)
     return out
+
+
+def _if_supported(fields: dict[str, Any]) -> list[Strategy]:
+    """[the strategy] if it is valid and its backend runs it, else []."""
+    try:
+        strategy = Strategy(**fields)
+        require(strategy)
+    except UserError:
+        return []
+    return [strategy]
 
 
 # The layouts `compare --layouts` runs for each framework, `workers` being the degree of
@@ -138,12 +143,7 @@ def layout_strategies(frameworks: list[str], workers: int) -> list[Strategy]:
                 fields["tp"] = workers
             if parallel == "pp":
                 fields.update(pp=workers, microbatches=2 * workers)
-            try:
-                strategy = Strategy(**fields)
-                require(strategy)
-            except UserError:
-                continue
-            out.append(strategy)
+            out += _if_supported(fields)
     return out
 
 
