@@ -114,6 +114,8 @@ def main() -> None:
                    "expert_ratio-<workload>-<time>.json)")
     a = p.parse_args()
     names = a.configs.split(",")
+    if Path(a.workload).is_file():  # sextant runs in a scratch directory
+        a.workload = str(Path(a.workload).resolve())
     shape_flags, steps, warm = expert_shape_flags(a.workload, a.steps)
     cores = len(os.sched_getaffinity(0))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
