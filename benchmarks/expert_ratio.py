@@ -81,10 +81,22 @@ def run_sextant(workload: str, flags: list[str], threads: int, env: dict) -> lis
     return [max(r["step_times_s"][k] for r in ranks) for k in range(len(ranks[0]["step_times_s"]))]
 
 
-def run_expert(script: str, flags: list[str], threads: int, env: dict) -> list[float]:
+def sextant_cores(workers: int, threads: int) -> list[int] | None:
+    """The cores sextant's launcher pins a single-process run to (None: not pinned)."""
+    from sextant.launch.local import core_sets
+
+    return core_sets((0,), 1, threads)[0] if workers == 1 else None
+
+
+def run_expert(script: str, flags: list[str], threads: int, env: dict,
+               cores: list[int] | None) -> list[float]:
+    # Same affinity as sextant's worker, where sextant pins one (single-process runs with
+    # fewer threads than cores); a no-op when the run has every core.
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # sextant not even importable
     out = subprocess.run([sys.executable, str(EXPERT / script), "--threads", str(threads),
                           *flags], check=True, capture_output=True, text=True, timeout=1800,
-                         env=env)
+                         env=env, preexec_fn=pin, cwd=EXPERT)
     return json.loads(out.stdout.strip().splitlines()[-1])["step_times_s"]
 
 
@@ -132,7 +144,8 @@ def main() -> None:
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
             st = run_sextant(a.workload, sx_flags + ["--steps", str(steps)], threads,
                              run_env)[warm:]
-            et = run_expert(script, ex_flags + shape_flags, threads, run_env)[warm:]
+            et = run_expert(script, ex_flags + shape_flags, threads, run_env,
+                            sextant_cores(workers, threads))[warm:]
             s, e = statistics.median(st), statistics.median(et)
             results[name]["sextant"].append(s)
             results[name]["expert"].append(e)
