@@ -97,7 +97,7 @@ def run_expert(script: str, flags: list[str], threads: int, env: dict,
     out = subprocess.run([sys.executable, str(EXPERT / script), "--threads", str(threads),
                           *flags], check=True, capture_output=True, text=True, timeout=1800,
                          env=env, preexec_fn=pin, cwd=EXPERT)
-    return json.loads(out.stdout.strip().splitlines()[-1])["step_times_s"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bootstrap_median(values: list[float], n: int = 10000, seed: int = 0) -> tuple[float, float]:
@@ -129,6 +129,10 @@ def main() -> None:
     if Path(a.workload).is_file():  # sextant runs in a scratch directory
         a.workload = str(Path(a.workload).resolve())
     shape_flags, steps, warm = expert_shape_flags(a.workload, a.steps)
+    from sextant.init import count_params
+    from sextant.workload import resolve_workload
+
+    n_params = count_params(resolve_workload(a.workload).model)
     cores = len(os.sched_getaffinity(0))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     results: dict[str, dict] = {n: {"sextant": [], "expert": []} for n in names}
@@ -144,8 +148,12 @@ def main() -> None:
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
             st = run_sextant(a.workload, sx_flags + ["--steps", str(steps)], threads,
                              run_env)[warm:]
-            et = run_expert(script, ex_flags + shape_flags, threads, run_env,
-                            sextant_cores(workers, threads))[warm:]
+            report = run_expert(script, ex_flags + shape_flags, threads, run_env,
+                                sextant_cores(workers, threads))
+            if report["params"] != n_params:  # not the same model: the ratio would mean nothing
+                raise SystemExit(f"{script}: {report['params']} parameters, sextant's model has "
+                                 f"{n_params}")
+            et = report["step_times_s"][warm:]
             s, e = statistics.median(st), statistics.median(et)
             results[name]["sextant"].append(s)
             results[name]["expert"].append(e)
