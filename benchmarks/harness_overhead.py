@@ -10,6 +10,11 @@ both; each round yields the median steady-state step time (after the workload's 
 steps). We print the median over rounds of each and their ratio.
 
     python benchmarks/harness_overhead.py --workload gpt-tiny --repeats 5
+
+The "hand" loop here imports sextant's own model, initial parameters, batches and schedule,
+so it measures the loop wrapper only. Whether sextant runs each framework as fast as an
+expert would is measured against loops that share no code with sextant:
+benchmarks/expert_ratio.py (issue #20, docs/benchmarks.md).
 """
 
 from __future__ import annotations

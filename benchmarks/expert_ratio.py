@@ -1,0 +1,201 @@
+"""sextant vs an expert's hand-written loop (issue #20), alternating in fresh processes.
+
+For each configuration (framework, mode, parallelism) and each round, runs a full
+`sextant run` of the workload (fresh CLI process, its own results store; the steady-state
+step times are read from the stored run's rank results, slowest rank per step, after the
+workload's measure.warmup_steps, exactly as sextant's own step_time_median) and then the
+expert loop of benchmarks/expert/ (fresh process, imports nothing from sextant) with the
+same shapes, optimizer hyper-parameters, steps, warm-up exclusion, thread count and
+OMP_NUM_THREADS. Rounds go A B A B ...; every configuration runs once per round, so drifts of
+a shared machine hit all of them. Prints, per configuration, the median over rounds of each
+side's median step, their ratio sextant/expert, the per-round ratios' median and min-max,
+and a bootstrap 95% interval of the median per-round ratio; writes everything (with the load
+averages before and after) as JSON under benchmarks/results/.
+
+    python benchmarks/expert_ratio.py --workload benchmarks/expert/gpt-issue20.toml \
+        --configs torch-eager,torch-compiled,jax,tensorflow --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERT = ROOT / "benchmarks" / "expert"
+
+# name -> (sextant run flags, expert script, expert flags)
+CONFIGS: dict[str, tuple[list[str], str, list[str]]] = {
+    "torch-eager": (["--framework", "torch", "--mode", "eager"], "torch_gpt.py",
+                    ["--mode", "eager"]),
+    "torch-compiled": (["--framework", "torch", "--mode", "compiled"], "torch_gpt.py",
+                       ["--mode", "compiled"]),
+    "torch-dp2-eager": (["--framework", "torch", "--mode", "eager", "--parallel", "dp",
+                         "--workers", "2"], "torch_gpt.py", ["--mode", "eager", "--workers", "2"]),
+    "torch-dp2-compiled": (["--framework", "torch", "--mode", "compiled", "--parallel", "dp",
+                            "--workers", "2"], "torch_gpt.py",
+                           ["--mode", "compiled", "--workers", "2"]),
+    "jax": (["--framework", "jax", "--mode", "compiled"], "jax_gpt.py", []),
+    "tensorflow": (["--framework", "tensorflow", "--mode", "compiled"], "tf_gpt.py",
+                   ["--mode", "keras"]),
+    "tensorflow-fused": (["--framework", "tensorflow", "--mode", "compiled"], "tf_gpt.py",
+                         ["--mode", "fused"]),
+}
+
+
+def expert_shape_flags(workload: str, steps: int | None) -> tuple[list[str], int, int]:
+    """The expert loop's flags for the workload's shapes and optimizer; (flags, steps,
+    warm-up steps excluded)."""
+    from sextant.workload import resolve_workload
+
+    w = resolve_workload(workload)
+    if steps:
+        w = w.replace(steps=steps)
+    m, o = w.model, w.optimizer
+    flags = ["--vocab", m.vocab_size, "--seq-len", m.seq_len, "--d-model", m.d_model,
+             "--n-layers", m.n_layers, "--n-heads", m.n_heads, "--d-ff", m.d_ff,
+             "--batch", w.global_batch, "--steps", w.steps, "--lr", o.lr,
+             "--beta1", o.beta1, "--beta2", o.beta2, "--eps", o.eps,
+             "--weight-decay", o.weight_decay, "--lr-warmup", o.warmup_steps,
+             "--min-lr-ratio", o.min_lr_ratio, "--seed", w.seed]
+    return [str(f) for f in flags], w.steps, w.measure.warmup_steps
+
+
+def run_sextant(workload: str, flags: list[str], threads: int, env: dict) -> list[float]:
+    with tempfile.TemporaryDirectory(prefix="sextant-ratio-") as tmp:
+        subprocess.run(
+            [sys.executable, "-c", "from sextant.cli import main; main()", "run",
+             "--workload", workload, "--db", str(Path(tmp) / "results.db"),
+             "--threads", str(threads), *flags],
+            check=True, capture_output=True, text=True, timeout=1800, env=env, cwd=tmp)
+        (run_dir,) = [p for p in (Path(tmp) / "runs").iterdir() if p.is_dir()]
+        ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.result.json"))]
+    return [max(r["step_times_s"][k] for r in ranks) for k in range(len(ranks[0]["step_times_s"]))]
+
+
+def sextant_cores(workers: int, threads: int) -> list[int] | None:
+    """The cores sextant's launcher pins a single-process run to (None: not pinned)."""
+    from sextant.launch.local import core_sets
+
+    return core_sets((0,), 1, threads)[0] if workers == 1 else None
+
+
+def run_expert(script: str, flags: list[str], threads: int, env: dict,
+               cores: list[int] | None) -> list[float]:
+    # Same affinity as sextant's worker, where sextant pins one (single-process runs with
+    # fewer threads than cores); a no-op when the run has every core.
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # sextant not even importable
+    out = subprocess.run([sys.executable, str(EXPERT / script), "--threads", str(threads),
+                          *flags], check=True, capture_output=True, text=True, timeout=1800,
+                         env=env, preexec_fn=pin, cwd=EXPERT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bootstrap_median(values: list[float], n: int = 10000, seed: int = 0) -> tuple[float, float]:
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+def p10(values: list[float]) -> float:
+    return sorted(values)[len(values) // 10]
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default=str(EXPERT / "gpt-issue20.toml"))
+    p.add_argument("--configs", default="torch-eager,torch-compiled,jax,tensorflow")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads per process (default: cores / workers, sextant's default)")
+    p.add_argument("--out", default=None, help="JSON result file (default: benchmarks/results/"
+                   "expert_ratio-<workload>-<time>.json)")
+    a = p.parse_args()
+    names = a.configs.split(",")
+    if Path(a.workload).is_file():  # sextant runs in a scratch directory
+        a.workload = str(Path(a.workload).resolve())
+    shape_flags, steps, warm = expert_shape_flags(a.workload, a.steps)
+    from sextant.init import count_params
+    from sextant.workload import resolve_workload
+
+    n_params = count_params(resolve_workload(a.workload).model)
+    cores = len(os.sched_getaffinity(0))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    results: dict[str, dict] = {n: {"sextant": [], "expert": []} for n in names}
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    loads = {"before": load()}
+    print(f"workload {a.workload}: {steps} steps, median after {warm}; {a.rounds} rounds; "
+          f"load average before {loads['before']}", flush=True)
+    for r in range(a.rounds):
+        for name in names:
+            sx_flags, script, ex_flags = CONFIGS[name]
+            workers = int(sx_flags[sx_flags.index("--workers") + 1]) if "--workers" in sx_flags else 1
+            threads = a.threads or max(1, cores // workers)
+            run_env = {**env, "OMP_NUM_THREADS": str(threads)}
+            st = run_sextant(a.workload, sx_flags + ["--steps", str(steps)], threads,
+                             run_env)[warm:]
+            report = run_expert(script, ex_flags + shape_flags, threads, run_env,
+                                sextant_cores(workers, threads))
+            if report["params"] != n_params:  # not the same model: the ratio would mean nothing
+                raise SystemExit(f"{script}: {report['params']} parameters, sextant's model has "
+                                 f"{n_params}")
+            et = report["step_times_s"][warm:]
+            s, e = statistics.median(st), statistics.median(et)
+            results[name]["sextant"].append(s)
+            results[name]["expert"].append(e)
+            # The 10th percentile of each run's steps: the least disturbed steps, for reading
+            # a round hit by another program's burst (the median stays the headline figure).
+            results[name].setdefault("sextant_p10", []).append(p10(st))
+            results[name].setdefault("expert_p10", []).append(p10(et))
+            results[name].setdefault("sextant_steps", []).append(st)
+            results[name].setdefault("expert_steps", []).append(et)
+            results[name]["threads"] = threads
+            print(f"round {r + 1} {name:<20} sextant {s * 1e3:8.2f} ms  expert {e * 1e3:8.2f} ms  "
+                  f"ratio {s / e:.3f}  (p10 ratio {p10(st) / p10(et):.3f})  load {load()[0]}",
+                  flush=True)
+    loads["after"] = load()
+    print(f"\nload average after {loads['after']}")
+    print(f"{'config':<20} {'sextant ms':>10} {'expert ms':>10} {'ratio':>7} "
+          f"{'per-round median':>16} {'min-max':>13} {'bootstrap 95%':>15} rounds {'p10 ratio':>9}")
+    summary = {}
+    for name in names:
+        s, e = results[name]["sextant"], results[name]["expert"]
+        ratios = [x / y for x, y in zip(s, e)]
+        lo, hi = bootstrap_median(ratios)
+        row = {"sextant_ms": statistics.median(s) * 1e3, "expert_ms": statistics.median(e) * 1e3,
+               "ratio": statistics.median(s) / statistics.median(e),
+               "round_ratio_median": statistics.median(ratios),
+               "round_ratio_min": min(ratios), "round_ratio_max": max(ratios),
+               "bootstrap_95": [lo, hi], "rounds": len(ratios),
+               "threads": results[name]["threads"],
+               "p10_ratio": statistics.median(results[name]["sextant_p10"])
+               / statistics.median(results[name]["expert_p10"])}
+        summary[name] = row
+        print(f"{name:<20} {row['sextant_ms']:10.2f} {row['expert_ms']:10.2f} {row['ratio']:7.3f} "
+              f"{row['round_ratio_median']:16.3f} {min(ratios):6.3f}-{max(ratios):.3f} "
+              f"{lo:7.3f}-{hi:.3f} {len(ratios):6d} {row['p10_ratio']:9.3f}")
+    out = Path(a.out) if a.out else (ROOT / "benchmarks" / "results" / (
+        f"expert_ratio-{Path(a.workload).stem}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": sys.argv, "started": started, "load_average": loads,
+                               "workload": a.workload, "steps": steps, "warmup_excluded": warm,
+                               "summary": summary, "raw": results}, indent=1))
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
