@@ -50,6 +50,8 @@ LAYOUTS = [
      (1, 2, 1, 0)),
     (dict(framework="jax", mode="compiled", parallel="tp", devices_per_worker=4, tp=2),
      (2, 2, 1, 0)),
+    (dict(framework="jax", mode="compiled", parallel="pp", devices_per_worker=2, pp=2,
+          microbatches=4), (1, 1, 2, 0)),
 ]
 
 
