@@ -547,6 +547,26 @@ _DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf1
                 "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
 
 
+HLO_COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",
+                   "collective-permute")
+
+
+def _hlo_collective_lines(hlo_text: str) -> Any:
+    """(op, result types, line, whether in the ENTRY computation) of each collective
+    instruction in HLO text."""
+    import re
+
+    in_entry = False
+    for line in hlo_text.splitlines():
+        if line.startswith("ENTRY "):
+            in_entry = True
+        elif line and not line[0].isspace() and line.rstrip().endswith("{"):
+            in_entry = False  # another computation starts (HLO text lists ENTRY last)
+        head = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([a-z-]+?)(?:-start)?\(", line)
+        if head and head.group(2) in HLO_COLLECTIVES:
+            yield head.group(2), head.group(1), line, in_entry
+
+
 def hlo_collective_bytes(hlo_text: str) -> dict[str, int]:
     """Input payload bytes of each collective in a compiled XLA module, per execution of its
     computation (op -> bytes): the operand an all-reduce or reduce-scatter reduces, the shard
@@ -554,20 +574,15 @@ def hlo_collective_bytes(hlo_text: str) -> dict[str, int]:
     come from replica_groups ({{0,1},...} or the iota form [groups,size]<=[n])."""
     import re
 
-    ops = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
     out: dict[str, int] = {}
-    for line in hlo_text.splitlines():
-        head = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([a-z-]+?)(?:-start)?\(", line)
-        if not head or head.group(2) not in ops:
-            continue
+    for op, types, line, _ in _hlo_collective_lines(hlo_text):
         size = sum(
             _DTYPE_BYTES.get(dtype, 4) * (math.prod(int(d) for d in dims.split(",")) if dims
                                           else 1)
-            for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", head.group(1)))
+            for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", types))
         explicit = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
         iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
         group = len(explicit.group(1).split(",")) if explicit else int(iota.group(1)) if iota else 1
-        op = head.group(2)
         if group == 1 and (explicit or iota):
             continue  # groups of one device: nothing crosses a link
         if op == "all-gather":
@@ -585,18 +600,10 @@ def hlo_collectives(hlo_text: str) -> dict[str, list[int]]:
     scan) runs once per iteration, which the third figure exposes."""
     import re
 
-    ops = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
     found: dict[str, list[int]] = {}
-    in_entry = False
-    for line in hlo_text.splitlines():
-        if line.startswith("ENTRY "):
-            in_entry = True
-        elif line and not line[0].isspace() and line.rstrip().endswith("{"):
-            in_entry = False  # another computation starts (HLO text lists ENTRY last)
-        head = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([a-z-]+?)(?:-start)?\(", line)
-        if head and head.group(2) in ops:
-            counts = found.setdefault(head.group(2), [0, 0, 0])
-            counts[0] += 1
-            counts[1] += max(1, len(re.findall(r"\w+\[[\d,]*\]", head.group(1))))
-            counts[2] += 0 if in_entry else 1
+    for op, types, _, in_entry in _hlo_collective_lines(hlo_text):
+        counts = found.setdefault(op, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += max(1, len(re.findall(r"\w+\[[\d,]*\]", types)))
+        counts[2] += 0 if in_entry else 1
     return found

@@ -117,18 +117,22 @@ def apply_tp(net: nn.Module, mesh: Any, sequence_parallel: bool, tied: bool,
 
 
 def grad_norm(params: list[torch.Tensor], pp_group: Any = None) -> torch.Tensor:
-    """Global L2 norm of the gradients, DTensor shards and plain tensors alike, without a
-    host sync; `pp_group`: the stages' squared norms are summed over it."""
+    """Global L2 norm of the (already reduced) gradients of every strategy, without a host
+    sync: DTensor shards (FSDP, tensor parallel) and plain tensors alike; `pp_group`: the
+    pipeline stages' squared norms are summed over it. One kind of tensor and no pipeline:
+    the framework's norm as it is."""
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in params if p.grad is not None]
     sharded = [g for g in grads if isinstance(g, DTensor)]
     plain = [g for g in grads if not isinstance(g, DTensor)]
-    squared = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else None)
-    if sharded:
-        squared = squared + torch.nn.utils.get_total_norm(sharded, foreach=True).full_tensor() ** 2
-    if plain:
-        squared = squared + torch.nn.utils.get_total_norm(plain, foreach=True) ** 2
+    norms = ([torch.nn.utils.get_total_norm(sharded, foreach=True).full_tensor()]
+             if sharded else [])
+    if plain or not norms:
+        norms.append(torch.nn.utils.get_total_norm(plain, foreach=True))
+    if len(norms) == 1 and pp_group is None:
+        return norms[0]
+    squared = sum(n**2 for n in norms)
     if pp_group is not None:
         dist.all_reduce(squared, group=pp_group)
     return squared.sqrt()

@@ -265,18 +265,10 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     accounting: dict[str, int] = {}
     trainable = list((stage or net).parameters())
 
-    def grad_norm() -> torch.Tensor:
-        # Global L2 norm of the (already reduced) gradients, without a host sync.
-        if lay is not None:
-            return par.grad_norm(trainable, lay.mp_group if parallel == "pp" else None)
-        norm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None],
-                                             foreach=True)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
     def update() -> torch.Tensor:
         if lay is not None:
             par.average_over_dp(trainable, lay, ctx.fault)
-        norm = grad_norm()
+        norm = par.grad_norm(trainable, lay.mp_group if parallel == "pp" else None)
         if not accounting:
             accounting["grads"] = _nbytes(p.grad for p in trainable if p.grad is not None)
         k = min(counter_k["k"], len(lrs) - 1)
