@@ -164,12 +164,12 @@ def layouts_not_run(frameworks: list[str]) -> list[str]:
 
 
 def layout_table(records: Sequence[Mapping[str, Any]]) -> Any:
-    """The parallelism spectrum: per layout, what it cost and what it needed."""
+    """The parallelism spectrum: per layout, what it cost and what it needed (the figures of
+    the report's section, sextant.report.model.layout_rows), beside its speed and loss."""
     from rich.table import Table
 
-    from sextant.backends.code_size import strategy_lines
     from sextant.display import fmt_ms, fmt_share
-    from sextant.report.model import layout_comm_bytes
+    from sextant.report.model import layout_rows
 
     table = Table(title="parallel layouts (per rank; comm: payload bytes of the collectives one "
                         "step issued, counted (torch) or read from the compiled HLO (jax); "
@@ -178,29 +178,26 @@ def layout_table(records: Sequence[Mapping[str, Any]]) -> Any:
     for col in ("run", "step ms", "vs single", "exposed comm", "comm MB/step", "params MB",
                 "opt MB", "idle", "code lines", "final loss", "Δ loss"):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
-    singles = {r["strategy"]["framework"]: r for r in records
-               if r["strategy"]["parallel"] == "single"}
-    base = records[0]
-    for rec in records:
-        m, r0, st = rec["metrics"], rec["ranks"][0], rec["strategy"]
-        acc = r0.get("memory_accounting") or {}
-        single = singles.get(st["framework"])
-        ratio = (m["step_time_median_s"] / single["metrics"]["step_time_median_s"]
-                 if single else None)
-        comm = layout_comm_bytes(r0)
-        idle = max((r.get("details", {}).get("pipeline") or {}).get("idle_share", -1)
-                   for r in rec["ranks"])
-        lines = strategy_lines(get_backend(st["framework"]).strategy_code(st["parallel"]))
+    rows = layout_rows(records)
+    singles = {row["framework"]: row["step_time_s"] for row in rows
+               if row["parallel"] == "single"}
+    base = records[0]["metrics"]["final_loss"]
+    for rec, row in zip(records, rows):
+        m = rec["metrics"]
+        single = singles.get(row["framework"])
+        comm, params, opt = (row[k] for k in ("comm_bytes_per_step", "param_bytes",
+                                                "optimizer_bytes"))
         table.add_row(
-            rec["label"], fmt_ms(m["step_time_median_s"]),
-            "-" if ratio is None else f"{ratio:.2f}x", fmt_share(m.get("exposed_comm_share")),
+            rec["label"], fmt_ms(row["step_time_s"]),
+            "-" if not single else f"{row['step_time_s'] / single:.2f}x",
+            fmt_share(m.get("exposed_comm_share")),
             "-" if comm is None else f"{comm / 2**20:.2f}",
-            f"{acc['params'] / 2**20:.3f}" if acc.get("params") is not None else "-",
-            f"{acc['optimizer_state'] / 2**20:.3f}" if acc.get("optimizer_state") else "-",
-            "-" if idle < 0 else f"{idle:.0%}",
-            "-" if lines is None else str(lines),
+            "-" if params is None else f"{params / 2**20:.3f}",
+            f"{opt / 2**20:.3f}" if opt else "-",
+            "-" if row["stage_idle_share"] is None else f"{row['stage_idle_share']:.0%}",
+            "-" if row["code_lines"] is None else str(row["code_lines"]),
             f"{m['final_loss']:.4f}",
-            "base" if rec is base else f"{m['final_loss'] - base['metrics']['final_loss']:+.1e}",
+            "base" if rec is records[0] else f"{m['final_loss'] - base:+.1e}",
         )
     return table
 

@@ -561,13 +561,19 @@ def layout_comm_bytes(rank: Mapping[str, Any]) -> float | None:
 
 
 def _layouts(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
-    """The parallelism spectrum (compare --layouts): per run, what its layout cost and how
-    much sextant code it needed; None without a tensor- or pipeline-parallel run."""
+    """The report's parallel-layouts section; None without a tensor- or pipeline-parallel
+    run."""
+    if not any(run_field(r, "parallel") in MODEL_PARALLEL for r in runs):
+        return None
+    return layout_rows(runs)
+
+
+def layout_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The parallelism spectrum (compare --layouts, the report): per run, what its layout
+    cost and how much sextant code it needed."""
     from sextant.backends import get_backend
     from sextant.backends.code_size import strategy_lines
 
-    if not any(run_field(r, "parallel") in MODEL_PARALLEL for r in runs):
-        return None
     rows = []
     for run in runs:
         ranks = run.get("ranks") or [{}]
