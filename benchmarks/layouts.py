@@ -6,7 +6,9 @@ tp, tp-manual, pp with GPipe and 1F1B, dp x tp), each in fresh processes through
 the median steady step, the parameter bytes one rank holds (measured from its tensors)
 next to the planner's prediction for the same layout (`sextant plan --workload ... --tp
 --pp --dp --zero`, fp32), the collectives XLA put in the compiled JAX step, and for
-pipelines the planner's bubble (p - 1) / (m + p - 1).
+pipelines the planner's bubble (p - 1) / (m + p - 1) beside each stage's measured idle share;
+where a run measures it, the exposed communication (the step against itself with its
+collectives swapped for local stand-ins, the workload's measure.nosync_steps pairs).
 
     python benchmarks/layouts.py --steps 30
 """
@@ -47,6 +49,8 @@ LAYOUTS = [
     (dict(framework="jax", mode="compiled", parallel="tp", devices_per_worker=2, tp=2),
      (1, 2, 1, 0)),
     (dict(framework="jax", mode="compiled", parallel="tp-manual", devices_per_worker=2, tp=2),
+     (1, 2, 1, 0)),
+    (dict(framework="jax", mode="compiled", parallel="tp-manual", workers=2, tp=2),
      (1, 2, 1, 0)),
     (dict(framework="jax", mode="compiled", parallel="tp", devices_per_worker=4, tp=2),
      (2, 2, 1, 0)),
@@ -94,6 +98,9 @@ def main() -> None:
             "parallel": strategy.parallel,
             "step_ms": record["metrics"]["step_time_median_s"] * 1e3,
             "final_loss": record["metrics"]["final_loss"],
+            "exposed_comm_s": record["metrics"].get("exposed_comm_s"),
+            "nosync_step_ms": (record["metrics"]["nosync_step_median_s"] * 1e3
+                               if "nosync_step_median_s" in record["metrics"] else None),
             "param_bytes_rank0": measured,
             "planned_param_bytes": predicted,
             "param_error": (measured / predicted - 1) if measured and predicted else None,
@@ -114,7 +121,10 @@ def main() -> None:
               f"params/rank {measured} B (planned {predicted}, {err})  "
               f"comm {row['comm_detail'] or row['comm_bytes_measured']} (tp planned "
               f"{row['tp_bytes_planned']})  idle {row['stage_idle_measured']} (bubble planned "
-              f"{row['bubble_planned']})", flush=True)
+              f"{row['bubble_planned']})  exposed comm "
+              f"{row['exposed_comm_s'] and round(row['exposed_comm_s'] * 1e3, 1)} ms "
+              f"(step without collectives {row['nosync_step_ms'] and round(row['nosync_step_ms'], 1)} ms)",
+              flush=True)
     singles = {r["framework"]: r["step_ms"] for r in rows if r["parallel"] == "single"}
     print("step time relative to the same framework's single process: " + ", ".join(
         f"{r['layout']} {r['step_ms'] / singles[r['framework']]:.2f}" for r in rows))
