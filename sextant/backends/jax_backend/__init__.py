@@ -21,8 +21,8 @@ class JaxBackend(BackendBase):
     extra = "jax"
 
     STRATEGY_CODE = {
-        "dp-manual": ("sextant.backends.jax_backend.train:_train.per_device_step",
-                      "sextant.backends.jax_backend.train:_train.mean_over_devices"),
+        "dp-manual": ("sextant.backends.jax_backend.train:_step_functions.per_device_step",
+                      "sextant.backends.jax_backend.train:_step_functions.mean_over_devices"),
         "fsdp": ("sextant.backends.jax_backend.train:_fsdp_spec",),
         "tp": ("sextant.backends.jax_backend.train:_tp_spec",),
         "pp": tuple(f"sextant.backends.jax_backend.pipeline:{name}" for name in (

@@ -40,22 +40,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sextant import checkpoint as ckpt
 from sextant import data
+from sextant.backends import harness
+from sextant.backends.harness import Description, Trainer
 from sextant.errors import UserError
-from sextant.init import decays, init_params, params_digest
-from sextant.measure.comm import bytes_per_step, megatron_tp_payload
+from sextant.init import decays, init_params
+from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
-from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
 from sextant.workload import MLPSpec
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import WorkerContext
+    from sextant.backends.contracts import RankResult, WorkerContext
 
 
-def run(ctx: WorkerContext) -> dict[str, Any]:
+def run(ctx: WorkerContext) -> RankResult:
     import jax
 
     if ctx.strategy.devices_per_worker > 1:
@@ -225,59 +225,34 @@ def _shardings(parallel: str, devices: list[Any], tp: int, pp: int,
     return mesh, tp_specs, param_sh, moment_sh
 
 
-def _train(ctx: WorkerContext) -> dict[str, Any]:
-    import jax
-    import jax.flatten_util
+def _optimizer(workload: Any, params_np: dict[str, np.ndarray], parallel: str) -> Any:
+    """optax.adamw with the workload's schedule: the same math as torch.optim.AdamW
+    (bias-corrected moments, eps added to sqrt(v_hat) = sqrt(v)/sqrt(1-b2^t) + eps, decoupled
+    decay lr*wd*p on the masked parameters)."""
     import jax.numpy as jnp
     import optax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    workload, strategy = ctx.workload, ctx.strategy
-    spec = workload.model
-    parallel = strategy.parallel
-    devices = jax.devices()
-    tp = strategy.tp
-    n = len(devices) // (tp * strategy.pp)  # data-parallel replicas
-    if workload.global_batch % n:
-        raise UserError(
-            f"global_batch {workload.global_batch} is not divisible by {n} devices"
-        )
-    two_d = parallel in ("tp", "tp-manual", "pp")
-    params_np = _initial_params(workload, strategy)
-    mesh, tp_specs, param_sh, moment_sh = _shardings(parallel, devices, tp, strategy.pp,
-                                                     params_np)
-    replicated = NamedSharding(mesh, P())
-    batch_sharding = NamedSharding(mesh, P("data"))
-    params = {
-        k: jax.make_array_from_callback(v.shape, param_sh[k], lambda idx, v=v: v[idx])
-        for k, v in params_np.items()
-    }
 
     opt_spec = workload.optimizer
     lrs = jnp.asarray(lr_table(opt_spec, workload.steps))
     last = workload.steps - 1
-    # optax.adamw matches torch.optim.AdamW: bias-corrected moments, eps added to
-    # sqrt(v_hat) (= sqrt(v)/sqrt(1-b2^t) + eps), decoupled decay lr*wd*p on masked params.
-    optimizer = optax.adamw(
+    return optax.adamw(
         learning_rate=lambda count: lrs[jnp.minimum(count, last)],
         b1=opt_spec.beta1, b2=opt_spec.beta2, eps=opt_spec.eps,
         weight_decay=opt_spec.weight_decay,
-        mask=_decay_mask(params_np, spec, parallel),
+        mask=_decay_mask(params_np, workload.model, parallel),
     )
-    def state_sharding(path: tuple, leaf: Any) -> NamedSharding:
-        # Moments mirror their parameter's sharding; counters are replicated.
-        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-        return moment_sh[keys[-1]] if keys and keys[-1] in moment_sh else replicated
 
-    state_sh = jax.tree_util.tree_map_with_path(state_sharding,
-                                                jax.eval_shape(optimizer.init, params))
-    opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
 
+def _loss_and_grads(ctx: WorkerContext, mesh: Any) -> tuple[Any, Any]:
+    """(precision_loss, grad_fn): the model's loss under the precision and activation-
+    checkpointing levers, and its (loss, gradients) over `grad_accum` micro-batches."""
+    import jax
+    import jax.numpy as jnp
+
+    strategy, spec = ctx.strategy, ctx.workload.model
     model_loss = _model_loss(spec, strategy, mesh, ctx.fault)
     accum = strategy.grad_accum
-    # Activation checkpointing: every transformer block under jax.checkpoint.
-    remat = strategy.activation_checkpointing
+    remat = strategy.activation_checkpointing  # every transformer block under jax.checkpoint
     _check_remat(remat, spec)
     compute_dtype = jnp.bfloat16 if strategy.precision == "bf16" else jnp.float32
 
@@ -309,6 +284,23 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         (loss, grads), _ = jax.lax.scan(body, zero, (micro(x), micro(y)))
         return loss / accum, jax.tree.map(lambda g: g / accum, grads)
 
+    return precision_loss, grad_fn
+
+
+def _step_functions(ctx: WorkerContext, mesh: Any, n: int, moment_sh: Any, optimizer: Any,
+                    grad_fn: Any) -> tuple[Any, Any, Any]:
+    """(apply, declarative_step, per_device_step): the optimizer update, the step whose
+    collectives XLA inserts from the shardings, and the shard_map step whose gradient mean is
+    written by hand (`per_device_step(sync=False)` leaves it out)."""
+    import jax
+    import jax.flatten_util
+    import jax.numpy as jnp
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    strategy = ctx.strategy
+    accum, parallel = strategy.grad_accum, strategy.parallel
     wire = {"bf16": jnp.bfloat16, "fp16": jnp.float16}.get(strategy.compress)
 
     def mean_over_devices(tree: Any) -> Any:
@@ -362,9 +354,161 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
                              out_specs=(P(), P(), P()), check_vma=False)
 
+    return apply, declarative_step, per_device_step
+
+
+def _checkpointing(ctx: WorkerContext, state: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(save, restore, barrier) through orbax's StandardCheckpointer: every process writes
+    and reads its own shards, restored straight into each array's sharding."""
+    import jax
+
+    barriers = {"n": 0}
+
+    def barrier() -> None:
+        if ctx.world > 1:
+            from jax.experimental import multihost_utils
+
+            barriers["n"] += 1
+            multihost_utils.sync_global_devices(f"sextant-checkpoint-{barriers['n']}")
+
+    def checkpointer() -> Any:
+        import orbax.checkpoint as ocp
+
+        return ocp.StandardCheckpointer()
+
+    def save(directory: Any) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        writer = checkpointer()
+        writer.save(directory.resolve() / "state", dict(state))
+        writer.wait_until_finished()
+        writer.close()
+
+    def restore(directory: Any, step: int) -> None:
+        abstract = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), dict(state))
+        reader = checkpointer()
+        state.update(reader.restore(directory.resolve() / "state", abstract))
+        reader.close()
+
+    return save, restore, barrier
+
+
+STEP_DESCRIPTIONS = {
+    "single": "jit",
+    "dp": "jit over Mesh(data), batch sharded, params replicated",
+    "dp-manual": "jit(shard_map) with lax.pmean of gradients",
+    "zero1": "jit over Mesh(data), params replicated, optimizer state sharded",
+    "zero2": "jit over Mesh(data), params replicated, gradients and optimizer state sharded",
+    "fsdp": "jit over Mesh(data), params and optimizer state sharded",
+    "tp": "jit over Mesh(data={n}, model={tp}), q/k/v/gate/up sharded by columns, o/down by "
+          "rows (XLA inserts the collectives)",
+    "tp-manual": "jit(shard_map) over Mesh(data={n}, model={tp}) with Megatron's f/g psum "
+                 "operators",
+    "pp": "jit(shard_map) over Mesh(data={n}, stage={pp}): blocks stacked by stage, "
+          "lax.ppermute hand-offs, GPipe over {m} micro-batches",
+}
+
+
+def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch: Any,
+              n: int) -> Description:
+    import jax
+    import optax
+
+    strategy = ctx.strategy
+    devices = jax.devices()
+    collectives = collective_bytes = None
+    if len(devices) > 1:
+        # The collectives XLA put in the compiled step (the cached executable: no recompile).
+        hlo = train_step.lower(state["params"], state["opt"], *batch).compile().as_text()
+        collectives = hlo_collectives(hlo)
+        collective_bytes = hlo_collective_bytes(hlo)
+        if ctx.rank == 0:  # kept with the run: what XLA made of the strategy
+            (ctx.run_dir / "train_step.hlo.txt").write_text(hlo)
+
+    def local_bytes(tree: Any) -> int:
+        # Bytes this process holds for its first device (its own shard, or a full replica).
+        first = jax.local_devices()[0]
+        return sum(s.data.nbytes for leaf in jax.tree.leaves(tree)
+                   for s in leaf.addressable_shards if s.device == first)
+
+    params_bytes = local_bytes(state["params"])
+    details = {
+        "optimizer": f"optax.adamw (optax {optax.__version__})",
+        "step": STEP_DESCRIPTIONS[strategy.parallel].format(
+            n=n, tp=strategy.tp, pp=strategy.pp, m=strategy.microbatches),
+        "devices": n,
+        "local_param_bytes": params_bytes,
+        "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,
+        "hlo_collectives": collectives,
+        "hlo_collective_bytes": collective_bytes,
+        "tp_planned_bytes_per_step": megatron_tp_payload(ctx.workload, strategy),
+    }
+    if strategy.activation_checkpointing:
+        details["activation_checkpointing"] = "jax.checkpoint per transformer block"
+    return Description(
+        memory={"params": params_bytes,
+                "grads": None,  # live only inside the compiled step; XLA does not expose them
+                "optimizer_state": local_bytes(state["opt"])},
+        details=details,
+        fingerprint=fingerprint(
+            framework="jax",
+            framework_version=jax.__version__,
+            jaxlib=package_version("jaxlib"),
+            optax=optax.__version__,
+            threads=ctx.threads,
+            device=f"{devices[0].platform} x{len(jax.local_devices())} per process",
+            cuda=None,
+            gpu=devices[0].device_kind if devices[0].platform == "gpu" else None,
+        ),
+    )
+
+
+def _train(ctx: WorkerContext) -> RankResult:
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    workload, strategy = ctx.workload, ctx.strategy
+    parallel = strategy.parallel
+    devices = jax.devices()
+    n = len(devices) // (strategy.tp * strategy.pp)  # data-parallel replicas
+    if workload.global_batch % n:
+        raise UserError(
+            f"global_batch {workload.global_batch} is not divisible by {n} devices"
+        )
+    two_d = parallel in ("tp", "tp-manual", "pp")
+    params_np = _initial_params(workload, strategy)
+    mesh, tp_specs, param_sh, moment_sh = _shardings(parallel, devices, strategy.tp,
+                                                     strategy.pp, params_np)
+    replicated = NamedSharding(mesh, P())
+    batch_sharding = NamedSharding(mesh, P("data"))
+    params = {
+        k: jax.make_array_from_callback(v.shape, param_sh[k], lambda idx, v=v: v[idx])
+        for k, v in params_np.items()
+    }
+    optimizer = _optimizer(workload, params_np, parallel)
+
+    def state_sharding(path: tuple, leaf: Any) -> NamedSharding:
+        # Moments mirror their parameter's sharding; counters are replicated.
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        return moment_sh[keys[-1]] if keys and keys[-1] in moment_sh else replicated
+
+    state_sh = jax.tree_util.tree_map_with_path(state_sharding,
+                                                jax.eval_shape(optimizer.init, params))
+    opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
+
+    precision_loss, grad_fn = _loss_and_grads(ctx, mesh)
+    apply, declarative_step, per_device_step = _step_functions(ctx, mesh, n, moment_sh,
+                                                               optimizer, grad_fn)
     _register_faults(ctx.fault)
     donate = (0, 1)
-    device = devices[0]
+    sharded_jit = functools.partial(
+        jax.jit,
+        in_shardings=(param_sh, state_sh, batch_sharding, batch_sharding),
+        out_shardings=(param_sh, state_sh, replicated),
+        donate_argnums=donate,
+    )
+    step_fn = declarative_step
     if parallel == "single":
         train_step = jax.jit(declarative_step, donate_argnums=donate)
     elif parallel == "dp-manual":
@@ -373,24 +517,14 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         if parallel == "tp-manual":
             step_fn = _megatron_step(mesh, tp_specs, precision_loss, apply,
                                      summed="sum-gradients" in (ctx.fault or "").split(","))
-        else:
-            step_fn = declarative_step
-        sharded_jit = functools.partial(
-            jax.jit,
-            in_shardings=(param_sh, state_sh, batch_sharding, batch_sharding),
-            out_shardings=(param_sh, state_sh, replicated),
-            donate_argnums=donate,
-        )
         train_step = sharded_jit(step_fn)
-    nosync_step = (jax.jit(per_device_step(False), donate_argnums=donate)
-                   if parallel in ("dp", "dp-manual") else None)
 
     def fetch(i: int) -> tuple[jax.Array, jax.Array]:
         x, y = data.global_batch(workload, i)
         if ctx.fault == "shape-change" and i == workload.measure.warmup_steps + 1:
             x, y = x[:-n], y[:-n]  # test hook: a batch of another shape after warm-up
         if parallel == "single":
-            return jax.device_put(x, device), jax.device_put(y, device)
+            return jax.device_put(x, devices[0]), jax.device_put(y, devices[0])
         if two_d:  # each process feeds the rows of its devices' 'data' positions
             return (jax.make_array_from_callback(x.shape, batch_sharding, lambda i: x[i]),
                     jax.make_array_from_callback(y.shape, batch_sharding, lambda i: y[i]))
@@ -406,13 +540,12 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
 
     step = guard_recompiles(lambda batch: run_step(train_step, batch),
                             workload.measure.warmup_steps, count=train_step._cache_size)
-
-    nosync_step = nosync_step or (_without_tp_collectives(sharded_jit, step_fn, params,
-                                                          opt_state, fetch(0))
-                                  if parallel == "tp-manual" else None)
-
-    def step_nosync(batch: tuple[jax.Array, jax.Array]) -> jax.Array:
-        return run_step(nosync_step, batch)
+    if parallel in ("dp", "dp-manual"):
+        nosync_step = jax.jit(per_device_step(False), donate_argnums=donate)
+    elif parallel == "tp-manual":
+        nosync_step = _without_tp_collectives(sharded_jit, step_fn, params, opt_state, fetch(0))
+    else:
+        nosync_step = None
 
     def to_floats(handles: list[jax.Array]) -> list[tuple[float, float]]:
         return [tuple(np.asarray(h.addressable_data(0)).tolist()) for h in handles]
@@ -421,126 +554,24 @@ def _train(ctx: WorkerContext) -> dict[str, Any]:
         # Rows this process feeds (its devices' shards), not the global batch.
         return sum(s.data.shape[0] for s in batch[0].addressable_shards)
 
-    # --- checkpoints (orbax, sealed by sextant.checkpoint) -----------------------------
-    notes: list[str] = []
-    start_step = 0
-    barriers = {"n": 0}
-
-    def barrier() -> None:
-        if ctx.world > 1:
-            from jax.experimental import multihost_utils
-
-            barriers["n"] += 1
-            multihost_utils.sync_global_devices(f"sextant-checkpoint-{barriers['n']}")
-
-    def checkpointer() -> Any:
-        import orbax.checkpoint as ocp
-
-        return ocp.StandardCheckpointer()
-
-    def save(step_number: int) -> None:
-        def write(directory: Any) -> None:
-            directory.mkdir(parents=True, exist_ok=True)
-            writer = checkpointer()
-            writer.save(directory.resolve() / "state", dict(state))
-            writer.wait_until_finished()
-            writer.close()
-
-        ckpt.save_sealed(ctx, step_number, write, barrier)
-
-    if strategy.resume:
-        start_step, directory = ckpt.resume_point(ctx, notes)
-        if directory is not None:
-            # Restored straight into each array's sharding: every process reads its shards.
-            abstract = jax.tree.map(
-                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), dict(state))
-            reader = checkpointer()
-            state.update(reader.restore(directory.resolve() / "state", abstract))
-            reader.close()
-        barrier()
-
-    exported: dict[str, Any] = {}
-
-    def export_final() -> None:
-        # Right after the last training step, before the exposed-communication pairs (which
-        # keep updating the parameters, for timing only); every process joins the gather.
+    def final_params() -> dict[str, np.ndarray] | None:
+        # Every process joins the gather; rank 0 writes.
         from jax.experimental import multihost_utils
 
-        final = _canonical({k: np.asarray(v) for k, v in multihost_utils.process_allgather(
-            state["params"], tiled=True).items()}, spec, parallel)
-        if ctx.rank == 0:
-            np.savez(ctx.run_dir / "final_params.npz", **final)
-            exported["sha256"] = params_digest(final)
+        return _canonical({k: np.asarray(v) for k, v in multihost_utils.process_allgather(
+            state["params"], tiled=True).items()}, workload.model, parallel)
 
-    result = timed_training(
-        ctx, fetch=fetch, step=step, block=jax.block_until_ready, to_floats=to_floats,
+    save, restore, barrier = _checkpointing(ctx, state)
+    return harness.train(ctx, Trainer(
+        n_params=int(sum(v.size for v in params_np.values())),
+        fetch=fetch, step=step, block=jax.block_until_ready, to_floats=to_floats,
         rows_of=local_rows,
-        step_nosync=step_nosync if nosync_step is not None else None,
-        start_step=start_step,
-        checkpoint=save if strategy.checkpoint_every else None,
-        on_trained=export_final,
-    )
-    result["final_params_sha256"] = exported.get("sha256")  # rank 0 only
-    collectives = collective_bytes = None
-    if len(devices) > 1:
-        # The collectives XLA put in the compiled step (the cached executable: no recompile).
-        hlo = train_step.lower(state["params"], state["opt"], *fetch(0)).compile().as_text()
-        collectives = hlo_collectives(hlo)
-        collective_bytes = hlo_collective_bytes(hlo)
-        if ctx.rank == 0:  # kept with the run: what XLA made of the strategy
-            (ctx.run_dir / "train_step.hlo.txt").write_text(hlo)
-
-    def local_bytes(tree: Any) -> int:
-        # Bytes this process holds for its first device (its own shard, or a full replica).
-        first = jax.local_devices()[0]
-        return sum(s.data.nbytes for leaf in jax.tree.leaves(tree)
-                   for s in leaf.addressable_shards if s.device == first)
-
-    local_bytes_params = local_bytes(state["params"])
-    result["memory_accounting"] = {
-        "params": local_bytes_params,
-        "grads": None,  # live only inside the compiled step; XLA does not expose them
-        "optimizer_state": local_bytes(state["opt"]),
-        "parameters": int(sum(v.size for v in params_np.values())),
-    }
-    result["comm"] = {"planned_bytes_per_step": bytes_per_step(strategy, sum(
-        v.size for v in params_np.values())), "measured_grad_payload_bytes_per_step": None}
-    result["details"] = {
-        "optimizer": f"optax.adamw (optax {optax.__version__})",
-        "step": {"single": "jit", "dp": "jit over Mesh(data), batch sharded, params replicated",
-                 "dp-manual": "jit(shard_map) with lax.pmean of gradients",
-                 "zero1": "jit over Mesh(data), params replicated, optimizer state sharded",
-                 "zero2": "jit over Mesh(data), params replicated, gradients and optimizer "
-                          "state sharded",
-                 "fsdp": "jit over Mesh(data), params and optimizer state sharded",
-                 "tp": f"jit over Mesh(data={n}, model={tp}), q/k/v/gate/up sharded by "
-                       "columns, o/down by rows (XLA inserts the collectives)",
-                 "tp-manual": f"jit(shard_map) over Mesh(data={n}, model={tp}) with "
-                              "Megatron's f/g psum operators",
-                 "pp": f"jit(shard_map) over Mesh(data={n}, stage={strategy.pp}): blocks "
-                       f"stacked by stage, lax.ppermute hand-offs, GPipe over "
-                       f"{strategy.microbatches} micro-batches"}[parallel],
-        "devices": n,
-        "local_param_bytes": local_bytes_params,
-        "collectives": jax.config.jax_cpu_collectives_implementation if ctx.world > 1 else None,
-        "hlo_collectives": collectives,
-        "hlo_collective_bytes": collective_bytes,
-        "tp_planned_bytes_per_step": megatron_tp_payload(workload, strategy),
-        "notes": notes,
-    }
-    if remat:
-        result["details"]["activation_checkpointing"] = "jax.checkpoint per transformer block"
-    result["fingerprint"] = fingerprint(
-        framework="jax",
-        framework_version=jax.__version__,
-        jaxlib=package_version("jaxlib"),
-        optax=optax.__version__,
-        threads=ctx.threads,
-        device=f"{devices[0].platform} x{len(jax.local_devices())} per process",
-        cuda=None,
-        gpu=devices[0].device_kind if devices[0].platform == "gpu" else None,
-    )
-    return result
+        step_nosync=(lambda batch: run_step(nosync_step, batch)) if nosync_step is not None
+                     else None,
+        final_params=final_params,
+        describe=lambda: _describe(ctx, train_step, state, fetch(0), n),
+        save=save, restore=restore, barrier=barrier,
+    ))
 
 
 _DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,

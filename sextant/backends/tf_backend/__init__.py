@@ -85,7 +85,7 @@ def filtered_stderr(path: Path, drop: tuple[str, ...]) -> Iterator[list[str]]:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            kept = []
+            kept: list[str] = []
             for line in sink.read().decode(errors="replace").splitlines():
                 if line.strip():
                     (dropped if any(n in line for n in drop) else kept).append(line)

@@ -42,19 +42,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sextant import data
+from sextant.backends import harness
+from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
-from sextant.measure.guard import guard_recompiles
-from sextant.init import params_digest
 from sextant.errors import UserError
 from sextant.init import init_params, param_shapes
 from sextant.launch.local import default_threads
-from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint
-from sextant.measure.loop import Faults, timed_training
+from sextant.measure.guard import guard_recompiles
+from sextant.measure.loop import Faults
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import WorkerContext
+    from sextant.backends.contracts import RankResult, WorkerContext
 
 ASYNC_NOTE = (
     "parameter-server training is asynchronous: each step is {w} concurrent updates, one per "
@@ -97,7 +97,7 @@ def update_lrs(opt: Any, steps: int, workers: int) -> np.ndarray:
                     steps * workers)
 
 
-def run(ctx: WorkerContext) -> dict[str, Any]:
+def run(ctx: WorkerContext) -> RankResult:
     # gRPC errors surface to the caller at once instead of being retried by the channel, so
     # the coordinator sees a dead server (TensorFlow's parameter-server guide sets this).
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
@@ -142,7 +142,7 @@ def _die_after_chief_step(ctx: WorkerContext, step: int) -> None:
         time.sleep(0.02)
 
 
-def _coordinate(ctx: WorkerContext) -> dict[str, Any]:
+def _coordinate(ctx: WorkerContext) -> RankResult:
     from sextant.backends.tf_backend import import_tensorflow
 
     tf = import_tensorflow(ctx)
@@ -180,7 +180,7 @@ def _coordinate(ctx: WorkerContext) -> dict[str, Any]:
     grad_fn = tf.function(lambda values, x, y: tm.value_and_grad(spec, names, values, x, y),
                           jit_compile=jit)
 
-    def replica(x: tf.Tensor, y: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
+    def replica(x: Any, y: Any, u: Any) -> Any:
         loss, grads = grad_fn([p.read_value() for p in params], x, y)
         norm = tm.global_norm(grads)
         for i, (p, g, m, v) in enumerate(zip(params, grads, ms, vs)):
@@ -189,7 +189,7 @@ def _coordinate(ctx: WorkerContext) -> dict[str, Any]:
         return tf.stack([loss, norm])
 
     @tf.function
-    def worker_fn(x: tf.Tensor, y: tf.Tensor, u: tf.Tensor) -> tf.Tensor:
+    def worker_fn(x: Any, y: Any, u: Any) -> Any:
         return dist.run(replica, args=(x, y, u))
 
     # The coordinator traces worker_fn when scheduling; a retrace after warm-up would mean an
@@ -197,13 +197,13 @@ def _coordinate(ctx: WorkerContext) -> dict[str, Any]:
     check_traces = guard_recompiles(lambda: None, workload.measure.warmup_steps,
                                     count=worker_fn.experimental_get_tracing_count)
 
-    def fetch(i: int) -> list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+    def fetch(i: int) -> list[tuple[Any, Any, Any]]:
         # Global batch i in W shards, one per update; update r of step i is number i*W + r.
         x, y = data.global_batch(workload, i)
         return [(tf.constant(data.shard(x, r, w)), tf.constant(data.shard(y, r, w)),
                  tf.constant(i * w + r, tf.int32)) for r in range(w)]
 
-    def step(batch: list[tuple[tf.Tensor, tf.Tensor, tf.Tensor]]) -> list[Any]:
+    def step(batch: list[tuple[Any, Any, Any]]) -> list[Any]:
         handles = [coordinator.schedule(worker_fn, args=args) for args in batch]
         check_traces()
         return handles
@@ -218,55 +218,54 @@ def _coordinate(ctx: WorkerContext) -> dict[str, Any]:
         return [tuple(np.mean([np.asarray(h.fetch()) for h in handles], axis=0).tolist())
                 for handles in steps]
 
-    exported: dict[str, Any] = {}
-
-    def export_final() -> None:
+    def final_params() -> dict[str, np.ndarray]:
         coordinator.join()
-        final = {n: np.asarray(p.numpy()) for n, p in zip(names, params)}
-        np.savez(ctx.run_dir / "final_params.npz", **final)
-        exported["sha256"] = params_digest(final)
+        return {n: np.asarray(p.numpy()) for n, p in zip(names, params)}
+
+    def describe() -> Description:
+        coordinator.join()
+        return Description(
+            memory={  # held by the parameter servers, not by the chief
+                "params": None, "grads": None, "optimizer_state": None,
+                "on_parameter_servers": 3 * nbytes(params0.values()),
+            },
+            details={
+                "optimizer": "AdamW by hand on tf.Variables (torch.optim.AdamW semantics), "
+                             "applied on the parameter servers",
+                "wrapping": "ParameterServerStrategy + ClusterCoordinator + "
+                            + ("tf.function(jit_compile=True) gradient" if jit
+                               else "tf.function"),
+                "collectives": None,
+                "xla": jit,
+                "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                "parameter_servers": strategy.ps,
+                "variable_placement": placement,
+                "worker_threads": worker_threads(ctx),
+                "updates_per_step": w,
+                "note": ASYNC_NOTE.format(w=w),
+            },
+            fingerprint=fingerprint(
+                framework="tensorflow",
+                framework_version=tf.__version__,
+                threads=worker_threads(ctx),  # intra-op threads of each training worker
+                chief_threads=ctx.threads,
+                inter_op_threads=PS_INTER_OP_THREADS,
+                device="coordinator /job:chief; workers /job:worker/device:CPU:0",
+                xla=jit,
+                onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+            ),
+        )
 
     try:
-        result = timed_training(ctx, fetch=fetch, step=step, block=block, to_floats=to_floats,
-                                rows_of=lambda batch: workload.global_batch,
-                                on_trained=export_final)
-        coordinator.join()
+        return harness.train(ctx, Trainer(
+            n_params=sum(v.size for v in params0.values()),
+            fetch=fetch, step=step, block=block, to_floats=to_floats,
+            rows_of=lambda batch: workload.global_batch,
+            final_params=final_params, describe=describe,
+        ))
     except tf.errors.OpError as exc:
         raise _named_failure(ctx, exc) from exc
-    result["final_params_sha256"] = exported.get("sha256")
-    n_params = sum(v.size for v in params0.values())
-    result["memory_accounting"] = {  # held by the parameter servers, not by the chief
-        "params": None, "grads": None, "optimizer_state": None, "parameters": n_params,
-        "on_parameter_servers": 3 * nbytes(params0.values()),
-    }
-    result["comm"] = {"planned_bytes_per_step": bytes_per_step(strategy, n_params),
-                      "measured_grad_payload_bytes_per_step": None}
-    result["details"] = {
-        "optimizer": "AdamW by hand on tf.Variables (torch.optim.AdamW semantics), "
-                     "applied on the parameter servers",
-        "wrapping": "ParameterServerStrategy + ClusterCoordinator + "
-                    + ("tf.function(jit_compile=True) gradient" if jit else "tf.function"),
-        "collectives": None,
-        "xla": jit,
-        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
-        "parameter_servers": strategy.ps,
-        "variable_placement": placement,
-        "worker_threads": worker_threads(ctx),
-        "updates_per_step": w,
-        "note": ASYNC_NOTE.format(w=w),
-    }
-    result["fingerprint"] = fingerprint(
-        framework="tensorflow",
-        framework_version=tf.__version__,
-        threads=worker_threads(ctx),  # intra-op threads of each training worker process
-        chief_threads=ctx.threads,
-        inter_op_threads=PS_INTER_OP_THREADS,
-        device="coordinator /job:chief; workers /job:worker/device:CPU:0",
-        xla=jit,
-        onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
-        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-    )
-    return result
 
 
 def _named_failure(ctx: WorkerContext, exc: Exception) -> Exception:

@@ -36,19 +36,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sextant import checkpoint as ckpt
 from sextant import data
+from sextant.backends import harness
+from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
 from sextant.errors import UserError
-from sextant.init import init_params, param_shapes, params_digest
+from sextant.init import init_params, param_shapes
 from sextant.measure.guard import guard_recompiles
-from sextant.measure.comm import bytes_per_step
 from sextant.measure.env import fingerprint
-from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import WorkerContext
+    from sextant.backends.contracts import RankResult, WorkerContext
 
 INTER_OP_THREADS = 2
 
@@ -104,7 +103,7 @@ def make_strategy(tf: Any, ctx: WorkerContext) -> tuple[Any, str, str | None]:
     )
 
 
-def run(ctx: WorkerContext) -> dict[str, Any]:
+def run(ctx: WorkerContext) -> RankResult:
     from sextant.backends.tf_backend import import_tensorflow
 
     tf = import_tensorflow(ctx)
@@ -133,41 +132,19 @@ def run(ctx: WorkerContext) -> dict[str, Any]:
         k = tf.Variable(0, dtype=tf.int32, name="update_count")
 
     def apply(p_vars: list[Any], m_vars: list[Any], v_vars: list[Any], k_var: Any,
-              grads: list[tf.Tensor]) -> None:
+              grads: list[Any]) -> None:
         s = opt.scalars(k_var.read_value())
         for i, (p, g, m, v) in enumerate(zip(p_vars, grads, m_vars, v_vars)):
             opt.update(i, p, g, m, v, s)
         k_var.assign_add(1)
 
-    def value_and_grad(values: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor
-                       ) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """(loss, gradients) of this replica's rows, in `accum` micro-batches.
-
-        Micro-batch j is the j-th contiguous chunk of the replica's rows (torch's
-        `x.chunk(K)`; the JAX backend takes rows j mod K: the same mean either way). The
-        gradients are summed and divided by K once, so the result is the gradient of the mean
-        loss over all the rows, as with K = 1. The K forward/backward passes are unrolled
-        in the trace (K is static); each starts after the previous one's gradients exist,
-        so only one micro-batch's activations are alive at a time."""
-        if accum == 1:
-            return tm.value_and_grad(spec, names, values, x, y, compute_dtype)
-        loss_sum, grad_sums = None, None
-        for xj, yj in zip(tf.split(x, accum), tf.split(y, accum)):
-            with tf.control_dependencies(grad_sums or []):
-                loss, grads = tm.value_and_grad(spec, names, values, tf.identity(xj), yj,
-                                                compute_dtype)
-            if grad_sums is None:
-                loss_sum, grad_sums = loss, grads
-            else:
-                loss_sum = loss_sum + loss
-                grad_sums = [a + g for a, g in zip(grad_sums, grads)]
-        return loss_sum / accum, [g / accum for g in grad_sums]
+    value_and_grad = _accumulated(tf, tm, spec, names, compute_dtype, accum)
 
     rows = {"n": 0}  # rows of the batch this process fetched last
 
     if dist is None:
         @tf.function(jit_compile=jit)
-        def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        def step_fn(x: Any, y: Any) -> Any:
             loss, grads = value_and_grad([p.read_value() for p in params], x, y)
             norm = tm.global_norm(grads)
             apply(params, ms, vs, k, grads)
@@ -176,7 +153,7 @@ def run(ctx: WorkerContext) -> dict[str, Any]:
         sync_fn, nosync_fn, n_local = step_fn, None, 1
         device = "/device:CPU:0"
 
-        def fetch(i: int) -> tuple[tf.Tensor, tf.Tensor]:
+        def fetch(i: int) -> tuple[Any, Any]:
             x, y = data.local_batch(workload, i, 0, 1, ctx.fault)
             rows["n"] = len(x)
             return tf.constant(x), tf.constant(y)
@@ -203,35 +180,18 @@ def run(ctx: WorkerContext) -> dict[str, Any]:
 
         sizes = [int(np.prod(shapes[n])) for n in names]
 
-        def all_reduce(grads: list[tf.Tensor]) -> list[tf.Tensor]:
-            """The gradient mean over all replicas, one collective for all gradients.
-
-            fp32: the list goes to tf.distribute, which concatenates it into one flat buffer
-            inside a tf.function (CommunicationOptions.bytes_per_pack 0 makes one pack).
-            Compressed: the same flat buffer made here, in fp32, divided by the replica count
-            (torch's fp16_compress_hook order: dividing first keeps fp16 from overflowing in
-            the sum), cast to 16 bits once, summed, cast back and split. Casting is
-            elementwise, so this is per-tensor casting's result, with two casts instead of
-            two per tensor and no 16-bit concat/split."""
-            replica_ctx = tf.distribute.get_replica_context()
-            if wire is None:
-                return replica_ctx.all_reduce(reduce_op, grads, options=options)
-            scale = 1.0 if sum_gradients else 1.0 / replicas
-            flat = tf.concat([tf.reshape(g, (-1,)) for g in grads], axis=0) * scale
-            reduced = replica_ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(flat, wire),
-                                             options=options)
-            pieces = tf.split(tf.cast(reduced, tf.float32), sizes)
-            return [tf.reshape(piece, g.shape) for piece, g in zip(pieces, grads)]
+        all_reduce = _gradient_mean(tf, wire, reduce_op, options, sizes,
+                                    1.0 if sum_gradients else 1.0 / replicas)
 
         def make_step(sync: bool) -> Any:
-            def replica(x: tf.Tensor, y: tf.Tensor) -> tuple[Any, ...]:
+            def replica(x: Any, y: Any) -> tuple[Any, ...]:
                 loss, grads = grad_fn([p.read_value() for p in params], x, y)
                 if sync:
                     grads = all_reduce(grads)
                 return loss, tm.global_norm(grads), grads
 
             @tf.function
-            def step_fn(x: Any, y: Any) -> tf.Tensor:
+            def step_fn(x: Any, y: Any) -> Any:
                 loss, norm, grads = dist.run(replica, args=(x, y))
                 per_device_grads = [dist.experimental_local_results(g) for g in grads]
                 for d in range(n_local):
@@ -252,7 +212,7 @@ def run(ctx: WorkerContext) -> dict[str, Any]:
             x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
             rows["n"] = len(x)
 
-            def local_shard(value_ctx: WorkerContext) -> tuple[tf.Tensor, tf.Tensor]:
+            def local_shard(value_ctx: Any) -> tuple[Any, Any]:
                 d = value_ctx.replica_id_in_sync_group - ctx.rank * n_local
                 with tf.device(local_devices[d]):
                     return (tf.constant(data.shard(x, d, n_local)),
@@ -265,97 +225,132 @@ def run(ctx: WorkerContext) -> dict[str, Any]:
     guarded = guard_recompiles(sync_fn, workload.measure.warmup_steps,
                                count=sync_fn.experimental_get_tracing_count)
 
-    def step(batch: tuple[Any, Any]) -> tf.Tensor:
+    def step(batch: tuple[Any, Any]) -> Any:
         return guarded(*batch)
 
-    def step_nosync(batch: tuple[Any, Any]) -> tf.Tensor:
+    def step_nosync(batch: tuple[Any, Any]) -> Any:
+        assert nosync_fn is not None  # handed to the loop only when there is one
         return nosync_fn(*batch)
 
-    def block(handle: tf.Tensor) -> None:
+    def block(handle: Any) -> None:
         # TensorFlow executes tf.functions synchronously on CPU: the call returns when the
         # step's work is done, so there is nothing to wait for.
         return None
 
-    def to_floats(handles: list[tf.Tensor]) -> list[tuple[float, float]]:
+    def to_floats(handles: list[Any]) -> list[tuple[float, float]]:
         return [tuple(pair) for pair in np.stack([h.numpy() for h in handles]).tolist()]
 
-    # --- checkpoints (tf.train.Checkpoint, sealed by sextant.checkpoint) ------------------
-    start_step = 0
-    notes: list[str] = []
-    state = tf.train.Checkpoint(params=params, m=ms, v=vs, update_count=k)
-    multi_worker = dist is not None and ctx.world > 1
-    barrier = _barrier(tf, dist, ctx) if multi_worker else (lambda: None)
+    def final_params() -> dict[str, np.ndarray] | None:
+        # Rank 0 only, as torch does.
+        return ({n: np.asarray(p.numpy()) for n, p in zip(names, params)}
+                if ctx.rank == 0 else None)
 
-    def save(step_done: int) -> None:
-        def write(directory: Any) -> None:
-            # TensorFlow's multi-worker rule (keras distributed_file_utils.write_dirpath):
-            # every worker saves, the chief into the real directory, the others into a
-            # temporary one that they delete afterwards.
-            if dist is None or dist.extended.should_checkpoint:
-                directory.mkdir(parents=True, exist_ok=True)
-                state.write(str(directory / CKPT_PREFIX))
-            else:
-                scratch = ctx.run_dir / f"rank{ctx.rank}.workertemp"
-                state.write(str(scratch / CKPT_PREFIX))
-                shutil.rmtree(scratch, ignore_errors=True)
+    def describe() -> Description:
+        return Description(
+            memory={"params": nbytes(params0.values()) * n_local,
+                    "grads": None,  # live only inside the traced step
+                    "optimizer_state": 2 * nbytes(params0.values()) * n_local},
+            details=_details(ctx, wrapping, collectives, n_local, notices),
+            fingerprint=fingerprint(
+                framework="tensorflow",
+                framework_version=tf.__version__,
+                threads=tf.config.threading.get_intra_op_parallelism_threads(),
+                inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
+                device=device,
+                xla=jit,
+                onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+            ),
+        )
 
-        ckpt.save_sealed(ctx, step_done, write, barrier)
-
-    if strategy.resume:
-        step_found, directory = ckpt.resume_point(ctx, notes)
-        if directory is not None:
-            # Every worker reads the chief's files; assert_consumed: every saved value found
-            # its variable and every variable was restored.
-            state.read(str(directory / CKPT_PREFIX)).assert_consumed()
-            if int(k.numpy()) != step_found:
-                raise RuntimeError(f"{directory}: update counter {int(k.numpy())} saved at "
-                                   f"step {step_found}")
-            start_step = step_found
-        barrier()
-
-    exported: dict[str, Any] = {}
-
-    def export_final() -> None:
-        # Right after the last training step, before the exposed-communication pairs (which
-        # keep updating the parameters, for timing only). Rank 0 only, as torch does.
-        if ctx.rank == 0:
-            final = {n: np.asarray(p.numpy()) for n, p in zip(names, params)}
-            np.savez(ctx.run_dir / "final_params.npz", **final)
-            exported["sha256"] = params_digest(final)
-
-    result = timed_training(
-        ctx, fetch=fetch, step=step, block=block, to_floats=to_floats,
+    save, restore, barrier = _checkpointing(
+        tf, ctx, dist, tf.train.Checkpoint(params=params, m=ms, v=vs, update_count=k), k)
+    return harness.train(ctx, Trainer(
+        n_params=sum(v.size for v in params0.values()),
+        fetch=fetch, step=step, block=block, to_floats=to_floats,
         step_nosync=step_nosync if nosync_fn is not None else None,
-        rows_of=lambda batch: rows["n"], start_step=start_step,
-        checkpoint=save if strategy.checkpoint_every else None, on_trained=export_final,
-    )
-    result["final_params_sha256"] = exported.get("sha256")
-    n_params = sum(v.size for v in params0.values())
-    result["memory_accounting"] = {
-        "params": nbytes(params0.values()) * n_local,
-        "grads": None,  # live only inside the traced step
-        "optimizer_state": 2 * nbytes(params0.values()) * n_local,
-        "parameters": n_params,
-    }
-    result["comm"] = {"planned_bytes_per_step": bytes_per_step(strategy, n_params),
-                      "measured_grad_payload_bytes_per_step": None}
+        rows_of=lambda batch: rows["n"], final_params=final_params, describe=describe,
+        save=save, restore=restore, barrier=barrier,
+    ))
+
+
+def _accumulated(tf: Any, tm: Any, spec: Any, names: list[str], compute_dtype: Any,
+                 accum: int) -> Any:
+    """value_and_grad(values, x, y): (loss, gradients) of this replica's rows, in `accum`
+    micro-batches.
+
+    Micro-batch j is the j-th contiguous chunk of the replica's rows (torch's `x.chunk(K)`;
+    the JAX backend takes rows j mod K: the same mean either way). The gradients are summed
+    and divided by K once, so the result is the gradient of the mean loss over all the rows,
+    as with K = 1. The K forward/backward passes are unrolled in the trace (K is static);
+    each starts after the previous one's gradients exist, so only one micro-batch's
+    activations are alive at a time."""
+    def value_and_grad(values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
+        if accum == 1:
+            return tm.value_and_grad(spec, names, values, x, y, compute_dtype)
+        loss_sum: Any = None
+        grad_sums: list[Any] = []
+        for xj, yj in zip(tf.split(x, accum), tf.split(y, accum)):
+            with tf.control_dependencies(grad_sums):
+                loss, grads = tm.value_and_grad(spec, names, values, tf.identity(xj), yj,
+                                                compute_dtype)
+            if not grad_sums:
+                loss_sum, grad_sums = loss, grads
+            else:
+                loss_sum = loss_sum + loss
+                grad_sums = [a + g for a, g in zip(grad_sums, grads)]
+        return loss_sum / accum, [g / accum for g in grad_sums]
+
+    return value_and_grad
+
+
+def _gradient_mean(tf: Any, wire: Any, reduce_op: Any, options: Any, sizes: list[int],
+                   scale: float) -> Any:
+    """all_reduce(grads): the gradient mean over all replicas, one collective for all
+    gradients (called in a replica context).
+
+    fp32: the list goes to tf.distribute, which concatenates it into one flat buffer inside a
+    tf.function (CommunicationOptions.bytes_per_pack 0 makes one pack). Compressed (`wire` a
+    16-bit dtype): the same flat buffer made here, in fp32, multiplied by `scale` (1/replicas;
+    torch's fp16_compress_hook order: dividing first keeps fp16 from overflowing in the sum),
+    cast to 16 bits once, summed, cast back and split. Casting is elementwise, so this is
+    per-tensor casting's result, with two casts instead of two per tensor and no 16-bit
+    concat/split."""
+    def all_reduce(grads: list[Any]) -> list[Any]:
+        replica_ctx = tf.distribute.get_replica_context()
+        if wire is None:
+            return replica_ctx.all_reduce(reduce_op, grads, options=options)
+        flat = tf.concat([tf.reshape(g, (-1,)) for g in grads], axis=0) * scale
+        reduced = replica_ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(flat, wire),
+                                         options=options)
+        pieces = tf.split(tf.cast(reduced, tf.float32), sizes)
+        return [tf.reshape(piece, g.shape) for piece, g in zip(pieces, grads)]
+
+    return all_reduce
+
+
+def _details(ctx: WorkerContext, wrapping: str, collectives: str | None, n_local: int,
+             notices: list[str]) -> dict[str, Any]:
+    strategy = ctx.strategy
+    jit, accum, distributed = strategy.mode == "compiled", strategy.grad_accum, wrapping != "none"
     xla = "XLA " if jit else ""
     micro = f"{accum} micro-batches of " if accum > 1 else ""
     bf16 = "bf16 " if strategy.precision == "bf16" else ""
-    cast = f"cast to {strategy.compress} + " if wire is not None else ""
-    result["details"] = {
+    compressed = strategy.compress in ("bf16", "fp16")
+    cast = f"cast to {strategy.compress} + " if compressed else ""
+    return {
         "optimizer": "AdamW by hand on tf.Variables (torch.optim.AdamW semantics)",
         "wrapping": " + ".join(
-            w for w, on in ((wrapping, dist is not None),
+            w for w, on in ((wrapping, distributed),
                             ("tf.function(jit_compile=True)" if jit else "tf.function", True),
                             ("bf16 compute copies", strategy.precision == "bf16"))
             if on
         ),
-        "step": (f"one tf.function ({micro}{bf16}forward/backward, norm, AdamW)"
-                 + (", XLA-compiled whole" if jit else "")
-                 if dist is None else
-                 f"tf.function: strategy.run({xla}{micro}{bf16}forward/backward) + {cast}"
-                 f"all_reduce({'SUM' if wire is not None else 'MEAN'}) + per-device {xla}AdamW"),
+        "step": (f"tf.function: strategy.run({xla}{micro}{bf16}forward/backward) + {cast}"
+                 f"all_reduce({'SUM' if compressed else 'MEAN'}) + per-device {xla}AdamW"
+                 if distributed else
+                 f"one tf.function ({micro}{bf16}forward/backward, norm, AdamW)"
+                 + (", XLA-compiled whole" if jit else "")),
         "devices": n_local,
         "collectives": collectives,
         "xla": jit,
@@ -363,20 +358,38 @@ def run(ctx: WorkerContext) -> dict[str, Any]:
         "precision": strategy.precision,
         "grad_accum": accum,
         "compression": strategy.compress,
-        "notes": notes,
         "tensorflow_notices": notices,
     }
-    result["fingerprint"] = fingerprint(
-        framework="tensorflow",
-        framework_version=tf.__version__,
-        threads=tf.config.threading.get_intra_op_parallelism_threads(),
-        inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
-        device=device,
-        xla=jit,
-        onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
-        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-    )
-    return result
+
+
+def _checkpointing(tf: Any, ctx: WorkerContext, dist: Any, state: Any, k: Any
+                   ) -> tuple[Any, Any, Any]:
+    """(save, restore, barrier) through tf.train.Checkpoint of parameters, Adam moments and
+    the update counter."""
+    multi_worker = dist is not None and ctx.world > 1
+    barrier = _barrier(tf, dist, ctx) if multi_worker else (lambda: None)
+
+    def save(directory: Any) -> None:
+        # TensorFlow's multi-worker rule (keras distributed_file_utils.write_dirpath):
+        # every worker saves, the chief into the real directory, the others into a
+        # temporary one that they delete afterwards.
+        if dist is None or dist.extended.should_checkpoint:
+            directory.mkdir(parents=True, exist_ok=True)
+            state.write(str(directory / CKPT_PREFIX))
+        else:
+            scratch = ctx.run_dir / f"rank{ctx.rank}.workertemp"
+            state.write(str(scratch / CKPT_PREFIX))
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def restore(directory: Any, step_found: int) -> None:
+        # Every worker reads the chief's files; assert_consumed: every saved value found
+        # its variable and every variable was restored.
+        state.read(str(directory / CKPT_PREFIX)).assert_consumed()
+        if int(k.numpy()) != step_found:
+            raise RuntimeError(f"{directory}: update counter {int(k.numpy())} saved at "
+                               f"step {step_found}")
+
+    return save, restore, barrier
 
 
 def probe_16bit_notice(tf: Any, ctx: WorkerContext, dtypes: list[Any]) -> list[str]:

@@ -188,7 +188,7 @@ class Stage(nn.Module):
         cos, sin = self.cos[:T], self.sin[:T]
         for block in self.blocks.values():
             x = block(x, cos, sin)
-        if self.head is not None:
+        if self.head is not None and self.norm_f is not None:
             x = self.head(self.norm_f(x))
         return x
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,25 +27,26 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from sextant import checkpoint as ckpt
 from sextant import data
+from sextant.backends import harness
+from sextant.backends.harness import Description, Trainer
 from sextant.backends.torch_backend import model as tm
 from sextant.backends.torch_backend import parallel as par
-from sextant.init import decays, init_params, params_digest
-from sextant.measure.comm import bytes_per_step, megatron_tp_payload
+from sextant.init import decays, init_params
+from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint
-from sextant.measure.loop import timed_training
 from sextant.schedule import lr_table
+from sextant.workload import LlamaSpec
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import WorkerContext
+    from sextant.backends.contracts import RankResult, WorkerContext
 
 DDP_STRATEGIES = ("dp", "zero1")
 FSDP_STRATEGIES = ("zero2", "fsdp")
 MODEL_PARALLEL = ("tp", "pp")
 
 
-def run(ctx: WorkerContext) -> dict[str, Any]:
+def run(ctx: WorkerContext) -> RankResult:
     torch.set_num_threads(ctx.threads)
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{ctx.local_rank}" if cuda else "cpu")
@@ -227,71 +230,92 @@ def _full_canonical(net: torch.nn.Module, names: list[str]) -> dict[str, np.ndar
 # --- the worker ------------------------------------------------------------------------
 
 
-def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, Any]:
-    workload, strategy = ctx.workload, ctx.strategy
-    parallel = strategy.parallel
-    params = init_params(workload.model, workload.seed)
-    net = tm.build(workload.model)
-    tm.load_canonical(net, params)
-    names = tm.canonical_names(net, params)
-    net.to(device)
+@dataclass(kw_only=True)
+class _Parallelized:
+    """The model after the strategy's transformations (torchtitan's order)."""
 
-    # Applied in torchtitan's order: tensor parallelism, activation checkpointing, then DDP
-    # or FSDP, then compile.
-    lay = par.layout(ctx, device.type) if parallel in MODEL_PARALLEL else None
-    if parallel == "tp":
-        par.apply_tp(net, lay.mesh["tp"], strategy.sequence_parallel,
-                     workload.model.tie_embeddings, ctx.fault)
-    if strategy.activation_checkpointing:
-        _apply_activation_checkpointing(net)
-    module: torch.nn.Module = tm.WithLoss(net)
-    stage, schedule = par.pipeline(net, lay, ctx, device) if parallel == "pp" else (None, None)
+    module: torch.nn.Module
+    """What the step calls: the model with its loss, under DDP/FSDP/compile as applied."""
+    lay: par.Layout | None = None
+    """The 2-D mesh of tensor or pipeline parallelism."""
+    stage: Any = None
+    schedule: Any = None
     ddp: DDP | None = None
     counter: dict[str, int] | None = None
+    """Gradient bytes DDP's communication hook handed over."""
+
+
+def _parallelize(net: torch.nn.Module, ctx: WorkerContext, device: torch.device
+                 ) -> _Parallelized:
+    """Applied in torchtitan's order: tensor parallelism, activation checkpointing, the
+    pipeline split, then DDP or FSDP (compile comes after the optimizer is built)."""
+    strategy, parallel = ctx.strategy, ctx.strategy.parallel
+    lay = par.layout(ctx, device.type) if parallel in MODEL_PARALLEL else None
+    if parallel == "tp" and lay is not None:
+        spec = ctx.workload.model
+        par.apply_tp(net, lay.mesh["tp"], strategy.sequence_parallel,
+                     isinstance(spec, LlamaSpec) and spec.tie_embeddings, ctx.fault)
+    if strategy.activation_checkpointing:
+        _apply_activation_checkpointing(net)
+    out = _Parallelized(module=tm.WithLoss(net), lay=lay)
+    if parallel == "pp" and lay is not None:
+        out.stage, out.schedule = par.pipeline(net, lay, ctx, device)
     if parallel in DDP_STRATEGIES:
-        ddp, counter = _apply_ddp(module, ctx)
-        module = ddp
+        out.ddp, out.counter = _apply_ddp(out.module, ctx)
+        out.module = out.ddp
     elif parallel in FSDP_STRATEGIES:
-        _apply_fsdp(module, net, ctx)
-    optimizer, optimizer_impl = _adamw(stage or net, names, params, ctx)
-    if strategy.mode == "compiled":
-        module = torch.compile(module)
+        _apply_fsdp(out.module, net, ctx)
+    return out
 
-    lrs = lr_table(workload.optimizer, workload.steps).tolist()
-    counter_k = {"k": 0}
-    accum = strategy.grad_accum
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
-                if strategy.precision == "bf16" else contextlib.nullcontext())
-    accounting: dict[str, int] = {}
-    trainable = list((stage or net).parameters())
 
-    def update() -> torch.Tensor:
-        if lay is not None:
-            par.average_over_dp(trainable, lay, ctx.fault)
-        norm = par.grad_norm(trainable, lay.mp_group if parallel == "pp" else None)
+class _Step:
+    """The optimizer step of every strategy: forward/backward over the micro-batches with
+    the gradient sync on the last one only, the dp average under model parallelism, the
+    global gradient norm, the learning-rate schedule, AdamW. Returns the (loss, norm) pair
+    as a tensor: no host transfer."""
+
+    def __init__(self, ctx: WorkerContext, p: _Parallelized, optimizer: torch.optim.Optimizer,
+                 trainable: list[torch.Tensor], device: torch.device) -> None:
+        self.ctx, self.p, self.optimizer, self.trainable, self.device = (
+            ctx, p, optimizer, trainable, device)
+        self.lrs = lr_table(ctx.workload.optimizer, ctx.workload.steps).tolist()
+        self.updates = 0
+        """Optimizer updates so far (the schedule's index; set on resume)."""
+        self.accounting: dict[str, int] = {}
+        self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
+                         if ctx.strategy.precision == "bf16" else contextlib.nullcontext())
+
+    def update(self) -> torch.Tensor:
+        p, trainable, accounting = self.p, self.trainable, self.accounting
+        if p.lay is not None:
+            par.average_over_dp(trainable, p.lay, self.ctx.fault)
+        norm = par.grad_norm(trainable, p.lay.mp_group if p.stage is not None and p.lay
+                             else None)
         if not accounting:
-            accounting["grads"] = _nbytes(p.grad for p in trainable if p.grad is not None)
-        k = min(counter_k["k"], len(lrs) - 1)
-        for group in optimizer.param_groups:
-            group["lr"] = lrs[k]
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        counter_k["k"] += 1
+            accounting["grads"] = _nbytes(t.grad for t in trainable if t.grad is not None)
+        lr = self.lrs[min(self.updates, len(self.lrs) - 1)]
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
         if "optimizer_state" not in accounting:
             accounting["params"] = _nbytes(trainable)
-            accounting["optimizer_state"] = _optimizer_state_bytes(optimizer)
+            accounting["optimizer_state"] = _optimizer_state_bytes(self.optimizer)
         return norm
 
-    def sync_context(last: bool, sync: bool) -> Any:
+    def sync_context(self, last: bool, sync: bool) -> Any:
         """Whether this micro-batch's backward communicates gradients."""
-        if ddp is not None and not (last and sync):
-            return ddp.no_sync()
-        if parallel in FSDP_STRATEGIES:
-            _root(module).set_requires_gradient_sync(last and sync)
+        if self.p.ddp is not None and not (last and sync):
+            return self.p.ddp.no_sync()
+        if self.ctx.strategy.parallel in FSDP_STRATEGIES:
+            _root(self.p.module).set_requires_gradient_sync(last and sync)
         return contextlib.nullcontext()
 
-    def pipeline_step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def pipeline(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
+        stage, schedule, lay = self.p.stage, self.p.schedule, self.p.lay
+        assert lay is not None  # a pipeline always has its layout
         first, last = stage.wte is not None, stage.head is not None
         losses: list[torch.Tensor] = []
         if first and last:
@@ -304,32 +328,109 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
             schedule.step()
         # Every stage reports the loss: the last stage's mean over micro-batches, sent along
         # the pipeline group (the run's loss is the mean of all ranks' reports).
-        loss = torch.stack(losses).mean().detach() if last else torch.zeros((), device=device)
-        dist.broadcast(loss, src=ctx.rank - lay.mp_rank + lay.degree - 1, group=lay.mp_group)
-        return torch.stack((loss, update()))
+        loss = (torch.stack(losses).mean().detach() if last
+                else torch.zeros((), device=self.device))
+        dist.broadcast(loss, src=self.ctx.rank - lay.mp_rank + lay.degree - 1,
+                       group=lay.mp_group)
+        return torch.stack((loss, self.update()))
 
-    def train_step(batch: tuple[torch.Tensor, torch.Tensor], sync: bool = True) -> torch.Tensor:
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor], sync: bool = True
+                 ) -> torch.Tensor:
+        if self.p.stage is not None:
+            return self.pipeline(batch)
         x, y = batch
-        if parallel == "pp":
-            return pipeline_step(batch)
+        accum, module = self.ctx.strategy.grad_accum, self.p.module
         if accum == 1:
-            with sync_context(True, sync):
-                with autocast:
+            with self.sync_context(True, sync):
+                with self.autocast:
                     loss = module(x, y)
                 loss.backward()
-            return torch.stack((loss.detach().float(), update()))
-        total = torch.zeros((), device=device)
+            return torch.stack((loss.detach().float(), self.update()))
+        total = torch.zeros((), device=self.device)
         for k, (xk, yk) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
-            with sync_context(k == accum - 1, sync):
-                with autocast:
+            with self.sync_context(k == accum - 1, sync):
+                with self.autocast:
                     loss = module(xk, yk) / accum
                 loss.backward()
             total += loss.detach().float()
-        return torch.stack((total, update()))
+        return torch.stack((total, self.update()))
+
+
+def _checkpointing(net: torch.nn.Module, optimizer: torch.optim.Optimizer, step: _Step
+                   ) -> tuple[Any, Any, Any]:
+    """(save, restore, barrier) through torch.distributed.checkpoint (every rank writes its
+    shards; the harness seals the directory)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def save(directory: Any) -> None:
+        model_sd, optim_sd = get_state_dict(net, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+
+    def restore(directory: Any, step_found: int) -> None:
+        model_sd, optim_sd = get_state_dict(net, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=directory)
+        set_state_dict(net, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        step.updates = step_found
+
+    def barrier() -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    return save, restore, barrier
+
+
+def _wrapping(strategy: Any, p: _Parallelized) -> str:
+    """The transformations applied, in order, for the run's details."""
+    parallel, lay = strategy.parallel, p.lay
+    return " + ".join(
+        w for w, on in (
+            ("activation checkpointing per block", strategy.activation_checkpointing),
+            ("DDP", p.ddp is not None), ("FSDP2 fully_shard", parallel in FSDP_STRATEGIES),
+            (f"tensor parallel x{strategy.tp} (parallelize_module)", parallel == "tp"),
+            ("sequence parallel", strategy.sequence_parallel),
+            (f"pipeline x{strategy.pp} ({type(p.schedule).__name__}, "
+             f"{strategy.microbatches} micro-batches)", parallel == "pp"),
+            (f"gradients averaged over dp{lay.dp if lay else 1}", lay is not None and lay.dp > 1),
+            ("torch.compile", strategy.mode == "compiled"),
+            ("autocast bf16", strategy.precision == "bf16"),
+        ) if on
+    ) or "none"
+
+
+def _probe(ctx: WorkerContext, p: _Parallelized, step: _Step, batch: Any) -> dict[str, Any]:
+    """Model-parallel figures from one extra step, after the timed ones and the export."""
+    strategy = ctx.strategy
+    if strategy.parallel == "tp":
+        return {"tp_collectives_bytes_per_step": par.count_collectives(step, batch),
+                "tp_planned_bytes_per_step": megatron_tp_payload(ctx.workload, strategy)}
+    if strategy.parallel == "pp" and p.lay is not None:
+        bubble = (strategy.pp - 1) / (strategy.microbatches + strategy.pp - 1)
+        return {"pipeline": {**par.stage_probe(p.stage, step, batch, strategy.microbatches),
+                             "stage": p.lay.mp_rank, "bubble_planned": bubble}}
+    return {}
+
+
+def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
+    workload, strategy = ctx.workload, ctx.strategy
+    params = init_params(workload.model, workload.seed)
+    net = tm.build(workload.model)
+    tm.load_canonical(net, params)
+    names = tm.canonical_names(net, params)
+    net.to(device)
+
+    p = _parallelize(net, ctx, device)
+    optimizer, optimizer_impl = _adamw(p.stage or net, names, params, ctx)
+    if strategy.mode == "compiled":
+        p.module = torch.compile(p.module)
+    step = _Step(ctx, p, optimizer, list((p.stage or net).parameters()), device)
+    save, restore, barrier = _checkpointing(net, optimizer, step)
 
     def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if lay is not None:  # model-parallel peers read the same rows
-            x, y = data.local_batch(workload, i, lay.dp_rank, lay.dp, ctx.fault)
+        if p.lay is not None:  # model-parallel peers read the same rows
+            x, y = data.local_batch(workload, i, p.lay.dp_rank, p.lay.dp, ctx.fault)
         else:
             x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
         return (torch.from_numpy(x).to(device, non_blocking=True),
@@ -342,113 +443,48 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> dict[str, An
     def to_floats(handles: list[torch.Tensor]) -> list[tuple[float, float]]:
         return [tuple(pair) for pair in torch.stack(handles).cpu().tolist()]
 
-    # --- checkpoints (torch.distributed.checkpoint, sealed by sextant.checkpoint) ---------
-    start_step = 0
-    notes: list[str] = []
+    def final_params() -> dict[str, np.ndarray] | None:
+        if p.stage is not None and p.lay is not None:
+            return par.gather_stages(p.stage, names, p.lay, ctx.rank)
+        return _full_canonical(net, list(params))
 
-    def barrier() -> None:
-        if dist.is_initialized():
-            dist.barrier()
+    def describe() -> Description:
+        peak = torch.cuda.max_memory_allocated(device) if cuda else None  # before the probes
+        return Description(
+            memory=step.accounting,
+            details={
+                "optimizer": f"torch.optim.{optimizer_impl}",
+                "wrapping": _wrapping(strategy, p),
+                "collectives": ("nccl" if cuda else "gloo") if dist.is_initialized() else None,
+                "compression": strategy.compress,
+                **_probe(ctx, p, step, fetch(0)),
+            },
+            fingerprint=fingerprint(
+                framework="torch",
+                framework_version=torch.__version__,
+                threads=torch.get_num_threads(),
+                device=str(device),
+                cuda=torch.version.cuda if cuda else None,
+                gpu=torch.cuda.get_device_name(device) if cuda else None,
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+            ),
+            device_peak_bytes=peak,
+        )
 
-    def save(step: int) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        def write(directory: Any) -> None:
-            model_sd, optim_sd = get_state_dict(net, optimizer)
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
-
-        ckpt.save_sealed(ctx, step, write, barrier)
-
-    if strategy.resume:
-        step_found, directory = ckpt.resume_point(ctx, notes)
-        if directory is not None:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-            model_sd, optim_sd = get_state_dict(net, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
-            dcp.load(state, checkpoint_id=directory)
-            set_state_dict(net, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
-            start_step = counter_k["k"] = step_found
-        barrier()
-
-    def export_final() -> None:
-        # Taken right after the last training step, before the exposed-communication pairs
-        # (which keep updating the parameters, for timing only).
-        if counter is not None:  # payload of the training steps only
-            exported["payload_per_step"] = counter["bytes"] / (counter_k["k"] - start_step)
-        final = (par.gather_stages(stage, names, lay, ctx.rank) if stage is not None
-                 else _full_canonical(net, list(params)))
-        if final is not None:
-            np.savez(ctx.run_dir / "final_params.npz", **final)
-            exported["sha256"] = params_digest(final)
-
-    exported: dict[str, Any] = {}
+    if p.ddp is not None:
+        step_nosync: Any = functools.partial(step, sync=False)
+    else:
+        step_nosync = par.without_collectives(step) if strategy.parallel == "tp" else None
+    counter = p.counter
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    result = timed_training(
-        ctx, fetch=fetch, step=train_step, block=block, to_floats=to_floats,
-        step_nosync=((lambda b: train_step(b, sync=False)) if ddp is not None
-                     else par.without_collectives(train_step) if parallel == "tp" else None),
-        start_step=start_step,
-        checkpoint=save if strategy.checkpoint_every else None,
-        on_trained=export_final,
-    )
-    if cuda:
-        result["device_peak_bytes"] = torch.cuda.max_memory_allocated(device)
-    probe: dict[str, Any] = {}
-    if parallel == "tp":  # one extra step, counted (after the timed ones and the export)
-        probe["tp_collectives_bytes_per_step"] = par.count_collectives(train_step, fetch(0))
-        probe["tp_planned_bytes_per_step"] = megatron_tp_payload(workload, strategy)
-    elif parallel == "pp":
-        probe["pipeline"] = {**par.stage_probe(stage, train_step, fetch(0),
-                                               strategy.microbatches),
-                             "stage": lay.mp_rank,
-                             "bubble_planned": (strategy.pp - 1) / (strategy.microbatches
-                                                                    + strategy.pp - 1)}
-
-    result["final_params_sha256"] = exported.get("sha256")  # rank 0 only
-
-    n_params = sum(v.size for v in params.values())
-    result["memory_accounting"] = {**accounting, "parameters": n_params}
-    planned = bytes_per_step(strategy, n_params)
-    result["comm"] = {
-        "planned_bytes_per_step": planned,
-        "measured_grad_payload_bytes_per_step": exported.get("payload_per_step"),
-    }
-    result["details"] = {
-        "optimizer": f"torch.optim.{optimizer_impl}",
-        "wrapping": " + ".join(
-            w for w, on in (
-                ("activation checkpointing per block", strategy.activation_checkpointing),
-                ("DDP", ddp is not None), ("FSDP2 fully_shard", parallel in FSDP_STRATEGIES),
-                (f"tensor parallel x{strategy.tp} (parallelize_module)", parallel == "tp"),
-                ("sequence parallel", strategy.sequence_parallel),
-                (f"pipeline x{strategy.pp} ({type(schedule).__name__}, "
-                 f"{strategy.microbatches} micro-batches)", parallel == "pp"),
-                (f"gradients averaged over dp{lay.dp if lay else 1}",
-                 lay is not None and lay.dp > 1),
-                ("torch.compile", strategy.mode == "compiled"),
-                ("autocast bf16", strategy.precision == "bf16"),
-            ) if on
-        ) or "none",
-        "collectives": ("nccl" if cuda else "gloo") if dist.is_initialized() else None,
-        "compression": strategy.compress,
-        "notes": notes,
-        **probe,
-    }
-    result["fingerprint"] = fingerprint(
-        framework="torch",
-        framework_version=torch.__version__,
-        threads=torch.get_num_threads(),
-        device=str(device),
-        cuda=torch.version.cuda if cuda else None,
-        gpu=torch.cuda.get_device_name(device) if cuda else None,
-        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-    )
-    return result
+    return harness.train(ctx, Trainer(
+        n_params=sum(v.size for v in params.values()),
+        fetch=fetch, step=step, block=block, to_floats=to_floats, step_nosync=step_nosync,
+        final_params=final_params, describe=describe,
+        save=save, restore=restore, barrier=barrier,
+        grad_payload_bytes=(lambda: counter["bytes"]) if counter is not None else None,
+    ))
 
 
 def _root(module: torch.nn.Module) -> torch.nn.Module:

@@ -1,0 +1,157 @@
+"""The framework-neutral training harness every backend's worker hands its pieces to.
+
+A backend builds the model, applies its strategy and levers (one function each, in its
+framework's order), and makes a step; it then hands the harness a `Trainer`: the four loop
+functions of `sextant.measure.loop`, how to save and restore its state natively, how to export
+the final parameters, and how to describe the run once trained. The harness owns everything
+else, once for every backend:
+
+    resume    find the newest valid sealed checkpoint (sextant.checkpoint), have the backend
+              read it, and start the loop at its step; barrier
+    train     the timed loop (sextant.measure.loop.timed_training), with sealed checkpoint
+              saves every `checkpoint_every` steps (the backend's `save` writes, every rank,
+              into the partial directory; rank 0 seals it)
+    export    right after the last training step, before the exposed-communication pairs
+              (which keep updating the parameters, for timing only): the final canonical
+              parameters, written atomically to final_params.npz with their digest (rank 0)
+    assemble  the RankResult: timings, the final digest, the communication figures (planned
+              bytes from sextant.measure.comm, the measured payload where the backend counts
+              one), then the backend's own memory accounting, details and fingerprint
+
+So a new lever is one function per backend plus one capability entry, and a new backend is
+`build` + strategy functions + `make_step` + one `Trainer`.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sextant import checkpoint as ckpt
+from sextant.fsutil import atomic_write_bytes
+from sextant.init import params_digest
+from sextant.measure.comm import bytes_per_step
+from sextant.measure.loop import timed_training
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from sextant.backends.contracts import RankResult, WorkerContext
+
+
+@dataclass(kw_only=True)
+class Description:
+    """What a backend says about its run once trained (after the loop and the export)."""
+
+    memory: dict[str, Any]
+    """Bytes this rank holds: params, grads (None where only the compiled step sees them),
+    optimizer_state (the harness adds the parameter count)."""
+    details: dict[str, Any]
+    """How the step was built (optimizer, wrapping, collectives, probes); the harness adds
+    the checkpoint notes."""
+    fingerprint: dict[str, Any]
+    """sextant.measure.env.fingerprint of the framework and device."""
+    device_peak_bytes: int | None = None
+    """Accelerator allocator peak during training, where the framework reports one."""
+
+
+def _no_barrier() -> None:
+    return None
+
+
+@dataclass(kw_only=True)
+class Trainer:
+    """One rank's training as a backend built it: what the harness drives."""
+
+    n_params: int
+    """Parameters of the canonical model (not of this rank's shard)."""
+    fetch: Callable[[int], Any]
+    step: Callable[[Any], Any]
+    block: Callable[[Any], None]
+    to_floats: Callable[[list[Any]], list[tuple[float, float]]]
+    """The loop's four functions (sextant.measure.loop)."""
+    final_params: Callable[[], dict[str, np.ndarray] | None]
+    """The canonical parameters now; every rank calls it (it may gather), rank 0 gets the
+    dict, the others may get None."""
+    describe: Callable[[], Description]
+    step_nosync: Callable[[Any], Any] | None = None
+    """The same step without gradient communication (exposed-communication pairs)."""
+    rows_of: Callable[[Any], int | None] | None = None
+    save: Callable[[Path], None] | None = None
+    """Write this rank's part of the state into a directory (the framework's native save)."""
+    restore: Callable[[Path, int], None] | None = None
+    """Read the state saved at a step from a sealed directory."""
+    barrier: Callable[[], None] = _no_barrier
+    """Wait for every rank (checkpoint saves and resume); a no-op in one process."""
+    grad_payload_bytes: Callable[[], int] | None = None
+    """Gradient bytes handed to the collectives so far, where the backend counts them (the
+    measured side of the bytes-per-step figure)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def resume(ctx: WorkerContext, trainer: Trainer) -> int:
+    """The step training starts from: the newest usable sealed checkpoint's (its state read
+    by the backend), or 0. Every rank calls it; refusals and the outcome go to the notes."""
+    if not ctx.strategy.resume:
+        return 0
+    if trainer.restore is None:
+        raise RuntimeError(f"{ctx.strategy.framework}: --resume without a restore function")
+    step, directory = ckpt.resume_point(ctx, trainer.notes)
+    if directory is not None:
+        trainer.restore(directory, step)
+    trainer.barrier()
+    return step
+
+
+def write_final_params(ctx: WorkerContext, final: dict[str, np.ndarray]) -> str:
+    """final_params.npz in the run directory, written atomically; returns its digest."""
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **final)  # type: ignore[arg-type]  # numpy stub: savez(file, *args)
+    atomic_write_bytes(ctx.run_dir / "final_params.npz", buffer.getvalue())
+    return params_digest(final)
+
+
+def train(ctx: WorkerContext, trainer: Trainer) -> RankResult:
+    """Resume, train, export, assemble (the module docstring); returns this rank's result."""
+    strategy = ctx.strategy
+    start_step = resume(ctx, trainer)
+    exported: dict[str, Any] = {}
+
+    def save(step: int) -> None:
+        assert trainer.save is not None
+        ckpt.save_sealed(ctx, step, trainer.save, trainer.barrier)
+
+    def on_trained() -> None:
+        if trainer.grad_payload_bytes is not None:  # the training steps' payload only
+            exported["payload"] = trainer.grad_payload_bytes() / (ctx.workload.steps
+                                                                  - start_step)
+        final = trainer.final_params()
+        if final is not None and ctx.rank == 0:
+            exported["sha256"] = write_final_params(ctx, final)
+
+    if strategy.checkpoint_every and trainer.save is None:
+        raise RuntimeError(f"{strategy.framework}: checkpointing without a save function")
+    timed = timed_training(
+        ctx, fetch=trainer.fetch, step=trainer.step, block=trainer.block,
+        to_floats=trainer.to_floats, step_nosync=trainer.step_nosync,
+        rows_of=trainer.rows_of, start_step=start_step,
+        checkpoint=save if strategy.checkpoint_every else None, on_trained=on_trained,
+    )
+    described = trainer.describe()
+    result: RankResult = {
+        **timed,  # type: ignore[typeddict-item]  # the loop's keys, checked by the contract
+        "final_params_sha256": exported.get("sha256"),  # rank 0 only
+        "memory_accounting": {**described.memory, "parameters": trainer.n_params},
+        "comm": {"planned_bytes_per_step": bytes_per_step(strategy, trainer.n_params),
+                 "measured_grad_payload_bytes_per_step": exported.get("payload")},
+        "details": {**described.details, "notes": trainer.notes},
+        "fingerprint": described.fingerprint,
+    }
+    if described.device_peak_bytes is not None:
+        result["device_peak_bytes"] = described.device_peak_bytes
+    return result
