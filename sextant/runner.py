@@ -32,7 +32,7 @@ from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
 from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
-from sextant.workload import Workload
+from sextant.workload import LlamaSpec, Workload
 
 RECORD_SCHEMA = 1
 Launcher = Callable[..., list[dict[str, Any]]]
@@ -100,7 +100,7 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
         sync_median = float(np.median(sync_job))
         metrics.update(
             exposed_comm_s=exposed,
-            exposed_comm_share=exposed / sync_median,
+            exposed_comm_share=exposed / sync_median if exposed is not None else None,
             sync_step_median_s=sync_median,
             nosync_step_median_s=float(np.median(nosync_job)),
             comm_pairs=len(sync_job),
@@ -166,7 +166,7 @@ def check_layout(workload: Workload, strategy: Strategy) -> None:
 def check_model_parallel(workload: Workload, strategy: Strategy) -> None:
     """The model splits the way tensor / pipeline parallelism asks (one line otherwise)."""
     model = workload.model
-    if model.family != "llama":
+    if not isinstance(model, LlamaSpec):
         raise UserError(
             f"parallel {strategy.parallel!r} splits a Llama-shaped model (separate q/k/v "
             f"heads, SwiGLU); workload {workload.name!r} is a {model.family} model: use "
