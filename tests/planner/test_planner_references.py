@@ -79,9 +79,10 @@ def test_published_interleaving_choices():
     from sextant.planner.references import _interleaves
 
     # 529.6B of Narayanan et al. Table 1: 105 layers over 35 stages, 280 micro-batches.
-    assert _interleaves(105, Layout(dp=9, tp=8, pp=35), 2520) == [1, 3]
+    assert _interleaves(105, Layout(dp=9, tp=8, pp=35), 2520) == [3]
     # 1T: 2 layers per stage.
-    assert _interleaves(128, Layout(dp=6, tp=8, pp=64), 3072) == [1, 2]
+    assert _interleaves(128, Layout(dp=6, tp=8, pp=64), 3072) == [2]
+    assert _interleaves(48, Layout(dp=32, tp=8, pp=2), 1536) == [2, 3, 4, 6, 8, 12, 24]
     # No pipeline, or micro-batches not a multiple of p: non-interleaved only.
     assert _interleaves(40, Layout(dp=32, tp=8, pp=1), 1024) == [1]
     assert _interleaves(48, Layout(dp=4, tp=8, pp=2), 6) == [1]
