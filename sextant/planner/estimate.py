@@ -10,7 +10,9 @@ Step time (per optimizer step, on the slowest device):
     tp        = per micro-batch and layer, 4 all-reduces of the layer's activations
                 (2 forward, 2 backward; +2 with full recomputation): Shoeybi et al. 2019 §3;
                 with sequence parallelism they become all-gather + reduce-scatter pairs of the
-                same volume (Korthikanti et al. 2022 §4.2.2)
+                same volume (Korthikanti et al. 2022 §4.2.2); plus, per micro-batch, the
+                vocabulary-parallel embedding's and output layer's all-reduces of the
+                activations and the cross-entropy's three per-token reductions
     pp        = 2 point-to-point sends per micro-batch and model chunk (forward activations,
                 backward gradients), scattered over the TP ranks (Narayanan et al. 2021 §4.1)
     bubble    = (p - 1) / (v * m) * (compute + tp + pp)       Narayanan et al. 2021 §2.2
@@ -664,9 +666,27 @@ def _evaluate(
 
     m_tp = tok_dev * (cost.hidden * act_bytes)
     tp_multi = tp > 1
-    t_tp = (m * lps * (4.0 + 2.0 * fwd_rc) * (1.0 - opts.tp_overlap)) * np.where(
-        tp_multi, comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter), 0.0
-    )
+    ar_tp = np.where(tp_multi, comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter), 0.0)
+    t_tp = (m * lps * (4.0 + 2.0 * fwd_rc) * (1.0 - opts.tp_overlap)) * ar_tp
+    if cost.family == "transformer":
+        # The vocabulary-parallel embedding and output layer (Megatron-LM's
+        # VocabParallelEmbedding and vocab_parallel_cross_entropy; Shoeybi et al. 2019 §3,
+        # "we parallelize the input embedding weight matrix along the vocabulary dimension"
+        # and fuse the output GEMM with the cross-entropy loss): per micro-batch
+        #   embedding: its output summed over the TP ranks, one all-reduce of tokens x h
+        #     (with SP a reduce-scatter forward and an all-gather backward: the same volume);
+        #   output layer: its input gradient all-reduced backward (with SP an all-gather
+        #     forward and a reduce-scatter backward), one all-reduce of tokens x h;
+        #   cross-entropy over the split logits: three all-reduces of one fp32 value per
+        #     token (the max logit, the target logit, the sum of exponentials), forward.
+        # Neither layer is recomputed (checkpointing covers the transformer layers). The
+        # embedding is on the first stage, the output layer on the last, the stage the
+        # pipeline waits for (its compute share above); with one stage, both.
+        ar_ce = np.where(
+            tp_multi, comms.hier_all_reduce(tok_dev * 4.0, tp_in, tp_out, intra, inter), 0.0
+        )
+        vocab_ars = np.where(pp > 1, 1.0, 2.0)
+        t_tp = t_tp + m * (vocab_ars * ar_tp + 3.0 * ar_ce) * (1.0 - opts.tp_overlap)
 
     pp_inter = n > g
     m_pp = m_m = tok_dev * (cost.hidden * act_bytes) / tp

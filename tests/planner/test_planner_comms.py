@@ -176,3 +176,33 @@ def test_ddp_buckets_cost_more_than_one_call_and_can_be_turned_off():
         hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
         dp[bucket] = float(evaluate_one(shape.cost(), hw, opts, lay).figures["dp_comm"])
     assert dp[None] > dp[0] * 1.05
+
+
+def _tp_case(pp: int, tp: int = 4, batch: int = 8):
+    from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+    from sextant.planner.models import megatron_gpt
+
+    shape = megatron_gpt(n_layers=8, d_model=2048, n_heads=16, global_batch=batch)
+    opts = PlanOptions(global_batch=batch)
+    hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
+    lay = Layout(dp=1, tp=tp, pp=pp, mbs=1)
+    f = evaluate_one(shape.cost(), hw, opts, lay).figures
+    le = (hw.intra.collective_bandwidth, hw.intra.latency, hw.intra.call_latency, hw.intra.ramp)
+    tokens = shape.seq_len
+    ar_h = float(comms.all_reduce(tokens * 2048 * 2.0, tp, *le))
+    ar_ce = float(comms.all_reduce(tokens * 4.0, tp, *le))
+    return f["tp_comm"], ar_h, ar_ce, batch, shape.n_layers // pp
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_tensor_parallel_time_counts_the_vocabulary_parallel_layers(pp):
+    """Per micro-batch: 4 all-reduces per layer (no recomputation), the embedding's and the
+    output layer's all-reduce of tokens x h (both on one stage, one on the last stage of a
+    pipeline) and the cross-entropy's three per-token fp32 all-reduces."""
+    got, ar_h, ar_ce, m, layers = _tp_case(pp)
+    vocab = 2 if pp == 1 else 1
+    expected = m * (layers * 4 * ar_h + vocab * ar_h + 3 * ar_ce)
+    assert got == pytest.approx(expected, rel=1e-9)
+    # Without the vocabulary-parallel terms the figure would be short by this much.
+    assert got - m * layers * 4 * ar_h == pytest.approx(m * (vocab * ar_h + 3 * ar_ce))

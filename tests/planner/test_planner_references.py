@@ -59,3 +59,30 @@ def test_formula_points_are_exact_and_summary_counts_both_kinds(rows):
     assert len(rows) >= 60
     line = summary(rows)
     assert "formula-defined within 0.5%" in line and "end-to-end within 10%" in line
+
+
+def test_not_comparable_rows_are_shown_but_not_counted():
+    from sextant.planner.references import summary
+
+    def row(kind, error):
+        return {"kind": kind, "error": error}
+
+    rows = [row("end-to-end", 0.05), row("end-to-end", 0.2), row("not comparable", -0.6)]
+    line = summary(rows)
+    assert "1/2 end-to-end within 10% (50%)" in line
+    assert "1 not comparable (shown, not counted)" in line
+    assert "max 20.0%" in line  # the -60% row is in no ratio and no maximum
+
+
+def test_published_interleaving_choices():
+    from sextant.planner.estimate import Layout
+    from sextant.planner.references import _interleaves
+
+    # 529.6B of Narayanan et al. Table 1: 105 layers over 35 stages, 280 micro-batches.
+    assert _interleaves(105, Layout(dp=9, tp=8, pp=35), 2520) == [3]
+    # 1T: 2 layers per stage.
+    assert _interleaves(128, Layout(dp=6, tp=8, pp=64), 3072) == [2]
+    assert _interleaves(48, Layout(dp=32, tp=8, pp=2), 1536) == [2, 3, 4, 6, 8, 12, 24]
+    # No pipeline, or micro-batches not a multiple of p: non-interleaved only.
+    assert _interleaves(40, Layout(dp=32, tp=8, pp=1), 1024) == [1]
+    assert _interleaves(48, Layout(dp=4, tp=8, pp=2), 6) == [1]
