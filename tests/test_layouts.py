@@ -22,7 +22,7 @@ def test_code_lines_count_statements_not_docstrings_or_comments() -> None:
     n = code_lines("sextant.measure.comm:megatron_tp_payload")
     assert 4 <= n <= 8
     # Nested functions are found by qualified name.
-    assert code_lines("sextant.backends.jax_backend.train:_train.per_device_step") > 3
+    assert code_lines("sextant.backends.jax_backend.train:_step_functions.per_device_step") > 3
     with pytest.raises(LookupError):
         code_lines("sextant.measure.comm:no_such_function")
 
