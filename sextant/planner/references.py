@@ -1,4 +1,4 @@
-"""The planner against published figures (`sextant plan --references`; docs/validation.md).
+"""The planner against published figures (`sextant plan references`; docs/validation.md).
 
 Each reference is a number a paper or model card published, the planner's figure for the same
 setting, and the relative error. The settings the papers do not state (micro-batch size,
@@ -874,14 +874,14 @@ def run_references(only: str | None = None) -> list[dict[str, Any]]:
                 "error": (compared - r.published) / r.published,
                 "kind": r.kind,
                 "setting": r.setting,
-                "command": r.command or f"sextant plan --references --only {r.id}",
+                "command": r.command or f"sextant plan references --only {r.id}",
             }
         )
     return rows
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
-    """The validation summary line (docs/validation.md, `plan --references`)."""
+    """The validation summary line (docs/validation.md, `plan references`)."""
     formula = [r for r in rows if r["kind"] == "formula"]
     e2e = [r for r in rows if r["kind"] == "end-to-end"]
     coll = [r for r in rows if r["kind"] == "collective"]
@@ -932,7 +932,7 @@ def render_references(rows: list[dict[str, Any]], console) -> None:
 
 
 def references_markdown(rows: list[dict[str, Any]]) -> str:
-    """The table of docs/validation.md (`sextant plan --references --markdown`)."""
+    """The table of docs/validation.md (`sextant plan references --markdown`)."""
     lines = [
         "| id | kind | published (source) | planner | error | setting / command |",
         "|---|---|---|---|---|---|",

@@ -12,10 +12,10 @@ default efficiency (0.5) is used and marked "assumed".
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from sextant.claims.check import run_label
 from sextant.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.local import (
@@ -27,12 +27,13 @@ from sextant.planner.local import (
     shape_of,
 )
 
-DEFAULT_DB = Path("sextant-results") / "results.db"
 _HINT = "run 'sextant compare' (or 'sextant run') first to measure local runs"
 
 
 def load_runs(db: str | Path | None) -> list[dict[str, Any]]:
-    path = Path(db or os.environ.get("SEXTANT_RESULTS") or DEFAULT_DB)
+    from sextant.results.store import default_path
+
+    path = Path(db) if db else default_path()
     if not path.is_file():
         raise UserError(f"no results store at {path}; {_HINT}")
     try:
@@ -69,6 +70,7 @@ def validate(
     for run in runs:
         base = {
             "id": run.get("id"),
+            "label": run_label(run),
             "framework": run.get("framework"),
             "mode": run.get("mode"),
             "parallel": run.get("parallel"),
@@ -163,7 +165,7 @@ def render_validation(rows: list[dict[str, Any]], console) -> None:
         t.add_column(col, justify="left" if col in ("strategy",) else "right")
     errors = []
     for r in rows:
-        label = f"{r.get('framework')} {r.get('mode')} {r.get('parallel')} x{r.get('workers')}"
+        label = r["label"]
         if "skipped" in r:
             t.add_row(str(r["id"]), label, "-", "-", "skipped", "-", r["skipped"][:30])
             continue
