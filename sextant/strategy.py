@@ -13,7 +13,7 @@ from typing import Any
 
 from sextant.errors import UserError
 
-FRAMEWORKS = ("torch", "jax", "tensorflow")
+FRAMEWORKS = ("torch", "jax", "tensorflow", "mlx")
 MODES = ("eager", "compiled")
 # The parallel-strategy vocabulary shared by all backends (each supports a subset):
 #   single     one process, one device

@@ -70,6 +70,8 @@ class Backend(Protocol):
     """Import name whose presence means the framework is installed."""
     extra: str
     """pip extra that installs it: pip install 'sextant[<extra>]'."""
+    OPT_IN: str | None
+    """Why `sextant compare` runs it only when named (BackendBase: None, run by default)."""
 
     def capabilities(self) -> Capabilities: ...
 
@@ -105,6 +107,10 @@ class BackendBase:
     def process_layout(self, strategy: Strategy) -> ProcessLayout:
         return ProcessLayout.workers(strategy.workers)
 
+    OPT_IN: str | None = None
+    """Why `sextant compare` leaves this framework out unless --frameworks names it (None:
+    its compare_matrix rows run by default when it is installed)."""
+
     STRATEGY_CODE: dict[str, tuple[str, ...]] = {}
     """parallel strategy -> the "module:qualname" functions and classes that implement it
     (sextant.backends.code_size counts their lines)."""
@@ -118,6 +124,7 @@ REGISTRY: dict[str, str] = {
     "torch": "sextant.backends.torch_backend:TorchBackend",
     "jax": "sextant.backends.jax_backend:JaxBackend",
     "tensorflow": "sextant.backends.tf_backend:TensorFlowBackend",
+    "mlx": "sextant.backends.mlx_backend:MlxBackend",
 }
 
 

@@ -235,6 +235,30 @@ def lever_table(records: Sequence[Mapping[str, Any]]) -> Any:
     return table
 
 
+def _framework_strategies(args: argparse.Namespace, out: Any) -> list[Strategy]:
+    """The default comparison: every installed framework's compare_matrix rows (named
+    frameworks only, when --frameworks is given; opt-in frameworks only when named)."""
+    explicit = args.frameworks is not None
+    strategies: list[Strategy] = []
+    for name in _frameworks(args.frameworks):
+        backend = get_backend(name)
+        if not available(name):
+            message = f"{name}: not installed (pip install 'sextant[{backend.extra}]')"
+            if explicit:
+                raise UserError(message)
+            out.print(message, markup=False)
+            continue
+        if backend.OPT_IN and not explicit:
+            out.print(f"{name}: opt-in, not run by default (--frameworks ...,{name}): "
+                      f"{backend.OPT_IN}", markup=False)
+            continue
+        for fields in backend.compare_matrix(args.workers):
+            strategy = Strategy(framework=name, **fields)
+            require(strategy)
+            strategies.append(strategy)
+    return strategies
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     if args.layouts and args.levers:
         raise UserError("--layouts and --levers are two different comparisons; give one")
@@ -247,24 +271,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"--layouts splits a Llama-shaped model; workload {workload.name!r} is a "
                         f"{workload.model.family} model (try --workload llama-tiny)")
     out = console()
-    explicit = args.frameworks is not None
-    strategies: list[Strategy] = []
     if args.levers:
         strategies = lever_strategies(_frameworks(args.frameworks or "torch")[0], args.workers)
     elif args.layouts:
         strategies = layout_strategies(_frameworks(args.frameworks), args.workers)
-    for name in ([] if args.levers or args.layouts else _frameworks(args.frameworks)):
-        backend = get_backend(name)
-        if not available(name):
-            message = f"{name}: not installed (pip install 'sextant[{backend.extra}]')"
-            if explicit:
-                raise UserError(message)
-            out.print(message, markup=False)
-            continue
-        for fields in backend.compare_matrix(args.workers):
-            strategy = Strategy(framework=name, **fields)
-            require(strategy)
-            strategies.append(strategy)
+    else:
+        strategies = _framework_strategies(args, out)
     if not strategies:
         raise UserError("no framework is installed; pip install 'sextant[torch]'")
 
