@@ -50,6 +50,13 @@ class DeepSpeedBackend(BackendBase):
 
         if strategy.devices_per_worker != 1:
             raise UserError("deepspeed runs one device per worker process; use --workers")
+        if strategy.precision == "bf16" and strategy.parallel in ("single", "dp"):
+            # Measured: the first AdamW update is 0.735 x lr, Adam's bias correction at step 2.
+            raise UserError(
+                "deepspeed bf16 needs ZeRO stage 1-3 (--parallel zero1, zero2 or zero3): at "
+                "stage 0 (single, dp) DeepSpeed wraps the optimizer in its fp16 unfused "
+                "optimizer, which takes a zero-gradient AdamW step at start-up (a weight-decay "
+                "update, and Adam's step count one ahead), so it does not train the same thing")
 
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
         """One row by default: ZeRO-2, DeepSpeed's usual set-up (each run pays DeepSpeed's

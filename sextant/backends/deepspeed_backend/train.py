@@ -174,14 +174,14 @@ def _inner_optimizer(engine: Any) -> torch.optim.Optimizer:
 
 
 def _accounting(engine: Any) -> dict[str, Any]:
-    """Bytes this rank holds: its parameters (its partition under ZeRO-3), the optimizer
-    state of the client AdamW (its partition under ZeRO 1-3) and, with bf16, DeepSpeed's fp32
-    master copy; gradients live in DeepSpeed's buffers (not counted: None)."""
+    """Bytes this rank holds: its parameters (its partition under ZeRO-3), and the optimizer
+    state: the client AdamW's moments plus, under ZeRO, the fp32 master partition it updates
+    (DeepSpeed keeps one even in fp32); gradients live in DeepSpeed's buffers (None)."""
     params = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]
     inner = _inner_optimizer(engine)
     state = _nbytes(v for s in inner.state.values() for v in s.values() if torch.is_tensor(v))
-    if inner is not engine.optimizer:  # the fp32 master partitions the inner AdamW updates
-        state += _nbytes(p for g in inner.param_groups for p in g["params"])
+    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        state += _nbytes(getattr(engine.optimizer, attr, ()))  # ZeRO 1-2, ZeRO-3
     return {"params": _nbytes(params), "grads": None, "optimizer_state": state}
 
 
