@@ -15,12 +15,16 @@ partitioned gradients) and keep it as a tensor (`engine.get_global_grad_norm()`)
 does not compute one without clipping, so it is taken from the reduced gradients before the
 update, as the torch backend does. Either way no host transfer in the step.
 
-Just-in-time ops: on CPU, DeepSpeed's communication backend loads its shared-memory
-all-reduce op (deepspeed_shm_comm, used for inference all-reduces) whenever it starts, and
-builds it with ninja the first time (tens of seconds). The worker builds it before anything
-else, timed, so that the build is reported apart (details.jit_ops) and never lands in a
-training step; the build cache is $TORCH_EXTENSIONS_DIR when set, else `.deepspeed-ops` beside
-the run directories (the results store's `runs/`), never the user's home.
+Just-in-time ops: on CPU, DeepSpeed's communication backend loads a shared-memory
+all-reduce op (deepspeed_shm_comm) whenever it starts, building it with ninja the first time
+(203 s measured on this project's 2-core machine under load; 25-40 s on an idle one). The op
+serves only `inference_all_reduce`, which training never calls (DeepSpeed falls back to
+torch.distributed without it), so the worker skips it (`_skip_inference_ops`). Should a
+DeepSpeed version move that hook, the op is built before anything else instead, timed, so the
+build is reported apart (details.jit_ops) and never lands in a training step; any other op
+built during the run is listed there too. The build cache is $TORCH_EXTENSIONS_DIR when set,
+else `.deepspeed-ops` beside the run directories (the results store's `runs/`), never the
+user's home.
 """
 
 from __future__ import annotations
@@ -63,6 +67,21 @@ def extensions_dir(ctx: WorkerContext) -> tuple[Path, str]:
     return path, "beside the run directories"
 
 
+def _skip_inference_ops() -> dict[str, dict[str, Any]] | None:
+    """Keep DeepSpeed's communication backend from loading (and on first use building) its
+    inference-only shm all-reduce op; None where this DeepSpeed has no such hook."""
+    import importlib
+
+    # (`import deepspeed.comm.torch as m` would bind torch itself: deepspeed.comm's star
+    # import shadows the submodule's name in the package)
+    ds_comm = importlib.import_module("deepspeed.comm.torch")
+    if not callable(getattr(ds_comm, "build_shm_op", None)):
+        return None
+    ds_comm.build_shm_op = lambda: None  # TorchBackend.__init__ looks it up at call time
+    return {"deepspeed_shm_comm": {"built": False, "seconds": 0.0,
+                                   "skipped": "serves inference_all_reduce only"}}
+
+
 def _build_ops(cache: Path) -> dict[str, dict[str, Any]]:
     """Load (building on first use) the ops DeepSpeed's start-up needs, each timed."""
     import deepspeed.ops
@@ -76,6 +95,8 @@ def _build_ops(cache: Path) -> dict[str, dict[str, Any]]:
         cached = (cache / builder.NAME / f"{builder.NAME}.so").exists()
         t0 = time.perf_counter()
         builder.load(verbose=False)
+        # built: absent from the cache at start (built here, or by a peer rank this one
+        # waited for: torch's build lock)
         out[builder.NAME] = {"built": not cached, "seconds": time.perf_counter() - t0}
     return out
 
@@ -100,7 +121,7 @@ def run(ctx: WorkerContext) -> RankResult:
 
     import_s = time.perf_counter() - t0
     _quiet()
-    ops = _build_ops(cache)
+    ops = _skip_inference_ops() or _build_ops(cache)
     before = set(os.listdir(cache)) if cache.is_dir() else set()
     t0 = time.perf_counter()
     # Every run, single included, has a process group: the engine needs one.
