@@ -162,8 +162,8 @@ def print_config(workload: Workload, strategy: Strategy) -> int:
     """`--print-config`: the generated framework configuration as JSON on stdout."""
     config = get_backend(strategy.framework).generated_config(workload, strategy)
     if config is None:
-        having = [name for name in REGISTRY
-                  if type(get_backend(name)).generated_config
+        having = [name for name in REGISTRY  # the backends that override the default
+                  if getattr(type(get_backend(name)), "generated_config")
                   is not BackendBase.generated_config]
         raise UserError(f"--print-config: {strategy.framework} has no generated configuration "
                         f"(sextant's code is its whole set-up); frameworks with one: "

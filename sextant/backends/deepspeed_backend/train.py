@@ -74,7 +74,7 @@ def _skip_inference_ops() -> dict[str, dict[str, Any]] | None:
 
     # (`import deepspeed.comm.torch as m` would bind torch itself: deepspeed.comm's star
     # import shadows the submodule's name in the package)
-    ds_comm = importlib.import_module("deepspeed.comm.torch")
+    ds_comm: Any = importlib.import_module("deepspeed.comm.torch")
     if not callable(getattr(ds_comm, "build_shm_op", None)):
         return None
     ds_comm.build_shm_op = lambda: None  # TorchBackend.__init__ looks it up at call time
