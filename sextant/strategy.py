@@ -13,7 +13,7 @@ from typing import Any
 
 from sextant.errors import UserError
 
-FRAMEWORKS = ("torch", "jax", "tensorflow", "mlx")
+FRAMEWORKS = ("torch", "jax", "tensorflow", "deepspeed", "mlx")
 MODES = ("eager", "compiled")
 # The parallel-strategy vocabulary shared by all backends (each supports a subset):
 #   single     one process, one device
@@ -25,6 +25,7 @@ MODES = ("eager", "compiled")
 #   zero2      ... and the gradients sharded too (ZeRO stage 2)
 #   fsdp       parameters, gradients and optimizer state sharded across data-parallel ranks
 #              (ZeRO-3 style)
+#   zero3      the same sharding under DeepSpeed's name: ZeRO stage 3 of the DeepSpeed engine
 #   ps         parameter servers hold the variables; workers push gradients asynchronously
 #   tp         tensor parallel (Megatron's split): attention heads and MLP columns divided
 #              over `tp` devices, column-parallel in, row-parallel out; with more devices than
@@ -33,8 +34,8 @@ MODES = ("eager", "compiled")
 #              (jax shard_map + psum, Megatron's f/g operators)
 #   pp         pipeline parallel: the layers cut into `pp` stages, each batch into
 #              `microbatches`, run by a `schedule` (gpipe or 1f1b); dp x pp likewise
-PARALLEL = ("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "ps", "tp", "tp-manual",
-            "pp")
+PARALLEL = ("single", "dp", "dp-manual", "zero1", "zero2", "zero3", "fsdp", "ps", "tp",
+            "tp-manual", "pp")
 TENSOR_PARALLEL = ("tp", "tp-manual")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = ("fp32", "bf16")

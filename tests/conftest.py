@@ -18,3 +18,11 @@ def _private_config_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Checkpoint keys (sextant.keys) go to a scratch config directory, never the user's;
     workers inherit it through the environment."""
     os.environ["SEXTANT_CONFIG_DIR"] = str(tmp_path_factory.mktemp("sextant-config"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _shared_torch_extensions(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """DeepSpeed's just-in-time ops (sextant.backends.deepspeed_backend.train) are built once
+    per test session, not once per run directory (its default cache sits beside the runs)."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                          str(tmp_path_factory.mktemp("torch-extensions")))

@@ -99,8 +99,9 @@ def test_capabilities_match_require(name: str) -> None:
         assert cheapest(name, parallel, mode=default) is not None, (name, parallel)
     for mode in caps.modes:
         assert accepted({"framework": name, "mode": mode}) is not None, (name, mode)
-    for precision in caps.precisions:
-        assert cheapest(name, "single", mode=default, precision=precision) is not None
+    for precision in caps.precisions:  # on some strategy (deepspeed: bf16 needs ZeRO 1-3)
+        assert any(cheapest(name, p, mode=default, precision=precision) is not None
+                   for p in caps.parallel), (name, precision)
     for compress in caps.compress:  # compression needs a strategy with an all-reduce
         assert any(cheapest(name, p, mode=default, compress=compress) is not None
                    for p in caps.parallel), (name, compress)

@@ -28,7 +28,7 @@ def test_code_lines_count_statements_not_docstrings_or_comments() -> None:
 
 
 def test_every_named_strategy_function_exists_and_no_framework_is_imported() -> None:
-    for name in ("torch", "jax"):
+    for name in ("torch", "jax", "deepspeed"):
         backend = get_backend(name)
         for parallel in backend.capabilities().parallel:
             entries = backend.strategy_code(parallel)
@@ -41,9 +41,10 @@ def test_every_named_strategy_function_exists_and_no_framework_is_imported() -> 
     # Counted without importing a framework (the parent process never imports one).
     code = ("import sys; from sextant.backends import get_backend; "
             "from sextant.backends.code_size import strategy_lines; "
-            "[strategy_lines(get_backend(f).strategy_code(p)) for f in ('torch', 'jax') "
+            "[strategy_lines(get_backend(f).strategy_code(p)) for f in ('torch', 'jax', 'deepspeed') "
             "for p in get_backend(f).capabilities().parallel]; "
-            "print(sorted(m for m in ('torch', 'jax', 'tensorflow') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'jax', 'tensorflow', 'deepspeed') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-500:]

@@ -110,7 +110,8 @@ def test_three_frameworks_train_llama_alike(tied: bool) -> None:
     frameworks = [f for f in FRAMEWORKS if HAS[f]]
     if tied:  # one pair is enough to hold the tied head to the same numbers
         frameworks = frameworks[:2]
-    runs = {f: execute(w, Strategy(framework=f, mode="eager" if f == "torch" else "compiled"),
+    runs = {f: execute(w, Strategy(framework=f, mode="eager" if f in ("torch", "deepspeed")
+                                   else "compiled"),
                        runs_dir=Path(tempfile.mkdtemp()))
             for f in frameworks}
     # Byte-level: the first loss is close to ln(256) with 0.02-scaled weights.

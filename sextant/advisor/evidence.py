@@ -20,8 +20,10 @@ from sextant.advisor.vocab import CANDIDATES, MEASURED, SOURCES
 from sextant.errors import UserError
 
 FRAMEWORK_CANDIDATES = {
-    # DeepSpeed runs on PyTorch: a measured PyTorch number is the best evidence for both.
+    # DeepSpeed runs on PyTorch: without a measured DeepSpeed run, a PyTorch number is the
+    # best evidence for both (see `candidates_of`: a deepspeed run replaces it).
     "torch": ("pytorch", "pytorch+deepspeed"),
+    "deepspeed": ("pytorch+deepspeed",),
     "jax": ("jax",),
     "tensorflow": ("tensorflow",),
     "paddle": ("paddle",),
@@ -29,6 +31,14 @@ FRAMEWORK_CANDIDATES = {
     "mlx": ("mlx",),
 }
 """Results-store framework name -> candidate stacks its measurements stand for."""
+
+
+def candidates_of(framework: str, measured: set[str]) -> tuple[str, ...]:
+    """The candidates a framework's runs are evidence for, given the frameworks measured:
+    torch stands in for pytorch+deepspeed only while no deepspeed run is among them."""
+    if framework == "torch" and "deepspeed" in measured:
+        return ("pytorch",)
+    return FRAMEWORK_CANDIDATES[framework]
 
 METRIC_ORDER = (
     "throughput_ratio",
@@ -150,7 +160,7 @@ def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
 def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
     """Measured evidence per candidate stack from results-store run records.
 
-    Each run is a dict with id, framework ('torch' | 'jax' | 'tensorflow'), mode, parallel,
+    Each run is a dict with id, framework ('torch' | 'deepspeed' | 'jax' | ...), mode, parallel,
     workers, workload_name, workload_hash and metrics (step_time_*_s, tokens_per_s, the
     run's total throughput over all workers; peak_rss_bytes, per rank; compile_s (as compile_time_s);
     exposed_comm_share, may be None). Runs of frameworks sextant has no candidate for are
@@ -211,11 +221,12 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                           f"median compile time {value:.1f} s over {len(compiles)} compiled "
                           f"run(s)", tuple(sorted(i for _, i in compiles))))
 
+    measured = {run["framework"] for run in runs}
     evidence = [
         Evidence(candidate=cand, metric=metric, value=value, source=MEASURED, detail=detail,
                  run_ids=ids)
         for fw, metric, value, detail, ids in found
-        for cand in FRAMEWORK_CANDIDATES[fw]
+        for cand in candidates_of(fw, measured)
     ]
     evidence.sort(key=lambda e: (CANDIDATES.index(e.candidate), METRIC_ORDER.index(e.metric)))
     return evidence

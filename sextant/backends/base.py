@@ -21,6 +21,7 @@ from sextant.errors import UserError
 if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
+    from sextant.workload import Workload
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -92,6 +93,11 @@ class Backend(Protocol):
         """Train the plan in this worker process; return this rank's raw measurements."""
         ...
 
+    def generated_config(self, workload: Workload, strategy: Strategy) -> dict[str, Any] | None:
+        """The framework configuration sextant generates for a run (`sextant run
+        --print-config`), or None where the backend writes none."""
+        ...
+
     def strategy_code(self, parallel: str) -> tuple[str, ...]:
         """The "module:qualname" functions and classes that implement a parallel strategy
         (sextant.backends.code_size counts their lines; empty: nothing strategy-specific)."""
@@ -106,6 +112,10 @@ class BackendBase:
 
     def process_layout(self, strategy: Strategy) -> ProcessLayout:
         return ProcessLayout.workers(strategy.workers)
+
+    def generated_config(self, workload: Workload, strategy: Strategy) -> dict[str, Any] | None:
+        """No generated configuration: the backend's code is the whole set-up."""
+        return None
 
     OPT_IN: str | None = None
     """Why `sextant compare` leaves this framework out unless --frameworks names it (None:
@@ -124,6 +134,7 @@ REGISTRY: dict[str, str] = {
     "torch": "sextant.backends.torch_backend:TorchBackend",
     "jax": "sextant.backends.jax_backend:JaxBackend",
     "tensorflow": "sextant.backends.tf_backend:TensorFlowBackend",
+    "deepspeed": "sextant.backends.deepspeed_backend:DeepSpeedBackend",
     "mlx": "sextant.backends.mlx_backend:MlxBackend",
 }
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 from rich.markup import escape
 
 from sextant.backends import get_backend, require
-from sextant.backends.base import REGISTRY
+from sextant.backends.base import REGISTRY, BackendBase
 from sextant.commands.common import (
     RunProgress,
     add_lever_args,
@@ -47,6 +49,9 @@ def register(sub: Any) -> None:
     p.add_argument("--partition", default=None, help="with --launcher slurm: the partition")
     p.add_argument("--dry-run", action="store_true",
                    help="with --launcher slurm: print the batch script and stop")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the framework configuration sextant generates for this run "
+                        "(deepspeed: its JSON config) and stop without training")
     p.set_defaults(func=cmd_run)
 
 
@@ -58,8 +63,8 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
                    help="eager or compiled (default: the framework's usual way: eager for "
                         "torch, compiled (jit) for jax)")
     p.add_argument("--parallel", default="single",
-                   help="single (default), dp, dp-manual, zero1, zero2, fsdp, ps, tp, "
-                        "tp-manual or pp (`sextant capabilities` shows which framework "
+                   help="single (default), dp, dp-manual, zero1, zero2, zero3, fsdp, ps, "
+                        "tp, tp-manual or pp (`sextant capabilities` shows which framework "
                         "supports which)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: 1, or 2 with a parallel strategy)")
@@ -133,6 +138,8 @@ def load_with_steps(args: argparse.Namespace) -> Workload:
 def cmd_run(args: argparse.Namespace) -> int:
     workload = load_with_steps(args)
     strategy = strategy_from_args(args)
+    if args.print_config:
+        return print_config(workload, strategy)
     launcher = None
     if args.launcher == "slurm":
         from sextant.launch import slurm
@@ -149,6 +156,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_trials(args, workload, strategy, launcher=launcher)
     return run_and_show(args, workload, strategy, launcher=launcher,
                         tensorboard=args.tensorboard)
+
+
+def print_config(workload: Workload, strategy: Strategy) -> int:
+    """`--print-config`: the generated framework configuration as JSON on stdout."""
+    config = get_backend(strategy.framework).generated_config(workload, strategy)
+    if config is None:
+        having = [name for name in REGISTRY  # the backends that override the default
+                  if getattr(type(get_backend(name)), "generated_config")
+                  is not BackendBase.generated_config]
+        raise UserError(f"--print-config: {strategy.framework} has no generated configuration "
+                        f"(sextant's code is its whole set-up); frameworks with one: "
+                        f"{', '.join(having)}")
+    sys.stdout.write(json.dumps(config, indent=2) + "\n")
+    return 0
 
 
 def run_and_show(args: argparse.Namespace, workload: Workload, strategy: Strategy, *,

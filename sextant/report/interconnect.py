@@ -82,7 +82,7 @@ def _predict(s: dict[str, Any], single: Mapping[str, Any] | None, machine: Any
     """The planner's efficiency at every rate (None without calibration, fit or baseline)."""
     if machine is None or machine.calibration is None or single is None or not s["fit"]:
         return None
-    if s["parallel"] not in ("dp", "dp-manual", "zero1", "zero2", "fsdp"):
+    if s["parallel"] not in ("dp", "dp-manual", "zero1", "zero2", "zero3", "fsdp"):
         return None
     from sextant.errors import UserError
     from sextant.planner.local import predict_scaling

@@ -110,3 +110,17 @@ def test_evidence_rules_fire_on_measurements() -> None:
     assert ("measured.poor-scaling", -1.0, "measured") in pytorch.reasons
     # On one device scaling does not matter: the rule's condition does not hold.
     assert "measured.poor-scaling" not in {f.id for f in advise(profile(devices=1), ev).fired}
+
+
+def test_deepspeed_runs_are_the_evidence_for_pytorch_deepspeed() -> None:
+    runs = [run(1, "torch", 1000.0, parallel="zero2", workers=2),
+            run(2, "deepspeed", 800.0, parallel="zero2", workers=2)]
+    ev = evidence_from_runs(runs)
+    assert _by(ev, "pytorch", "throughput_ratio").value == 1.0
+    assert _by(ev, "pytorch+deepspeed", "throughput_ratio").value == pytest.approx(0.8)
+    assert _by(ev, "pytorch+deepspeed", "throughput_ratio").run_ids == ("1", "2")
+    # torch no longer stands in for it: every pytorch+deepspeed fact rests on run 2.
+    assert all("2" in e.run_ids for e in ev if e.candidate == "pytorch+deepspeed")
+    # A failed deepspeed run is no evidence: torch stands in again.
+    ev = evidence_from_runs([runs[0], {**runs[1], "status": "failed"}])
+    assert _by(ev, "pytorch+deepspeed", "peak_rss_bytes").run_ids == ("1",)

@@ -46,6 +46,8 @@ class JaxBackend(BackendBase):
             grad_accum=True,
             activation_checkpointing=True,
             checkpoint=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
+            why_not=(("zero3", "JAX's ZeRO-3 is parameters and moments sharded on the mesh: "
+                               "--parallel fsdp"),),
         )
 
     def check(self, strategy: Strategy) -> None:

@@ -41,6 +41,7 @@ class MlxBackend(BackendBase):
             precisions=("fp32", "bf16"),
             checkpoint=("single", "dp"),
             why_not=(("zero1", _NOT_WIRED), ("zero2", _NOT_WIRED), ("fsdp", _NOT_WIRED),
+                     ("zero3", _NOT_WIRED),
                      ("tp", _NOT_WIRED), ("pp", "MLX 0.32 has no pipeline schedule")),
         )
 

@@ -125,7 +125,7 @@ class TensorFlowBackend(BackendBase):
             grad_accum=True,
             checkpoint=("single", "dp"),
             why_not=(("zero1", TF_NO_SHARDING), ("zero2", TF_NO_SHARDING),
-                     ("fsdp", TF_NO_SHARDING),
+                     ("zero3", TF_NO_SHARDING), ("fsdp", TF_NO_SHARDING),
                      *((kind, TF_NO_MODEL_PARALLEL) for kind in ("tp", "tp-manual", "pp"))),
         )
 

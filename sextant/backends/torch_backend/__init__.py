@@ -43,7 +43,9 @@ class TorchBackend(BackendBase):
             # ZeroRedundancyOptimizer's state dict is consolidated on one rank, which
             # torch.distributed.checkpoint does not read back: zero1 is not checkpointed.
             checkpoint=("single", "dp", "zero2", "fsdp"),
-            why_not=(("tp-manual", "PyTorch's tensor parallelism is DTensor's "
+            why_not=(("zero3", "PyTorch's ZeRO-3 is FSDP2: --parallel fsdp "
+                               "(or --framework deepspeed for DeepSpeed's)"),
+                     ("tp-manual", "PyTorch's tensor parallelism is DTensor's "
                                    "parallelize_module (parallel tp); Megatron's hand-written "
                                    "all-reduce autograd functions are what it replaces, so "
                                    "sextant runs the library's way"),),

@@ -143,31 +143,47 @@ def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
                    if torch.is_tensor(v))
 
 
-def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
-           ctx: WorkerContext) -> tuple[torch.optim.Optimizer, str]:
+def adamw_groups(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
+                 weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups: weight decay where `sextant.init.decays` says, none elsewhere.
+
+    Groups by (decay, DTensor or not): the fused and foreach kernels take one kind of tensor
+    per group, and tensor parallelism leaves some parameters (norms, a tied embedding) as
+    plain tensors beside the DTensor shards. (The DeepSpeed backend builds the same groups.)"""
     from torch.distributed.tensor import DTensor
 
-    spec = ctx.workload.optimizer
-    # Groups by (decay, DTensor or not): the fused and foreach kernels take one kind of
-    # tensor per group, and tensor parallelism leaves some parameters (norms, a tied
-    # embedding) as plain tensors beside the DTensor shards.
     by_kind: dict[tuple[bool, bool], list[torch.Tensor]] = {}
     for key, p in net.named_parameters():
         canonical = names[key]
         kind = (decays(canonical, params[canonical].shape), isinstance(p, DTensor))
         by_kind.setdefault(kind, []).append(p)
-    groups = [{"params": ps, "weight_decay": spec.weight_decay if decay else 0.0}
-              for (decay, _), ps in sorted(by_kind.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
-    kwargs: dict[str, Any] = dict(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
-    if ctx.strategy.parallel == "zero1":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0}
+            for (decay, _), ps in sorted(by_kind.items(),
+                                         key=lambda kv: (not kv[0][0], kv[0][1]))]
 
-        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
-                                       foreach=True, **kwargs), "ZeroRedundancyOptimizer(AdamW)"
+
+def adamw(groups: list[dict[str, Any]], spec: Any) -> tuple[torch.optim.Optimizer, str]:
+    """torch.optim.AdamW with the workload's hyper-parameters: fused where this build has
+    the kernel, foreach otherwise; returns (optimizer, which)."""
+    kwargs: dict[str, Any] = dict(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
     try:
         return torch.optim.AdamW(groups, fused=True, **kwargs), "AdamW (fused)"
     except (RuntimeError, TypeError):
         return torch.optim.AdamW(groups, foreach=True, **kwargs), "AdamW (foreach)"
+
+
+def _adamw(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
+           ctx: WorkerContext) -> tuple[torch.optim.Optimizer, str]:
+    spec = ctx.workload.optimizer
+    groups = adamw_groups(net, names, params, spec.weight_decay)
+    if ctx.strategy.parallel == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
+                                       foreach=True, lr=spec.lr,
+                                       betas=(spec.beta1, spec.beta2), eps=spec.eps,
+                                       ), "ZeroRedundancyOptimizer(AdamW)"
+    return adamw(groups, spec)
 
 
 def _apply_activation_checkpointing(net: torch.nn.Module) -> None:

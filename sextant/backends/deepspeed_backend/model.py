@@ -1,0 +1,16 @@
+"""DeepSpeed trains the torch modules unchanged: the canonical models, their mapping from the
+canonical parameters and the loss wrapper are sextant.backends.torch_backend.model's.
+
+DeepSpeed is a layer over PyTorch that needs no model code of its own (the engine wraps the
+module; ZeRO-3 partitions its parameters in place), so this module only re-exports them.
+"""
+
+from sextant.backends.torch_backend.model import (
+    WithLoss,
+    build,
+    canonical_names,
+    load_canonical,
+)
+from sextant.backends.torch_backend.model import _torch_name as torch_name
+
+__all__ = ["WithLoss", "build", "canonical_names", "load_canonical", "torch_name"]
