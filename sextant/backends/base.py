@@ -118,6 +118,7 @@ REGISTRY: dict[str, str] = {
     "torch": "sextant.backends.torch_backend:TorchBackend",
     "jax": "sextant.backends.jax_backend:JaxBackend",
     "tensorflow": "sextant.backends.tf_backend:TensorFlowBackend",
+    "keras": "sextant.backends.keras_backend:KerasBackend",
 }
 
 
