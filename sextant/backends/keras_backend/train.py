@@ -138,7 +138,9 @@ def _distribution(keras: Any, ctx: WorkerContext) -> tuple[Any, str]:
     if ctx.strategy.parallel != "dp":
         return None, "none"
     devices = keras.distribution.list_devices()
-    dist = keras.distribution.DataParallel(devices=devices)
+    # Each process feeds its own shard of the canonical batch (sextant.data.local_batch), so
+    # Keras must not shard the dataset again (its auto-sharding wants a tf.data.Dataset).
+    dist = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     keras.distribution.set_distribution(dist)
     where = (f"{len(devices)} host devices in one process" if ctx.world == 1
              else f"{len(devices)} devices over {ctx.world} processes (jax.distributed)")
