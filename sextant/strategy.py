@@ -212,8 +212,9 @@ class Strategy:
     @property
     def label(self) -> str:
         """Short human name, e.g. 'torch compiled', 'torch dp x2', 'jax fsdp 1x8',
-        'keras[torch] eager'."""
-        parts = [f"keras[{self.keras_backend}]" if self.framework == "keras"
+        'keras-torch eager'."""
+        # 'keras-jax', not 'keras[jax]': labels go through rich markup, where [jax] is a tag.
+        parts = [f"keras-{self.keras_backend}" if self.framework == "keras"
                  else self.framework]
         if self.mode != "eager" or self.parallel == "single":
             parts.append(self.mode)

@@ -40,10 +40,10 @@ def keras(backend: str = "jax", **fields: Any) -> Strategy:
 
 
 def test_keras_backend_field_and_label() -> None:
-    assert keras(mode="compiled").label == "keras[jax] compiled"
-    assert keras("torch", mode="eager").label == "keras[torch] eager"
+    assert keras(mode="compiled").label == "keras-jax compiled"
+    assert keras("torch", mode="eager").label == "keras-torch eager"
     assert keras(mode="compiled", parallel="dp", devices_per_worker=2).label == \
-        "keras[jax] compiled dp 1x2"
+        "keras-jax compiled dp 1x2"
     with pytest.raises(UserError, match="unknown keras backend 'mlx'; allowed: jax, torch"):
         keras("mlx")
     with pytest.raises(UserError, match="--keras-backend is for framework 'keras'"):
@@ -57,7 +57,7 @@ def test_dp_is_refused_off_jax_in_one_line(backend: str) -> None:
         require(keras(backend, mode="compiled", parallel="dp", workers=2))
     message = str(info.value)
     assert "\n" not in message and "use --keras-backend jax" in message
-    assert f"keras[{backend}] does not support parallel 'dp'" in message
+    assert f"keras-{backend} does not support parallel 'dp'" in message
 
 
 @needs_keras

@@ -19,7 +19,10 @@ else, once for every backend:
               one), then the backend's own memory accounting, details and fingerprint
 
 So a new lever is one function per backend plus one capability entry, and a new backend is
-`build` + strategy functions + `make_step` + one `Trainer`.
+`build` + strategy functions + `make_step` + one `Trainer`. A framework whose high-level API
+owns the training loop (Keras `fit`) hands over `owned_loop` instead of the four loop
+functions: it runs the loop and reports each step to a `StepRecorder`
+(sextant.measure.loop), which keeps the timed loop's lists, events and checks.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class StepRecorder:
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         self.checkpoint_times: list[float] = []
-        self.rss_start = 0
+        self.rss_start: int | None = None
         self.last = 0.0
 
     def begin(self) -> None:

@@ -58,7 +58,7 @@ class KerasBackend(BackendBase):
         from sextant.errors import UserError
 
         if strategy.parallel == "dp" and strategy.keras_backend != "jax":
-            raise UserError(f"keras[{strategy.keras_backend}] does not support parallel 'dp' "
+            raise UserError(f"keras-{strategy.keras_backend} does not support parallel 'dp' "
                             f"({KERAS_DP_JAX_ONLY}); use --keras-backend jax")
 
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:

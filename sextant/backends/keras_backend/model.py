@@ -17,6 +17,7 @@ Imported only inside the worker, after KERAS_BACKEND is set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -92,7 +93,7 @@ def _tensorflow_train_step(model: Trainable, data: Any) -> Any:
     return {"loss": loss, "grad_norm": norm}
 
 
-_TRAIN_STEPS = {"jax": _jax_train_step, "torch": _torch_train_step,
+_TRAIN_STEPS: dict[str, Callable[..., Any]] = {"jax": _jax_train_step, "torch": _torch_train_step,
                 "tensorflow": _tensorflow_train_step}
 
 
