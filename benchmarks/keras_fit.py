@@ -15,7 +15,7 @@ B A), so that a noisy machine's drifts hit both sides. We print, per pair, the m
 rounds of each side's median step time and their ratio (keras / sextant: > 1 means fit is
 slower).
 
-    python benchmarks/keras_fit.py --workload gpt-tiny --steps 40 --rounds 3
+    python benchmarks/keras_fit.py --workload gpt-tiny --steps 40 --rounds 3 [--threads 1]
 
 What fit adds per step, besides the step itself: Keras' epoch iterator and PyDataset
 adapter, its callback list (our measuring callback's `on_train_batch_end` makes Keras
@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--pairs", default=None,
                         help="comma-separated pair names (default: all)")
     parser.add_argument("--with-torch-compile", action="store_true")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads of every run (default: sextant's, cores / workers)")
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON")
     args = parser.parse_args()
 
@@ -83,7 +85,8 @@ def main() -> None:
                 if r % 2:
                     order.reverse()
                 for side, fields in order:
-                    record = execute(w, Strategy(**fields), runs_dir=Path(tmp))
+                    record = execute(w, Strategy(**fields, threads=args.threads),
+                                     runs_dir=Path(tmp))
                     times[name][side].append(record["metrics"]["step_time_median_s"])
                     loss = record["losses"][-1]
                     losses.setdefault(name, loss)
@@ -91,7 +94,8 @@ def main() -> None:
                           f"{times[name][side][-1] * 1e3:8.2f} ms/step  final loss "
                           f"{loss:.6f}", flush=True)
     print(f"\n{args.workload}, {args.steps} steps (median after "
-          f"{w.measure.warmup_steps} warm-up), {args.rounds} rounds, fresh process per run, "
+          f"{w.measure.warmup_steps} warm-up), threads {args.threads or 'default'}, "
+          f"{args.rounds} rounds, fresh process per run, "
           f"{time.time() - started:.0f} s")
     print(f"{'backend':<16}{'keras fit ms':>14}{'sextant ms':>12}{'keras/sextant':>15}")
     summary = {}
@@ -103,6 +107,7 @@ def main() -> None:
         print(f"{name:<16}{k * 1e3:>14.2f}{s * 1e3:>12.2f}{k / s:>15.2f}")
     if args.out:
         args.out.write_text(json.dumps({"workload": args.workload, "steps": args.steps,
+                                        "threads": args.threads,
                                         "rounds": args.rounds, "pairs": summary}, indent=2))
 
 

@@ -28,7 +28,7 @@ STEPS = 3
 # AdamW subclass (torch's eps placement): <= 4.1e-7 relative on the loss and <= 4.6e-7 on the
 # gradient norm (docs/keras.md). So the shared fp32 tolerance (1e-5) holds. Keras' stock
 # AdamW puts eps before the bias correction: gpt-tiny's loss moves by 4.3e-6 in 10 steps, its
-# gradient norm by 1.3e-4 (caught, test below).
+# gradient norm by 1.3e-4; digits-mlp's by 1.8e-5 and 3.4e-4 (caught, test below).
 RTOL = LEVER_RTOL
 
 
@@ -111,17 +111,21 @@ def test_fit_matches_torch_eager(backend: str, mode: str, workload: Any, referen
 @needs_keras
 @needs_torch
 @pytest.mark.slow
-def test_the_tolerance_sees_keras_stock_adamw(monkeypatch: pytest.MonkeyPatch,
-                                              workload: Any, reference: dict,
-                                              tmp_path: Path) -> None:
-    """Keras' own AdamW update (eps before the bias correction) trains almost the same
-    losses, but its gradient norms leave the fp32 tolerance: the parity above is not loose
-    enough to hide it."""
+def test_mlp_matches_and_the_tolerance_sees_keras_stock_adamw(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """digits-mlp, 10 steps (b2 = 0.999, where Keras' eps placement weighs 32x at step 1):
+    sextant's AdamW subclass stays within the fp32 tolerance of torch (measured 1.3e-6 on
+    the loss, 4.9e-6 on the gradient norm); Keras' own AdamW update leaves it (1.8e-5 and
+    3.4e-4), so the parity tests are not loose enough to hide it."""
+    w = short("digits-mlp", 10, nosync_steps=0, log_every=10)
+    reference = execute(w, Strategy(framework="torch"), runs_dir=tmp_path)
+    same_training(execute(w, keras(mode="compiled"), runs_dir=tmp_path), reference, rtol=RTOL)
     monkeypatch.setenv("SEXTANT_TEST_FAULT", "keras-stock-adamw")
-    record = execute(workload, keras(mode="compiled"), runs_dir=tmp_path)
-    norms = np.array(record["grad_norms"]) / np.array(reference["grad_norms"]) - 1
-    assert np.max(np.abs(norms)) > RTOL
-    np.testing.assert_allclose(record["losses"], reference["losses"], rtol=1e-4)
+    stock = execute(w, keras(mode="compiled"), runs_dir=tmp_path)
+    assert stock["ranks"][0]["details"]["optimizer"].startswith("keras.optimizers.AdamW (stock")
+    for key in ("losses", "grad_norms"):
+        deviation = np.array(stock[key]) / np.array(reference[key]) - 1
+        assert np.max(np.abs(deviation)) > RTOL, key
 
 
 @needs_keras
