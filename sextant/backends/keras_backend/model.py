@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from sextant.init import rope_tables
 from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
@@ -195,15 +196,100 @@ class GPT(Trainable):
         return np.zeros((1, self.seq_len), np.int32)
 
 
+class RotaryAttention(layers.Layer):
+    """Grouped-query causal attention with rotary positions (rotate-half form, the tables of
+    sextant.init.rope_tables); each key/value head repeated for its group of query heads."""
+
+    def __init__(self, spec: LlamaSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nh, self.nkv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.q = layers.Dense(self.nh * self.hd, use_bias=False, name="q")
+        self.k = layers.Dense(self.nkv * self.hd, use_bias=False, name="k")
+        self.v = layers.Dense(self.nkv * self.hd, use_bias=False, name="v")
+        self.o = layers.Dense(spec.d_model, use_bias=False, name="o")
+        cos, sin = rope_tables(spec)  # (T, hd)
+        self.cos, self.sin = cos[:, None, :], sin[:, None, :]  # (T, 1, hd): over the heads
+
+    def call(self, x: Any) -> Any:  # (B, T, C)
+        T = x.shape[1]
+        # Backend tensors (a torch tensor times a numpy array is numpy's product).
+        cos, sin = ops.convert_to_tensor(self.cos[:T]), ops.convert_to_tensor(self.sin[:T])
+
+        def heads(t: Any, n: int, rotary: bool) -> Any:  # -> (B, T, n, hd)
+            t = ops.reshape(t, (-1, T, n, self.hd))
+            if rotary:
+                t1, t2 = ops.split(t, 2, axis=-1)
+                t = t * cos + ops.concatenate([-t2, t1], axis=-1) * sin
+            if n != self.nh:
+                t = ops.repeat(t, self.nh // n, axis=2)
+            return t
+
+        q = heads(self.q(x), self.nh, True)
+        k = heads(self.k(x), self.nkv, True)
+        v = heads(self.v(x), self.nkv, False)
+        y = ops.dot_product_attention(q, k, v, is_causal=True)
+        return self.o(ops.reshape(y, (-1, T, self.nh * self.hd)))
+
+
+class LlamaBlock(layers.Layer):
+    def __init__(self, spec: LlamaSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.attn_norm = layers.RMSNormalization(epsilon=spec.norm_eps, name="attn_norm")
+        self.attn = RotaryAttention(spec, name="attn")
+        self.mlp_norm = layers.RMSNormalization(epsilon=spec.norm_eps, name="mlp_norm")
+        self.gate = layers.Dense(spec.d_ff, use_bias=False, name="gate")
+        self.up = layers.Dense(spec.d_ff, use_bias=False, name="up")
+        self.down = layers.Dense(spec.d_model, use_bias=False, name="down")
+
+    def call(self, x: Any) -> Any:
+        x = x + self.attn(self.attn_norm(x))
+        h = self.mlp_norm(x)
+        return x + self.down(ops.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(Trainable):
+    def __init__(self, spec: LlamaSpec) -> None:
+        super().__init__()
+        self.seq_len, self.tied = spec.seq_len, spec.tie_embeddings
+        self.wte = layers.Embedding(spec.vocab_size, spec.d_model, name="wte")
+        self.blocks = [LlamaBlock(spec, name=f"blocks_{i}") for i in range(spec.n_layers)]
+        self.norm_f = layers.RMSNormalization(epsilon=spec.norm_eps, name="norm_f")
+        self.head = (None if spec.tie_embeddings
+                     else layers.Dense(spec.vocab_size, use_bias=False, name="head"))
+
+    def call(self, idx: Any, training: bool = False) -> Any:  # (B, T) -> (B, T, V)
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm_f(x)
+        if self.head is None:  # tied: the embedding, transposed
+            return ops.matmul(x, ops.transpose(self.wte.embeddings))
+        return self.head(x)
+
+    def canonical(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"wte": self.wte.embeddings}
+        for i, b in enumerate(self.blocks):
+            p = f"blocks.{i}."
+            out[p + "attn_norm.scale"], out[p + "mlp_norm.scale"] = (b.attn_norm.scale,
+                                                                   b.mlp_norm.scale)
+            for name, dense in (("attn.q", b.attn.q), ("attn.k", b.attn.k),
+                                ("attn.v", b.attn.v), ("attn.o", b.attn.o),
+                                ("mlp.gate", b.gate), ("mlp.up", b.up), ("mlp.down", b.down)):
+                out[p + name + ".weight"] = dense.kernel
+        out["norm_f.scale"] = self.norm_f.scale
+        if self.head is not None:
+            out["head.weight"] = self.head.kernel
+        return out
+
+    def dummy_input(self) -> np.ndarray:
+        return np.zeros((1, self.seq_len), np.int32)
+
+
 def build(spec: ModelSpec, params: dict[str, np.ndarray]) -> tuple[Trainable, dict[str, Any]]:
     """The Keras model holding the canonical `params`, and its canonical-name -> variable map
     (in canonical order)."""
-    from sextant.errors import UserError
-
-    if isinstance(spec, LlamaSpec):
-        raise UserError("keras trains the gpt and mlp families; the llama family is not "
-                        "written in Keras layers yet")
-    model: Any = MLP(spec) if isinstance(spec, MLPSpec) else GPT(spec)
+    model: Any = (MLP(spec) if isinstance(spec, MLPSpec) else
+                  Llama(spec) if isinstance(spec, LlamaSpec) else GPT(spec))
     model(model.dummy_input())  # creates the variables
     found = model.canonical()
     if set(found) != set(params) or len(model.weights) != len(params):
