@@ -13,7 +13,9 @@ from typing import Any
 
 from sextant.errors import UserError
 
-FRAMEWORKS = ("torch", "jax", "tensorflow", "deepspeed", "mlx")
+FRAMEWORKS = ("torch", "jax", "tensorflow", "deepspeed", "mlx", "keras")
+KERAS_BACKENDS = ("jax", "torch", "tensorflow")
+"""The backends Keras 3 runs on (framework 'keras', Strategy.keras_backend)."""
 MODES = ("eager", "compiled")
 # The parallel-strategy vocabulary shared by all backends (each supports a subset):
 #   single     one process, one device
@@ -90,6 +92,10 @@ class Strategy:
     sequence_parallel: bool = False
     """With tensor parallelism: norms and residuals split along the sequence between the
     tensor-parallel regions (all-gather / reduce-scatter instead of all-reduce)."""
+    keras_backend: str = "jax"
+    """Framework 'keras' only: the backend Keras 3 runs on (KERAS_BACKEND in the worker):
+    'jax' (the default: the only one with keras.distribution on Keras 3.15, and Keras'
+    fastest here, docs/keras.md), 'torch' or 'tensorflow'."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -157,6 +163,13 @@ class Strategy:
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UserError("--checkpoint-every and --resume need --checkpoint-dir")
         self._check_model_parallel()
+        if self.keras_backend not in KERAS_BACKENDS:
+            raise UserError(f"unknown keras backend {self.keras_backend!r}; allowed: "
+                            f"{', '.join(KERAS_BACKENDS)}")
+        if self.framework != "keras" and self.keras_backend != "jax":
+            raise UserError("--keras-backend is for framework 'keras'. "
+                            f"Received: framework={self.framework!r}, "
+                            f"keras_backend={self.keras_backend!r}")
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
@@ -199,8 +212,11 @@ class Strategy:
 
     @property
     def label(self) -> str:
-        """Short human name, e.g. 'torch compiled', 'torch dp x2', 'jax fsdp 1x8'."""
-        parts = [self.framework]
+        """Short human name, e.g. 'torch compiled', 'torch dp x2', 'jax fsdp 1x8',
+        'keras-torch eager'."""
+        # 'keras-jax', not 'keras[jax]': labels go through rich markup, where [jax] is a tag.
+        parts = [f"keras-{self.keras_backend}" if self.framework == "keras"
+                 else self.framework]
         if self.mode != "eager" or self.parallel == "single":
             parts.append(self.mode)
         if self.parallel != "single":

@@ -29,6 +29,10 @@ FRAMEWORK_CANDIDATES = {
     "paddle": ("paddle",),
     "mindspore": ("mindspore",),
     "mlx": ("mlx",),
+    # keras: no candidate. A Keras run measures Keras' front end (layers, fit) on another
+    # framework's runtime (Strategy.keras_backend), so it stands for none of the stacks above,
+    # and the advisor has no 'keras' stack: one would need its own rules (hardware, team
+    # experience, migration) over three backends. Keras runs are left out of the evidence.
 }
 """Results-store framework name -> candidate stacks its measurements stand for."""
 

@@ -136,6 +136,7 @@ REGISTRY: dict[str, str] = {
     "tensorflow": "sextant.backends.tf_backend:TensorFlowBackend",
     "deepspeed": "sextant.backends.deepspeed_backend:DeepSpeedBackend",
     "mlx": "sextant.backends.mlx_backend:MlxBackend",
+    "keras": "sextant.backends.keras_backend:KerasBackend",
 }
 
 

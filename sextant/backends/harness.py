@@ -19,7 +19,10 @@ else, once for every backend:
               one), then the backend's own memory accounting, details and fingerprint
 
 So a new lever is one function per backend plus one capability entry, and a new backend is
-`build` + strategy functions + `make_step` + one `Trainer`.
+`build` + strategy functions + `make_step` + one `Trainer`. A framework whose high-level API
+owns the training loop (Keras `fit`) hands over `owned_loop` instead of the four loop
+functions: it runs the loop and reports each step to a `StepRecorder`
+(sextant.measure.loop), which keeps the timed loop's lists, events and checks.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from sextant import checkpoint as ckpt
 from sextant.fsutil import atomic_write_bytes
 from sextant.init import params_digest
 from sextant.measure.comm import bytes_per_step
-from sextant.measure.loop import timed_training
+from sextant.measure.loop import StepRecorder, timed_training
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,6 +93,16 @@ class Trainer:
     """Gradient bytes handed to the collectives so far, where the backend counts them (the
     measured side of the bytes-per-step figure)."""
     notes: list[str] = field(default_factory=list)
+    owned_loop: Callable[[StepRecorder], None] | None = None
+    """For a framework that runs the training loop itself (Keras `fit`): trains steps
+    [recorder.start_step, workload.steps), calling the recorder's begin, data_time and
+    step_end from its hooks. The harness then does not call fetch/step/block/to_floats (a
+    backend with an owned loop passes `unused`) and there are no exposed-communication pairs."""
+
+
+def unused(*args: Any) -> Any:
+    """A loop function of a Trainer whose framework owns the loop (never called)."""
+    raise RuntimeError("the framework owns this training loop")
 
 
 def resume(ctx: WorkerContext, trainer: Trainer) -> int:
@@ -136,12 +149,18 @@ def train(ctx: WorkerContext, trainer: Trainer) -> RankResult:
 
     if strategy.checkpoint_every and trainer.save is None:
         raise RuntimeError(f"{strategy.framework}: checkpointing without a save function")
-    timed = timed_training(
-        ctx, fetch=trainer.fetch, step=trainer.step, block=trainer.block,
-        to_floats=trainer.to_floats, step_nosync=trainer.step_nosync,
-        rows_of=trainer.rows_of, start_step=start_step,
-        checkpoint=save if strategy.checkpoint_every else None, on_trained=on_trained,
-    )
+    if trainer.owned_loop is not None:
+        recorder = StepRecorder(ctx, start_step=start_step, on_trained=on_trained,
+                                checkpoint=save if strategy.checkpoint_every else None)
+        trainer.owned_loop(recorder)
+        timed = recorder.result()
+    else:
+        timed = timed_training(
+            ctx, fetch=trainer.fetch, step=trainer.step, block=trainer.block,
+            to_floats=trainer.to_floats, step_nosync=trainer.step_nosync,
+            rows_of=trainer.rows_of, start_step=start_step,
+            checkpoint=save if strategy.checkpoint_every else None, on_trained=on_trained,
+        )
     described = trainer.describe()
     result: RankResult = {
         **timed,  # type: ignore[typeddict-item]  # the loop's keys, checked by the contract

@@ -80,6 +80,9 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint directory")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest valid checkpoint in --checkpoint-dir")
+    p.add_argument("--keras-backend", default="jax",
+                   help="with --framework keras: the backend Keras runs on, jax (default: "
+                        "the one with keras.distribution), torch or tensorflow")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="with --resume: also load checkpoints not signed with your own key "
                         "(written by someone else: loading one can run their code; see "
@@ -91,7 +94,7 @@ def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
             "compress": args.compress, "checkpoint_every": args.checkpoint_every,
             "activation_checkpointing": args.activation_checkpointing,
             "checkpoint_dir": args.checkpoint_dir, "resume": args.resume,
-            "trust_checkpoint": args.trust_checkpoint}
+            "trust_checkpoint": args.trust_checkpoint, "keras_backend": args.keras_backend}
 
 
 def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore:

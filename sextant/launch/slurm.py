@@ -75,6 +75,8 @@ def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
            "--timeout", f"{args.timeout:g}"]
     if strategy.ps:
         out += ["--ps", str(strategy.ps)]
+    if strategy.framework == "keras":
+        out += ["--keras-backend", strategy.keras_backend]
     if strategy.tp > 1:
         out += ["--tp", str(strategy.tp)]
     if strategy.pp > 1:

@@ -147,6 +147,93 @@ def timed_training(
     }
 
 
+class StepRecorder:
+    """The timed loop's bookkeeping for a framework that runs the training loop itself
+    (Keras `fit`): the framework's per-batch hooks tell it when training starts and when each
+    step has ended, with the step's loss and gradient norm already on the host; it keeps the
+    same lists, events, divergence checks, fault hooks and checkpoint calls as
+    `timed_training`, so the result means the same thing.
+
+    Step time is from the end of the previous step (for the first, from `begin`) to the end
+    of this one: everything the framework's loop does per step (fetching the batch, its own
+    bookkeeping, the step, the read-back of the logs). `data_time(i, s)` records how long
+    fetching batch i took where the framework calls the fetch in the step's path."""
+
+    def __init__(self, ctx: WorkerContext, *, start_step: int = 0,
+                 checkpoint: Callable[[int], None] | None = None,
+                 on_trained: Callable[[], None] | None = None) -> None:
+        self.ctx = ctx
+        self.start_step = start_step
+        self.checkpoint = checkpoint
+        self.on_trained = on_trained
+        self.every = ctx.strategy.checkpoint_every if checkpoint is not None else 0
+        self.faults = Faults(ctx)
+        self.step_times: list[float] = []
+        self.data_times: dict[int, float] = {}
+        self.rows: list[int | None] = []
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.checkpoint_times: list[float] = []
+        self.rss_start: int | None = None
+        self.last = 0.0
+
+    def begin(self) -> None:
+        memory.reset_peak()
+        self.rss_start = memory.current_rss()
+        self.ctx.emit("start", steps=self.ctx.workload.steps, start_step=self.start_step)
+        self.last = time.perf_counter()
+
+    def data_time(self, step: int, seconds: float) -> None:
+        self.faults.loader()
+        self.data_times[step] = seconds + self.faults.loader_s
+
+    def step_end(self, step: int, loss: float, grad_norm: float, rows: int | None) -> None:
+        """Step `step` (0-based, global) has finished with these values."""
+        self.faults.straggle()
+        now = time.perf_counter()
+        self.step_times.append(now - self.last)
+        self.rows.append(rows)
+        self.losses.append(float(loss))
+        self.grad_norms.append(float(grad_norm))
+        check_finite(self.ctx, self.losses, self.grad_norms, self.start_step,
+                     len(self.losses) - 1)
+        self.faults.maybe_die(step + 1)
+        log_every = self.ctx.workload.measure.log_every
+        shown = (step + 1) % log_every == 0 or step + 1 == self.ctx.workload.steps
+        self.ctx.emit("step", step=step + 1, loss=self.losses[-1] if shown else None,
+                      step_time_s=self.step_times[-1],
+                      data_time_s=self.data_times.get(step, 0.0), rows=rows,
+                      rss_bytes=memory.current_rss())
+        if self.every and self.checkpoint is not None and (step + 1) % self.every == 0:
+            tc = time.perf_counter()
+            self.checkpoint(step + 1)
+            self.checkpoint_times.append(time.perf_counter() - tc)
+            self.ctx.emit("checkpoint", step=step + 1, seconds=self.checkpoint_times[-1])
+        self.last = time.perf_counter()  # the checkpoint stays outside the next step
+
+    def result(self) -> dict[str, Any]:
+        """Once training has ended: export (on_trained) and the loop's result dict."""
+        peak_train = memory.peak_rss()
+        if self.on_trained is not None:
+            self.on_trained()
+        self.ctx.emit("done")
+        steps = range(self.start_step, self.start_step + len(self.step_times))
+        return {
+            "step_times_s": self.step_times,
+            "data_times_s": [self.data_times.get(i, 0.0) for i in steps],
+            "losses": self.losses,
+            "grad_norms": self.grad_norms,
+            "start_step": self.start_step,
+            "rows_per_step": self.rows,
+            "checkpoint_times_s": self.checkpoint_times,
+            "warmup_steps": self.ctx.workload.measure.warmup_steps,
+            "peak_rss_bytes": peak_train,
+            "rss_start_bytes": self.rss_start,
+            "sync_step_times_s": [],
+            "nosync_step_times_s": [],
+        }
+
+
 def check_finite(ctx: WorkerContext, losses: list[float], grad_norms: list[float], start_step: int,
                  checked: int = 0) -> None:
     """Stop a diverged run: the first non-finite loss or gradient norm raises

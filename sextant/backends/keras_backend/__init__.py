@@ -1,0 +1,73 @@
+"""Keras 3 backend: the canonical model in Keras layers, trained by `model.fit`, on the JAX,
+torch or TensorFlow backend of Keras (Strategy.keras_backend, KERAS_BACKEND in the worker).
+Data parallel through `keras.distribution.DataParallel`, on the JAX backend only.
+docs/keras.md describes the mapping and what the high-level API costs.
+
+Keras is imported only inside `run`, in the worker process, after KERAS_BACKEND is set.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sextant.backends.base import BackendBase, Capabilities
+
+if TYPE_CHECKING:
+    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.strategy import Strategy
+
+KERAS_DP_JAX_ONLY = (
+    "keras.distribution (DataParallel, ModelParallel) runs on the JAX backend only in Keras "
+    "3.15: torch has no distribution module, TensorFlow's is a prototype marked 'DO NOT USE', "
+    "and Keras fit fails under TensorFlow's MultiWorkerMirrored strategy"
+)
+KERAS_NO_SHARDING = (
+    "Keras 3.15's distribution API shards variables only through ModelParallel's LayoutMap "
+    "(JAX backend), not built in sextant; it has no optimizer-state or gradient sharding"
+)
+KERAS_NO_MODEL_PARALLEL = (
+    "Keras 3.15 splits layers only through keras.distribution.ModelParallel with a LayoutMap "
+    "(JAX backend), not built in sextant; it has no pipeline schedule"
+)
+
+
+class KerasBackend(BackendBase):
+    name = "keras"
+    package = "keras"
+    extra = "keras"
+
+    STRATEGY_CODE = {"dp": ("sextant.backends.keras_backend.train:_distribution",)}
+
+    def capabilities(self) -> Capabilities:
+        # compiled (jit_compile=True) first: what a Keras user gets by default on JAX (jit)
+        # and the faster mode on each backend here.
+        return Capabilities(
+            modes=("compiled", "eager"),
+            parallel=("single", "dp"),
+            precisions=("fp32",),
+            checkpoint=("single", "dp"),
+            why_not=(("ps", "Keras fit fails under TensorFlow's ParameterServerStrategy; "
+                            "parameter servers run on framework tensorflow"),
+                     ("dp-manual", "Keras' data parallelism is declarative "
+                                   "(keras.distribution.DataParallel, parallel dp)"),
+                     *((kind, KERAS_NO_SHARDING) for kind in ("zero1", "zero2", "fsdp")),
+                     *((kind, KERAS_NO_MODEL_PARALLEL) for kind in ("tp", "tp-manual", "pp"))),
+        )
+
+    def check(self, strategy: Strategy) -> None:
+        from sextant.errors import UserError
+
+        if strategy.parallel == "dp" and strategy.keras_backend != "jax":
+            raise UserError(f"keras-{strategy.keras_backend} does not support parallel 'dp' "
+                            f"({KERAS_DP_JAX_ONLY}); use --keras-backend jax")
+
+    def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
+        """One row by default (Keras' import and compile cost ~10 s a row on 2 cores): fit on
+        its default JAX backend. The torch and tensorflow backends and dp are opt-in
+        (`sextant run --framework keras --keras-backend ...`)."""
+        return [{"mode": "compiled", "parallel": "single", "workers": 1, "keras_backend": "jax"}]
+
+    def run(self, ctx: WorkerContext) -> RankResult:
+        from sextant.backends.keras_backend.train import run
+
+        return run(ctx)
