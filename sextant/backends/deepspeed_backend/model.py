@@ -11,6 +11,5 @@ from sextant.backends.torch_backend.model import (
     canonical_names,
     load_canonical,
 )
-from sextant.backends.torch_backend.model import _torch_name as torch_name
 
-__all__ = ["WithLoss", "build", "canonical_names", "load_canonical", "torch_name"]
+__all__ = ["WithLoss", "build", "canonical_names", "load_canonical"]

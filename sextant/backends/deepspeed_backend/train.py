@@ -44,9 +44,14 @@ from sextant.backends import harness
 from sextant.backends.deepspeed_backend import model as dm
 from sextant.backends.deepspeed_backend.config import ZERO_STAGE, ds_config
 from sextant.backends.harness import Description, Trainer
-from sextant.backends.torch_backend.train import adamw, adamw_groups
+from sextant.backends.torch_backend.model import canonical_from_state
+from sextant.backends.torch_backend.train import (
+    adamw,
+    adamw_groups,
+    device_fingerprint,
+    loop_functions,
+)
 from sextant.init import init_params
-from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
@@ -217,12 +222,7 @@ def _final_params(engine: Any, names: list[str]) -> dict[str, np.ndarray] | None
         full[key] = (master if master is not None else p).detach().cpu().float()
     if torch.distributed.get_rank() != 0:
         return None
-    out = {}
-    for name in names:
-        key, transpose = dm.torch_name(name)
-        value = full["net." + key].numpy()
-        out[name] = np.ascontiguousarray(value.T if transpose else value)
-    return out
+    return canonical_from_state(full, names, prefix="net.")
 
 
 def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str, Any],
@@ -244,17 +244,8 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
     setup["initialize_s"] = time.perf_counter() - t0
     step = _Step(ctx, engine, device)
 
-    def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
-        return (torch.from_numpy(x).to(device, non_blocking=True),
-                torch.from_numpy(y).to(device, non_blocking=True))
-
-    def block(handle: torch.Tensor) -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    def to_floats(handles: list[torch.Tensor]) -> list[tuple[float, float]]:
-        return [tuple(pair) for pair in torch.stack(handles).cpu().tolist()]
+    fetch, block, to_floats = loop_functions(
+        device, cuda, lambda i: data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault))
 
     def save(directory: Path) -> None:
         engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, save_latest=False)
@@ -288,16 +279,8 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
                 "jit_ops": jit,
                 "jit_cache": setup["jit_cache"],
             },
-            fingerprint=fingerprint(
-                framework="deepspeed",
-                framework_version=deepspeed.__version__,
-                torch=torch.__version__,
-                threads=torch.get_num_threads(),
-                device=str(device),
-                cuda=torch.version.cuda if cuda else None,
-                gpu=torch.cuda.get_device_name(device) if cuda else None,
-                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-            ),
+            fingerprint=device_fingerprint("deepspeed", deepspeed.__version__, device, cuda,
+                                           torch=torch.__version__),
             device_peak_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
         )
 

@@ -41,10 +41,7 @@ if TYPE_CHECKING:
 
 
 def run(ctx: WorkerContext) -> RankResult:
-    import mlx.core as mx
-
     group = _init_distributed(ctx) if ctx.is_distributed else None
-    mx.random.seed(ctx.workload.seed)  # nothing random is drawn; set for completeness
     return _train(ctx, group)
 
 

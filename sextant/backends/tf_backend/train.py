@@ -250,7 +250,8 @@ def run(ctx: WorkerContext) -> RankResult:
             memory={"params": nbytes(params0.values()) * n_local,
                     "grads": None,  # live only inside the traced step
                     "optimizer_state": 2 * nbytes(params0.values()) * n_local},
-            details=_details(ctx, wrapping, collectives, n_local, notices),
+            details=_details(ctx, dist is not None, wrapping, collectives, n_local,
+                             notices),
             fingerprint=fingerprint(
                 framework="tensorflow",
                 framework_version=tf.__version__,
@@ -329,10 +330,10 @@ def _gradient_mean(tf: Any, wire: Any, reduce_op: Any, options: Any, sizes: list
     return all_reduce
 
 
-def _details(ctx: WorkerContext, wrapping: str, collectives: str | None, n_local: int,
-             notices: list[str]) -> dict[str, Any]:
+def _details(ctx: WorkerContext, distributed: bool, wrapping: str, collectives: str | None,
+             n_local: int, notices: list[str]) -> dict[str, Any]:
     strategy = ctx.strategy
-    jit, accum, distributed = strategy.mode == "compiled", strategy.grad_accum, wrapping != "none"
+    jit, accum = strategy.mode == "compiled", strategy.grad_accum
     xla = "XLA " if jit else ""
     micro = f"{accum} micro-batches of " if accum > 1 else ""
     bf16 = "bf16 " if strategy.precision == "bf16" else ""

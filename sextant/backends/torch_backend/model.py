@@ -181,6 +181,18 @@ def _torch_name(canonical: str) -> tuple[str, bool]:
     return canonical, canonical.endswith(".weight")
 
 
+def canonical_from_state(state: dict[str, torch.Tensor], names: list[str], prefix: str = ""
+                         ) -> dict[str, np.ndarray]:
+    """The canonical float32 arrays of a full torch state (keys under `prefix`), the inverse
+    of load_canonical's mapping."""
+    out = {}
+    for name in names:
+        key, transpose = _torch_name(name)
+        value = state[prefix + key].detach().cpu().float().numpy()
+        out[name] = np.ascontiguousarray(value.T if transpose else value)
+    return out
+
+
 def load_canonical(net: nn.Module, params: dict[str, np.ndarray]) -> None:
     state = {}
     for name, value in params.items():

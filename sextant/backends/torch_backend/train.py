@@ -20,6 +20,7 @@ import datetime
 import functools
 import os
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -235,12 +236,43 @@ def _full_canonical(net: torch.nn.Module, names: list[str]) -> dict[str, np.ndar
     )
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
-    out = {}
-    for name in names:
-        key, transpose = tm._torch_name(name)
-        value = state[key].detach().cpu().float().numpy()
-        out[name] = np.ascontiguousarray(value.T if transpose else value)
-    return out
+    return tm.canonical_from_state(state, names)
+
+
+def loop_functions(device: torch.device, cuda: bool,
+                   local_batch: Callable[[int], tuple[np.ndarray, np.ndarray]]
+                   ) -> tuple[Any, Any, Any]:
+    """(fetch, block, to_floats) of the timed loop for a torch step on `device`: this
+    rank's batch copied to the device, a CUDA sync (nothing to wait for on CPU), and one
+    stacked host transfer of the (loss, norm) handles."""
+    def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = local_batch(i)
+        return (torch.from_numpy(x).to(device, non_blocking=True),
+                torch.from_numpy(y).to(device, non_blocking=True))
+
+    def block(handle: torch.Tensor) -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def to_floats(handles: list[torch.Tensor]) -> list[tuple[float, float]]:
+        return [tuple(pair) for pair in torch.stack(handles).cpu().tolist()]
+
+    return fetch, block, to_floats
+
+
+def device_fingerprint(framework: str, version: str, device: torch.device, cuda: bool,
+                       **extra: Any) -> dict[str, Any]:
+    """The run's fingerprint for a framework running torch on `device`."""
+    return fingerprint(
+        framework=framework,
+        framework_version=version,
+        **extra,
+        threads=torch.get_num_threads(),
+        device=str(device),
+        cuda=torch.version.cuda if cuda else None,
+        gpu=torch.cuda.get_device_name(device) if cuda else None,
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+    )
 
 
 # --- the worker ------------------------------------------------------------------------
@@ -444,20 +476,10 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
     step = _Step(ctx, p, optimizer, list((p.stage or net).parameters()), device)
     save, restore, barrier = _checkpointing(net, optimizer, step)
 
-    def fetch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if p.lay is not None:  # model-parallel peers read the same rows
-            x, y = data.local_batch(workload, i, p.lay.dp_rank, p.lay.dp, ctx.fault)
-        else:
-            x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
-        return (torch.from_numpy(x).to(device, non_blocking=True),
-                torch.from_numpy(y).to(device, non_blocking=True))
-
-    def block(handle: torch.Tensor) -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    def to_floats(handles: list[torch.Tensor]) -> list[tuple[float, float]]:
-        return [tuple(pair) for pair in torch.stack(handles).cpu().tolist()]
+    # Model-parallel peers read the same rows: their data-parallel rank's.
+    rank, world = (p.lay.dp_rank, p.lay.dp) if p.lay is not None else (ctx.rank, ctx.world)
+    fetch, block, to_floats = loop_functions(
+        device, cuda, lambda i: data.local_batch(workload, i, rank, world, ctx.fault))
 
     def final_params() -> dict[str, np.ndarray] | None:
         if p.stage is not None and p.lay is not None:
@@ -475,15 +497,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
                 "compression": strategy.compress,
                 **_probe(ctx, p, step, fetch(0)),
             },
-            fingerprint=fingerprint(
-                framework="torch",
-                framework_version=torch.__version__,
-                threads=torch.get_num_threads(),
-                device=str(device),
-                cuda=torch.version.cuda if cuda else None,
-                gpu=torch.cuda.get_device_name(device) if cuda else None,
-                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-            ),
+            fingerprint=device_fingerprint("torch", torch.__version__, device, cuda),
             device_peak_bytes=peak,
         )
 
