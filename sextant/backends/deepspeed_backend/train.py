@@ -50,6 +50,7 @@ from sextant.backends.torch_backend.train import (
     adamw_groups,
     device_fingerprint,
     loop_functions,
+    select_device,
 )
 from sextant.init import init_params
 from sextant.schedule import lr_table
@@ -114,11 +115,7 @@ def _quiet() -> None:
 
 
 def run(ctx: WorkerContext) -> RankResult:
-    torch.set_num_threads(ctx.threads)
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{ctx.local_rank}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
+    device, cuda = select_device(ctx)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
     cache, cache_from = extensions_dir(ctx)
     t0 = time.perf_counter()

@@ -47,12 +47,18 @@ FSDP_STRATEGIES = ("zero2", "fsdp")
 MODEL_PARALLEL = ("tp", "pp")
 
 
-def run(ctx: WorkerContext) -> RankResult:
+def select_device(ctx: WorkerContext) -> tuple[torch.device, bool]:
+    """This rank's threads and device (its local GPU where CUDA is available); (device, cuda)."""
     torch.set_num_threads(ctx.threads)
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{ctx.local_rank}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
+    return device, cuda
+
+
+def run(ctx: WorkerContext) -> RankResult:
+    device, cuda = select_device(ctx)
     if ctx.is_distributed:
         dist.init_process_group(
             backend="nccl" if cuda else "gloo",
