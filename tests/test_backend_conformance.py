@@ -16,7 +16,6 @@ by the assertions.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from sextant.backends.base import REGISTRY, get_backend, require
+from sextant.backends.base import REGISTRY, available, get_backend, require
 from sextant.backends.contracts import RANK_RESULT_KEYS, missing_keys
 from sextant.errors import UserError
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS, Strategy
@@ -39,7 +38,8 @@ ASYNCHRONOUS = ("ps",)
 
 
 def installed(name: str) -> bool:
-    return importlib.util.find_spec(get_backend(name).package) is not None
+    """Installed here, or (a framework in an environment of its own) its environment made."""
+    return available(name)
 
 
 def needs(name: str) -> Any:
@@ -90,8 +90,10 @@ def refusal(fields: dict[str, Any]) -> str:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_capabilities_match_require(name: str) -> None:
     if not installed(name):
-        # Not installed: require names the pip extra, whatever the strategy.
-        assert "not installed" in refusal({"framework": name})
+        # Not installed: require names the pip extra (or the environment to make), whatever
+        # the strategy.
+        fix = "sextant env create" if get_backend(name).ENVIRONMENT else "not installed"
+        assert fix in refusal({"framework": name})
         return
     caps = get_backend(name).capabilities()
     default = caps.modes[0]
