@@ -78,8 +78,12 @@ def test_dp_matches_torch(torch_mlp: dict, mindspore_dp: dict) -> None:
 
 
 def test_summed_gradients_fail_parity(tmp_path: Path, torch_mlp: dict) -> None:
-    broken = execute(MLP, mindspore("eager", "dp"), runs_dir=tmp_path,
+    # Graph mode here: the compiled dp step, with its no-sync twin compiled after training
+    # for the exposed-communication pairs (which must not count as a recompile), runs to
+    # the end.
+    broken = execute(MLP, mindspore("compiled", "dp"), runs_dir=tmp_path,
                      extra_env={"SEXTANT_TEST_FAULT": "sum-gradients"})
+    assert broken["metrics"]["comm_pairs"] == 2
     with pytest.raises(AssertionError):
         same_training(broken, torch_mlp, RTOL)
 
