@@ -1,7 +1,7 @@
 """MindSpore for real, in its own environment (sextant env create mindspore): parity with
 torch in PyNative and Graph mode (gpt-tiny) and data parallel x2 over its dynamic cluster
-(digits-mlp), a summed gradient that must fail, kill-and-resume, a dead peer named, bf16
-refused, and compare's opt-in row.
+(digits-mlp), a summed gradient that must fail, kill-and-resume, a dead peer named, a
+recompilation after warm-up caught, bf16 refused, and compare's opt-in row.
 
 The environment is made on first use (about a minute and 2.8 GB here; cached under
 SEXTANT_ENVS). Data-parallel runs use digits-mlp: each MindSpore process pays 3-8 s of import
@@ -99,6 +99,12 @@ def test_dead_peer_fails_the_run_by_name(tmp_path: Path) -> None:
     with pytest.raises(RunFailed, match="rank 1 was killed by SIGKILL"):
         execute(MLP, mindspore("eager", "dp"), runs_dir=tmp_path, timeout_s=120,
                 extra_env={"SEXTANT_TEST_FAULT": "kill-rank-1-at-2"})
+
+
+def test_recompilation_after_warmup_fails_loudly(tmp_path: Path) -> None:
+    with pytest.raises(RunFailed, match="recompiled after warm-up"):
+        execute(short("digits-mlp", 4, nosync_steps=0), mindspore("compiled"),
+                runs_dir=tmp_path, extra_env={"SEXTANT_TEST_FAULT": "shape-change"})
 
 
 def test_bf16_is_refused_in_one_line() -> None:

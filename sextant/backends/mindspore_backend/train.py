@@ -250,6 +250,8 @@ def _train(ctx: WorkerContext) -> RankResult:
 
     def fetch(i: int) -> tuple[Any, Any, Any]:
         x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
+        if ctx.fault == "shape-change" and i == workload.measure.warmup_steps + 1:
+            x, y = x[:-1], y[:-1]  # test hook: a batch of another shape after warm-up
         # The exposed-communication pairs run past the last step: the last rate again.
         return mm.tensor(x), mm.tensor(y), Tensor(lrs[min(i, len(lrs) - 1)])
 
