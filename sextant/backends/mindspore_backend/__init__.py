@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
 
-_ASCEND_ONLY = ("MindSpore 2.10 shards and splits models through its auto-parallel compiler "
-                "(mindspore.parallel.auto_parallel.AutoParallel: optimizer/HSDP sharding, "
-                "operator sharding, pipeline stages) and its DistributedDataParallel, whose "
-                "only listed platform is Ascend")
+_ASCEND_ONLY = ("MindSpore 2.10 shards and splits models through its auto-parallel "
+                "compiler (mindspore.parallel.auto_parallel.AutoParallel: optimizer/HSDP "
+                "sharding, operator sharding, pipeline stages), whose only listed platform "
+                "is Ascend")
 
 
 class MindSporeBackend(BackendBase):
@@ -50,10 +50,9 @@ class MindSporeBackend(BackendBase):
             checkpoint=("single", "dp"),
             why_not=(*((kind, _ASCEND_ONLY) for kind in ("zero1", "zero2", "zero3", "fsdp",
                                                           "tp", "pp")),
-                     ("tp-manual", "not built for MindSpore: its layer splits are the "
-                                   "auto-parallel compiler's (Ascend only)"),
-                     ("dp-manual", "MindSpore's data parallelism is the gradient reducer "
-                                   "over its dynamic cluster (parallel dp)"),
+                     ("tp-manual", "not built for MindSpore"),
+                     ("dp-manual", "not built for MindSpore: parallel dp averages the "
+                                   "gradients with MindSpore's nn.DistributedGradReducer"),
                      ("ps", "MindSpore's parameter-server mode (MS_PSERVER processes) is "
                             "not built in sextant")),
         )
