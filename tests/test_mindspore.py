@@ -3,7 +3,7 @@ torch in PyNative and Graph mode (gpt-tiny) and data parallel x2 over its dynami
 (digits-mlp), a summed gradient that must fail, kill-and-resume, a dead peer named, a
 recompilation after warm-up caught, bf16 refused, and compare's opt-in row.
 
-The environment is made on first use (about a minute and 2.8 GB here; cached under
+The environment is made on first use (1-2 minutes and 2.8 GB here; cached under
 SEXTANT_ENVS). Data-parallel runs use digits-mlp: each MindSpore process pays 3-8 s of import
 and its scheduler process as much again, so the gpt-tiny runs are kept to one process.
 """
