@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "sextant.commands.compare",
     "sextant.commands.runs",
     "sextant.commands.capabilities",
+    "sextant.commands.env",
     "sextant.commands.plan",
     "sextant.commands.calibrate",
     "sextant.commands.advise",

@@ -21,6 +21,14 @@ def _private_config_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _environments_in_checkout() -> None:
+    """Framework environments (sextant.envs) made by the tests are cached in the checkout,
+    ignored by git, and reused by every later test run, unless SEXTANT_ENVS says otherwise."""
+    os.environ.setdefault("SEXTANT_ENVS", str(Path(__file__).resolve().parents[1]
+                                              / ".sextant-envs"))
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _shared_torch_extensions(tmp_path_factory: pytest.TempPathFactory) -> None:
     """DeepSpeed's just-in-time ops (sextant.backends.deepspeed_backend.train) are built once
     per test session, not once per run directory (its default cache sits beside the runs)."""

@@ -38,6 +38,15 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
     )
 
 
+def ensure_environment(name: str) -> None:
+    """Make the framework environment `name` (sextant.envs) unless it is ready: the first
+    test run pays its creation (minutes), later ones reuse it (see conftest's SEXTANT_ENVS)."""
+    from sextant import envs
+
+    if envs.load(name) is None:
+        envs.create(name, quiet=True, say=lambda line: None)
+
+
 # --- comparing run records -------------------------------------------------------------------
 
 LEVER_RTOL = 1e-5

@@ -73,6 +73,9 @@ class Backend(Protocol):
     """pip extra that installs it: pip install 'sextant[<extra>]'."""
     OPT_IN: str | None
     """Why `sextant compare` runs it only when named (BackendBase: None, run by default)."""
+    ENVIRONMENT: str | None
+    """The sextant environment (sextant.envs) whose interpreter runs its workers, for a
+    framework that cannot share this one's (BackendBase: None, this interpreter)."""
 
     def capabilities(self) -> Capabilities: ...
 
@@ -121,6 +124,10 @@ class BackendBase:
     """Why `sextant compare` leaves this framework out unless --frameworks names it (None:
     its compare_matrix rows run by default when it is installed)."""
 
+    ENVIRONMENT: str | None = None
+    """The environment of `sextant env create` its workers run in (None: this interpreter;
+    `package` is then looked up here)."""
+
     STRATEGY_CODE: dict[str, tuple[str, ...]] = {}
     """parallel strategy -> the "module:qualname" functions and classes that implement it
     (sextant.backends.code_size counts their lines)."""
@@ -148,9 +155,24 @@ def get_backend(name: str) -> Backend:
     return getattr(importlib.import_module(module_name), cls_name)()
 
 
+def not_installed(backend: Backend) -> str:
+    """The one line saying a framework is missing and the command that installs it."""
+    how = (f"sextant env create {backend.ENVIRONMENT}" if backend.ENVIRONMENT is not None
+           else f"pip install 'sextant[{backend.extra}]'")
+    return f"{backend.name}: not installed ({how})"
+
+
 def available(name: str) -> bool:
-    """Whether the framework is installed, checked without importing it."""
+    """Whether the framework is installed (here, or as its finished environment), checked
+    without importing it."""
     backend = get_backend(name)
+    if backend.ENVIRONMENT is not None:
+        from sextant import envs
+
+        try:
+            return envs.load(backend.ENVIRONMENT) is not None
+        except UserError:
+            return False
     return importlib.util.find_spec(backend.package) is not None
 
 
@@ -162,10 +184,12 @@ def _supporting(flag: str) -> list[str]:
 def require(strategy: Strategy) -> Backend:
     """The backend for a strategy, after checking it is installed and supports the strategy."""
     backend = get_backend(strategy.framework)
-    if importlib.util.find_spec(backend.package) is None:
-        raise UserError(
-            f"{backend.name}: not installed (pip install 'sextant[{backend.extra}]')"
-        )
+    if backend.ENVIRONMENT is not None:
+        from sextant import envs
+
+        envs.python_for(backend.name)  # a missing or broken environment names its fix
+    elif importlib.util.find_spec(backend.package) is None:
+        raise UserError(not_installed(backend))
     caps = backend.capabilities()
     for axis, value, allowed in (
         ("mode", strategy.mode, caps.modes),

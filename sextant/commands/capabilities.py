@@ -23,7 +23,7 @@ def matrix() -> tuple[list[str], list[tuple[str, list[bool | str]]]]:
     names = list(REGISTRY)
     caps = {n: get_backend(n).capabilities() for n in names}
     rows: list[tuple[str, list[bool | str]]] = [
-        ("installed", ["yes" if available(n) else "no" for n in names])]
+        ("installed", [_installed(n) for n in names])]
     rows += [(f"mode {m}", [m in caps[n].modes for n in names]) for m in MODES]
     rows += [(f"parallel {p}", [p in caps[n].parallel for n in names]) for p in PARALLEL]
     rows += [(f"precision {p}", [p in caps[n].precisions for n in names]) for p in PRECISIONS]
@@ -33,6 +33,13 @@ def matrix() -> tuple[list[str], list[tuple[str, list[bool | str]]]]:
     rows.append(("activation checkpointing", [caps[n].activation_checkpointing for n in names]))
     rows.append(("checkpoint/resume", [", ".join(caps[n].checkpoint) or False for n in names]))
     return names, rows
+
+
+def _installed(name: str) -> str:
+    own = get_backend(name).ENVIRONMENT
+    if own is None:
+        return "yes" if available(name) else "no"
+    return f"own env: {'yes' if available(name) else 'no'}"
 
 
 def cmd_capabilities(args: argparse.Namespace) -> int:
@@ -49,6 +56,9 @@ def cmd_capabilities(args: argparse.Namespace) -> int:
     out = console()
     out.print(table)
     for name in names:
+        own = get_backend(name).ENVIRONMENT
+        if own is not None:
+            out.print(f"{name} trains in an environment of its own: sextant env create {own}")
         kinds: dict[str, list[str]] = {}  # reason -> strategies, so each reason prints once
         for kind, reason in get_backend(name).capabilities().why_not:
             kinds.setdefault(reason, []).append(kind)

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from sextant.backends import available, get_backend, require
+from sextant.backends.base import not_installed
 from sextant.backends.base import REGISTRY
 from sextant.cluster import emulated
 from sextant.commands.common import (
@@ -96,7 +97,7 @@ LEVERS: tuple[dict[str, Any], ...] = (
 def lever_strategies(framework: str, workers: int) -> list[Strategy]:
     backend = get_backend(framework)
     if not available(framework):
-        raise UserError(f"{framework}: not installed (pip install 'sextant[{backend.extra}]')")
+        raise UserError(not_installed(backend))
     mode = backend.capabilities().modes[0]
     base: dict[str, Any] = {"framework": framework, "mode": mode, "parallel": "dp",
                             "workers": workers}
@@ -243,7 +244,7 @@ def _framework_strategies(args: argparse.Namespace, out: Any) -> list[Strategy]:
     for name in _frameworks(args.frameworks):
         backend = get_backend(name)
         if not available(name):
-            message = f"{name}: not installed (pip install 'sextant[{backend.extra}]')"
+            message = not_installed(backend)
             if explicit:
                 raise UserError(message)
             out.print(message, markup=False)

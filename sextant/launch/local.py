@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sextant.envs import python_for
 from sextant.errors import RunFailed
 from sextant.fsutil import atomic_write_json
 from sextant.launch.hosts import Placement, on_emulated_cluster, private_loopback
@@ -154,6 +155,7 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
             on_event: EventHandler | None, extra_env: dict[str, str] | None
             ) -> list[dict[str, Any]]:
     world = len(layout.roles)
+    python = python_for(strategy.framework)  # this interpreter, or the framework's environment
     threads = strategy.threads or default_threads(len(layout.primary))
     ports = sorted({free_port() for _ in range(world + 1)})
     while len(ports) < world + 1:
@@ -195,7 +197,7 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
             ) as err:
                 procs.append(
                     subprocess.Popen(
-                        [*host.prefix, sys.executable, "-m", "sextant.launch.worker",
+                        [*host.prefix, python, "-m", "sextant.launch.worker",
                          str(plan_path)],
                         stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
                         start_new_session=True,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sextant.envs import python_for
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, Collector, gather
 from sextant.strategy import Strategy
@@ -42,6 +43,9 @@ class Job:
     join_args: tuple[str, ...]
     """`sextant join` arguments that rebuild the run's workload and strategy."""
     label: str
+    python: str = sys.executable
+    """The interpreter every task runs `sextant join` with: this one, or the framework's
+    environment (sextant.envs), which holds sextant too."""
 
     @property
     def tasks(self) -> int:
@@ -62,7 +66,7 @@ class Job:
                 f"--tasks-per-node ({args.tasks_per_node}) must equal {world}")
         return cls(nodes=nodes, tasks_per_node=per_node, partition=args.partition,
                    time_limit_s=args.timeout, join_args=tuple(join_args(args, strategy)),
-                   label=strategy.label)
+                   label=strategy.label, python=python_for(strategy.framework))
 
 
 def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
@@ -106,7 +110,7 @@ def batch_script(job: Job) -> str:
                   "--output=/tmp/sextant-slurm-%j.out"]
     if job.partition:
         directives.append(f"--partition={job.partition}")
-    join = shlex.join([sys.executable, "-m", "sextant.cli", "join", *job.join_args])
+    join = shlex.join([job.python, "-m", "sextant.cli", "join", *job.join_args])
     return "\n".join([
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives),
@@ -201,7 +205,7 @@ def _start(job: Job, env: dict[str, str], run_dir: Path, job_id: list[str]
     if os.environ.get("SLURM_JOB_ID"):
         _slurm("srun", "--version")
         cmd = ["srun", f"--nodes={job.nodes}", f"--ntasks-per-node={job.tasks_per_node}",
-               "--kill-on-bad-exit=1", "--wait=60", sys.executable, "-m", "sextant.cli",
+               "--kill-on-bad-exit=1", "--wait=60", job.python, "-m", "sextant.cli",
                "join", *job.join_args]
         job_id.append(os.environ["SLURM_JOB_ID"])
     else:
