@@ -16,7 +16,6 @@ by the assertions.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from sextant.backends.base import REGISTRY, get_backend, require
+from sextant.backends.base import REGISTRY, available, get_backend, require
 from sextant.backends.contracts import RANK_RESULT_KEYS, missing_keys
 from sextant.errors import UserError
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS, Strategy
@@ -39,7 +38,8 @@ ASYNCHRONOUS = ("ps",)
 
 
 def installed(name: str) -> bool:
-    return importlib.util.find_spec(get_backend(name).package) is not None
+    """Installed here, or (a framework with an environment of its own) as that environment."""
+    return available(name)
 
 
 def needs(name: str) -> Any:

@@ -16,11 +16,11 @@ if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
 
-_NO_SHARDING = ("Paddle shards optimizer state and parameters through fleet's "
-                "DygraphShardingOptimizer / group_sharded_parallel, which sextant does not "
-                "wire in; its CPU build runs them over gloo only in part")
+_NO_SHARDING = ("Paddle shards optimizer state, gradients and parameters through "
+                "paddle.distributed.sharding.group_sharded_parallel (levels os, os_g, "
+                "p_g_os); not wired in yet")
 _NO_MODEL_PARALLEL = ("Paddle's tensor and pipeline parallelism are fleet's hybrid-parallel "
-                      "layers (fleet.meta_parallel), built for NCCL; not wired in")
+                      "layers (paddle.distributed.fleet.meta_parallel); not wired in yet")
 
 
 class PaddleBackend(BackendBase):
@@ -64,6 +64,11 @@ class PaddleBackend(BackendBase):
         ]
 
     def run(self, ctx: WorkerContext) -> RankResult:
-        from sextant.backends.paddle_backend.train import run
+        import warnings
+
+        with warnings.catch_warnings():
+            # Paddle warns at import that ccache is missing (it builds C++ extensions with it).
+            warnings.filterwarnings("ignore", message="No ccache found")
+            from sextant.backends.paddle_backend.train import run
 
         return run(ctx)

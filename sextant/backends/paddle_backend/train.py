@@ -34,10 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import paddle  # type: ignore[import-not-found, unused-ignore]  # not in mypy's environment
+import paddle.distributed as dist  # type: ignore[import-not-found, unused-ignore]
 
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
+from sextant.backends.paddle_backend import model as pm
 from sextant.init import decays, init_params
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
@@ -52,13 +55,6 @@ collective a peer does not join within 30 s fails with gloo's TIMEOUT error."""
 
 
 def run(ctx: WorkerContext) -> RankResult:
-    import warnings
-
-    with warnings.catch_warnings():
-        # Paddle warns at import that ccache is missing (for building C++ extensions).
-        warnings.filterwarnings("ignore", message="No ccache found")
-        import paddle
-
     paddle.set_device("cpu")
     if ctx.is_distributed:
         _init_distributed(ctx)
@@ -71,8 +67,6 @@ def _init_distributed(ctx: WorkerContext) -> None:
     rendezvous (Paddle's TCPStore, served by rank 0, waits up to its fixed 900 s for the
     others), PADDLE_TRAINER_ENDPOINTS one address per rank (the plan's per-rank ports),
     PADDLE_DISTRI_BACKEND=gloo selects the CPU process group."""
-    import paddle.distributed as dist
-
     os.environ.update({
         "PADDLE_DISTRI_BACKEND": "gloo",
         "PADDLE_TRAINER_ID": str(ctx.rank),
@@ -90,8 +84,6 @@ def _init_distributed(ctx: WorkerContext) -> None:
 
 def _optimizer(ctx: WorkerContext, params: dict[str, Any]) -> Any:
     """AdamW over every parameter, decaying the matrices only."""
-    import paddle
-
     spec = ctx.workload.optimizer
     decayed = {p.name for name, p in params.items() if decays(name, tuple(p.shape))}
     return paddle.optimizer.AdamW(
@@ -113,6 +105,8 @@ class _Step:
         self.lrs = lr_table(ctx.workload.optimizer, ctx.workload.steps).tolist()
         self.updates = 0
         """Optimizer updates so far (the schedule's index; set on resume)."""
+        self.accounting: dict[str, int] = {}
+        """Bytes of parameters, gradients and optimizer state, read at the first update."""
         # The deliberate bug behind SEXTANT_TEST_FAULT=sum-gradients: the sum an all-reduce
         # without the division by the world size gives (DataParallel's mean times world).
         self.summed = dp is not None and "sum-gradients" in (ctx.fault or "").split(",")
@@ -123,8 +117,6 @@ class _Step:
         return contextlib.nullcontext()
 
     def __call__(self, batch: tuple[Any, Any], sync: bool = True) -> Any:
-        import paddle
-
         x, y = batch
         accum = self.ctx.strategy.grad_accum
         if accum == 1:
@@ -147,16 +139,22 @@ class _Step:
         norm = paddle.sqrt(paddle.add_n([paddle.sum(paddle.square(g)) for g in grads]))
         self.optimizer.set_lr(self.lrs[min(self.updates, len(self.lrs) - 1)])
         self.optimizer.step()
+        if not self.accounting:
+            self.accounting.update(
+                params=_nbytes(self.params), grads=_nbytes(grads),
+                optimizer_state=_nbytes(self.optimizer.state_dict().values()))
         self.optimizer.clear_grad(set_to_zero=False)
         self.updates += 1
         return paddle.stack([total.reshape([]), norm.reshape([])])
 
 
+def _nbytes(tensors: Any) -> int:
+    return int(sum(t.numel().item() * t.element_size() for t in tensors))
+
+
 def _compile(ctx: WorkerContext, module: Any) -> tuple[Any, Any]:
     """(the layer to call, a count of its static programs): to_static with the AST
     transcription of the whole forward, or the layer itself (eager, count 0)."""
-    import paddle
-
     if ctx.strategy.mode != "compiled":
         return module, lambda: 0
     static = paddle.jit.to_static(module, full_graph=True)
@@ -165,10 +163,6 @@ def _compile(ctx: WorkerContext, module: Any) -> tuple[Any, Any]:
 
 
 def _train(ctx: WorkerContext) -> RankResult:
-    import paddle
-
-    from sextant.backends.paddle_backend import model as pm
-
     workload, strategy = ctx.workload, ctx.strategy
     values = init_params(workload.model, workload.seed)
     net = pm.build(workload.model)
@@ -196,9 +190,8 @@ def _train(ctx: WorkerContext) -> RankResult:
     save, restore = _checkpointing(ctx, params, optimizer, step)
 
     def describe() -> Description:
-        nbytes = sum(v.nbytes for v in values.values())
         return Description(
-            memory={"params": nbytes, "grads": nbytes, "optimizer_state": 2 * nbytes},
+            memory=step.accounting,
             details={
                 "optimizer": "paddle.optimizer.AdamW (apply_decay_param_fun: matrices)",
                 "step": ("paddle.jit.to_static(full_graph=True) forward + loss"
@@ -206,6 +199,9 @@ def _train(ctx: WorkerContext) -> RankResult:
                         + (" under paddle.DataParallel" if dp is not None else ""),
                 "static_programs": programs() if strategy.mode == "compiled" else None,
                 "collectives": "gloo (paddle.distributed)" if dp is not None else None,
+                # What bounds a collective a peer does not join (not the plan's
+                # collective_timeout_s, which Paddle gives no way to set).
+                "collective_timeout_s": GLOO_TIMEOUT_S if dp is not None else None,
                 "precision": strategy.precision,
             },
             fingerprint=fingerprint(
@@ -230,8 +226,6 @@ def _train(ctx: WorkerContext) -> RankResult:
 def _barrier(distributed: bool) -> Any:
     def barrier() -> None:
         if distributed:
-            import paddle.distributed as dist
-
             dist.barrier()
 
     return barrier
@@ -251,8 +245,6 @@ def _checkpointing(ctx: WorkerContext, params: dict[str, Any], optimizer: Any, s
                    ) -> tuple[Any, Any]:
     """(save, restore): the parameters and the optimizer state (moments, beta powers) as
     safetensors through paddle.save/paddle.load."""
-    import paddle
-
     canonical_of = {p.name: name for name, p in params.items()}
 
     def save(directory: Path) -> None:
