@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import paddle  # type: ignore[import-not-found, unused-ignore]  # not in mypy's environment
-import paddle.nn.functional as F  # type: ignore[import-not-found, unused-ignore]
-from paddle import nn  # type: ignore[import-not-found, unused-ignore]
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
 
 from sextant.init import rope_tables
 from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec

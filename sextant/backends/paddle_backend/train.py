@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import paddle  # type: ignore[import-not-found, unused-ignore]  # not in mypy's environment
-import paddle.distributed as dist  # type: ignore[import-not-found, unused-ignore]
+import paddle
+import paddle.distributed as dist
 
 from sextant import data
 from sextant.backends import harness
