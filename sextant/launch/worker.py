@@ -88,8 +88,8 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
         own = _own_environment(ctx.strategy.framework)
         if isinstance(exc, ImportError) and own is not None:
             # The launcher shows the last line: make it the fix, not only the symptom.
-            text += (f"{exc} in {sys.prefix}: the {own} environment is broken; run "
-                     f"`sextant env create {own} --force`\n")
+            text += (f"{type(exc).__name__}: {exc} in {sys.prefix}: the {own} environment "
+                     f"is broken; run `sextant env create {own} --force`\n")
         (ctx.run_dir / f"rank{ctx.rank}.error.txt").write_text(text)
         sys.stderr.write(text)
         if ctx.channel is not None:
