@@ -13,7 +13,8 @@ from typing import Any
 
 from sextant.errors import UserError
 
-FRAMEWORKS = ("torch", "jax", "tensorflow", "deepspeed", "mlx", "keras", "mindspore")
+FRAMEWORKS = ("torch", "jax", "tensorflow", "deepspeed", "mlx", "keras", "paddle",
+              "mindspore")
 KERAS_BACKENDS = ("jax", "torch", "tensorflow")
 """The backends Keras 3 runs on (framework 'keras', Strategy.keras_backend)."""
 MODES = ("eager", "compiled")

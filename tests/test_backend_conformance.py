@@ -27,7 +27,7 @@ from sextant.backends.base import REGISTRY, available, get_backend, require
 from sextant.backends.contracts import RANK_RESULT_KEYS, missing_keys
 from sextant.errors import UserError
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS, Strategy
-from tests.helpers import LEVER_RTOL, same_training, short
+from tests.helpers import LEVER_RTOL, ensure_environment, same_training, short
 
 BACKENDS = sorted(REGISTRY)
 STEPS = 3
@@ -38,8 +38,20 @@ ASYNCHRONOUS = ("ps",)
 
 
 def installed(name: str) -> bool:
-    """Installed here, or (a framework in an environment of its own) its environment made."""
+    """Installed here, or (a framework with an environment of its own) as that environment."""
     return available(name)
+
+
+ENVIRONMENTS = sorted({env for env in (get_backend(n).ENVIRONMENT for n in BACKENDS) if env})
+"""Frameworks in environments of their own (sextant.envs): the tests make them."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def framework_environments() -> None:
+    """Create the environments that are missing (the first test run pays; CI runs every
+    backend)."""
+    for name in ENVIRONMENTS:
+        ensure_environment(name)
 
 
 def needs(name: str) -> Any:
@@ -90,10 +102,8 @@ def refusal(fields: dict[str, Any]) -> str:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_capabilities_match_require(name: str) -> None:
     if not installed(name):
-        # Not installed: require names the pip extra (or the environment to make), whatever
-        # the strategy.
-        fix = "sextant env create" if get_backend(name).ENVIRONMENT else "not installed"
-        assert fix in refusal({"framework": name})
+        # Not installed: require names the pip extra, whatever the strategy.
+        assert "not installed" in refusal({"framework": name})
         return
     caps = get_backend(name).capabilities()
     default = caps.modes[0]
@@ -153,8 +163,11 @@ def test_every_backend_is_installed_in_ci() -> None:
 
 
 CELLS = [(name, parallel) for name in BACKENDS
-         for parallel in (get_backend(name).capabilities().parallel if installed(name)
+         for parallel in (get_backend(name).capabilities().parallel
+                          if installed(name) or get_backend(name).ENVIRONMENT
                           else ("single",))]
+"""Every declared strategy of the backends installed here or made by
+`framework_environments` (collected before the fixture runs)."""
 
 
 MODEL_PARALLEL = ("tp", "tp-manual", "pp")

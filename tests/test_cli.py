@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sextant.backends.base import get_backend, not_installed
+from sextant.backends.base import get_backend
 from sextant.strategy import FRAMEWORKS
 from tests.helpers import run_cli
 
@@ -83,13 +83,16 @@ def test_framework_not_installed(tmp_path: Path) -> None:
     proc = run_cli("compare", "--frameworks", "torch", "--db", str(tmp_path / "r.db"),
                    prelude=hide("torch"))
     assert_one_line_error(proc, "torch: not installed (pip install 'sextant[torch]')")
-    # Without any framework, compare names each missing one, then says what to install
-    # (for a framework in an environment of its own: the command that makes it).
+    # Without any framework (and no framework environment), compare names each missing one,
+    # then says what to install: a pip extra, or `sextant env create`.
     proc = run_cli("compare", "--db", str(tmp_path / "r.db"), prelude=hide(*FRAMEWORKS),
                    env={"SEXTANT_ENVS": str(tmp_path / "no-environments")})
     assert proc.returncode == 2
     for name in FRAMEWORKS:
-        assert not_installed(get_backend(name)) in proc.stdout
+        backend = get_backend(name)
+        how = (f"sextant env create {backend.ENVIRONMENT}" if backend.ENVIRONMENT
+               else f"pip install 'sextant[{name}]'")
+        assert f"{name}: not installed ({how})" in proc.stdout
     assert "no framework is installed" in proc.stderr
 
 

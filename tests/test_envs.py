@@ -77,3 +77,31 @@ def test_remove(env_root: Path) -> None:
     assert not (env_root / "paddle").exists()
     proc = run_cli("env", "remove", "paddle")
     assert proc.returncode == 0 and "no environment to remove" in proc.stdout
+
+
+def test_a_missing_environment_names_the_command(env_root: Path) -> None:
+    proc = run_cli("run", "--framework", "paddle", "--db", str(env_root.parent / "r.db"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"sextant: error: paddle runs in an environment of its own, which does not exist in "
+        f"{env_root}: run `sextant env create paddle` (SEXTANT_ENVS moves it)")
+
+
+@pytest.mark.slow
+def test_a_broken_environment_names_the_fix(env_root: Path, tmp_path: Path) -> None:
+    """An environment whose interpreter lacks its framework (here: this one, which has no
+    Paddle) fails in the worker, and the error's last line is the command that repairs it."""
+    from sextant.errors import RunFailed
+    from sextant.runner import execute
+    from sextant.strategy import Strategy
+    from tests.helpers import short
+
+    where = env_root / "paddle"
+    where.mkdir(parents=True)
+    record = {"name": "paddle", "python": sys.executable, "packages": ["paddlepaddle==3.3.1"],
+              "versions": {}, "sextant_source": "editable: /src", "created": 0.0,
+              "create_s": 0.0}
+    (where / envs.RECORD).write_text(json.dumps(record))
+    with pytest.raises(RunFailed, match=r"the paddle environment is broken; run "
+                                        r"`sextant env create paddle --force`"):
+        execute(short("gpt-tiny", 2), Strategy(framework="paddle"), runs_dir=tmp_path)

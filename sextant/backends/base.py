@@ -144,6 +144,7 @@ REGISTRY: dict[str, str] = {
     "deepspeed": "sextant.backends.deepspeed_backend:DeepSpeedBackend",
     "mlx": "sextant.backends.mlx_backend:MlxBackend",
     "keras": "sextant.backends.keras_backend:KerasBackend",
+    "paddle": "sextant.backends.paddle_backend:PaddleBackend",
     "mindspore": "sextant.backends.mindspore_backend:MindSporeBackend",
 }
 

@@ -88,7 +88,7 @@ def _frameworks(spec: str | None) -> list[str]:
 # The levers `compare --levers` pulls, each against plain data parallel (fp32, no
 # accumulation, no compression). A lever the framework does not support is skipped.
 LEVERS: tuple[dict[str, Any], ...] = (
-    {"parallel": "zero1"}, {"parallel": "zero2"}, {"parallel": "zero3"}, {"parallel": "fsdp"},
+    {"parallel": "dp-manual"}, {"parallel": "zero1"}, {"parallel": "zero2"}, {"parallel": "zero3"}, {"parallel": "fsdp"},
     {"grad_accum": 4}, {"precision": "bf16"},
     {"compress": "bf16"}, {"compress": "fp16"}, {"compress": "powersgd"},
 )

@@ -85,6 +85,11 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
         text = (
             f"{exc}\n" if isinstance(exc, UserError) else traceback.format_exc()
         )
+        own = _own_environment(ctx.strategy.framework)
+        if isinstance(exc, ImportError) and own is not None:
+            # The launcher shows the last line: make it the fix, not only the symptom.
+            text += (f"{type(exc).__name__}: {exc} in {sys.prefix}: the {own} environment "
+                     f"is broken; run `sextant env create {own} --force`\n")
         (ctx.run_dir / f"rank{ctx.rank}.error.txt").write_text(text)
         sys.stderr.write(text)
         if ctx.channel is not None:
@@ -93,6 +98,15 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
             except OSError:
                 pass
         return 1
+
+
+def _own_environment(framework: str) -> str | None:
+    try:
+        from sextant.backends.base import get_backend
+
+        return get_backend(framework).ENVIRONMENT
+    except Exception:  # noqa: BLE001 - only an addition to an error already being reported
+        return None
 
 
 if __name__ == "__main__":

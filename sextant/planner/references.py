@@ -559,6 +559,48 @@ TORCHTITAN_A100 = [
     ("llama2-70b", 1, "selective op", "op", 355),
     ("llama2-70b", 2, "full", "full", 353),
 ]
+TT_H100 = (
+    "torchtitan docs/performance.md (commit d4c86e3; torchtitan 9dec370), Tables 1, 3 and 4"
+)
+TT_H100_SETTING = (
+    "Grand Teton hosts as the doc states them: 8 H100 per host on NVLink, 96 GB HBM2e at "
+    "2.4 TB/s, 400 Gb/s RDMA per GPU (ethernet-400g), the default 500 W power limit; the "
+    "doc does not know the GPU's peak (\"between SXM and NVL\", footnote 2), so the "
+    "h100-sxm peak (989 TFLOP/s) is used, an upper bound; seq 8192 and the AC policy from "
+    "train_configs/ at 9dec370; --memory-model torch"
+)
+# (preset, GPUs, published layout, global batch, tokens/s per GPU, row tag, setting)
+# Table 1 and Table 3: the plain FSDP rows (no torch.compile, which the planner does not
+# model; the compiled rows are not transcribed). Table 4: the only row without AsyncTP.
+TORCHTITAN_H100 = [
+    ("llama3-8b", 8, Layout(dp=8, zero=3, mbs=2, recompute="op"), 16, 5762, "fsdp",
+     "Table 1: FSDP, local batch 2, selective op AC (--recompute op), eager"),
+    ("llama3-8b", 128, Layout(dp=128, zero=3, mbs=2, recompute="op"), 256, 5605, "fsdp",
+     "Table 3: FSDP, local batch 2, selective op AC (--recompute op), eager"),
+    ("llama3-70b", 256, Layout(dp=32, tp=8, zero=3, mbs=16, recompute="full", sp=True), 512,
+     829, "2d-fp8",
+     "Table 4: FSDP 32 x TP 8 (norms sequence-parallel), local batch 16, full AC, Float8 "
+     "linears (--fp8); its torch.compile is not modelled"),
+]
+
+
+def _torchtitan_h100(name: str, layout: Layout, batch: int, *, fp8: bool) -> float:
+    """Tokens/s per GPU of a torchtitan run on the doc's H100 hosts (96 GB, 2.4 TB/s)."""
+    opts = PlanOptions(global_batch=batch, memory_model="torch", fp8=fp8)
+    hw = resolve_hardware(_cat(), "h100-sxm", "ethernet-400g", options=opts)
+    acc = replace(hw.accelerator, memory_bytes=96 * 2**30, memory_bw=2.4e12)
+    f = evaluate_one(preset(name).cost(), replace(hw, accelerator=acc), opts, layout).figures
+    return f["tokens_per_s"] / layout.devices
+
+
+def _llama1_65b() -> TransformerShape:
+    return TransformerShape(
+        name="llama1-65b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=64, d_ff=22016,
+        vocab_size=32000, seq_len=2048, gated_mlp=True, layernorm=False, global_batch=2048,
+        source="Touvron et al. 2023 (LLaMA), Table 2",
+    )
+
+
 MTNLG = "Smith et al. 2022 (Megatron-Turing NLG 530B), §2.4"
 MEGDIST = "Megatron-Core developer guide, Distributed Optimizer (bytes per parameter)"
 DSEST = (
@@ -726,6 +768,37 @@ def _new_references() -> list[Reference]:
                 "V = 51,200 (Megatron's GPT vocabulary)",
             )
         )
+    for name, devices, layout, batch, published, what, setting in TORCHTITAN_H100:
+        refs.append(
+            Reference(
+                id=f"torchtitan-h100-{name}-{what}-{devices}",
+                source=TT_H100,
+                quantity=f"tokens/s per GPU, {name} on {devices} H100 ({layout.label()}, "
+                f"global batch {batch})",
+                unit="tokens/s",
+                published=float(published),
+                planner=lambda name=name, layout=layout, batch=batch, what=what: _torchtitan_h100(
+                    name, layout, batch, fp8=what.endswith("fp8")
+                ),
+                setting=f"{setting}; {TT_H100_SETTING}",
+            )
+        )
+    refs.append(
+        Reference(
+            id="llama1-65b-tokens",
+            source="Touvron et al. 2023 (LLaMA), §2.4",
+            quantity="tokens/s per GPU, LLaMA 65B on 2048 A100 80GB",
+            unit="tokens/s",
+            published=380.0,
+            planner=lambda: _best(_llama1_65b(), 2048, "a100-80gb", "ib-hdr")["tokens_per_s"]
+            / 2048,
+            setting="\"around 380 tokens/sec/GPU on 2048 A100 GPU with 80GB of RAM\"; the "
+            "shape of Table 2 (80 layers, h = 8192, 64 heads, SwiGLU d_ff = 22,016, V = 32,000, "
+            "sequence 2048, 4M-token batch = 2048 sequences); the layout is not published "
+            "(\"model and sequence parallelism\", §2.4), so the best of the search, as for the "
+            "Llama 2 GPU-hour rows; 200 Gb/s InfiniBand assumed (ib-hdr)",
+        )
+    )
     refs.append(
         Reference(
             id="bloom-176b-tflops",

@@ -246,16 +246,56 @@ def scaling_curve(
         counts.append(n)
         n *= 2
     counts.append(max_devices)
+    pinned = {k: v for k, v in (fixed or {}).items() if k not in ("dp", "pp", "tp", "cp")}
+    # Every device count's layouts go into one table and one `evaluate` call (each row's
+    # figures depend on its own knobs only, devices = dp x tp x pp x cp included): one pass
+    # instead of one per count, the same figures. Each count's best is then chosen as
+    # `search` chooses it (fastest fitting, then least memory, then first).
+    tables = [
+        None
+        if known is not None and n == known.devices
+        else enumerate_layouts(
+            cost, n, opts.global_batch, fixed=pinned, offload=hw.host is not None,
+            devices_per_node=hw.devices_per_node,
+        )
+        for n in counts
+    ]
+    fresh = [t for t in tables if t is not None and len(t["dp"])]
+    joint = {k: np.concatenate([t[k] for t in fresh]) for k in KNOBS} if fresh else None
+    ranks = evaluate(cost, hw, opts, joint, keys=RANK_KEYS) if joint is not None else None
+    best_rows: list[tuple[dict[str, np.ndarray], int] | None] = []
+    offset = 0
+    for table in tables:
+        if table is None:
+            assert known is not None
+            i = known.best()
+            best_rows.append(None if i is None else (known.layouts, i))
+            continue
+        size = len(table["dp"])
+        if size == 0 or ranks is None:
+            best_rows.append(None)
+            continue
+        part = {k: v[offset : offset + size] for k, v in ranks.items()}
+        offset += size
+        idx = np.flatnonzero(part["fits"])
+        if not len(idx):
+            best_rows.append(None)
+            continue
+        order = idx[np.lexsort((part["memory"][idx], -part["tokens_per_s"][idx]))]
+        best_rows.append((table, int(order[0])))
+    found = [b for b in best_rows if b is not None]
+    rows = (
+        evaluate(
+            cost, hw, opts, {k: np.array([t[k][i] for t, i in found]) for k in KNOBS}
+        )
+        if found
+        else {}
+    )
     points: list[ScalePoint] = []
     ref: tuple[int, float] | None = None
-    for n in counts:
-        pinned = {k: v for k, v in (fixed or {}).items() if k not in ("dp", "pp", "tp", "cp")}
-        if known is not None and n == known.devices:
-            result = known
-        else:
-            result = search(cost, hw, opts, n, fixed=pinned)
-        best = result.best()
-        if best is None:
+    j = 0
+    for n, chosen in zip(counts, best_rows, strict=True):
+        if chosen is None:
             points.append(
                 ScalePoint(
                     devices=n,
@@ -269,26 +309,27 @@ def scaling_curve(
                 )
             )
             continue
-        row = result.row(best)
-        tps = float(row["tokens_per_s"][0])
+        table, i = chosen
+        tps = float(rows["tokens_per_s"][j])
         if ref is None:
             ref = (n, tps)
         speedup = tps / ref[1]
-        cause, share = overhead_cause(row, 0, hw)
+        cause, share = overhead_cause(rows, j, hw)
         peak = float(per_device_peak(hw.accelerator, opts.precision, min(n, hw.devices_per_node)))
         ideal = n * peak * opts.compute_efficiency / cost.model_flops_per_token
         points.append(
             ScalePoint(
                 devices=n,
-                layout=result.layout(best),
+                layout=Layout.from_row(table, i),
                 tokens_per_s=tps,
-                mfu=float(row["mfu"][0]),
+                mfu=float(rows["mfu"][j]),
                 speedup=speedup,
                 efficiency=tps / ideal,
                 cause=cause,
                 cause_share=share,
             )
         )
+        j += 1
     return points
 
 

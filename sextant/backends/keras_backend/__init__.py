@@ -61,10 +61,14 @@ class KerasBackend(BackendBase):
             raise UserError(f"keras-{strategy.keras_backend} does not support parallel 'dp' "
                             f"({KERAS_DP_JAX_ONLY}); use --keras-backend jax")
 
+    OPT_IN = ("a front end over another framework's runtime (fit's cost against that "
+              "framework's own loop: benchmarks/keras_fit.py, docs/keras.md), not a stack of "
+              "its own for the advisor")
+
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
-        """One row by default (Keras' import and compile cost ~10 s a row on 2 cores): fit on
-        its default JAX backend. The torch and tensorflow backends and dp are opt-in
-        (`sextant run --framework keras --keras-backend ...`)."""
+        """One row when named (Keras' import and compile cost ~10 s a row on 2 cores): fit
+        on its default JAX backend. The torch and tensorflow backends and dp are run with
+        `sextant run --framework keras --keras-backend ...`."""
         return [{"mode": "compiled", "parallel": "single", "workers": 1, "keras_backend": "jax"}]
 
     def run(self, ctx: WorkerContext) -> RankResult:

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops  # type: ignore[import-not-found, unused-ignore]
+from mindspore import Parameter, Tensor, nn, ops
 
 from sextant.init import rope_tables
 from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec

@@ -139,7 +139,7 @@ def _wait_for_scheduler(host: str, port: int, timeout_s: float) -> None:
 
 def _init_distributed(ctx: WorkerContext) -> None:
     """Join the dynamic cluster as worker `ctx.rank` (MS_NODE_ID fixes the rank id)."""
-    from mindspore.communication import get_group_size, get_rank, init  # type: ignore[import-not-found, unused-ignore]
+    from mindspore.communication import get_group_size, get_rank, init
 
     workers = ctx.strategy.workers
     env = cluster_env(ctx, workers)
@@ -157,7 +157,7 @@ def run(ctx: WorkerContext) -> RankResult:
     if ctx.role == SCHEDULER_ROLE:
         serve_scheduler(ctx)
         raise AssertionError("unreachable: the scheduler rank serves until it is stopped")
-    import mindspore as ms  # type: ignore[import-not-found, unused-ignore]
+    import mindspore as ms
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")
@@ -171,7 +171,7 @@ def run(ctx: WorkerContext) -> RankResult:
 
 def _optimizer(ctx: WorkerContext, by_name: dict[str, Any]) -> Any:
     """AdamW with weight decay on the matrices only (sextant.init.decays)."""
-    from mindspore.experimental.optim import AdamW  # type: ignore[import-not-found, unused-ignore]
+    from mindspore.experimental.optim import AdamW
 
     spec = ctx.workload.optimizer
     decay = [p for name, p in by_name.items() if decays(name, tuple(p.shape))]
@@ -187,7 +187,7 @@ def _compile_count(leave_out: str = "") -> int:
     """Graphs MindSpore has compiled in this process (its `jit` cache: the compiled step,
     and in PyNative the optimizer's and reducer's own graphs), but for those of functions
     named `leave_out` (their cache keys start with the function's module and name)."""
-    from mindspore.graph import api  # type: ignore[import-not-found, unused-ignore]
+    from mindspore.graph import api
 
     cache = getattr(api, "ms_compile_cache", ())
     return sum(1 for phase in cache
