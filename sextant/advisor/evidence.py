@@ -178,7 +178,11 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
             and run.get("status", "ok") == "ok"]
     found: list[tuple[str, str, float, str, tuple[str, ...]]] = []
 
-    for fw, (ratio, ids, n) in _ratios(runs, "tokens_per_s", best="max").items():
+    # Speed is judged on undisturbed runs only (another program shared the CPU during a
+    # disturbed one: sextant.measure.interference), as the report's verdicts are; memory is
+    # not a matter of CPU time, so every run counts for it.
+    timed = [run for run in runs if not run["metrics"].get("disturbed")]
+    for fw, (ratio, ids, n) in _ratios(timed, "tokens_per_s", best="max").items():
         found.append((fw, "throughput_ratio", ratio,
                       f"{ratio:.2f}x the fastest measured stack's tokens/s "
                       f"({n} matched configuration{'s' if n != 1 else ''})", ids))
@@ -200,14 +204,15 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                           f"largest per-rank peak RSS over {len(rss)} run(s): "
                           f"{value / 2**20:.0f} MiB", (run_id,)))
 
-        efficiencies, eff_ids, eff_text = _scaling(fw_runs)
+        fw_timed = [r for r in fw_runs if not r["metrics"].get("disturbed")]
+        efficiencies, eff_ids, eff_text = _scaling(fw_timed)
         if efficiencies:
             value = statistics.median(efficiencies)
             found.append((fw, "scaling_efficiency", value,
                           f"data-parallel scaling {value:.0%} ({'; '.join(eff_text)})",
                           tuple(sorted(eff_ids))))
 
-        shares = [(v, str(r["id"])) for r in fw_runs if r["parallel"] != "single"
+        shares = [(v, str(r["id"])) for r in fw_timed if r["parallel"] != "single"
                   and (v := _number(r["metrics"], "exposed_comm_share", positive=False))
                   is not None]
         if shares:
@@ -216,7 +221,7 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                           f"median exposed communication share {value:.0%} over "
                           f"{len(shares)} parallel run(s)", tuple(sorted(i for _, i in shares))))
 
-        compiles = [(v, str(r["id"])) for r in fw_runs if r["mode"] == "compiled"
+        compiles = [(v, str(r["id"])) for r in fw_timed if r["mode"] == "compiled"
                     and (v := _number(r["metrics"], "compile_s", positive=False))
                     is not None]
         if compiles:

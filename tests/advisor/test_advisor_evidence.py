@@ -124,3 +124,20 @@ def test_deepspeed_runs_are_the_evidence_for_pytorch_deepspeed() -> None:
     # A failed deepspeed run is no evidence: torch stands in again.
     ev = evidence_from_runs([runs[0], {**runs[1], "status": "failed"}])
     assert _by(ev, "pytorch+deepspeed", "peak_rss_bytes").run_ids == ("1",)
+
+
+def test_disturbed_runs_are_no_evidence_of_speed() -> None:
+    """A run another program slowed (metrics.disturbed) says nothing about its stack's speed,
+    as in the report's verdicts; its memory still counts."""
+    quiet = [run(1, "torch", 1000.0), run(2, "paddle", 500.0),
+             run(3, "paddle", 900.0, parallel="dp", workers=2)]
+    slowed = run(4, "torch", 100.0, parallel="dp", workers=2, peak_rss_bytes=2**31)
+    slowed["metrics"]["disturbed"] = True
+    ev = {(e.candidate, e.metric): e for e in evidence_from_runs(quiet + [slowed])}
+    assert ev[("pytorch", "throughput_ratio")].run_ids == ("1", "2")
+    assert ("pytorch", "scaling_efficiency") not in ev   # its only dp run was disturbed
+    assert ev[("pytorch", "peak_rss_bytes")].value == 2**31
+    # Without the flag, the same slowed run would make torch look 10x slower at dp x2.
+    slowed["metrics"]["disturbed"] = False
+    ev = {(e.candidate, e.metric): e for e in evidence_from_runs(quiet + [slowed])}
+    assert ev[("pytorch", "scaling_efficiency")].value < 0.1
