@@ -41,6 +41,20 @@ def test_global_batch_is_pure_function_of_seed_and_step() -> None:
     assert not np.array_equal(x1, data.global_batch(w.replace(seed=7), 3)[0])
 
 
+def test_batches_are_the_same_bytes_release_after_release() -> None:
+    """Stored runs stay comparable only while batch i keeps its bytes: any change to how a
+    batch is drawn (a faster gather, another generator) must fail here."""
+    import hashlib
+
+    expected = {
+        "gpt-tiny": "fb212e7957d7b8c4317966ecedb44319ab8410bf86f4241ca9e376b3ca1c6e17",
+        "digits-mlp": "83ba7c31db46f77f20e3f9f5e65e9de85bdcd56d40a2feecee1e970c2d23748b",
+    }
+    for name, digest in expected.items():
+        x, y = data.global_batch(resolve_workload(name), 0)
+        assert hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest() == digest, name
+
+
 def test_shards_reassemble_the_global_batch() -> None:
     w = resolve_workload("digits-mlp")
     x, y = data.global_batch(w, 0)

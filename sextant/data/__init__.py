@@ -52,8 +52,9 @@ def global_batch(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]
         tokens = text_tokens(workload.data.dataset)
         window = workload.model.seq_len + 1
         offsets = rng.integers(0, tokens.size - window, size=batch)
-        windows = np.lib.stride_tricks.sliding_window_view(tokens, window)[offsets]
-        windows = windows.astype(np.int64)  # (B, T + 1)
+        # A direct gather: the same windows as sliding_window_view(tokens, window)[offsets]
+        # without its ~60 us of Python per call (this runs inside every step's clock).
+        windows = tokens[offsets[:, None] + np.arange(window)].astype(np.int64)  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]
     features, labels = digits()
     if batch > labels.size:
