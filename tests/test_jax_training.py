@@ -85,3 +85,39 @@ def test_recompilation_after_warmup_fails_loudly(tmp_path: Path) -> None:
     with pytest.raises(RunFailed, match="recompiled after warm-up"):
         execute(w, jax_strategy("single"), runs_dir=tmp_path,
                 extra_env={"SEXTANT_TEST_FAULT": "shape-change"})
+
+
+HOST_DEVICE_STEPS = """
+import sys
+from sextant.backends.jax_backend import use_host_devices
+use_host_devices(2)
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(jax.devices(), ("data",))
+@jax.jit
+def step(w, x):
+    return w - 0.01 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+w = jax.device_put(jnp.full((256, 256), 0.01), NamedSharding(mesh, P()))
+x = jax.device_put(jnp.ones((512, 256)), NamedSharding(mesh, P("data")))
+for _ in range(300):
+    w = step(w, x)
+w.block_until_ready()
+print("done")
+"""
+
+
+def test_host_devices_never_starve_the_all_reduce() -> None:
+    """Two host devices on one core: a data-parallel step (matmul, gradient mean) 300 times.
+    With XLA's thread pool sized by the one core, the second device's program found no free
+    thread at its all-reduce and XLA aborted the process after 40 s; use_host_devices sizes
+    the pool at two threads per device."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, "-c", HOST_DEVICE_STEPS], env=env,
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]

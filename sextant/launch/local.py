@@ -214,7 +214,10 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
                       if c not in (None, 0) or (c == 0 and r not in layout.primary)]
             if failed:
                 # The first rank to fail is the cause; the others usually fail because of it.
-                rank, code = failed[0]
+                # Ranks found failed in the same poll: one killed by SIGKILL (the OOM killer,
+                # or killed from outside: never a framework's own abort) is the cause, and a
+                # peer that exited on losing it is not.
+                rank, code = min(failed, key=lambda rc: (rc[1] != -signal.SIGKILL, rc[0]))
                 role = "" if layout.roles[rank] == "worker" else f" ({layout.roles[rank]})"
                 where = f" on {placement.host_of(rank).name}" if placement.multi_host else ""
                 raise RunFailed(

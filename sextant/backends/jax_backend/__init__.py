@@ -15,6 +15,26 @@ if TYPE_CHECKING:
     from sextant.strategy import Strategy
 
 
+def use_host_devices(count: int) -> None:
+    """Split the CPU into `count` JAX devices, before JAX's first use in this process.
+
+    XLA's CPU client runs every device's program on one thread pool, sized by `NPROC`, else
+    by the cores this process may use. A device that reaches an all-reduce holds its thread
+    while it waits for the others, and with fewer than two threads per device the last
+    device's program can find none free: the rendezvous never completes and XLA aborts the
+    process after 40 s. On 2 cores with 2 devices this happened to one step in a few hundred
+    (a jitted matmul and gradient mean; 4 devices needed 8 threads). So the pool gets at least
+    two threads per device; a user's own NPROC is left alone.
+    """
+    import os
+
+    import jax
+
+    if "NPROC" not in os.environ:
+        os.environ["NPROC"] = str(max(len(os.sched_getaffinity(0)), 2 * count))
+    jax.config.update("jax_num_cpu_devices", count)
+
+
 class JaxBackend(BackendBase):
     name = "jax"
     package = "jax"
