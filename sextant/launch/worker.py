@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sextant.backends.contracts import EVENT_SCHEMA, WorkerContext
 from sextant.errors import UserError
@@ -109,5 +109,31 @@ def _own_environment(framework: str) -> str | None:
         return None
 
 
+def exit_now(code: int) -> NoReturn:
+    """End a rank that has written its result, without the interpreter's teardown.
+
+    Every file the rank keeps is already closed (the result, written atomically) or flushed
+    line by line (its events); the backends have shut their process groups down. What the
+    teardown would still do (freeing the framework's objects, its atexit hooks) changes
+    nothing a run keeps, and took 0.4 s for torch, 0.2 s for JAX and 1.0 s for TensorFlow
+    per process here: in a compare of 16 runs, 10-20 s of waiting. A failed rank still exits
+    the ordinary way.
+    """
+    import ctypes
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers: a framework's native logs
+    except (OSError, AttributeError):
+        pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    if status == 0:
+        exit_now(status)
+    raise SystemExit(status)
