@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +91,6 @@ def test_recompilation_after_warmup_fails_loudly(tmp_path: Path) -> None:
 
 
 HOST_DEVICE_STEPS = """
-import sys
 from sextant.backends.jax_backend import use_host_devices
 use_host_devices(2)
 import jax
@@ -112,12 +114,9 @@ def test_host_devices_never_starve_the_all_reduce() -> None:
     With XLA's thread pool sized by the one core, the second device's program found no free
     thread at its all-reduce and XLA aborted the process after 40 s; use_host_devices sizes
     the pool at two threads per device."""
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "XLA_FLAGS")}
+    one_core = {min(os.sched_getaffinity(0))}
     proc = subprocess.run([sys.executable, "-c", HOST_DEVICE_STEPS], env=env,
                           capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+                          preexec_fn=lambda: os.sched_setaffinity(0, one_core))
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]

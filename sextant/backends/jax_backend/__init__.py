@@ -16,16 +16,20 @@ if TYPE_CHECKING:
 
 
 def use_host_devices(count: int) -> None:
-    """Split the CPU into `count` JAX devices, before JAX's first use in this process.
+    """Split the CPU into `count` JAX devices (count > 1), before JAX's first use in this
+    process; one device is JAX's default and needs nothing.
 
     XLA's CPU client runs every device's program on one thread pool, sized by `NPROC`, else
     by the cores this process may use. A device that reaches an all-reduce holds its thread
     while it waits for the others, and with fewer than two threads per device the last
     device's program can find none free: the rendezvous never completes and XLA aborts the
-    process after 40 s. On 2 cores with 2 devices this happened to one step in a few hundred
-    (a jitted matmul and gradient mean; 4 devices needed 8 threads). So the pool gets at least
-    two threads per device; a user's own NPROC is left alone.
+    process after 40 s. With 2 devices on 2 cores a jitted matmul and gradient mean hung
+    within 300 steps, and on one core every time; with 3 threads it still hung, with 4 it
+    ran 2,000 steps (4 devices: 6 hung, 8 ran 1,000). So the pool gets at least two threads
+    per device; a user's own NPROC is left alone.
     """
+    if count <= 1:
+        return
     import os
 
     import jax

@@ -58,10 +58,9 @@ if TYPE_CHECKING:
 def run(ctx: WorkerContext) -> RankResult:
     import jax
 
-    if ctx.strategy.devices_per_worker > 1:
-        from sextant.backends.jax_backend import use_host_devices
+    from sextant.backends.jax_backend import use_host_devices
 
-        use_host_devices(ctx.strategy.devices_per_worker)
+    use_host_devices(ctx.strategy.devices_per_worker)
     if ctx.world > 1:
         jax.distributed.initialize(
             coordinator_address=f"{ctx.master_addr}:{ctx.master_port}",

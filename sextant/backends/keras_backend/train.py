@@ -67,10 +67,9 @@ def prepare(ctx: WorkerContext) -> Any:
 
         torch.set_num_threads(ctx.threads)
     # Keras imports JAX whatever its backend; the host devices are fixed before first use.
-    if ctx.strategy.devices_per_worker > 1:
-        from sextant.backends.jax_backend import use_host_devices
+    from sextant.backends.jax_backend import use_host_devices
 
-        use_host_devices(ctx.strategy.devices_per_worker)
+    use_host_devices(ctx.strategy.devices_per_worker)
     import keras
 
     if ctx.world > 1:  # JAX only (KerasBackend.check): jax.distributed underneath
