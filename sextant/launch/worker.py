@@ -115,9 +115,9 @@ def exit_now(code: int) -> NoReturn:
     Every file the rank keeps is already closed (the result, written atomically) or flushed
     line by line (its events); the backends have shut their process groups down. What the
     teardown would still do (freeing the framework's objects, its atexit hooks) changes
-    nothing a run keeps, and took 0.4 s for torch, 0.2 s for JAX and 1.0 s for TensorFlow
-    per process here: in a compare of 16 runs, 10-20 s of waiting. A failed rank still exits
-    the ordinary way.
+    nothing a run keeps, and took 0.4-0.6 s for torch, 0.2-0.3 s for JAX and 1.0-1.1 s for
+    TensorFlow per process here (benchmarks/worker_exit.py). A failed rank still exits the
+    ordinary way.
     """
     import ctypes
     import logging
