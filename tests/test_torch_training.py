@@ -94,8 +94,10 @@ def test_dead_worker_is_named(tmp_path: Path) -> None:
 
 
 def test_hung_run_times_out(tmp_path: Path) -> None:
-    # Rank 1 never starts training (its collective partner waits); the launcher's timeout
-    # must fire and name the ranks still running.
+    # Rank 1 sleeps a minute inside its first step (its collective partner waits), so the run
+    # cannot end on its own within the timeout, however fast the machine: the launcher's
+    # timeout must fire and name the ranks still running.
     w = short("gpt-tiny", 6)
     with pytest.raises(RunFailed, match=r"timed out after 3 s; rank\(s\) .* still running"):
-        execute(w, DP2, runs_dir=tmp_path, timeout_s=3)
+        execute(w, DP2, runs_dir=tmp_path, timeout_s=3,
+                extra_env={"SEXTANT_TEST_FAULT": "slow-rank-1-60000"})
