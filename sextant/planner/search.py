@@ -79,9 +79,12 @@ def enumerate_layouts(
     if not rows:
         return {k: np.zeros(0, dtype=np.int64) for k in KNOBS}
     base = np.array(rows, dtype=np.int64)
-    # Options grid: zero x recompute x sp x offload x interleave. The search tries none,
-    # selective and full recomputation; torchtitan's op / alternate modes only when pinned.
-    rcs = [int(fixed["rc"])] if "rc" in fixed else [0, 1, 2]
+    # Options grid: zero x recompute x sp x offload x interleave. The search tries every
+    # recomputation mode: none, selective, full, and the two between none and full that
+    # real stacks offer (operator-level, torchtitan's default "selective op"; every second
+    # layer, torchtitan's "selective layer" and Megatron-Core's block method). With only none
+    # and full, a layout whose activations almost fit paid a third more compute.
+    rcs = [int(fixed["rc"])] if "rc" in fixed else [0, 1, 2, 3, 4]
     opt = (
         np.array(
             np.meshgrid([0, 1, 2, 3], rcs, [0, 1], [0, 1, 2], list(INTERLEAVE), indexing="ij")

@@ -106,6 +106,24 @@ def test_torchtitan_checkpointing_modes_sit_between_none_and_full():
     )
 
 
+def _search_json(capsys, *extra: str) -> dict:
+    rc = main(["plan", "--model", "llama3-405b", "--gpus", "16384", "--accelerator", "h100-sxm",
+               "--network", "ethernet-400g", "--tp", "8", "--pp", "16", "--no-curve", "--json",
+               *extra])
+    assert rc in (0, None)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_search_tries_the_recomputation_between_none_and_full(capsys):
+    # Llama 3 405B on 16K H100 (TP 8, PP 16, 8K tokens): no recomputation does not fit
+    # without offloading, full recomputation costs a third more compute; the search must
+    # find the operator-level mode between them, unpinned, and it must be the faster.
+    best = _search_json(capsys)
+    full = _search_json(capsys, "--recompute", "full")
+    assert "rc-op" in best["layout"]["label"] or "rc-alternate" in best["layout"]["label"]
+    assert best["throughput"]["tokens_per_s"] > 1.1 * full["throughput"]["tokens_per_s"]
+
+
 def test_pinned_torchtitan_modes_reach_the_search(capsys):
     rc = main(["plan", "--model", "llama3-8b", "--gpus", "64", "--accelerator", "a100-80gb",
                "--dp", "64", "--zero", "3", "--mbs", "1", "--recompute", "op",
