@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,23 @@ def test_every_command_module_registers_from_sextant_commands() -> None:
     sub = cli.build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
     for command in ("plan", "calibrate", "advise"):
         assert command in sub.choices
+
+
+def test_a_named_command_loads_its_module_only() -> None:
+    # `sextant plan` must not pay for what `sextant run` imports; that works because every
+    # module registers exactly the command it is named after.
+    from sextant import cli
+
+    for name in cli.COMMAND_MODULES:
+        command = name.rsplit(".", 1)[1]
+        sub = cli.build_parser(command)._subparsers._group_actions[0]  # type: ignore[union-attr]
+        assert list(sub.choices) == [command]
+    code = ("import sys\nfrom sextant.cli import main\n"
+            "main(['plan', 'list'])\n"
+            "print('LOADED', 'sextant.commands.run' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert "LOADED False" in out
 
 
 def test_one_db_flag_for_every_command() -> None:

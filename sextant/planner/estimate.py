@@ -702,7 +702,10 @@ def _evaluate(
     # gradients (dK, dV): 3 passes (+1 with full recomputation) of (cp - 1) steps each,
     # hidden behind the attention core's compute as far as it lasts.
     if np.any(cp > 1):
-        kv_block = tok_dev * (2.0 * cost.n_kv_heads * cost.hidden / cost.n_heads) * act_bytes
+        # A rank circulates the K/V of its own tensor-parallel share of the heads: the
+        # n_kv_heads split over tp, or one head (replicated) when tp exceeds n_kv_heads.
+        kv_heads_rank = cost.n_kv_heads / np.minimum(tp, cost.n_kv_heads)
+        kv_block = tok_dev * (2.0 * kv_heads_rank * cost.hidden / cost.n_heads) * act_bytes
         # Each ring step sends one K/V block, at the ramp's efficiency for that message.
         cp_bw = np.where(
             cp > cp_in,
