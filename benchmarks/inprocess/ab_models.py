@@ -26,35 +26,37 @@ torch.set_num_threads(args.threads)
 import torch_gpt  # the expert's model (benchmarks/expert/torch_gpt.py)
 from sextant import data
 from sextant.backends.torch_backend import model as tm
-from sextant.init import decays, init_params
+from sextant.backends.torch_backend.train import adamw, adamw_groups
+from sextant.init import init_params
 from sextant.workload import resolve_workload
 
 w = resolve_workload(str(ROOT / "benchmarks" / "expert" / "gpt-issue20.toml"))
 m = w.model
 
 
-def adamw(dec: list, nod: list) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([{"params": dec, "weight_decay": 0.1},
-                              {"params": nod, "weight_decay": 0.0}],
-                             lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
+o = w.optimizer
 
 
 def sextant_side():
+    """The model and optimizer as the torch backend builds them (its own helpers)."""
     params = init_params(m, 0)
     net = tm.build(m)
     tm.load_canonical(net, params)
     names = tm.canonical_names(net, params)
-    dec = [q for k, q in net.named_parameters() if decays(names[k], params[names[k]].shape)]
-    nod = [q for k, q in net.named_parameters() if not decays(names[k], params[names[k]].shape)]
-    return tm.WithLoss(net), adamw(dec, nod)
+    optimizer, _ = adamw(adamw_groups(net, names, params, o.weight_decay), o)
+    return tm.WithLoss(net), optimizer
 
 
 def expert_side():
+    """The expert's model, with its own decay rule (>= 2-D) and the same hyper-parameters."""
     a = SimpleNamespace(vocab=m.vocab_size, seq_len=m.seq_len, d_model=m.d_model,
                         n_layers=m.n_layers, n_heads=m.n_heads, d_ff=m.d_ff)
     net = torch_gpt.GPT(a)
-    return net, adamw([q for q in net.parameters() if q.dim() >= 2],
-                      [q for q in net.parameters() if q.dim() < 2])
+    groups = [{"params": [q for q in net.parameters() if q.dim() >= 2],
+               "weight_decay": o.weight_decay},
+              {"params": [q for q in net.parameters() if q.dim() < 2], "weight_decay": 0.0}]
+    return net, torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                  fused=True)
 
 
 batches = [tuple(torch.from_numpy(x).contiguous() for x in data.global_batch(w, i)) for i in range(20)]
