@@ -75,7 +75,7 @@ CASES = {
 
 @pytest.mark.parametrize("workload", list(CASES))
 def test_single_and_dp_match_torch(tmp_path: Path, workload: str) -> None:
-    w = short(workload, 10)
+    w = short(workload, 10, nosync_steps=2)
     reference = execute(w, TORCH, runs_dir=tmp_path)
     single, dp = (execute(w, s, runs_dir=tmp_path) for s in CASES[workload])
     assert len(single["losses"]) == len(dp["losses"]) == 10
