@@ -69,13 +69,62 @@ def expert_shape_flags(workload: str, steps: int | None) -> tuple[list[str], int
     return [str(f) for f in flags], w.steps, w.measure.warmup_steps
 
 
-def run_sextant(workload: str, flags: list[str], threads: int, env: dict) -> list[float]:
+def worker_pids(parent: int) -> list[int]:
+    """The `sextant.launch.worker` children of `parent` (Linux /proc)."""
+    found = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"sextant.launch.worker" in cmd:
+                found.append(int(child))
+    return found
+
+
+def stopped_parent(proc: subprocess.Popen, workers: int) -> None:
+    """The experiment of --stop-parent: once `sextant run` (proc) has started its workers,
+    stop it (SIGSTOP: its event tailing, 50 ms poll and interference sampler all halt) until
+    every worker has exited, then let it finish. The workers need nothing from the parent
+    once started (the plan is a file, events and results go to files). Waiting uses pidfds,
+    so this process does not poll while the workers train."""
+    import select
+    import signal
+
+    deadline = time.monotonic() + 120
+    while len(pids := worker_pids(proc.pid)) < workers:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"--stop-parent: {workers} worker(s) never started")
+        time.sleep(0.01)
+    fds = [os.pidfd_open(pid) for pid in pids]
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        for fd in fds:
+            select.select([fd], [], [], 1800)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        for fd in fds:
+            os.close(fd)
+
+
+def run_sextant(workload: str, flags: list[str], threads: int, env: dict,
+                stop_parent: bool = False) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="sextant-ratio-") as tmp:
-        subprocess.run(
-            [sys.executable, "-c", "from sextant.cli import main; main()", "run",
-             "--workload", workload, "--db", str(Path(tmp) / "results.db"),
-             "--threads", str(threads), *flags],
-            check=True, capture_output=True, text=True, timeout=1800, env=env, cwd=tmp)
+        cmd = [sys.executable, "-c", "from sextant.cli import main; main()", "run",
+               "--workload", workload, "--db", str(Path(tmp) / "results.db"),
+               "--threads", str(threads), *flags]
+        if stop_parent:
+            workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1
+            with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=env, cwd=tmp, text=True) as proc:
+                stopped_parent(proc, workers)
+                _, err = proc.communicate(timeout=1800)
+            if proc.returncode:
+                raise SystemExit(f"sextant run failed ({proc.returncode}): {err[-2000:]}")
+        else:
+            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800,
+                           env=env, cwd=tmp)
         (run_dir,) = [p for p in (Path(tmp) / "runs").iterdir() if p.is_dir()]
         ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.result.json"))]
     return [max(r["step_times_s"][k] for r in ranks) for k in range(len(ranks[0]["step_times_s"]))]
@@ -117,11 +166,16 @@ def load() -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default=str(EXPERT / "gpt-issue20.toml"))
-    p.add_argument("--configs", default="torch-eager,torch-compiled,jax,tensorflow")
+    p.add_argument("--configs", default="torch-eager,torch-compiled,jax,tensorflow",
+                   help="comma-separated; NAME+stopped runs NAME with --stop-parent, so one "
+                   "run alternates a configuration with and without its launcher stopped")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
     p.add_argument("--threads", type=int, default=None,
                    help="threads per process (default: cores / workers, sextant's default)")
+    p.add_argument("--stop-parent", action="store_true",
+                   help="experiment: SIGSTOP the `sextant run` process while its workers "
+                   "train, so nothing of the launcher runs beside them (Linux)")
     p.add_argument("--out", default=None, help="JSON result file (default: benchmarks/results/"
                    "expert_ratio-<workload>-<time>.json)")
     a = p.parse_args()
@@ -142,12 +196,13 @@ def main() -> None:
           f"load average before {loads['before']}", flush=True)
     for r in range(a.rounds):
         for name in names:
-            sx_flags, script, ex_flags = CONFIGS[name]
+            base, _, variant = name.partition("+")  # torch-eager+stopped: --stop-parent
+            sx_flags, script, ex_flags = CONFIGS[base]
             workers = int(sx_flags[sx_flags.index("--workers") + 1]) if "--workers" in sx_flags else 1
             threads = a.threads or max(1, cores // workers)
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
             st = run_sextant(a.workload, sx_flags + ["--steps", str(steps)], threads,
-                             run_env)[warm:]
+                             run_env, a.stop_parent or variant == "stopped")[warm:]
             report = run_expert(script, ex_flags + shape_flags, threads, run_env,
                                 sextant_cores(workers, threads))
             if report["params"] != n_params:  # not the same model: the ratio would mean nothing
