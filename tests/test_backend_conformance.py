@@ -49,9 +49,11 @@ ENVIRONMENTS = sorted({env for env in (get_backend(n).ENVIRONMENT for n in BACKE
 @pytest.fixture(scope="module", autouse=True)
 def framework_environments() -> None:
     """Create the environments that are missing (the first test run pays; CI runs every
-    backend)."""
-    for name in ENVIRONMENTS:
-        ensure_environment(name)
+    backend), all at once: each is a venv and a pip install, mostly waiting on downloads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(ENVIRONMENTS))) as pool:
+        list(pool.map(ensure_environment, ENVIRONMENTS))
 
 
 def needs(name: str) -> Any:
