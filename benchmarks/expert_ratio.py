@@ -109,16 +109,17 @@ def stopped_parent(proc: subprocess.Popen, workers: int) -> None:
 
 
 def run_sextant(workload: str, flags: list[str], threads: int, env: dict,
-                stop_parent: bool = False) -> list[float]:
+                stop_workers: int = 0) -> list[float]:
+    """Step times of one `sextant run`; with stop_workers > 0, its launcher is stopped while
+    that many workers train (stopped_parent)."""
     with tempfile.TemporaryDirectory(prefix="sextant-ratio-") as tmp:
         cmd = [sys.executable, "-c", "from sextant.cli import main; main()", "run",
                "--workload", workload, "--db", str(Path(tmp) / "results.db"),
                "--threads", str(threads), *flags]
-        if stop_parent:
-            workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1
+        if stop_workers:
             with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   env=env, cwd=tmp, text=True) as proc:
-                stopped_parent(proc, workers)
+                stopped_parent(proc, stop_workers)
                 _, err = proc.communicate(timeout=1800)
             if proc.returncode:
                 raise SystemExit(f"sextant run failed ({proc.returncode}): {err[-2000:]}")
@@ -202,7 +203,8 @@ def main() -> None:
             threads = a.threads or max(1, cores // workers)
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
             st = run_sextant(a.workload, sx_flags + ["--steps", str(steps)], threads,
-                             run_env, a.stop_parent or variant == "stopped")[warm:]
+                             run_env, workers if a.stop_parent or variant == "stopped"
+                             else 0)[warm:]
             report = run_expert(script, ex_flags + shape_flags, threads, run_env,
                                 sextant_cores(workers, threads))
             if report["params"] != n_params:  # not the same model: the ratio would mean nothing
