@@ -109,9 +109,10 @@ def stopped_parent(proc: subprocess.Popen, workers: int) -> None:
 
 
 def run_sextant(workload: str, flags: list[str], threads: int, env: dict,
-                stop_workers: int = 0) -> list[float]:
-    """Step times of one `sextant run`; with stop_workers > 0, its launcher is stopped while
-    that many workers train (stopped_parent)."""
+                stop_workers: int = 0) -> tuple[list[float], list[float]]:
+    """(step times, losses) of one `sextant run` (the slowest rank's time and the ranks' mean
+    loss, step by step); with stop_workers > 0, its launcher is stopped while that many
+    workers train (stopped_parent)."""
     with tempfile.TemporaryDirectory(prefix="sextant-ratio-") as tmp:
         cmd = [sys.executable, "-c", "from sextant.cli import main; main()", "run",
                "--workload", workload, "--db", str(Path(tmp) / "results.db"),
@@ -128,7 +129,9 @@ def run_sextant(workload: str, flags: list[str], threads: int, env: dict,
                            env=env, cwd=tmp)
         (run_dir,) = [p for p in (Path(tmp) / "runs").iterdir() if p.is_dir()]
         ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.result.json"))]
-    return [max(r["step_times_s"][k] for r in ranks) for k in range(len(ranks[0]["step_times_s"]))]
+    steps = range(len(ranks[0]["step_times_s"]))
+    return ([max(r["step_times_s"][k] for r in ranks) for k in steps],
+            [statistics.fmean(r["losses"][k] for r in ranks) for k in steps])
 
 
 def sextant_cores(workers: int, threads: int) -> list[int] | None:
@@ -148,6 +151,33 @@ def run_expert(script: str, flags: list[str], threads: int, env: dict,
                           *flags], check=True, capture_output=True, text=True, timeout=1800,
                          env=env, preexec_fn=pin, cwd=EXPERT)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def sextant_inputs(workload: str, steps: int) -> Path:
+    """An .npz of sextant's initial weights (torch names and layout) and its global batches
+    for `steps` steps: what a `NAME+sxinputs` configuration's expert loop trains on, so that
+    the two sides differ by their code only (the expert loop reads the file as data)."""
+    path = Path(tempfile.gettempdir()) / f"sextant-inputs-{Path(workload).stem}-{steps}.npz"
+    if str(path) in _WRITTEN:
+        return path
+    import numpy as np
+
+    from sextant import data
+    from sextant.backends.torch_backend import model as tm
+    from sextant.init import init_params
+    from sextant.workload import resolve_workload
+
+    w = resolve_workload(workload)
+    net = tm.build(w.model)
+    tm.load_canonical(net, init_params(w.model, w.seed))
+    arrays = {f"w/{k}": v.detach().numpy() for k, v in net.state_dict().items()}
+    xs, ys = zip(*(data.global_batch(w, i) for i in range(steps)))
+    np.savez(path, x=np.stack(xs), y=np.stack(ys), **arrays)
+    _WRITTEN.add(str(path))
+    return path
+
+
+_WRITTEN: set[str] = set()
 
 
 def bootstrap_median(values: list[float], n: int = 10000, seed: int = 0) -> tuple[float, float]:
@@ -197,20 +227,32 @@ def main() -> None:
           f"load average before {loads['before']}", flush=True)
     for r in range(a.rounds):
         for name in names:
-            base, _, variant = name.partition("+")  # torch-eager+stopped: --stop-parent
+            # torch-eager+stopped: --stop-parent; torch-eager+sxinputs: the expert trains on
+            # sextant's initial weights and batches (sextant_inputs)
+            base, _, variant = name.partition("+")
             sx_flags, script, ex_flags = CONFIGS[base]
             workers = int(sx_flags[sx_flags.index("--workers") + 1]) if "--workers" in sx_flags else 1
             threads = a.threads or max(1, cores // workers)
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
-            st = run_sextant(a.workload, sx_flags + ["--steps", str(steps)], threads,
-                             run_env, workers if a.stop_parent or variant == "stopped"
-                             else 0)[warm:]
-            report = run_expert(script, ex_flags + shape_flags, threads, run_env,
+            st, sx_losses = run_sextant(
+                a.workload, sx_flags + ["--steps", str(steps)], threads, run_env,
+                workers if a.stop_parent or variant == "stopped" else 0)
+            st = st[warm:]
+            inputs = (["--inputs", str(sextant_inputs(a.workload, steps))]
+                      if variant == "sxinputs" else [])
+            report = run_expert(script, ex_flags + shape_flags + inputs, threads, run_env,
                                 sextant_cores(workers, threads))
             if report["params"] != n_params:  # not the same model: the ratio would mean nothing
                 raise SystemExit(f"{script}: {report['params']} parameters, sextant's model has "
                                  f"{n_params}")
             et = report["step_times_s"][warm:]
+            if variant == "sxinputs":
+                # Same weights, same batches: the two loss curves must agree (the expert's
+                # step computes what sextant's does), up to float reassociation.
+                gap = max(abs(x - y) for x, y in zip(sx_losses, report["losses"]))
+                results[name].setdefault("max_abs_loss_gap", []).append(gap)
+                print(f"round {r + 1} {name}: max |sextant loss - expert loss| over {steps} "
+                      f"steps {gap:.2e}", flush=True)
             s, e = statistics.median(st), statistics.median(et)
             results[name]["sextant"].append(s)
             results[name]["expert"].append(e)

@@ -55,6 +55,23 @@ def test_batches_are_the_same_bytes_release_after_release() -> None:
         assert hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest() == digest, name
 
 
+def test_prepared_batches_are_the_batches() -> None:
+    """The timed loop makes batches ahead (data.prepare, outside the clock): each is handed
+    out once, equal to the one made on the spot, and only for the workload it was made for."""
+    w = resolve_workload("gpt-tiny")
+    fresh = [data.global_batch(w, i) for i in range(4)]
+    data.prepare(w, range(1, 3))
+    other = w.replace(seed=7)
+    assert not np.array_equal(data.global_batch(other, 1)[0], fresh[1][0])
+    for i in range(4):
+        x, y = data.global_batch(w, i)
+        np.testing.assert_array_equal(x, fresh[i][0])
+        np.testing.assert_array_equal(y, fresh[i][1])
+    assert data._AHEAD.batches == {}  # each prepared batch was handed out once
+    assert 1 <= data.batches_ahead(w) <= 64
+    assert data.batches_ahead(resolve_workload("digits-mlp")) == 64
+
+
 def test_shards_reassemble_the_global_batch() -> None:
     w = resolve_workload("digits-mlp")
     x, y = data.global_batch(w, 0)

@@ -34,6 +34,10 @@ def parse(description: str, modes: tuple[str, ...] = ()) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--workers", type=int, default=1, help="data-parallel processes (torch)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inputs", default=None,
+                   help="an .npz of initial weights (torch names, (out, in)) and batches "
+                   "(x, y: (steps, batch, seq)) to train on instead of the loop's own; the "
+                   "file is data only (torch loop)")
     if modes:
         p.add_argument("--mode", choices=modes, default=modes[0])
     return p.parse_args()

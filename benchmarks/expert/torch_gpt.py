@@ -8,7 +8,8 @@ weight decay on the >= 2-D parameters only (nanoGPT's configure_optimizers), fus
 learning rate set per step from warm-up + cosine. Compiled mode: torch.compile on the model
 and a compiled optimizer step with the learning rate held in a tensor (PyTorch's "Compiling
 the optimizer" recipe: one generated kernel for the whole update, no recompiles when the lr
-changes). Batches: random byte tokens, made before the loop. --workers N: DDP over gloo,
+changes). Batches: random byte tokens, made before the loop (or, with --inputs, the
+weights and batches of a data file: to tell what the inputs do from what the code does). --workers N: DDP over gloo,
 N processes (mp.spawn), each with --threads threads and its 1/N of the batch.
 
 Prints one JSON object: per-step wall times (perf_counter around forward, backward,
@@ -91,6 +92,31 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+# --inputs: parameter names in the file -> this model's names (prefix renames, in order).
+RENAMES = (("blocks.", "h."), (".ln1.", ".ln_1."), (".ln2.", ".ln_2."), (".mlp.fc.", ".fc."),
+           (".mlp.proj.", ".fc_proj."), ("head.", "lm_head."))
+
+
+def given_inputs(a, model: nn.Module, rank: int, rows: int) -> list:  # noqa: ANN001
+    """Load the weights and batches of --inputs (an .npz: weights under "w/<name>", batches
+    under "x" and "y"); this rank's rows of each batch, contiguous."""
+    import numpy as np
+
+    z = np.load(a.inputs)
+    state = {}
+    for key in z.files:
+        if key.startswith("w/"):
+            name = key[2:]
+            for old, new in RENAMES:
+                name = name.replace(old, new)
+            state[name] = torch.from_numpy(z[key])
+    model.load_state_dict(state, strict=True)
+    x, y = z["x"], z["y"]
+    sl = slice(rank * rows, (rank + 1) * rows)
+    return [(torch.from_numpy(np.ascontiguousarray(x[k, sl])),
+             torch.from_numpy(np.ascontiguousarray(y[k, sl]))) for k in range(a.steps)]
+
+
 def train(rank: int, a, out) -> None:  # noqa: ANN001
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -124,10 +150,13 @@ def train(rank: int, a, out) -> None:  # noqa: ANN001
     else:
         opt_step = opt.step
 
-    g = torch.Generator().manual_seed(a.seed + 1 + rank)
     rows = a.batch // a.workers
-    data = torch.randint(0, a.vocab, (a.steps, rows, a.seq_len + 1), generator=g)
-    batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
+    if a.inputs:
+        batches = given_inputs(a, model, rank, rows)
+    else:
+        g = torch.Generator().manual_seed(a.seed + 1 + rank)
+        data = torch.randint(0, a.vocab, (a.steps, rows, a.seq_len + 1), generator=g)
+        batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
 
     times, losses = [], []
     for k, (x, y) in enumerate(batches):
