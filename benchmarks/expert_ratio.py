@@ -19,6 +19,7 @@ averages before and after) as JSON under benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -180,6 +181,12 @@ def sextant_inputs(workload: str, steps: int) -> Path:
 _WRITTEN: set[str] = set()
 
 
+@atexit.register
+def _remove_inputs() -> None:
+    for path in _WRITTEN:
+        Path(path).unlink(missing_ok=True)
+
+
 def bootstrap_median(values: list[float], n: int = 10000, seed: int = 0) -> tuple[float, float]:
     rng = random.Random(seed)
     meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
@@ -234,14 +241,27 @@ def main() -> None:
             workers = int(sx_flags[sx_flags.index("--workers") + 1]) if "--workers" in sx_flags else 1
             threads = a.threads or max(1, cores // workers)
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
-            st, sx_losses = run_sextant(
-                a.workload, sx_flags + ["--steps", str(steps)], threads, run_env,
-                workers if a.stop_parent or variant == "stopped" else 0)
-            st = st[warm:]
             inputs = (["--inputs", str(sextant_inputs(a.workload, steps))]
                       if variant == "sxinputs" else [])
-            report = run_expert(script, ex_flags + shape_flags + inputs, threads, run_env,
-                                sextant_cores(workers, threads))
+
+            def sextant_side():  # noqa: ANN202
+                return run_sextant(
+                    a.workload, sx_flags + ["--steps", str(steps)], threads, run_env,
+                    workers if a.stop_parent or variant == "stopped" else 0)
+
+            def expert_side():  # noqa: ANN202
+                return run_expert(script, ex_flags + shape_flags + inputs, threads, run_env,
+                                  sextant_cores(workers, threads))
+
+            # Counterbalanced: sextant first in odd rounds, the expert first in even ones, so
+            # that whatever favours a position in the sequence (what ran just before, a
+            # slow drift of the machine) falls on both sides equally.
+            if r % 2 == 0:
+                (st, sx_losses), report = sextant_side(), expert_side()
+            else:
+                report = expert_side()
+                st, sx_losses = sextant_side()
+            st = st[warm:]
             if report["params"] != n_params:  # not the same model: the ratio would mean nothing
                 raise SystemExit(f"{script}: {report['params']} parameters, sextant's model has "
                                  f"{n_params}")

@@ -30,10 +30,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sextant.planner.catalogue import load_catalogue
-from sextant.planner.estimate import KNOBS, PlanOptions, evaluate, resolve_hardware
-from sextant.planner.models import preset
-from sextant.planner.search import RANK_KEYS, enumerate_layouts, search
+from sextant.planner.catalogue import load_catalogue  # noqa: E402
+from sextant.planner.estimate import KNOBS, PlanOptions, evaluate, resolve_hardware  # noqa: E402
+from sextant.planner.models import preset  # noqa: E402
+from sextant.planner.search import RANK_KEYS, enumerate_layouts, search  # noqa: E402
 
 
 def main() -> int:
