@@ -1,9 +1,12 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Atomic file writes (a reader sees the old file or the new one, never half of one), and a
+process's private scratch directory."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,3 +53,28 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+_PRIVATE: list[tuple[Path, str | None]] = []
+
+
+def private_tempdir(prefix: str, parent: Path | None = None) -> Path:
+    """Point this process's `tempfile` at a fresh directory of its own, for a framework that
+    leaves scratch files behind: TensorFlow's autograph writes a module per converted function
+    to the temp directory and deletes them from an atexit hook, which a worker's fast exit
+    (sextant.launch.worker.exit_now) skips. remove_private_tempdirs() deletes the directory
+    and restores the previous one (the worker calls it when its rank ends; at interpreter exit
+    as well). Under `parent` if given (a rank's run directory: a process killed before it
+    could clean up leaves its scratch files there, not in /tmp)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    _PRIVATE.append((path, tempfile.tempdir))
+    tempfile.tempdir = str(path)
+    return path
+
+
+@atexit.register
+def remove_private_tempdirs() -> None:
+    while _PRIVATE:
+        path, previous = _PRIVATE.pop()
+        tempfile.tempdir = previous
+        shutil.rmtree(path, ignore_errors=True)

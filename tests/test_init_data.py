@@ -101,3 +101,16 @@ def test_flops_formula() -> None:
     model = resolve_workload("gpt-tiny").model
     per_token = 6 * (count_params(model) - 256 * 64 - 64 * 64) + 12 * 2 * 64 * 64
     assert flops_per_step(model, 16) == 16 * 64 * per_token
+
+
+def test_private_tempdir_is_removed_and_restored(tmp_path) -> None:  # noqa: ANN001
+    import tempfile
+
+    from sextant.fsutil import private_tempdir, remove_private_tempdirs
+
+    before = tempfile.gettempdir()
+    scratch = private_tempdir("rank0.tmp-", parent=tmp_path)
+    assert scratch.parent == tmp_path and tempfile.gettempdir() == str(scratch)
+    (scratch / "__autograph_generated_file.py").write_text("x = 1\n")
+    remove_private_tempdirs()
+    assert not scratch.exists() and tempfile.gettempdir() == before

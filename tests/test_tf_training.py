@@ -4,6 +4,7 @@ failures. Kept small: one TF process costs ~5 s of import on a 2-core machine.""
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -56,9 +57,16 @@ def test_backend_contract_without_importing_tensorflow() -> None:
 
 
 def assert_quiet(record: dict) -> None:
-    """TensorFlow's start-up lines never reach a worker's stderr (nor, so, the terminal)."""
+    """TensorFlow's start-up lines never reach a worker's stderr (nor, so, the terminal), and
+    a rank's scratch directory (autograph's generated modules) is gone when it ends."""
     logs = sorted(Path(record["run_dir"]).glob("rank*.std*.log"))
     assert logs and {log.name: log.read_text() for log in logs} == {log.name: "" for log in logs}
+    assert not list(Path(record["run_dir"]).glob("rank*.tmp-*"))
+
+
+def autograph_files() -> set[str]:
+    """autograph's generated modules in the system temp directory."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("__autograph_generated_file*")}
 
 
 def assert_same_training(a: dict, b: dict, rtol: float = RTOL) -> None:
@@ -77,7 +85,9 @@ CASES = {
 def test_single_and_dp_match_torch(tmp_path: Path, workload: str) -> None:
     w = short(workload, 10, nosync_steps=2)
     reference = execute(w, TORCH, runs_dir=tmp_path)
+    before = autograph_files()
     single, dp = (execute(w, s, runs_dir=tmp_path) for s in CASES[workload])
+    assert autograph_files() <= before  # nothing left behind in /tmp by the TF workers
     assert len(single["losses"]) == len(dp["losses"]) == 10
     assert_same_training(single, reference)
     assert_same_training(dp, reference)

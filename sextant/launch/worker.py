@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from sextant.backends.contracts import EVENT_SCHEMA, WorkerContext
 from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json
+from sextant.fsutil import atomic_write_json, remove_private_tempdirs
 from sextant.launch.hosts import adopt_host
 from sextant.launch.local import default_threads
 from sextant.strategy import Strategy
@@ -63,12 +63,19 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
     cpus = (plan.get("cpus") or [None] * ctx.world)[ctx.rank]
     if cpus:
         os.sched_setaffinity(0, cpus)
-    from sextant.backends.base import get_backend
-
     if ctx.fault and f"no-rendezvous-rank-{ctx.rank}" in ctx.fault.split(","):
         # Test hook: a host that never joins the rendezvous (the launcher ends this process).
         time.sleep(3600)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _train_rank(ctx)
+    finally:
+        remove_private_tempdirs()
+
+
+def _train_rank(ctx: WorkerContext) -> int:
+    from sextant.backends.base import get_backend
+
     try:
         backend = get_backend(ctx.strategy.framework)
         result = backend.run(ctx)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sextant.backends.base import BackendBase, Capabilities, ProcessLayout
+from sextant.fsutil import private_tempdir
 
 if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext
@@ -54,7 +55,7 @@ def prepare_environment() -> None:
     os.environ.update(WORKER_ENV)
 
 
-def import_tensorflow(ctx: WorkerContext) -> Any:
+def import_tensorflow(ctx: WorkerContext, scratch: bool = True) -> Any:
     """`import tensorflow` with its import-time notices filtered out of stderr.
 
     The import's stderr goes to rank{r}.tf-import.log in the run directory (kept if the
@@ -62,6 +63,12 @@ def import_tensorflow(ctx: WorkerContext) -> Any:
     prepare_environment()
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
+    # autograph's generated modules go to a directory of this rank's own in its run
+    # directory, deleted when the rank ends (they used to pile up in /tmp: ~11 files a run).
+    # Not for a parameter-server service process (scratch=False): it traces nothing, and the
+    # launcher ends it with SIGKILL, which would leave the directory behind.
+    if scratch:
+        private_tempdir(f"rank{ctx.rank}.tmp-", parent=ctx.run_dir)
     with filtered_stderr(ctx.run_dir / f"rank{ctx.rank}.tf-import.log", IMPORT_NOTICES):
         import tensorflow as tf
     return tf

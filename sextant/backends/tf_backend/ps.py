@@ -110,7 +110,7 @@ def run(ctx: WorkerContext) -> RankResult:
 def _serve(ctx: WorkerContext) -> None:
     from sextant.backends.tf_backend import import_tensorflow
 
-    tf = import_tensorflow(ctx)
+    tf = import_tensorflow(ctx, scratch=False)
 
     tf.get_logger().setLevel("ERROR")
     threads = worker_threads(ctx) if ctx.role == "worker" else 1
