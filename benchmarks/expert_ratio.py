@@ -14,6 +14,14 @@ averages before and after) as JSON under benchmarks/results/.
 
     python benchmarks/expert_ratio.py --workload benchmarks/expert/gpt-issue20.toml \
         --configs torch-eager,torch-compiled,jax,tensorflow --rounds 5
+
+Within a round the two sides alternate which runs first. On a machine whose speed drifts
+from one run to the next (a shared virtual machine), `--concurrent --threads 1` runs both
+sides at the same time instead, each pinned to its own core (swapped every round), and
+compares only the steps each ran while the other was training (wall-clock step ends from
+sextant's step events and the expert's report); single-process torch configurations.
+`NAME+sxinputs` trains the expert on sextant's own initial weights and batches and reports
+how far the two loss curves are apart.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERT = ROOT / "benchmarks" / "expert"
@@ -110,10 +119,13 @@ def stopped_parent(proc: subprocess.Popen, workers: int) -> None:
 
 
 def run_sextant(workload: str, flags: list[str], threads: int, env: dict,
-                stop_workers: int = 0) -> tuple[list[float], list[float]]:
+                stop_workers: int = 0, cpus: list[int] | None = None, ends: list | None = None
+                ) -> tuple[list[float], list[float]]:
     """(step times, losses) of one `sextant run` (the slowest rank's time and the ranks' mean
     loss, step by step); with stop_workers > 0, its launcher is stopped while that many
-    workers train (stopped_parent)."""
+    workers train (stopped_parent). `cpus`: the run's affinity (its launcher pins its worker
+    inside it); `ends`: filled with rank 0's wall-clock time at the end of each step (from
+    its step events)."""
     with tempfile.TemporaryDirectory(prefix="sextant-ratio-") as tmp:
         cmd = [sys.executable, "-c", "from sextant.cli import main; main()", "run",
                "--workload", workload, "--db", str(Path(tmp) / "results.db"),
@@ -126,13 +138,39 @@ def run_sextant(workload: str, flags: list[str], threads: int, env: dict,
             if proc.returncode:
                 raise SystemExit(f"sextant run failed ({proc.returncode}): {err[-2000:]}")
         else:
+            pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
             subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800,
-                           env=env, cwd=tmp)
+                           env=env, cwd=tmp, preexec_fn=pin)
         (run_dir,) = [p for p in (Path(tmp) / "runs").iterdir() if p.is_dir()]
         ranks = [json.loads(p.read_text()) for p in sorted(run_dir.glob("rank*.result.json"))]
+        if ends is not None:
+            events = (json.loads(line) for line in
+                      (run_dir / "rank0.events.jsonl").read_text().splitlines())
+            ends.extend(e["time"] for e in events if e["event"] == "step")
     steps = range(len(ranks[0]["step_times_s"]))
     return ([max(r["step_times_s"][k] for r in ranks) for k in steps],
             [statistics.fmean(r["losses"][k] for r in ranks) for k in steps])
+
+
+def concurrent_pair(run_a, run_b, warm: int  # noqa: ANN001
+                    ) -> tuple[list[float], list[float], Any]:
+    """Run both sides at once (each pinned to its own core by its callable, which returns
+    (step times, wall-clock step ends, payload)) and keep the steps of each that ended while
+    the other was also past its warm-up and still training: the two sides then share whatever
+    the machine did meanwhile. Returns (a's steps, b's steps, b's payload)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        fa, fb = pool.submit(run_a), pool.submit(run_b)
+        (a, ends_a, _), (b, ends_b, payload) = fa.result(), fb.result()
+    lo = max(ends_a[warm], ends_b[warm])
+    hi = min(ends_a[-1], ends_b[-1])
+    keep_a = [t for t, e in zip(a, ends_a) if lo < e <= hi]
+    keep_b = [t for t, e in zip(b, ends_b) if lo < e <= hi]
+    if min(len(keep_a), len(keep_b)) < 20:
+        raise SystemExit(f"--concurrent: the two runs overlapped for {len(keep_a)} and "
+                         f"{len(keep_b)} steps only; use more --steps")
+    return keep_a, keep_b, payload
 
 
 def sextant_cores(workers: int, threads: int) -> list[int] | None:
@@ -211,6 +249,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
     p.add_argument("--threads", type=int, default=None,
                    help="threads per process (default: cores / workers, sextant's default)")
+    p.add_argument("--concurrent", action="store_true",
+                   help="run sextant and the expert at the same time, one thread each on its "
+                   "own core (swapped every round), and compare the steps both ran while the "
+                   "other was running: on a machine whose speed drifts between runs, both "
+                   "sides see the same drift (single-process torch configurations)")
     p.add_argument("--stop-parent", action="store_true",
                    help="experiment: SIGSTOP the `sextant run` process while its workers "
                    "train, so nothing of the launcher runs beside them (Linux)")
@@ -253,20 +296,42 @@ def main() -> None:
                 return run_expert(script, ex_flags + shape_flags + inputs, threads, run_env,
                                   sextant_cores(workers, threads))
 
-            # Counterbalanced: sextant first in odd rounds, the expert first in even ones, so
-            # that whatever favours a position in the sequence (what ran just before, a
-            # slow drift of the machine) falls on both sides equally.
-            if r % 2 == 0:
-                (st, sx_losses), report = sextant_side(), expert_side()
+            if a.concurrent:
+                if workers != 1 or threads != 1 or not base.startswith("torch"):
+                    raise SystemExit("--concurrent: single-process torch configurations, "
+                                     "--threads 1")
+                # Round r: sextant on core r % 2, the expert on the other one.
+                core = r % 2
+
+                def sx_run(core=core):  # noqa: ANN202
+                    ends: list[float] = []
+                    times, _ = run_sextant(a.workload, sx_flags + ["--steps", str(steps)],
+                                           threads, run_env, cpus=[core], ends=ends)
+                    return times, ends, None
+
+                def ex_run(core=core):  # noqa: ANN202
+                    rep = run_expert(script, ex_flags + shape_flags + inputs, threads,
+                                     run_env, [1 - core])
+                    return rep["step_times_s"], rep["step_end_unix"], rep
+
+                st, et, report = concurrent_pair(sx_run, ex_run, warm)
+                sx_losses = []
             else:
-                report = expert_side()
-                st, sx_losses = sextant_side()
-            st = st[warm:]
+                # Counterbalanced: sextant first in odd rounds, the expert first in even
+                # ones, so that whatever favours a position in the sequence (what ran just
+                # before, a slow drift of the machine) falls on both sides equally.
+                if r % 2 == 0:
+                    (st, sx_losses), report = sextant_side(), expert_side()
+                else:
+                    report = expert_side()
+                    st, sx_losses = sextant_side()
+                st = st[warm:]
             if report["params"] != n_params:  # not the same model: the ratio would mean nothing
                 raise SystemExit(f"{script}: {report['params']} parameters, sextant's model has "
                                  f"{n_params}")
-            et = report["step_times_s"][warm:]
-            if variant == "sxinputs":
+            if not a.concurrent:
+                et = report["step_times_s"][warm:]
+            if variant == "sxinputs" and sx_losses:
                 # Same weights, same batches: the two loss curves must agree (the expert's
                 # step computes what sextant's does), up to float reassociation.
                 gap = max(abs(x - y) for x, y in zip(sx_losses, report["losses"]))
@@ -311,6 +376,7 @@ def main() -> None:
         f"expert_ratio-{Path(a.workload).stem}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": sys.argv, "started": started, "load_average": loads,
+                               "concurrent": a.concurrent,
                                "workload": a.workload, "steps": steps, "warmup_excluded": warm,
                                "summary": summary, "raw": results}, indent=1))
     print(f"written {out}")

@@ -37,6 +37,7 @@ def test_global_batch_is_pure_function_of_seed_and_step() -> None:
     np.testing.assert_array_equal(x1, x2)
     assert x1.shape == (w.global_batch, w.model.seq_len)
     np.testing.assert_array_equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+    assert x1.flags.c_contiguous and y1.flags.c_contiguous
     assert not np.array_equal(x1, data.global_batch(w, 4)[0])
     assert not np.array_equal(x1, data.global_batch(w.replace(seed=7), 3)[0])
 

@@ -158,7 +158,7 @@ def train(rank: int, a, out) -> None:  # noqa: ANN001
         data = torch.randint(0, a.vocab, (a.steps, rows, a.seq_len + 1), generator=g)
         batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
 
-    times, losses = [], []
+    times, losses, ends = [], [], []
     for k, (x, y) in enumerate(batches):
         t0 = time.perf_counter()
         loss = net(x, y)
@@ -171,12 +171,14 @@ def train(rank: int, a, out) -> None:  # noqa: ANN001
         opt_step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
+        ends.append(time.time())  # wall clock, to align with a run beside it (--concurrent)
         losses.append(loss.detach())
     losses = [float(v) for v in losses]
     if out is not None:
         out.put((rank, n_params, times, losses))
     else:
-        report(a, "torch", n_params, times, losses, mode=a.mode, workers=1)
+        report(a, "torch", n_params, times, losses, mode=a.mode, workers=1,
+               step_end_unix=ends)
     if a.workers > 1:
         dist.destroy_process_group()
 

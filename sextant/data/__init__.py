@@ -98,7 +98,9 @@ def _make(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]:
         # A direct gather: the same windows as sliding_window_view(tokens, window)[offsets]
         # without its ~60 us of Python per call (this runs inside every step's clock).
         windows = tokens[offsets[:, None] + np.arange(window)].astype(np.int64)  # (B, T + 1)
-        return windows[:, :-1], windows[:, 1:]
+        # Contiguous, as an expert's batches are (a framework would otherwise copy them, or
+        # run its first kernels on strided indices).
+        return np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:])
     features, labels = digits()
     if batch > labels.size:
         raise UserError(
