@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERT = ROOT / "benchmarks" / "expert"
@@ -152,17 +151,11 @@ def run_sextant(workload: str, flags: list[str], threads: int, env: dict,
             [statistics.fmean(r["losses"][k] for r in ranks) for k in steps])
 
 
-def concurrent_pair(run_a, run_b, warm: int  # noqa: ANN001
-                    ) -> tuple[list[float], list[float], Any]:
-    """Run both sides at once (each pinned to its own core by its callable, which returns
-    (step times, wall-clock step ends, payload)) and keep the steps of each that ended while
-    the other was also past its warm-up and still training: the two sides then share whatever
-    the machine did meanwhile. Returns (a's steps, b's steps, b's payload)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as pool:
-        fa, fb = pool.submit(run_a), pool.submit(run_b)
-        (a, ends_a, _), (b, ends_b, payload) = fa.result(), fb.result()
+def overlapping(a: list[float], ends_a: list[float], b: list[float], ends_b: list[float],
+                warm: int) -> tuple[list[float], list[float]]:
+    """Of two runs made at the same time, the steps of each that ended while the other was
+    also past its warm-up and still training (by their wall-clock step ends): the two sides
+    then share whatever the machine did meanwhile."""
     lo = max(ends_a[warm], ends_b[warm])
     hi = min(ends_a[-1], ends_b[-1])
     keep_a = [t for t, e in zip(a, ends_a) if lo < e <= hi]
@@ -170,7 +163,7 @@ def concurrent_pair(run_a, run_b, warm: int  # noqa: ANN001
     if min(len(keep_a), len(keep_b)) < 20:
         raise SystemExit(f"--concurrent: the two runs overlapped for {len(keep_a)} and "
                          f"{len(keep_b)} steps only; use more --steps")
-    return keep_a, keep_b, payload
+    return keep_a, keep_b
 
 
 def sextant_cores(workers: int, threads: int) -> list[int] | None:
@@ -287,35 +280,30 @@ def main() -> None:
             inputs = (["--inputs", str(sextant_inputs(a.workload, steps))]
                       if variant == "sxinputs" else [])
 
-            def sextant_side():  # noqa: ANN202
+            def sextant_side(cpus: list[int] | None = None, ends: list | None = None):  # noqa: ANN202
                 return run_sextant(
                     a.workload, sx_flags + ["--steps", str(steps)], threads, run_env,
-                    workers if a.stop_parent or variant == "stopped" else 0)
+                    workers if a.stop_parent or variant == "stopped" else 0, cpus, ends)
 
-            def expert_side():  # noqa: ANN202
+            def expert_side(cores: list[int] | None = sextant_cores(workers, threads)):  # noqa: ANN202
                 return run_expert(script, ex_flags + shape_flags + inputs, threads, run_env,
-                                  sextant_cores(workers, threads))
+                                  cores)
 
             if a.concurrent:
-                if workers != 1 or threads != 1 or not base.startswith("torch"):
+                if (workers != 1 or threads != 1 or not base.startswith("torch")
+                        or a.stop_parent or variant == "stopped"):
                     raise SystemExit("--concurrent: single-process torch configurations, "
-                                     "--threads 1")
-                # Round r: sextant on core r % 2, the expert on the other one.
-                core = r % 2
+                                     "--threads 1, launcher running")
+                # Round r: sextant on core r % 2, the expert on the other one, at once.
+                from concurrent.futures import ThreadPoolExecutor
 
-                def sx_run(core=core):  # noqa: ANN202
-                    ends: list[float] = []
-                    times, _ = run_sextant(a.workload, sx_flags + ["--steps", str(steps)],
-                                           threads, run_env, cpus=[core], ends=ends)
-                    return times, ends, None
-
-                def ex_run(core=core):  # noqa: ANN202
-                    rep = run_expert(script, ex_flags + shape_flags + inputs, threads,
-                                     run_env, [1 - core])
-                    return rep["step_times_s"], rep["step_end_unix"], rep
-
-                st, et, report = concurrent_pair(sx_run, ex_run, warm)
-                sx_losses = []
+                core, sx_ends = r % 2, []
+                with ThreadPoolExecutor(2) as pool:
+                    fs = pool.submit(sextant_side, [core], sx_ends)
+                    fe = pool.submit(expert_side, [1 - core])
+                    (st, sx_losses), report = fs.result(), fe.result()
+                st, et = overlapping(st, sx_ends, report["step_times_s"],
+                                     report["step_end_unix"], warm)
             else:
                 # Counterbalanced: sextant first in odd rounds, the expert first in even
                 # ones, so that whatever favours a position in the sequence (what ran just
@@ -325,13 +313,11 @@ def main() -> None:
                 else:
                     report = expert_side()
                     st, sx_losses = sextant_side()
-                st = st[warm:]
+                st, et = st[warm:], report["step_times_s"][warm:]
             if report["params"] != n_params:  # not the same model: the ratio would mean nothing
                 raise SystemExit(f"{script}: {report['params']} parameters, sextant's model has "
                                  f"{n_params}")
-            if not a.concurrent:
-                et = report["step_times_s"][warm:]
-            if variant == "sxinputs" and sx_losses:
+            if variant == "sxinputs":
                 # Same weights, same batches: the two loss curves must agree (the expert's
                 # step computes what sextant's does), up to float reassociation.
                 gap = max(abs(x - y) for x, y in zip(sx_losses, report["losses"]))
