@@ -69,6 +69,11 @@ def test_prepared_batches_are_the_batches() -> None:
         np.testing.assert_array_equal(x, fresh[i][0])
         np.testing.assert_array_equal(y, fresh[i][1])
     assert data._AHEAD.batches == {}  # each prepared batch was handed out once
+    data.prepare_ahead(w, 0)  # what the loops call before each step: made once, ahead
+    made = dict(data._AHEAD.batches)
+    assert sorted(made) == list(range(min(data.batches_ahead(w), w.steps)))
+    data.prepare_ahead(w, 1)
+    assert data._AHEAD.batches.keys() == made.keys()  # already made: nothing made again
     assert 1 <= data.batches_ahead(w) <= 64
     assert data.batches_ahead(resolve_workload("digits-mlp")) == 64
 

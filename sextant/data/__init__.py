@@ -52,6 +52,8 @@ class _Ahead:
 
     def __init__(self) -> None:
         self.owner: Workload | None = None
+        self.span = range(0)
+        """The steps of the last `prepare`."""
         self.batches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def take(self, workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -74,8 +76,18 @@ def prepare(workload: Workload, steps: range) -> None:
     generating them (the timed loop calls this between steps, outside the clock; the
     generation is the same numpy code for every framework, so no framework's step should
     pay for it). Replaces whatever was prepared before."""
-    _AHEAD.owner = workload
+    _AHEAD.owner, _AHEAD.span = workload, steps
     _AHEAD.batches = {i: _make(workload, i) for i in steps}
+
+
+def prepare_ahead(workload: Workload, step: int) -> None:
+    """What the training loops call before each step's clock starts: unless batch `step` was
+    made by the last `prepare` for this workload, make it and the next ones
+    (batches_ahead, up to the workload's last step)."""
+    if workload is _AHEAD.owner and step in _AHEAD.span:
+        return
+    if step < workload.steps:
+        prepare(workload, range(step, min(step + batches_ahead(workload), workload.steps)))
 
 
 def global_batch(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,7 +108,8 @@ def _make(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]:
         window = workload.model.seq_len + 1
         offsets = rng.integers(0, tokens.size - window, size=batch)
         # A direct gather: the same windows as sliding_window_view(tokens, window)[offsets]
-        # without its ~60 us of Python per call (this runs inside every step's clock).
+        # without its ~60 us of Python per call (made ahead of the training steps by
+        # `prepare`, or on the spot for a batch that was not).
         windows = tokens[offsets[:, None] + np.arange(window)].astype(np.int64)  # (B, T + 1)
         # Contiguous, as an expert's batches are (a framework would otherwise copy them, or
         # run its first kernels on strided indices).

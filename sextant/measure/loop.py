@@ -90,12 +90,8 @@ def timed_training(
     memory.reset_peak()
     rss_start = memory.current_rss()
     ctx.emit("start", steps=steps, start_step=start_step)
-    ahead = data.batches_ahead(workload)
-    prepared = start_step
     for i in range(start_step, steps):
-        if i >= prepared:  # the next few global batches, made before the clock starts
-            prepared = min(i + ahead, steps)
-            data.prepare(workload, range(i, prepared))
+        data.prepare_ahead(workload, i)  # the next few global batches, before the clock
         t0 = time.perf_counter()
         batch = fetch(i)
         faults.loader()
@@ -187,21 +183,12 @@ class StepRecorder:
         self.checkpoint_times: list[float] = []
         self.rss_start: int | None = None
         self.last = 0.0
-        self.prepared = start_step
-
-    def _prepare(self, step: int) -> None:
-        """The next global batches from `step` on, made outside the step times (as in
-        timed_training), when the ones made before are used up."""
-        steps = self.ctx.workload.steps
-        if self.prepared <= step < steps:
-            self.prepared = min(step + data.batches_ahead(self.ctx.workload), steps)
-            data.prepare(self.ctx.workload, range(step, self.prepared))
 
     def begin(self) -> None:
         memory.reset_peak()
         self.rss_start = memory.current_rss()
         self.ctx.emit("start", steps=self.ctx.workload.steps, start_step=self.start_step)
-        self._prepare(self.start_step)
+        data.prepare_ahead(self.ctx.workload, self.start_step)  # outside the step times
         self.last = time.perf_counter()
 
     def data_time(self, step: int, seconds: float) -> None:
@@ -230,7 +217,7 @@ class StepRecorder:
             self.checkpoint(step + 1)
             self.checkpoint_times.append(time.perf_counter() - tc)
             self.ctx.emit("checkpoint", step=step + 1, seconds=self.checkpoint_times[-1])
-        self._prepare(step + 1)
+        data.prepare_ahead(self.ctx.workload, step + 1)
         self.last = time.perf_counter()  # the checkpoint stays outside the next step
 
     def result(self) -> dict[str, Any]:
