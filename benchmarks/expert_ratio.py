@@ -19,9 +19,12 @@ Within a round the two sides alternate which runs first. On a machine whose spee
 from one run to the next (a shared virtual machine), `--concurrent --threads 1` runs both
 sides at the same time instead, each pinned to its own core (swapped every round), and
 compares only the steps each ran while the other was training (wall-clock step ends from
-sextant's step events and the expert's report); single-process torch configurations.
+sextant's step events and the expert's report); single-process configurations.
 `NAME+sxinputs` trains the expert on sextant's own initial weights and batches and reports
-how far the two loss curves are apart.
+how far the two loss curves are apart. `NAME+keep` gives the expert loop the allocator
+setting sextant's workers use (`--keep-freed-memory`: a like-for-like comparison of the
+step), and `NAME+system` runs sextant's worker with the C library's allocator defaults
+(SEXTANT_MALLOC=system), as the expert loop runs by default.
 """
 
 from __future__ import annotations
@@ -246,7 +249,7 @@ def main() -> None:
                    help="run sextant and the expert at the same time, one thread each on its "
                    "own core (swapped every round), and compare the steps both ran while the "
                    "other was running: on a machine whose speed drifts between runs, both "
-                   "sides see the same drift (single-process torch configurations)")
+                   "sides see the same drift (single-process configurations)")
     p.add_argument("--stop-parent", action="store_true",
                    help="experiment: SIGSTOP the `sextant run` process while its workers "
                    "train, so nothing of the launcher runs beside them (Linux)")
@@ -279,10 +282,13 @@ def main() -> None:
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
             inputs = (["--inputs", str(sextant_inputs(a.workload, steps))]
                       if variant == "sxinputs" else [])
+            if variant == "keep":  # the expert keeps freed memory as sextant's workers do
+                inputs.append("--keep-freed-memory")
+            sx_env = {**run_env, "SEXTANT_MALLOC": "system"} if variant == "system" else run_env
 
             def sextant_side(cpus: list[int] | None = None, ends: list | None = None):  # noqa: ANN202
                 return run_sextant(
-                    a.workload, sx_flags + ["--steps", str(steps)], threads, run_env,
+                    a.workload, sx_flags + ["--steps", str(steps)], threads, sx_env,
                     workers if a.stop_parent or variant == "stopped" else 0, cpus, ends)
 
             def expert_side(cores: list[int] | None = sextant_cores(workers, threads)):  # noqa: ANN202
@@ -290,9 +296,8 @@ def main() -> None:
                                   cores)
 
             if a.concurrent:
-                if (workers != 1 or threads != 1 or not base.startswith("torch")
-                        or a.stop_parent or variant == "stopped"):
-                    raise SystemExit("--concurrent: single-process torch configurations, "
+                if workers != 1 or threads != 1 or a.stop_parent or variant == "stopped":
+                    raise SystemExit("--concurrent: single-process configurations, "
                                      "--threads 1, launcher running")
                 # Round r: sextant on core r % 2, the expert on the other one, at once.
                 from concurrent.futures import ThreadPoolExecutor

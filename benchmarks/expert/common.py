@@ -38,9 +38,27 @@ def parse(description: str, modes: tuple[str, ...] = ()) -> argparse.Namespace:
                    help="an .npz of initial weights (torch names, (out, in)) and batches "
                    "(x, y: (steps, batch, seq)) to train on instead of the loop's own; the "
                    "file is data only (torch loop)")
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="glibc keeps freed memory instead of returning it to the kernel "
+                   "(mmap threshold 32 MiB, trim threshold 2 GiB), as jemalloc or TCMalloc "
+                   "would: the allocator setting sextant's workers use, for a like-for-like "
+                   "comparison")
     if modes:
         p.add_argument("--mode", choices=modes, default=modes[0])
-    return p.parse_args()
+    a = p.parse_args()
+    if a.keep_freed_memory:
+        keep_freed_memory()
+    return a
+
+
+def keep_freed_memory() -> None:
+    """mallopt(M_MMAP_THRESHOLD, 32 MiB) and mallopt(M_TRIM_THRESHOLD, INT_MAX): buffers up
+    to 32 MiB come from the heap, and freed memory stays there (glibc's mallopt(3))."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    if libc.mallopt(-3, 32 << 20) != 1 or libc.mallopt(-1, 2**31 - 1) != 1:
+        raise SystemExit("--keep-freed-memory: mallopt refused the thresholds")
 
 
 def lr_at(a: argparse.Namespace, k: int) -> float:

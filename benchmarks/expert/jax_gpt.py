@@ -102,14 +102,16 @@ def main() -> None:
     data = rng.integers(0, a.vocab, (a.steps, a.batch, a.seq_len + 1), dtype=np.int32)
     batches = [(jax.device_put(d[:, :-1]), jax.device_put(d[:, 1:])) for d in data]
 
-    times, losses = [], []
+    times, losses, ends = [], [], []
     for x, y in batches:
         t0 = time.perf_counter()
         params, opt_state, loss = train_step(params, opt_state, x, y)
         loss.block_until_ready()
         times.append(time.perf_counter() - t0)
+        ends.append(time.time())  # wall clock, to align with a run beside it (--concurrent)
         losses.append(loss)
-    report(a, "jax", n_params, times, [float(v) for v in losses], mode="jit")
+    report(a, "jax", n_params, times, [float(v) for v in losses], mode="jit",
+           step_end_unix=ends)
 
 
 if __name__ == "__main__":

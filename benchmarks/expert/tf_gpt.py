@@ -130,13 +130,15 @@ def main() -> None:
     data = rng.integers(0, a.vocab, (a.steps, a.batch, a.seq_len + 1), dtype=np.int32)
     batches = [(tf.constant(d[:, :-1]), tf.constant(d[:, 1:])) for d in data]
 
-    times, losses = [], []
+    times, losses, ends = [], [], []
     for x, y in batches:
         t0 = time.perf_counter()
         loss = train_step(x, y)
         times.append(time.perf_counter() - t0)
+        ends.append(time.time())  # wall clock, to align with a run beside it (--concurrent)
         losses.append(loss)
-    report(a, "tensorflow", n_params, times, [float(v) for v in losses], mode=a.mode)
+    report(a, "tensorflow", n_params, times, [float(v) for v in losses], mode=a.mode,
+           step_end_unix=ends)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from functools import cache
 from importlib import metadata
 
 from sextant import __version__
+from sextant.launch import allocator
 
 
 @cache
@@ -45,6 +46,7 @@ def fingerprint(**extra: object) -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "numpy": package_version("numpy"),
+        "allocator": allocator.current(),
     }
     out.update(extra)
     return out
