@@ -22,7 +22,11 @@ Params = dict[str, jax.Array]
 
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
     mean = x.mean(-1, keepdims=True)
-    var = jnp.square(x - mean).mean(-1, keepdims=True)  # biased, as torch.nn.LayerNorm
+    # Biased, as torch.nn.LayerNorm. The variance's gradient through the mean is zero (the
+    # deviations sum to zero), so it is stopped: the same values and gradients without a
+    # backward path XLA otherwise runs (8 % of a small GPT's step at one thread; see
+    # docs/benchmarks.md, "JAX and TensorFlow at one thread").
+    var = jnp.square(x - jax.lax.stop_gradient(mean)).mean(-1, keepdims=True)
     return (x - mean) * jax.lax.rsqrt(var + LAYER_NORM_EPS) * scale + bias
 
 

@@ -37,9 +37,14 @@ def _dense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor | None = None) -> tf.Tensor:
 
 
 def _layer_norm(x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
-    # Biased variance over the last axis, eps inside the root: torch.nn.LayerNorm.
+    # Biased variance over the last axis, eps inside the root: torch.nn.LayerNorm. The
+    # variance's gradient through the mean is zero (the deviations sum to zero), so it is
+    # stopped, as tf.nn.moments does: the same values and gradients, without a backward path
+    # that XLA otherwise builds and runs (9 % of a small GPT's step at one thread; see
+    # docs/benchmarks.md, "JAX and TensorFlow at one thread").
     mean = tf.reduce_mean(x, axis=-1, keepdims=True)
-    var = tf.reduce_mean(tf.math.squared_difference(x, mean), axis=-1, keepdims=True)
+    var = tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), axis=-1,
+                         keepdims=True)
     return (x - mean) * tf.math.rsqrt(var + LAYER_NORM_EPS) * scale + bias
 
 
