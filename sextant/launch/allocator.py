@@ -11,8 +11,8 @@ the expert loop's page faults (15,555 against 7,653 a second, measured side by s
 ~4 % slower for it (docs/benchmarks.md, "The allocator").
 
 PyTorch's CPU tuning guide answers this by swapping in jemalloc or TCMalloc ("reusing memory
-as much as possible"), and its `torch.backends.xeon.run_cpu` launcher configures jemalloc to
-never give memory back. sextant does the same with glibc's own knobs, for every framework's
+as much as possible"), and its `torch.backends.xeon.run_cpu` launcher preloads TCMalloc
+by default. sextant keeps the same policy with glibc's own knobs, for every framework's
 worker alike, before a framework is imported: buffers below 32 MiB (glibc's largest mmap
 threshold) come from the heap, and the heap keeps up to 2 GiB of free memory at its top. The
 run's fingerprint records what was set. `SEXTANT_MALLOC=system` leaves the allocator as the
