@@ -23,9 +23,7 @@ C library set it up (for an A/B comparison); another allocator preloaded with LD
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
-import platform
 from collections.abc import Mapping
 
 M_TRIM_THRESHOLD = -1
@@ -35,33 +33,40 @@ MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 2**31 - 1
 """Free memory the heap keeps at its top (mallopt takes a C int: ~2 GiB)."""
 PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
+KEPT = "glibc, freed memory kept (mmap threshold 32 MiB, trim threshold 2 GiB)"
 
-_state: dict[str, object] = {"allocator": "system", "kept": False}
+_allocator = "system"
 
 
-def keep_freed_memory(env: Mapping[str, str] | None = None) -> dict[str, object]:
+def _glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") is not None
+    except (ValueError, OSError):  # not a name this C library knows: not glibc
+        return False
+
+
+def keep_freed_memory(env: Mapping[str, str] | None = None) -> str:
     """Set glibc's thresholds so that freed buffers stay with the process; returns (and
     remembers, for the fingerprint) what the allocator now is. Does nothing where the C
     library is not glibc, where another allocator is preloaded, or with SEXTANT_MALLOC=system."""
+    global _allocator
     environ: Mapping[str, str] = os.environ if env is None else env
     preload = environ.get("LD_PRELOAD", "")
     other = next((name for name in PRELOADED if name in preload), None)
     if other is not None:
-        _state.update(allocator=f"{other} (LD_PRELOAD)", kept=False)
-    elif platform.libc_ver()[0] != "glibc":
-        _state.update(allocator="system", kept=False)
+        _allocator = f"{other} (LD_PRELOAD)"
+    elif not _glibc():
+        _allocator = "system"
     elif environ.get("SEXTANT_MALLOC", "") == "system":
-        _state.update(allocator="glibc defaults (SEXTANT_MALLOC=system)", kept=False)
+        _allocator = "glibc defaults (SEXTANT_MALLOC=system)"
     else:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own symbols: glibc's mallopt, no library search
         ok = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
               and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
-        _state.update(allocator=("glibc, freed memory kept (mmap threshold 32 MiB, trim "
-                                 "threshold 2 GiB)") if ok else "glibc defaults (mallopt refused)",
-                      kept=ok)
-    return dict(_state)
+        _allocator = KEPT if ok else "glibc defaults (mallopt refused)"
+    return _allocator
 
 
 def current() -> str:
     """What keep_freed_memory left the allocator as ('system' if it was not called)."""
-    return str(_state["allocator"])
+    return _allocator
