@@ -128,6 +128,13 @@ def register(subparsers: Any) -> None:
     lay.add_argument("--offload", choices=("none", "optimizer", "params"))
     lay.add_argument("--interleave", type=int, help="model chunks per pipeline stage")
     lay.add_argument("--cp", type=int, help="context-parallel degree (splits the sequence)")
+    lay.add_argument(
+        "--cp-method",
+        choices=("ring", "allgather"),  # estimate.CP_METHODS
+        default="ring",
+        help="how context-parallel ranks exchange K and V: ring (ring attention, hidden behind "
+        "the attention; default) or allgather (Llama 3: K and V gathered before the attention)",
+    )
     lay.add_argument("--ep", type=int, help="expert-parallel degree (MoE models)")
     lay.add_argument(
         "--hsdp",
@@ -350,6 +357,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         memory_model=args.memory_model,
         balanced_stages=args.stages == "balanced",
         fp8=args.fp8,
+        cp_method=args.cp_method,
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,
         host_memory_gb=args.host_memory_gb,

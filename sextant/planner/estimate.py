@@ -46,6 +46,7 @@ every elementwise op recomputed); alternate (torchtitan's "selective layer" AC w
 default option 2: every second layer fully recomputed). The search tries the first three;
 the last two are taken when pinned (--recompute)."""
 OFFLOAD = ("none", "optimizer", "params")
+CP_METHODS = ("ring", "allgather")
 KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs", "cp", "ep")
 COMPONENTS = (
     "compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed"
@@ -113,6 +114,12 @@ class PlanOptions:
     dp_schedule: str = ""
     """Data-parallel collectives per step (comms.DP_SCHEDULES); '' = the memory model's
     ('torch' for the torch model, 'zero' otherwise)."""
+    cp_method: str = "ring"
+    """How the context-parallel ranks exchange K and V (CP_METHODS): 'ring' (ring attention,
+    Liu et al. 2023; Megatron-Core's CP: each K/V block travels while the attention of the
+    block before it computes) or 'allgather' (Llama 3 §3.3.2: "we first all-gather the key
+    (K) and value (V) tensors, and then compute attention output for the local query (Q)
+    tensor chunk": only the local block's attention can run during the gather)."""
     dp_bucket_bytes: float | None = None
     """Bytes per gradient bucket of the data-parallel all-reduce (and of ZeRO-1/2's
     reduce-scatters and gathers): each bucket is one collective, priced at its own size
@@ -134,6 +141,10 @@ class PlanOptions:
             and self.dp_bucket_bytes >= 0
         ):
             raise UserError(f"dp_bucket_bytes must be >= 0. Received: {self.dp_bucket_bytes!r}")
+        if self.cp_method not in CP_METHODS:
+            raise UserError(
+                f"cp_method must be one of {', '.join(CP_METHODS)}. Received: {self.cp_method!r}"
+            )
         if self.dp_schedule not in comms.DP_SCHEDULES:
             raise UserError(
                 f"dp_schedule must be one of {', '.join(comms.DP_SCHEDULES)}. "
@@ -717,7 +728,14 @@ def _evaluate(
         t_cp_all = m * lps * (3.0 + fwd_rc) * ring_pass
         attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0)
         t_attention = tokens_step * attn_tok / (n * opts.compute_efficiency * peak)
-        t_cp = np.where(cp > 1, np.maximum(t_cp_all - t_attention, 0.0), 0.0)
+        if opts.cp_method == "allgather":
+            # The same bytes and steps (a ring all-gather of the cp blocks forward, again
+            # backward, and a reduce-scatter of dK, dV), but the attention needs the whole
+            # gather first: only the local block's share (1 / cp) can compute meanwhile.
+            hidden = t_attention / cp
+        else:
+            hidden = t_attention
+        t_cp = np.where(cp > 1, np.maximum(t_cp_all - hidden, 0.0), 0.0)
     else:
         t_cp = np.zeros_like(n)
 

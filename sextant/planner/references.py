@@ -127,12 +127,14 @@ def _best(
     flash: bool = True,
     devices_per_node: int | None = None,
     balanced_stages: bool = True,
+    cp_method: str = "ring",
 ) -> dict[str, Any]:
     opts = PlanOptions(
         global_batch=batch or shape.global_batch,
         flash_attention=flash,
         devices_per_node=devices_per_node,
         balanced_stages=balanced_stages,
+        cp_method=cp_method,
     )
     hw = resolve_hardware(_cat(), acc, net, options=opts)
     res = search(shape.cost(flash_attention=flash), hw, opts, devices, fixed=fixed)
@@ -456,10 +458,12 @@ def _references() -> list[Reference]:
             published=0.38,
             planner=lambda: _best(
                 long_405b, 16384, "h100-sxm", "ethernet-400g",
-                fixed={"tp": 8, "pp": 16, "cp": 16},
+                fixed={"tp": 8, "pp": 16, "cp": 16}, cp_method="allgather",
             )["mfu"],
             setting="the llama3-405b preset at sequence 131,072, 16M tokens per batch (128 "
-            "sequences), ethernet-400g; TP, CP and PP as published, the rest searched",
+            "sequences), ethernet-400g; TP, CP and PP as published, the rest searched; "
+            "all-gather context parallelism (--cp-method allgather; §3.3.2: K and V "
+            "all-gathered, then the local queries' attention)",
         )
     )
     for key, published in (("mfu", 0.462), ("hfu", 0.578)):

@@ -113,3 +113,31 @@ def test_context_parallel_ranks_exchange_only_their_tensor_parallel_heads():
     two = _fig(long, Layout(dp=1, tp=2, cp=4, zero=0, mbs=1, recompute="none"), 1, **thin)
     assert one["cp_comm"] > 0
     assert two["cp_comm"] < 0.65 * one["cp_comm"]
+
+
+def test_all_gather_context_parallelism_exposes_the_gather_that_a_ring_hides():
+    # At 128K tokens the ring's K/V blocks travel while the attention of the block before
+    # them computes (nothing exposed on NVLink and the network here); all-gather context
+    # parallelism (Llama 3 §3.3.2) needs every block before the local queries' attention,
+    # so only the local block's share of the attention (1 / cp) can hide the gather.
+    long = TransformerShape(**{**_fields(preset("llama3-8b")), "seq_len": 131072})
+    layout = Layout(dp=1, tp=1, cp=16, zero=0, mbs=1, recompute="none")
+    ring = _fig(long, layout, 1)
+    gather = _fig(long, layout, 1, cp_method="allgather")
+    assert ring["cp_comm"] == 0
+    assert gather["cp_comm"] > 0
+    assert gather["step"] == pytest.approx(ring["step"] + gather["cp_comm"], rel=1e-9)
+    with pytest.raises(UserError, match="cp_method must be one of ring, allgather"):
+        PlanOptions(cp_method="alltoall")
+
+
+def test_cli_cp_method(capsys):
+    args = ["plan", "--model", "llama3-8b", "--gpus", "16", "--cp", "16", "--no-curve", "--json"]
+    assert main(args + ["--cp-method", "allgather"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["assumptions"]["cp_method"] == "allgather"
+    with pytest.raises(SystemExit) as exit_:  # argparse's own choices check
+        main(args + ["--cp-method", "ulysses"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--cp-method" in err
