@@ -183,8 +183,11 @@ def run_expert(script: str, flags: list[str], threads: int, env: dict,
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # sextant not even importable
     out = subprocess.run([sys.executable, str(EXPERT / script), "--threads", str(threads),
-                          *flags], check=True, capture_output=True, text=True, timeout=1800,
+                          *flags], capture_output=True, text=True, timeout=1800,
                          env=env, preexec_fn=pin, cwd=EXPERT)
+    if out.returncode:
+        sys.exit(f"{script} exited with {out.returncode}; its stderr ends:\n"
+                 + "\n".join(out.stderr.strip().splitlines()[-15:]))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -4,8 +4,9 @@ sextant's JAX step with its layer norm as shipped, with the variance's gradient 
 the mean stopped, and the expert's step; one process, alternating 10-step blocks:
 python benchmarks/inprocess/jax_ln.py WORKLOAD ROUNDS"""
 # ruff: noqa: E401, E402, E501, E701, E702, E731, F401, I001
-import sys, time, statistics, argparse
+import sys, argparse
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]; sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "benchmarks" / "expert"))
+from alternate import alternate, report
 import jax, jax.numpy as jnp, optax
 from sextant.workload import resolve_workload
 from sextant import data
@@ -56,13 +57,4 @@ def ex():
 
 xs, ys = data.global_batch(w, 0); x, y = jax.device_put(xs), jax.device_put(ys)
 variants = {"sextant": sx(), "sextant, ln stop_gradient": sx(ln_sg), "expert": ex()}
-for f in variants.values():
-    for _ in range(3): f()
-ts = {n: [] for n in variants}
-for r in range(rounds):
-    for n in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
-        for _ in range(10):
-            t0 = time.perf_counter(); variants[n](); ts[n].append(time.perf_counter() - t0)
-base = statistics.median(ts["expert"])
-for n, t in ts.items():
-    print(f"{n:<28} median {statistics.median(t)*1e3:7.2f} ms  p10 {sorted(t)[len(t)//10]*1e3:7.2f} ms  / expert {statistics.median(t)/base:.3f}")
+report(alternate(variants, rounds), "expert")
