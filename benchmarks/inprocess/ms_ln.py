@@ -22,15 +22,6 @@ w = resolve_workload(sys.argv[1]); rounds = int(sys.argv[2]); mode = sys.argv[3]
 ms.set_context(mode=ms.PYNATIVE_MODE); ms.set_device("CPU"); ms.device_context.cpu.op_tuning.threads_num(1)
 
 
-class AsWritten(mm.LayerNorm):
-    """The shipped form: autodiff runs the variance's path through the mean."""
-    def construct(self, x):
-        mean = x.mean(-1, keep_dims=True)
-        centred = x - mean
-        var = (centred * centred).mean(-1, keep_dims=True)
-        return centred * ops.rsqrt(var + mm.LAYER_NORM_EPS) * self.scale + self.bias
-
-
 class Stopped(mm.LayerNorm):
     """The variance's gradient through the mean (zero) stopped."""
     def construct(self, x):
@@ -41,6 +32,7 @@ class Stopped(mm.LayerNorm):
 
 
 def variant(cls):
+    """sextant's step with every LayerNorm cell of the model made a `cls`."""
     net, by_name = mm.build(w.model, init_params(w.model, w.seed))
     for _, cell in net.cells_and_names():
         if isinstance(cell, mm.LayerNorm):
@@ -58,5 +50,5 @@ def variant(cls):
 
 
 xs, ys = data.global_batch(w, 0); x, y = mm.tensor(xs), mm.tensor(ys)
-variants = {"as written": variant(AsWritten), "mean stopped": variant(Stopped)}
-report(alternate(variants, rounds), "as written", width=14)
+variants = {"as shipped": variant(mm.LayerNorm), "mean stopped": variant(Stopped)}
+report(alternate(variants, rounds), "as shipped", width=14)
