@@ -153,7 +153,7 @@ def test_a_slurm_job_across_two_hosts_trains_like_one_process(
     out = run_cli("run", "--launcher", "slurm", "--parallel", "dp", "--workers", "2",
                   "--workload", str(workload_file), "--db", str(db), "--timeout", "240",
                   env={"SLURM_CONF": str(slurm_lab.conf_path(slurm_cluster))}, timeout=300)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr + daemon_logs(slurm_cluster)
     with ResultsStore(db, create=False) as store:
         (run,) = store.runs()
         stored = store.get(run["id"])
@@ -161,6 +161,43 @@ def test_a_slurm_job_across_two_hosts_trains_like_one_process(
     assert [r["fingerprint"]["hostname"] for r in stored["ranks"]] == [
         h.name for h in slurm_cluster.hosts]
     assert stored["fingerprint"]["network"]["kind"] == "hosts"
+
+
+def daemon_logs(cluster: emulated.Cluster, lines: int = 15) -> str:
+    """The end of each Slurm daemon's log, for a failed assertion's message."""
+    out = []
+    for log in sorted(slurm_lab.conf_dir(cluster).glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"\n--- {log.name}\n" + "\n".join(tail))
+    return "".join(out)
+
+
+@pytest.mark.slow
+@slurm_present
+@needs_torch
+def test_a_job_that_cannot_start_is_reported_with_its_slurm_state(
+    slurm_cluster: emulated.Cluster, workload_file: Path, tmp_path: Path
+) -> None:
+    """While another job holds both nodes, sextant's job waits in the queue; when the run's
+    time is up the error says so (state and reason from squeue), and the run is stored as
+    failed."""
+    env = {**os.environ, "SLURM_CONF": str(slurm_lab.conf_path(slurm_cluster))}
+    blocker = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--output=/dev/null",
+                              "--wrap", "sleep 120"], check=True, capture_output=True,
+                             text=True, timeout=30, env=env).stdout.strip().split(";")[0]
+    try:
+        db = tmp_path / "r.db"
+        out = run_cli("run", "--launcher", "slurm", "--parallel", "dp", "--workers", "2",
+                      "--workload", str(workload_file), "--db", str(db), "--timeout", "15",
+                      env=env, timeout=120)
+        assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr
+        assert "never joined the run" in out.stderr and "PENDING, reason " in out.stderr, (
+            out.stderr + daemon_logs(slurm_cluster))
+        with ResultsStore(db, create=False) as store:
+            assert [run["status"] for run in store.runs()] == ["failed"]
+    finally:
+        subprocess.run(["scancel", blocker], check=False, timeout=30, env=env)
+        slurm_lab.wait_idle(slurm_cluster)
 
 
 @pytest.mark.slow

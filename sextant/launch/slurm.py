@@ -32,6 +32,8 @@ from sextant.launch.collector import ENV, Collector, gather
 from sextant.strategy import Strategy
 
 SUBMIT_TIMEOUT_S = 30.0
+OUTPUT = "/tmp/sextant-slurm-{job_id}.out"
+"""The job's output file on its first node (the batch script's --output, %j its job id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,7 @@ def batch_script(job: Job) -> str:
     directives = [f"--job-name=sextant-{re.sub(r'[^A-Za-z0-9_.-]+', '-', job.label)}",
                   f"--nodes={job.nodes}", f"--ntasks-per-node={job.tasks_per_node}",
                   f"--time={_time(job.time_limit_s)}",
-                  "--output=/tmp/sextant-slurm-%j.out"]
+                  f"--output={OUTPUT.format(job_id='%j')}"]
     if job.partition:
         directives.append(f"--partition={job.partition}")
     join = shlex.join([job.python, "-m", "sextant.cli", "join", *job.join_args])
@@ -181,6 +183,10 @@ def launcher(job: Job) -> Any:
 
             return gather(collector, layout.primary, label=strategy.label, on_event=on_event,
                           deadline=time.monotonic() + timeout_s, alive=ended)
+        except RunFailed as exc:
+            if not job_id:
+                raise
+            raise RunFailed(f"{exc} ({job_state(job_id[0])})") from exc
         finally:
             if proc.poll() is None:
                 if job_id:
@@ -195,6 +201,29 @@ def launcher(job: Job) -> Any:
             collector.close()
 
     return launch
+
+
+def job_state(job_id: str) -> str:
+    """What Slurm says of a job, for an error message: its state, the reason it waits and
+    its nodes (squeue), and the last line of its output file when this host can read it."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r %N"], check=False,
+                              capture_output=True, text=True, timeout=10,
+                              stdin=subprocess.DEVNULL)
+        fields = proc.stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        fields = []
+    if len(fields) >= 2:
+        state = f"Slurm job {job_id}: {fields[0]}, reason {fields[1]}"
+        state += f", on {fields[2]}" if len(fields) > 2 else ""
+    else:
+        state = f"Slurm job {job_id}: no longer in squeue"
+    try:
+        lines = [ln.strip() for ln in Path(OUTPUT.format(job_id=job_id)).read_text(
+            errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    return state + (f"; its output ends: {lines[-1][:300]}" if lines else "")
 
 
 def _start(job: Job, env: dict[str, str], run_dir: Path, job_id: list[str]
