@@ -597,6 +597,42 @@ def _torchtitan_h100(name: str, layout: Layout, batch: int, *, fp8: bool) -> flo
     return f["tokens_per_s"] / layout.devices
 
 
+MBRIDGE = (
+    "Megatron-Bridge docs/performance-summary.md (github.com/NVIDIA-NeMo/Megatron-Bridge, "
+    "commit 00b7660), 25.11 NeMo container, pre-training tables"
+)
+MBRIDGE_SETTING = (
+    "FP8 GEMMs with current scaling (--fp8), Megatron-Core's allocation (--memory-model "
+    "megatron: fp32 gradient buffers and master weights), the distributed optimizer (ZeRO-1) "
+    "where the table says FSDP 0, sequence parallelism with TP, DGX nodes of 8 GPUs on NVLink "
+    "with 8 x 400 Gb/s InfiniBand (ib-ndr); CUDA graphs and Transformer Engine's fusions are "
+    "not modelled. The rows are every dense-model row of the page's DGX-H100 and DGX-B200 "
+    "tables; its GB200/GB300 rows (NVL72 NVLink domains, not in the catalogue) and MoE rows "
+    "(DeepSeek-V3, GPT-OSS, Qwen3: no presets) are not rows"
+)
+# (preset, accelerator, layout as the table states it, global batch, tokens/s per GPU, note)
+MEGATRON_BRIDGE = [
+    ("llama3-8b", "h100-sxm", Layout(dp=8, zero=3, mbs=1), 128, 14451,
+     "FSDP over the 8 GPUs; the recipe (llama3_workload_base_configs.py) recomputes 5 of the "
+     "32 layers, which --recompute cannot express (none is taken)"),
+    ("llama3-70b", "h100-sxm",
+     Layout(dp=2, tp=4, pp=8, interleave=5, sp=True, zero=1, mbs=1), 128, 1602, ""),
+    ("llama3-405b", "h100-sxm",
+     Layout(dp=8, tp=8, pp=8, cp=2, interleave=8, sp=True, zero=1, mbs=1), 512, 292, ""),
+    ("llama3-8b", "b200", Layout(dp=8, zero=1, mbs=2), 128, 30624, ""),
+    ("llama3-405b", "b200",
+     Layout(dp=2, tp=4, pp=8, cp=2, interleave=8, sp=True, zero=1, mbs=1), 64, 661, ""),
+]
+
+
+def _megatron_bridge(name: str, acc: str, layout: Layout, batch: int) -> float:
+    """Tokens/s per GPU of a Megatron-Bridge FP8 pre-training run on DGX nodes."""
+    opts = PlanOptions(global_batch=batch, memory_model="megatron", fp8=True)
+    hw = resolve_hardware(_cat(), acc, "ib-ndr", options=opts)
+    f = evaluate_one(preset(name).cost(), hw, opts, layout).figures
+    return f["tokens_per_s"] / layout.devices
+
+
 def _llama1_65b() -> TransformerShape:
     return TransformerShape(
         name="llama1-65b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=64, d_ff=22016,
@@ -785,6 +821,22 @@ def _new_references() -> list[Reference]:
                     name, layout, batch, fp8=what.endswith("fp8")
                 ),
                 setting=f"{setting}; {TT_H100_SETTING}",
+            )
+        )
+    for name, acc, layout, batch, published, note in MEGATRON_BRIDGE:
+        system = {"h100-sxm": "DGX-H100", "b200": "DGX-B200"}[acc]
+        refs.append(
+            Reference(
+                id=f"mbridge-{acc.split('-')[0]}-{name}-fp8-{layout.devices}",
+                source=MBRIDGE,
+                quantity=f"tokens/s per GPU, {name} FP8 on {layout.devices} {system} GPUs "
+                f"({layout.label()}, global batch {batch})",
+                unit="tokens/s",
+                published=float(published),
+                planner=lambda name=name, acc=acc, layout=layout, batch=batch: (
+                    _megatron_bridge(name, acc, layout, batch)
+                ),
+                setting=(f"{note}; " if note else "") + MBRIDGE_SETTING,
             )
         )
     refs.append(

@@ -85,9 +85,12 @@ def enumerate_layouts(
     # layer, torchtitan's "selective layer" and Megatron-Core's block method). With only none
     # and full, a layout whose activations almost fit paid a third more compute.
     rcs = [int(fixed["rc"])] if "rc" in fixed else [0, 1, 2, 3, 4]
+    # The search tries v in INTERLEAVE; a pinned v is tried whatever it is (Megatron-Core
+    # recipes pin e.g. 5 virtual stages).
+    vs = [int(fixed["v"])] if "v" in fixed else list(INTERLEAVE)
     opt = (
         np.array(
-            np.meshgrid([0, 1, 2, 3], rcs, [0, 1], [0, 1, 2], list(INTERLEAVE), indexing="ij")
+            np.meshgrid([0, 1, 2, 3], rcs, [0, 1], [0, 1, 2], vs, indexing="ij")
         )
         .reshape(5, -1)
         .T

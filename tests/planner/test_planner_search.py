@@ -70,3 +70,15 @@ def test_search_explains_why_the_choice_beats_the_runner_up(capsys):
     assert why["differences"][why["decisive"]] == max(why["differences"].values())
     assert why["runner_up_step"] >= why["step"]
     assert "Decisive term" in why["text"] and "headroom" in why["text"]
+
+
+def test_a_pinned_interleave_outside_the_searched_ones_is_evaluated():
+    """The search tries v in (1, 2, 4); a recipe's v = 5 (Megatron-Bridge's Llama 3 70B on
+    H100, 80 layers over pp 8) is a valid layout and must be found when pinned, not reported
+    as 'no valid layout'."""
+    opts = PlanOptions(global_batch=128)
+    cost, hw = preset("llama3-70b").cost(), resolve_hardware(CAT, "h100-sxm", "ib-ndr", options=opts)
+    res = search(cost, hw, opts, 64, fixed={"tp": 4, "pp": 8, "mbs": 1, "v": 5})
+    assert res.count > 0 and set(res.layouts["v"].tolist()) == {5}
+    assert res.layout(int(np.argmax(res.figures["tokens_per_s"]))).interleave == 5
+    check_layout(cost, Layout(dp=2, tp=4, pp=8, interleave=5, mbs=1), 64, 128)
