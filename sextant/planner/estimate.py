@@ -552,7 +552,9 @@ def _evaluate(
     )
 
     # --- activations (memory.py: Korthikanti et al. 2022 Table 2, 1F1B in-flight count) -------
-    per_layer = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, rc, act_scale)
+    per_layer = memory.activation_bytes_per_layer(
+        cost, tok_dev, tp, sp, rc, act_scale, fp8_inputs=opts.fp8
+    )
     full = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, 0, act_scale)
     working = (full_rc | alt_rc) * full  # the layer being recomputed
     logits = tok_dev * cost.logits_bytes_per_token / tp

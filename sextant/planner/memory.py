@@ -214,7 +214,8 @@ def buffer_bytes(grad_params, zero, *, precision: str = "bf16", memory_model: st
     return np.where(zero <= 1, gb * np.asarray(grad_params, dtype=np.float64), 0.0)
 
 
-def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=1.0):
+def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=1.0,
+                               fp8_inputs=False):
     """Activation bytes one transformer layer keeps for one micro-batch of `tokens` tokens.
 
     Korthikanti et al. 2022, Table 2 (16-bit activations, `act_scale` 2 for fp32), written
@@ -224,6 +225,10 @@ def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=
         full recomputation:      tokens * 2h / (t if SP else 1)   (the layer input only)
         op (torchtitan's operator-level selective AC): ModelCost.act_op_*
         alternate (every second layer fully recomputed): the mean of none and full
+    With `fp8_inputs` (FP8 training in Transformer Engine, which keeps the FP8 copy of a
+    linear layer's input for the weight-gradient GEMM), the four linear inputs are 1 byte per
+    element instead of 2: ModelCost.act_fp8_saving_* less, without recomputation and with
+    selective (half of that with alternate); full and op keep what they keep.
     For a GPT layer R = 10h, S = 24h, A = 5as, which gives the paper's sbh(34 + 5as/h),
     sbh(10 + 24/t + 5as/ht), sbh(34/t + 5as/ht), sbh(10 + 24/t), sbh(34/t) and 2sbh.
     """
@@ -232,8 +237,13 @@ def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=
     sp_div = np.where(np.asarray(sp) > 0, t, 1.0)
     recompute = np.asarray(recompute)
     rep = cost.act_replicated / sp_div
-    full = tokens * (rep + cost.act_split / t + cost.act_scores / t)
-    selective = tokens * (rep + cost.act_split / t)
+    saving = (
+        tokens * (cost.act_fp8_saving_replicated / sp_div + cost.act_fp8_saving_split / t)
+        if fp8_inputs
+        else 0.0
+    )
+    full = tokens * (rep + cost.act_split / t + cost.act_scores / t) - saving
+    selective = tokens * (rep + cost.act_split / t) - saving
     checkpoint = tokens * cost.act_checkpoint / sp_div
     # "op" (index 3): what operator-level checkpointing keeps (ModelCost.act_op_*);
     # "alternate" (index 4): every second layer checkpointed, so on average half of each.

@@ -263,6 +263,12 @@ class TransformerShape:
             act_checkpoint=float(2 * h),
             act_op_replicated=float(op_rep),
             act_op_split=float(op_split),
+            # FP8 linear inputs (1 byte, not 2): QKV and MLP inputs (h each, outside the TP
+            # region), the projection input (q) and the MLP-out input (the product or GeLU
+            # output: 2 fe of mlp_inner's 6 fe gated, 4 fe otherwise), each half its bytes.
+            act_fp8_saving_replicated=float(2 * h),
+            act_fp8_saving_split=float(q + (mlp_inner - 4 * self.n_experts if self.n_experts
+                                            else mlp_inner) / (6 if self.gated_mlp else 4)),
             op_recompute_flops_per_token=float(self.n_layers * op_flops),
             logits_bytes_per_token=float(4 * self.vocab_size),
             hidden=h,
@@ -400,6 +406,10 @@ class ModelCost:
     outside and inside the tensor-parallel region."""
     op_recompute_flops_per_token: float = 0.0
     """FLOPs recomputed under "op" checkpointing: the even-numbered matmuls of every layer."""
+    act_fp8_saving_replicated: float = 0.0
+    act_fp8_saving_split: float = 0.0
+    """Bytes per token per layer that FP8 training saves by keeping the four linear layers'
+    inputs in FP8 (memory.activation_bytes_per_layer), outside and inside the TP region."""
     n_experts: int = 0
     top_k: int = 1
     capacity_factor: float = 1.0

@@ -140,6 +140,24 @@ def test_flash_attention_drops_the_score_term():
     assert got == pytest.approx(SBH * 34, rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    "tp, sp, rc, expected",
+    [
+        # The linear inputs (QKV 2h, projection 2h, MLP in 2h, MLP out 8h) at 1 byte: 34 - 7.
+        (1, 0, 0, SBH * 27),
+        (T, 0, 1, SBH * (10 - 2 + (24 - 5) / T)),  # selective: 2h outside, 5h inside TP
+        (T, 1, 1, SBH * (27 / T)),
+        (1, 0, 2, 2 * SBH),  # full recomputation keeps the 16-bit layer input only
+    ],
+)
+def test_fp8_keeps_the_linear_inputs_in_one_byte(tp, sp, rc, expected):
+    flash = GPT.cost(flash_attention=True)
+    got = float(activation_bytes_per_layer(flash, S * B, tp, sp, rc, fp8_inputs=True))
+    assert got == pytest.approx(expected, rel=1e-12)
+    op = activation_bytes_per_layer(flash, S * B, tp, sp, 3, fp8_inputs=True)
+    assert float(op) == float(activation_bytes_per_layer(flash, S * B, tp, sp, 3))
+
+
 def test_pipeline_first_stage_holds_min_p_m_microbatches():
     assert float(pipeline_inflight(4, 100)) == 4
     assert float(pipeline_inflight(8, 3)) == 3
