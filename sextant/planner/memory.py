@@ -174,6 +174,18 @@ def model_state_bytes(
     return out
 
 
+def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16") -> float:
+    """The loss's peak logits bytes over Korthikanti's fp32 logits (4 s b V, §4.3).
+
+    "torch": PyTorch's cross-entropy as torchtitan calls it
+    (`cross_entropy(pred.flatten(0, 1).float(), labels)`, train.py at torchtitan 9dec370)
+    holds the 16-bit logits, their fp32 copy and the fp32 log-softmax it keeps for the
+    backward at once: (2 + 4 + 4) / 4 = 2.5 times. Fused or fp32 losses: 1."""
+    if memory_model == "torch" and _kind(precision) != "fp32":
+        return 2.5
+    return 1.0
+
+
 def transient_param_bytes(
     layer_params,
     layers_on_device,

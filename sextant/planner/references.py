@@ -576,25 +576,27 @@ TT_H100_SETTING = (
 # (preset, GPUs, published layout, global batch, tokens/s per GPU, row tag, setting)
 # Table 1 and Table 3: the plain FSDP rows (no torch.compile, which the planner does not
 # model; the compiled rows are not transcribed). Table 4: the only row without AsyncTP.
+# (preset, GPUs, layout, global batch, tokens/s per GPU, memory GiB, id suffix, setting)
 TORCHTITAN_H100 = [
-    ("llama3-8b", 8, Layout(dp=8, zero=3, mbs=2, recompute="op"), 16, 5762, "fsdp",
+    ("llama3-8b", 8, Layout(dp=8, zero=3, mbs=2, recompute="op"), 16, 5762, 82.4, "fsdp",
      "Table 1: FSDP, local batch 2, selective op AC (--recompute op), eager"),
-    ("llama3-8b", 128, Layout(dp=128, zero=3, mbs=2, recompute="op"), 256, 5605, "fsdp",
+    ("llama3-8b", 128, Layout(dp=128, zero=3, mbs=2, recompute="op"), 256, 5605, 67.0, "fsdp",
      "Table 3: FSDP, local batch 2, selective op AC (--recompute op), eager"),
     ("llama3-70b", 256, Layout(dp=32, tp=8, zero=3, mbs=16, recompute="full", sp=True), 512,
-     829, "2d-fp8",
+     829, 71.9, "2d-fp8",
      "Table 4: FSDP 32 x TP 8 (norms sequence-parallel), local batch 16, full AC, Float8 "
      "linears (--fp8); its torch.compile is not modelled"),
 ]
 
 
-def _torchtitan_h100(name: str, layout: Layout, batch: int, *, fp8: bool) -> float:
-    """Tokens/s per GPU of a torchtitan run on the doc's H100 hosts (96 GB, 2.4 TB/s)."""
+def _torchtitan_h100(name: str, layout: Layout, batch: int, *, fp8: bool) -> dict[str, float]:
+    """Tokens/s per GPU and memory per GPU (GiB) of a torchtitan run on the doc's H100 hosts
+    (96 GB, 2.4 TB/s)."""
     opts = PlanOptions(global_batch=batch, memory_model="torch", fp8=fp8)
     hw = resolve_hardware(_cat(), "h100-sxm", "ethernet-400g", options=opts)
     acc = replace(hw.accelerator, memory_bytes=96 * 2**30, memory_bw=2.4e12)
     f = evaluate_one(preset(name).cost(), replace(hw, accelerator=acc), opts, layout).figures
-    return f["tokens_per_s"] / layout.devices
+    return {"tokens_per_s": f["tokens_per_s"] / layout.devices, "memory_gib": f["memory"] / 2**30}
 
 
 MBRIDGE = (
@@ -808,7 +810,7 @@ def _new_references() -> list[Reference]:
                 "V = 51,200 (Megatron's GPT vocabulary)",
             )
         )
-    for name, devices, layout, batch, published, what, setting in TORCHTITAN_H100:
+    for name, devices, layout, batch, published, gib, what, setting in TORCHTITAN_H100:
         refs.append(
             Reference(
                 id=f"torchtitan-h100-{name}-{what}-{devices}",
@@ -819,8 +821,25 @@ def _new_references() -> list[Reference]:
                 published=float(published),
                 planner=lambda name=name, layout=layout, batch=batch, what=what: _torchtitan_h100(
                     name, layout, batch, fp8=what.endswith("fp8")
-                ),
+                )["tokens_per_s"],
                 setting=f"{setting}; {TT_H100_SETTING}",
+            )
+        )
+        refs.append(
+            Reference(
+                id=f"torchtitan-h100-{name}-{what}-{devices}-memory",
+                source=TT_H100,
+                quantity=f"peak reserved memory per GPU, {name} on {devices} H100 "
+                f"({layout.label()}, global batch {batch})",
+                unit="GiB",
+                published=gib,
+                planner=lambda name=name, layout=layout, batch=batch, what=what: _torchtitan_h100(
+                    name, layout, batch, fp8=what.endswith("fp8")
+                )["memory_gib"],
+                setting=f"memory as allocated: torchtitan logs the caching allocator's peak "
+                f"reserved bytes (metrics.py at 9dec370, max_reserved_gib), the maximum over "
+                f"the GPUs (footnote 1); the planner's total with its default allowance "
+                f"(fragmentation 10 %, 1 GB fixed); {setting}; {TT_H100_SETTING}",
             )
         )
     for name, acc, layout, batch, published, note in MEGATRON_BRIDGE:

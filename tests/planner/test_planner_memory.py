@@ -164,3 +164,25 @@ def test_pipeline_first_stage_holds_min_p_m_microbatches():
     # Interleaved schedule: (1 + (p - 1) / (p v)) times more (Korthikanti §4.2.3).
     assert float(pipeline_inflight(4, 100, 2)) == pytest.approx(4 * (1 + 3 / 8))
     assert np.all(pipeline_inflight(np.array([1, 2]), np.array([5, 5])) == [1, 2])
+
+
+def test_torch_loss_holds_the_logits_three_times():
+    """torchtitan's loss, cross_entropy(pred.float()), holds the bf16 logits, their fp32 copy
+    and the fp32 log-softmax at once: 10 bytes per vocabulary entry and token, 2.5 x
+    Korthikanti's fp32 logits (4 s b V); the other memory models keep 4."""
+    from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+    from sextant.planner.memory import loss_bytes_factor
+    from sextant.planner.models import preset
+
+    assert loss_bytes_factor("torch", "bf16") == 2.5
+    assert loss_bytes_factor("torch", "fp32") == loss_bytes_factor("megatron", "bf16") == 1.0
+    shape = preset("llama3-8b")
+    acts = {}
+    for model in ("zero", "torch"):
+        opts = PlanOptions(global_batch=8, memory_model=model)
+        hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
+        lay = Layout(dp=8, zero=3, mbs=1, recompute="full")
+        acts[model] = float(evaluate_one(shape.cost(), hw, opts, lay).figures["mem_activations"])
+    logits = shape.seq_len * 4 * shape.vocab_size
+    assert acts["torch"] - acts["zero"] == pytest.approx(1.5 * logits, rel=1e-9)
