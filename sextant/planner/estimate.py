@@ -568,8 +568,18 @@ def _evaluate(
     fixed = opts.fixed_overhead_gb * 1e9
     buffers_first = memory.buffer_bytes(psi_first, zero, memory_model=opts.memory_model)
     buffers_last = memory.buffer_bytes(psi_last, zero, memory_model=opts.memory_model)
-    raw_first = psi_first * c_states + gather + buffers_first + act_first
-    raw_last = psi_last * c_states + gather + buffers_last + act_last
+    # FSDP2's root unit (embedding, final norm, output projection), whole at the backward's
+    # start: the first stage holds the embedding, the last the rest, one stage all of it.
+    root_kw = {"precision": opts.precision, "memory_model": opts.memory_model}
+    root_all = (cost.embed_params + cost.head_params + cost.other_params) / tp
+    root_first = memory.root_unit_bytes(
+        np.where(multi, cost.embed_params / tp, root_all), zero, **root_kw
+    )
+    root_last = memory.root_unit_bytes(
+        np.where(multi, (cost.head_params + cost.other_params) / tp, root_all), zero, **root_kw
+    )
+    raw_first = psi_first * c_states + gather + root_first + buffers_first + act_first
+    raw_last = psi_last * c_states + gather + root_last + buffers_last + act_last
     worst_last = raw_last > raw_first
     raw = np.where(worst_last, raw_last, raw_first)
     psi_worst = np.where(worst_last, psi_last, psi_first)
@@ -817,7 +827,7 @@ def _evaluate(
         "mem_optimizer": psi_worst * c_opt,
         "mem_host": psi_worst * c_host,
         "host_per_node": host_per_node,
-        "mem_gather": gather,
+        "mem_gather": gather + np.where(worst_last, root_last, root_first),
         "mem_activations": act,
         "mem_overhead": mem - raw,
         "params_per_device": psi_stage,

@@ -174,6 +174,19 @@ def model_state_bytes(
     return out
 
 
+def root_unit_bytes(root_params, zero, *, precision: str = "bf16", memory_model: str = "zero"):
+    """FSDP2's root unit, unsharded ("torch" model, ZeRO-3): torchtitan wraps each block in
+    its own `fully_shard` and the rest (embedding, final norm, output projection) in the
+    root's, whose parameters are gathered whole in the compute dtype when the backward starts,
+    the moment the loss's logits peak (torch's `fully_shard`: "we usually set False for the
+    root module, because the root module is typically required immediately when the backward
+    pass begins"). Per stage: the root parameters that stage holds, over tp."""
+    if memory_model != "torch":
+        return np.zeros_like(np.asarray(zero, dtype=np.float64))
+    compute = 4.0 if _kind(precision) == "fp32" else 2.0
+    return np.where(np.asarray(zero) >= 3, compute * np.asarray(root_params, np.float64), 0.0)
+
+
 def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16") -> float:
     """The loss's peak logits bytes over Korthikanti's fp32 logits (4 s b V, §4.3).
 

@@ -186,3 +186,23 @@ def test_torch_loss_holds_the_logits_three_times():
         acts[model] = float(evaluate_one(shape.cost(), hw, opts, lay).figures["mem_activations"])
     logits = shape.seq_len * 4 * shape.vocab_size
     assert acts["torch"] - acts["zero"] == pytest.approx(1.5 * logits, rel=1e-9)
+
+
+def test_fsdp2_root_unit_is_whole_at_the_backward_start():
+    """--memory-model torch, ZeRO-3: besides two gathered blocks, FSDP2's root unit
+    (embedding, final norm, output projection: torchtitan's root fully_shard) is whole in
+    bf16; other memory models and ZeRO < 3 have no such term."""
+    from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+    from sextant.planner.models import preset
+
+    cost = preset("llama3-8b").cost()
+    gathered = {}
+    for model, zero in (("torch", 3), ("zero", 3), ("torch", 1)):
+        opts = PlanOptions(global_batch=8, memory_model=model)
+        hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
+        lay = Layout(dp=8, zero=zero, mbs=1, recompute="full")
+        gathered[model, zero] = float(evaluate_one(cost, hw, opts, lay).figures["mem_gather"])
+    root = 2 * (cost.embed_params + cost.head_params + cost.other_params)
+    assert gathered["torch", 3] - gathered["zero", 3] == pytest.approx(root, rel=1e-9)
+    assert gathered["torch", 1] == 0.0
