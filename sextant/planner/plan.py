@@ -386,6 +386,12 @@ def _warnings(
             f"{ev['capacity'] / 1e9:,.1f} GB available (no valid layout fits; shown: the "
             "smallest)"
         )
+    if req.options.memory_model == "torch":
+        out.append(
+            "--memory-model torch: memory is a lower bound; against torchtitan's published "
+            "peak reserved memory it was 8-24 % low (docs/validation.md, ninth revision): "
+            "keep that much to spare"
+        )
     if layout.tp > hw.devices_per_node:
         out.append(
             f"tensor parallelism ({layout.tp}) spans nodes: its all-reduces run on {hw.inter.key}"
