@@ -536,11 +536,12 @@ def _pinned(
     memory_model: str = "zero",
     nics_per_node: int | None = None,
     balanced_stages: bool = True,
+    fp8: bool = False,
 ) -> dict[str, Any]:
     """The planner's figures for a published layout (nothing searched)."""
     opts = PlanOptions(
         global_batch=batch, flash_attention=flash, memory_model=memory_model,
-        nics_per_node=nics_per_node, balanced_stages=balanced_stages,
+        nics_per_node=nics_per_node, balanced_stages=balanced_stages, fp8=fp8,
     )
     hw = resolve_hardware(_cat(), acc, net, options=opts)
     return evaluate_one(shape.cost(flash_attention=flash), hw, opts, layout).figures
@@ -573,10 +574,10 @@ TT_H100_SETTING = (
     "h100-sxm peak (989 TFLOP/s) is used, an upper bound; seq 8192 and the AC policy from "
     "train_configs/ at 9dec370; --memory-model torch"
 )
-# (preset, GPUs, published layout, global batch, tokens/s per GPU, row tag, setting)
+# (preset, GPUs, published layout, global batch, tokens/s per GPU, peak reserved memory GiB,
+# row tag, setting)
 # Table 1 and Table 3: the plain FSDP rows (no torch.compile, which the planner does not
 # model; the compiled rows are not transcribed). Table 4: the only row without AsyncTP.
-# (preset, GPUs, layout, global batch, tokens/s per GPU, memory GiB, id suffix, setting)
 TORCHTITAN_H100 = [
     ("llama3-8b", 8, Layout(dp=8, zero=3, mbs=2, recompute="op"), 16, 5762, 82.4, "fsdp",
      "Table 1: FSDP, local batch 2, selective op AC (--recompute op), eager"),
@@ -629,9 +630,8 @@ MEGATRON_BRIDGE = [
 
 def _megatron_bridge(name: str, acc: str, layout: Layout, batch: int) -> float:
     """Tokens/s per GPU of a Megatron-Bridge FP8 pre-training run on DGX nodes."""
-    opts = PlanOptions(global_batch=batch, memory_model="megatron", fp8=True)
-    hw = resolve_hardware(_cat(), acc, "ib-ndr", options=opts)
-    f = evaluate_one(preset(name).cost(), hw, opts, layout).figures
+    f = _pinned(preset(name), layout, acc, "ib-ndr", batch=batch, memory_model="megatron",
+                fp8=True)
     return f["tokens_per_s"] / layout.devices
 
 

@@ -6,14 +6,17 @@ import numpy as np
 import pytest
 
 from sextant.errors import UserError
+from sextant.planner.catalogue import load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.memory import (
     activation_bytes_per_layer,
+    loss_bytes_factor,
     model_state_bytes,
     pipeline_inflight,
     state_bytes,
     transient_param_bytes,
 )
-from sextant.planner.models import TransformerShape
+from sextant.planner.models import TransformerShape, preset
 
 GB = 1e9
 
@@ -166,24 +169,22 @@ def test_pipeline_first_stage_holds_min_p_m_microbatches():
     assert np.all(pipeline_inflight(np.array([1, 2]), np.array([5, 5])) == [1, 2])
 
 
+def _llama3_8b_on_8(memory_model: str, zero: int, figure: str) -> float:
+    """One figure of Llama 3 8B on 8 H100 at dp 8, micro-batch 1, full recomputation."""
+    opts = PlanOptions(global_batch=8, memory_model=memory_model)
+    hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
+    lay = Layout(dp=8, zero=zero, mbs=1, recompute="full")
+    return float(evaluate_one(preset("llama3-8b").cost(), hw, opts, lay).figures[figure])
+
+
 def test_torch_loss_holds_the_logits_three_times():
     """torchtitan's loss, cross_entropy(pred.float()), holds the bf16 logits, their fp32 copy
     and the fp32 log-softmax at once: 10 bytes per vocabulary entry and token, 2.5 x
     Korthikanti's fp32 logits (4 s b V); the other memory models keep 4."""
-    from sextant.planner.catalogue import load_catalogue
-    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-    from sextant.planner.memory import loss_bytes_factor
-    from sextant.planner.models import preset
-
     assert loss_bytes_factor("torch", "bf16") == 2.5
     assert loss_bytes_factor("torch", "fp32") == loss_bytes_factor("megatron", "bf16") == 1.0
     shape = preset("llama3-8b")
-    acts = {}
-    for model in ("zero", "torch"):
-        opts = PlanOptions(global_batch=8, memory_model=model)
-        hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
-        lay = Layout(dp=8, zero=3, mbs=1, recompute="full")
-        acts[model] = float(evaluate_one(shape.cost(), hw, opts, lay).figures["mem_activations"])
+    acts = {model: _llama3_8b_on_8(model, 3, "mem_activations") for model in ("zero", "torch")}
     logits = shape.seq_len * 4 * shape.vocab_size
     assert acts["torch"] - acts["zero"] == pytest.approx(1.5 * logits, rel=1e-9)
 
@@ -192,17 +193,11 @@ def test_fsdp2_root_unit_is_whole_at_the_backward_start():
     """--memory-model torch, ZeRO-3: besides two gathered blocks, FSDP2's root unit
     (embedding, final norm, output projection: torchtitan's root fully_shard) is whole in
     bf16; other memory models and ZeRO < 3 have no such term."""
-    from sextant.planner.catalogue import load_catalogue
-    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-    from sextant.planner.models import preset
-
     cost = preset("llama3-8b").cost()
-    gathered = {}
-    for model, zero in (("torch", 3), ("zero", 3), ("torch", 1)):
-        opts = PlanOptions(global_batch=8, memory_model=model)
-        hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
-        lay = Layout(dp=8, zero=zero, mbs=1, recompute="full")
-        gathered[model, zero] = float(evaluate_one(cost, hw, opts, lay).figures["mem_gather"])
+    gathered = {
+        (model, zero): _llama3_8b_on_8(model, zero, "mem_gather")
+        for model, zero in (("torch", 3), ("zero", 3), ("torch", 1))
+    }
     root = 2 * (cost.embed_params + cost.head_params + cost.other_params)
     assert gathered["torch", 3] - gathered["zero", 3] == pytest.approx(root, rel=1e-9)
     assert gathered["torch", 1] == 0.0
