@@ -135,6 +135,14 @@ def register(subparsers: Any) -> None:
         help="how context-parallel ranks exchange K and V: ring (ring attention, hidden behind "
         "the attention; default) or allgather (Llama 3: K and V gathered before the attention)",
     )
+    lay.add_argument(
+        "--zero3-gather",
+        choices=("layer", "tensor"),  # estimate.ZERO3_GATHERS
+        default="layer",
+        help="what one ZeRO-3 / FSDP collective carries: layer (FSDP's per-block units, "
+        "DeepSpeed's coalesced gathers; default) or tensor (one collective per parameter "
+        "tensor, DeepSpeed's ZeRO-3 as released in 2021)",
+    )
     lay.add_argument("--ep", type=int, help="expert-parallel degree (MoE models)")
     lay.add_argument(
         "--hsdp",
@@ -358,6 +366,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         balanced_stages=args.stages == "balanced",
         fp8=args.fp8,
         cp_method=args.cp_method,
+        zero3_gather=args.zero3_gather,
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,
         host_memory_gb=args.host_memory_gb,

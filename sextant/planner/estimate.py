@@ -47,6 +47,20 @@ default option 2: every second layer fully recomputed). The search tries the fir
 the last two are taken when pinned (--recompute)."""
 OFFLOAD = ("none", "optimizer", "params")
 CP_METHODS = ("ring", "allgather")
+ZERO3_GATHERS = ("layer", "tensor")
+HOST_OP_SECONDS = 2e-6
+"""Host time of one PyTorch call on a tensor ("on the order of 2 us" from Python, PyTorch's
+benchmarks/overrides_benchmark/README.md; a call from C++ that launches a copy is counted at
+the same figure). What zero3_gather 'tensor' pays per rank of the sharding group for each
+collective, built from and into lists of one slice per rank."""
+GATHER_LIST_OPS = 2.0
+"""Calls per rank of one per-tensor all-gather: DeepSpeed v0.3.13 `_allgather_param`'s
+`flat_tensor.narrow` (Python), then ProcessGroupNCCL::allgather's copy of the flat result
+into each rank's output tensor (`outputTensors[i][j].copy_(outputFlattened[i][j])`)."""
+SCATTER_LIST_OPS = 3.0
+"""The same for one per-tensor reduce-scatter: `_reduce_scatter_gradient`'s
+`param.grad.view(-1).narrow` (two Python calls), then ProcessGroupNCCL::reduce_scatter's copy
+of each rank's input into its flat buffer (flatten_for_scatter_gather)."""
 KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs", "cp", "ep")
 COMPONENTS = (
     "compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed"
@@ -120,6 +134,14 @@ class PlanOptions:
     block before it computes) or 'allgather' (Llama 3 §3.3.2: "we first all-gather the key
     (K) and value (V) tensors, and then compute attention output for the local query (Q)
     tensor chunk": only the local block's attention can run during the gather)."""
+    zero3_gather: str = "layer"
+    """What one ZeRO-3 / FSDP collective carries (ZERO3_GATHERS): 'layer' (one all-gather and
+    one reduce-scatter per layer: FSDP's fully_shard per transformer block, DeepSpeed's
+    coalesced module gathers) or 'tensor' (one per parameter tensor, ModelCost.
+    tensors_per_layer of them per layer, each paying the ring's latency over every rank and
+    the host time of building its Python list of one slice per rank: DeepSpeed's ZeRO-3
+    before its coalesced gathers of v0.5.5, November 2021; v0.3.13 partition_parameters.py
+    `_allgather_param` and `_reduce_scatter_gradient`)."""
     dp_bucket_bytes: float | None = None
     """Bytes per gradient bucket of the data-parallel all-reduce (and of ZeRO-1/2's
     reduce-scatters and gathers): each bucket is one collective, priced at its own size
@@ -144,6 +166,11 @@ class PlanOptions:
         if self.cp_method not in CP_METHODS:
             raise UserError(
                 f"cp_method must be one of {', '.join(CP_METHODS)}. Received: {self.cp_method!r}"
+            )
+        if self.zero3_gather not in ZERO3_GATHERS:
+            raise UserError(
+                f"zero3_gather must be one of {', '.join(ZERO3_GATHERS)}. "
+                f"Received: {self.zero3_gather!r}"
             )
         if self.dp_schedule not in comms.DP_SCHEDULES:
             raise UserError(
@@ -785,13 +812,22 @@ def _evaluate(
     ar = buckets * comms.hier_all_reduce(grad_b / buckets, dp_in, dp_out, intra, inter)
     # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
     # layer, the bytes are the same (ZeRO §5.3; FSDP's fully_shard per transformer block).
-    units = np.where(z3, lps, buckets)
+    # Gathered per tensor (zero3_gather 'tensor'), the bytes travel in one collective per
+    # GEMM weight, each at the ramp's efficiency for its size, and every other tensor of the
+    # layer (biases, norms: a few kB) is one more collective that pays the latency alone.
+    per_tensor = opts.zero3_gather == "tensor"
+    weights = float(max(len(cost.gemms), 1)) if per_tensor else 1.0
+    small = max(cost.tensors_per_layer - weights, 0.0) if per_tensor else 0.0
+    units = np.where(z3, lps * weights, buckets)
     # HSDP: the sharded collectives stay inside the node; each gradient reduction adds an
     # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
     s_in = dp_in
     s_out = np.where(hs, 1.0, dp_out)
     rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
     ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
+    if small:
+        latency_only = z3 * (lps * small) * comms.hier_all_gather(0.0, s_in, s_out, intra, inter)
+        rs, ag = rs + latency_only, ag + latency_only
     replicas = (
         np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, *inter), 0.0)
         if np.any(hs)
@@ -802,6 +838,13 @@ def _evaluate(
         + counts["reduce_scatter"] * (rs + replicas)
         + counts["all_gather"] * ag
     )
+    if per_tensor:
+        # Each per-tensor collective is issued from Python lists of one slice per rank of
+        # the sharding group: host work that grows with the ranks, not the bytes.
+        list_ops = counts["all_gather"] * GATHER_LIST_OPS + counts["reduce_scatter"] * (
+            SCATTER_LIST_OPS
+        )
+        t_dp = t_dp + z3 * (lps * cost.tensors_per_layer) * shard * list_ops * HOST_OP_SECONDS
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
     hidden_dp = np.minimum(opts.overlap * t_dp, window)

@@ -122,6 +122,15 @@ class TransformerShape:
             mlp += (2 * f if self.gated_mlp else f) + h
         return mlp
 
+    def tensors_per_layer(self) -> int:
+        """Parameter tensors of one layer in Megatron-LM's layout (ModelCost.tensors_per_layer):
+        fused QKV and attention output, the MLP's two weights (gate and up fused) per expert or
+        for the dense MLP, a bias beside each weight where the model has biases, the router,
+        and two norms (scale, plus bias for LayerNorm)."""
+        per_weight = 2 if self.biases else 1
+        mlp = 2 * per_weight * (self.n_experts or 1) + (1 if self.n_experts else 0)
+        return 2 * per_weight + mlp + 2 * (2 if self.layernorm else 1)
+
     def expert_params(self) -> int:
         """One layer's expert MLPs, all experts (0 for a dense model)."""
         if not self.n_experts:
@@ -285,6 +294,7 @@ class TransformerShape:
             largest_module_params=float(
                 max(self.vocab_size * h, h * q, h * f)  # separate Q/K/V, gate/up (HF layout)
             ),
+            tensors_per_layer=float(self.tensors_per_layer()),
             gemms=(
                 (float(h), float(q + 2 * kv), True),
                 (float(q), float(h), False),
@@ -349,6 +359,7 @@ class MLPShape:
             supports_model_parallel=False,
             describe=self.describe(),
             largest_module_params=float(max(a * b + b for a, b in pairwise(w))),
+            tensors_per_layer=2.0 * (len(w) - 1),  # a weight and a bias per linear layer
             gemms=tuple((float(a), float(b), True) for a, b in pairwise(w)),
         )
 
@@ -422,6 +433,11 @@ class ModelCost:
     """Matrix multiplies of one layer as (K, M, column_parallel): a token's row of K values
     times a K x M weight. Tensor parallelism splits M of a column-parallel GEMM (QKV, MLP in)
     and K of a row-parallel one (attention output, MLP out), Shoeybi et al. 2019 §3."""
+    tensors_per_layer: float = 0.0
+    """Parameter tensors of one layer as Megatron-LM lays them out (QKV in one weight, the
+    gated MLP's gate and up in one; each GEMM weight, each bias, each norm's scale and bias):
+    12 for a GPT layer, 6 for a Llama one. 0: one per GEMM weight (len(gemms)). What a stack
+    that gathers every tensor on its own pays latency for (PlanOptions.zero3_gather)."""
 
 
 # --- presets ---------------------------------------------------------------------------------

@@ -163,6 +163,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "dp_schedule": opts.dp_schedule,
             "fp8": opts.fp8,
             "cp_method": opts.cp_method,
+            "zero3_gather": opts.zero3_gather,
             "oversubscription": opts.oversubscription,
             "nodes_per_leaf": opts.nodes_per_leaf,
             "host_memory_gb": opts.host_memory_gb,

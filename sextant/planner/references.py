@@ -73,12 +73,14 @@ def _megatron_step(
     sp: bool = False,
     interleave: int | str = 1,
     overlap: float = 0.5,
+    zero3_gather: str = "layer",
 ) -> float:
     """The planner's step time for a Megatron-LM run on Selene (a100-80gb, ib-hdr, 2021-22
     stack: no FlashAttention, layers split evenly). `interleave` "searched": the schedule was
     interleaved but the papers do not state v, so the fastest valid v > 1 is taken."""
     opts = PlanOptions(
-        global_batch=batch, flash_attention=False, balanced_stages=False, overlap=overlap
+        global_batch=batch, flash_attention=False, balanced_stages=False, overlap=overlap,
+        zero3_gather=zero3_gather,
     )
     hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
     chunks = (
@@ -105,11 +107,12 @@ def _megatron_tflops(
     recompute: str = "full",
     sp: bool = False,
     interleave: int | str = 1,
+    **step_options: Any,
 ) -> float:
     """TFLOP/s per GPU as Narayanan et al. count it (eq. 3, which includes the recomputation
     forward pass: F = 96 B s l h^2 (1 + s/6h + V/16lh)) over the planner's step time."""
     step = _megatron_step(
-        shape, layout, batch, recompute=recompute, sp=sp, interleave=interleave
+        shape, layout, batch, recompute=recompute, sp=sp, interleave=interleave, **step_options
     )
     s, layers, h, v = shape.seq_len, shape.n_layers, shape.d_model, shape.vocab_size
     flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
@@ -318,9 +321,16 @@ def _references() -> list[Reference]:
                 unit="TFLOP/s",
                 published=float(published),
                 planner=lambda n=n, mbs=mbs: _megatron_tflops(
-                    _gpt175(), Layout(dp=n, zero=3, mbs=mbs), 1536
+                    _gpt175(), Layout(dp=n, zero=3, mbs=mbs), 1536, overlap=0.0,
+                    zero3_gather="tensor",
                 ),
-                setting="full recomputation, overlap 0.5",
+                setting="full recomputation; DeepSpeed's ZeRO-3 as released before the "
+                "paper (v0.3.13, March 2021, partition_parameters.py and stage3.py): one "
+                "all-gather per parameter tensor (`_allgather_param`) and one reduce-scatter "
+                "per gradient (`_reduce_scatter_gradient`), --zero3-gather tensor (12 tensors "
+                "a layer); a `torch.cuda.synchronize()` before every gather and a blocking "
+                "fetch before every module's forward, so no gather runs beside compute: "
+                "--overlap 0",
             )
         )
 

@@ -1,0 +1,101 @@
+"""ZeRO-3 collectives per layer or per parameter tensor (issue #18: ZeRO-3 over ~1,500 GPUs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sextant.cli import main
+from sextant.errors import UserError
+from sextant.planner import comms
+from sextant.planner.catalogue import load_catalogue
+from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.models import MLPShape, megatron_gpt, preset
+
+
+def _gpt175_zero3(devices: int, mbs: int, gather: str) -> dict:
+    shape = megatron_gpt(n_layers=96, d_model=12288, n_heads=96, global_batch=1536)
+    opts = PlanOptions(global_batch=1536, flash_attention=False, overlap=0.0, zero3_gather=gather)
+    hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
+    layout = Layout(dp=devices, zero=3, mbs=mbs, recompute="full")
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
+
+
+def test_tensors_per_layer_follow_the_megatron_layout():
+    # GPT: fused QKV, attention output, MLP in, MLP out, each with a bias, and two
+    # LayerNorms with scale and bias. Llama: no biases, RMSNorm (scale only), gate and up
+    # fused. An MLP workload: a weight and a bias per linear layer.
+    assert preset("gpt3-175b").cost().tensors_per_layer == 12
+    assert preset("llama3-8b").cost().tensors_per_layer == 6
+    assert preset("mixtral-8x7b").cost().tensors_per_layer == 2 + 8 * 2 + 1 + 2
+    mlp = MLPShape(name="m", input_dim=8, hidden=(16, 16), num_classes=4)
+    assert mlp.cost().tensors_per_layer == 6
+
+
+@pytest.mark.parametrize("devices, mbs", [(384, 4), (1536, 1)])
+def test_gathering_every_tensor_pays_the_ring_latency_per_tensor(devices, mbs):
+    # One micro-batch: 2 all-gathers and 1 reduce-scatter of every layer's parameters. Per
+    # tensor, each of the 96 layers' 12 tensors is its own collective over all ranks, so the
+    # data-parallel time grows by at least 11 more ring latencies per layer and pass (NCCL's
+    # ring latency over every rank: (n - nodes) NVLink steps + (nodes - 1) network steps).
+    layer = _gpt175_zero3(devices, mbs, "layer")
+    tensor = _gpt175_zero3(devices, mbs, "tensor")
+    cat = load_catalogue(calibration=None)
+    nvlink, ib = cat.link("nvlink3"), cat.link("ib-hdr")
+    ring = float(comms.ring_latency(8, devices // 8, nvlink.latency, ib.latency))
+    assert tensor["dp_comm"] - layer["dp_comm"] >= 3 * 96 * 11 * ring
+    assert tensor["compute"] == layer["compute"]
+    # No overlap (--overlap 0): the whole of it is on the step.
+    assert tensor["step"] - layer["step"] == pytest.approx(
+        tensor["dp_comm"] - layer["dp_comm"], rel=1e-9
+    )
+
+
+def test_the_per_tensor_cost_grows_with_the_ranks():
+    # The same bytes per rank at any data-parallel degree; the latency grows with the ring.
+    extra_384 = _gpt175_zero3(384, 4, "tensor")["dp_comm"] - _gpt175_zero3(384, 4, "layer")[
+        "dp_comm"
+    ]
+    extra_1536 = _gpt175_zero3(1536, 1, "tensor")["dp_comm"] - _gpt175_zero3(
+        1536, 1, "layer"
+    )["dp_comm"]
+    assert extra_1536 > 2.5 * extra_384
+
+
+def test_zero3_gather_is_validated():
+    with pytest.raises(UserError, match="zero3_gather must be one of layer, tensor"):
+        PlanOptions(zero3_gather="param")
+
+
+def test_cli_zero3_gather(capsys):
+    args = ["plan", "--model", "llama3-8b", "--gpus", "64", "--dp", "64", "--tp", "1", "--pp", "1",
+            "--zero", "3", "--no-curve", "--json"]
+    assert main(args) == 0
+    layer = json.loads(capsys.readouterr().out)
+    assert main(args + ["--zero3-gather", "tensor"]) == 0
+    tensor = json.loads(capsys.readouterr().out)
+    assert layer["assumptions"]["zero3_gather"] == "layer"
+    assert tensor["assumptions"]["zero3_gather"] == "tensor"
+    assert layer["layout"] == tensor["layout"]
+    assert tensor["time"]["dp_comm_total"] > layer["time"]["dp_comm_total"]
+    with pytest.raises(SystemExit) as exit_:  # argparse's own choices check
+        main(args + ["--zero3-gather", "module"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--zero3-gather" in err
+
+
+@pytest.mark.parametrize("devices, mbs", [(384, 4), (1536, 1)])
+def test_per_tensor_collectives_pay_the_host_work_of_their_per_rank_lists(devices, mbs, monkeypatch):
+    # Each all-gather builds a narrow() per rank and copies the flat result out to every
+    # rank's tensor (2 calls a rank); each reduce-scatter a view().narrow() per rank and a
+    # copy into the flat input (3). One micro-batch: 2 gathers and 1 reduce-scatter of each
+    # of the 96 x 12 tensors, at 2 us a call.
+    with_host = _gpt175_zero3(devices, mbs, "tensor")
+    monkeypatch.setattr("sextant.planner.estimate.HOST_OP_SECONDS", 0.0)
+    without = _gpt175_zero3(devices, mbs, "tensor")
+    expected = 96 * 12 * devices * (2 * 2 + 1 * 3) * 2e-6
+    assert with_host["dp_comm"] - without["dp_comm"] == pytest.approx(expected, rel=1e-9)
+    # Gathered per layer, nothing of the kind is paid.
+    assert _gpt175_zero3(devices, mbs, "layer")["dp_comm"] < without["dp_comm"]
