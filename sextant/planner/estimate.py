@@ -61,6 +61,12 @@ SCATTER_LIST_OPS = 3.0
 """The same for one per-tensor reduce-scatter: `_reduce_scatter_gradient`'s
 `param.grad.view(-1).narrow` (two Python calls), then ProcessGroupNCCL::reduce_scatter's copy
 of each rank's input into its flat buffer (flatten_for_scatter_gather)."""
+PERSISTENT_LIST_OPS = 4.0
+"""Calls per rank and persistent tensor of the once-per-step gather of the small tensors
+(`_allgather_params`: `narrow`, `view`, `narrow`, `copy_` into each tensor's rank slice)."""
+PERSISTENCE_THRESHOLD = 1e5
+"""Tensors of fewer elements stay gathered between steps (DeepSpeed's
+stage3_param_persistence_threshold default, zero/constants.py at v0.3.13)."""
 KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs", "cp", "ep")
 COMPONENTS = (
     "compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed"
@@ -137,11 +143,10 @@ class PlanOptions:
     zero3_gather: str = "layer"
     """What one ZeRO-3 / FSDP collective carries (ZERO3_GATHERS): 'layer' (one all-gather and
     one reduce-scatter per layer: FSDP's fully_shard per transformer block, DeepSpeed's
-    coalesced module gathers) or 'tensor' (one per parameter tensor, ModelCost.
-    tensors_per_layer of them per layer, each paying the ring's latency over every rank and
-    the host time of building its Python list of one slice per rank: DeepSpeed's ZeRO-3
-    before its coalesced gathers of v0.5.5, November 2021; v0.3.13 partition_parameters.py
-    `_allgather_param` and `_reduce_scatter_gradient`)."""
+    coalesced module gathers) or 'tensor' (one per parameter tensor of ModelCost.
+    layer_tensors, each paying the ring's latency over every rank and the host time of its
+    lists of one slice per rank, the small tensors kept gathered between steps: DeepSpeed's
+    ZeRO-3 before its coalesced gathers of v0.5.5, November 2021; _per_tensor_zero3)."""
     dp_bucket_bytes: float | None = None
     """Bytes per gradient bucket of the data-parallel all-reduce (and of ZeRO-1/2's
     reduce-scatters and gathers): each bucket is one collective, priced at its own size
@@ -466,6 +471,48 @@ def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.nda
     threads = np.maximum(1.0, np.floor(cores / np.maximum(n, 1.0)))
     per = f1 + (fall - f1) * (threads - 1.0) / max(cores - 1.0, 1.0)
     return np.where(n > cores, f1 * cores / np.maximum(n, 1.0), per)
+
+
+def _per_tensor_zero3(cost: ModelCost, lps, grad_bytes, param_bytes, group, ranks):
+    """ZeRO-3 issued one collective per parameter tensor, as DeepSpeed did before its
+    coalesced gathers (v0.5.5; v0.3.13 partition_parameters.py and stage3.py). Returns the
+    time of one reduce-scatter pass and of one all-gather pass over the layers of a stage,
+    and of what is paid once per step, each with its host work.
+
+    * Tensors of fewer than PERSISTENCE_THRESHOLD elements (biases, norms) persist: gathered
+      once per step after the optimizer, in one call (`_allgather_params`), never per pass.
+    * Each other tensor is all-gathered on its own every pass (`_allgather_param`), its bytes
+      at the ramp's efficiency for its share of the layer.
+    * Every tensor's gradient is reduce-scattered on its own (`_reduce_scatter_gradient`):
+      the large ones carry the bytes, each small one pays a collective's latency.
+    * Each collective is built from lists of one slice per rank (GATHER_LIST_OPS,
+      SCATTER_LIST_OPS, PERSISTENT_LIST_OPS calls per rank, HOST_OP_SECONDS each)."""
+    sizes = np.asarray(cost.layer_tensors or (1.0,), dtype=np.float64)
+    large = sizes >= PERSISTENCE_THRESHOLD
+    n_large, n_small = float(large.sum()), float((~large).sum())
+    share = float(sizes[large].sum() / sizes.sum())
+    s_in, s_out, intra, inter = group
+    host = ranks * HOST_OP_SECONDS
+    ag = 0.0
+    rs = lps * n_small * comms.hier_reduce_scatter(
+        grad_bytes * (1.0 - share) / np.maximum(n_small * lps, 1.0), s_in, s_out, intra, inter
+    )
+    if n_large:
+        units = lps * n_large
+        ag = units * (
+            comms.hier_all_gather(param_bytes * share / units, s_in, s_out, intra, inter)
+            + GATHER_LIST_OPS * host
+        )
+        rs = rs + units * comms.hier_reduce_scatter(
+            grad_bytes * share / units, s_in, s_out, intra, inter
+        )
+    rs = rs + lps * (n_large + n_small) * SCATTER_LIST_OPS * host
+    once = 0.0
+    if n_small:
+        once = comms.hier_all_gather(param_bytes * (1.0 - share), s_in, s_out, intra, inter) + (
+            GATHER_LIST_OPS + lps * n_small * PERSISTENT_LIST_OPS
+        ) * host
+    return rs, ag, once
 
 
 CHUNK = 16384  # rows per pass: keeps numpy temporaries in cache (about 1.5x faster)
@@ -812,22 +859,28 @@ def _evaluate(
     ar = buckets * comms.hier_all_reduce(grad_b / buckets, dp_in, dp_out, intra, inter)
     # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
     # layer, the bytes are the same (ZeRO §5.3; FSDP's fully_shard per transformer block).
-    # Gathered per tensor (zero3_gather 'tensor'), the bytes travel in one collective per
-    # GEMM weight, each at the ramp's efficiency for its size, and every other tensor of the
-    # layer (biases, norms: a few kB) is one more collective that pays the latency alone.
-    per_tensor = opts.zero3_gather == "tensor"
-    weights = float(max(len(cost.gemms), 1)) if per_tensor else 1.0
-    small = max(cost.tensors_per_layer - weights, 0.0) if per_tensor else 0.0
-    units = np.where(z3, lps * weights, buckets)
+    units = np.where(z3, lps, buckets)
     # HSDP: the sharded collectives stay inside the node; each gradient reduction adds an
     # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
     s_in = dp_in
     s_out = np.where(hs, 1.0, dp_out)
-    rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
-    ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
-    if small:
-        latency_only = z3 * (lps * small) * comms.hier_all_gather(0.0, s_in, s_out, intra, inter)
-        rs, ag = rs + latency_only, ag + latency_only
+    once = 0.0
+    if opts.zero3_gather == "tensor":
+        # One collective per parameter tensor (_per_tensor_zero3); per layer (ZeRO-3) only.
+        rs_t, ag_t, once_t = _per_tensor_zero3(
+            cost, lps, grad_b, psi_stage * param_wire, (s_in, s_out, intra, inter), shard
+        )
+        rs_l = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
+        ag_l = units * comms.hier_all_gather(
+            psi_stage * param_wire / units, s_in, s_out, intra, inter
+        )
+        rs, ag = np.where(z3, rs_t, rs_l), np.where(z3, ag_t, ag_l)
+        once = np.where(z3, once_t, 0.0)
+    else:
+        rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
+        ag = units * comms.hier_all_gather(
+            psi_stage * param_wire / units, s_in, s_out, intra, inter
+        )
     replicas = (
         np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, *inter), 0.0)
         if np.any(hs)
@@ -837,14 +890,8 @@ def _evaluate(
         counts["all_reduce"] * ar
         + counts["reduce_scatter"] * (rs + replicas)
         + counts["all_gather"] * ag
+        + once
     )
-    if per_tensor:
-        # Each per-tensor collective is issued from Python lists of one slice per rank of
-        # the sharding group: host work that grows with the ranks, not the bytes.
-        list_ops = counts["all_gather"] * GATHER_LIST_OPS + counts["reduce_scatter"] * (
-            SCATTER_LIST_OPS
-        )
-        t_dp = t_dp + z3 * (lps * cost.tensors_per_layer) * shard * list_ops * HOST_OP_SECONDS
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
     hidden_dp = np.minimum(opts.overlap * t_dp, window)

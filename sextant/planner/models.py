@@ -122,14 +122,20 @@ class TransformerShape:
             mlp += (2 * f if self.gated_mlp else f) + h
         return mlp
 
-    def tensors_per_layer(self) -> int:
-        """Parameter tensors of one layer in Megatron-LM's layout (ModelCost.tensors_per_layer):
-        fused QKV and attention output, the MLP's two weights (gate and up fused) per expert or
-        for the dense MLP, a bias beside each weight where the model has biases, the router,
-        and two norms (scale, plus bias for LayerNorm)."""
-        per_weight = 2 if self.biases else 1
-        mlp = 2 * per_weight * (self.n_experts or 1) + (1 if self.n_experts else 0)
-        return 2 * per_weight + mlp + 2 * (2 if self.layernorm else 1)
+    def layer_tensors(self) -> tuple[int, ...]:
+        """Elements of each parameter tensor of one layer in Megatron-LM's layout
+        (ModelCost.layer_tensors): fused QKV and attention output, the MLP's two weights (gate
+        and up fused) per expert or for the dense MLP, a bias beside each weight where the
+        model has biases, the router, and two norms (scale, plus bias for LayerNorm)."""
+        h, q, kv = self.d_model, self.n_heads * self.hd, self.n_kv_heads * self.hd
+        f = self.moe_d_ff or self.d_ff
+        up = (2 if self.gated_mlp else 1) * f
+        weights = [(h * (q + 2 * kv), q + 2 * kv), (q * h, h)]
+        weights += [(h * up, up), (f * h, h)] * (self.n_experts or 1)
+        out = [w for w, _ in weights] + ([b for _, b in weights] if self.biases else [])
+        if self.n_experts:
+            out.append(h * self.n_experts)  # the router
+        return tuple(out + [h] * (4 if self.layernorm else 2))
 
     def expert_params(self) -> int:
         """One layer's expert MLPs, all experts (0 for a dense model)."""
@@ -294,7 +300,7 @@ class TransformerShape:
             largest_module_params=float(
                 max(self.vocab_size * h, h * q, h * f)  # separate Q/K/V, gate/up (HF layout)
             ),
-            tensors_per_layer=float(self.tensors_per_layer()),
+            layer_tensors=tuple(float(x) for x in self.layer_tensors()),
             gemms=(
                 (float(h), float(q + 2 * kv), True),
                 (float(q), float(h), False),
@@ -359,7 +365,7 @@ class MLPShape:
             supports_model_parallel=False,
             describe=self.describe(),
             largest_module_params=float(max(a * b + b for a, b in pairwise(w))),
-            tensors_per_layer=2.0 * (len(w) - 1),  # a weight and a bias per linear layer
+            layer_tensors=tuple(float(x) for a, b in pairwise(w) for x in (a * b, b)),
             gemms=tuple((float(a), float(b), True) for a, b in pairwise(w)),
         )
 
@@ -433,11 +439,11 @@ class ModelCost:
     """Matrix multiplies of one layer as (K, M, column_parallel): a token's row of K values
     times a K x M weight. Tensor parallelism splits M of a column-parallel GEMM (QKV, MLP in)
     and K of a row-parallel one (attention output, MLP out), Shoeybi et al. 2019 §3."""
-    tensors_per_layer: float = 0.0
-    """Parameter tensors of one layer as Megatron-LM lays them out (QKV in one weight, the
-    gated MLP's gate and up in one; each GEMM weight, each bias, each norm's scale and bias):
-    12 for a GPT layer, 6 for a Llama one. 0: one per GEMM weight (len(gemms)). What a stack
-    that gathers every tensor on its own pays latency for (PlanOptions.zero3_gather)."""
+    layer_tensors: tuple[float, ...] = ()
+    """Elements of each parameter tensor of one layer as Megatron-LM lays them out (QKV in
+    one weight, the gated MLP's gate and up in one; each GEMM weight, each bias, each norm's
+    scale and bias): 12 tensors for a GPT layer, 6 for a Llama one. What a stack that gathers
+    every tensor on its own issues collectives for (PlanOptions.zero3_gather)."""
 
 
 # --- presets ---------------------------------------------------------------------------------
