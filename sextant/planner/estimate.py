@@ -864,7 +864,7 @@ def _evaluate(
     # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
     s_in = dp_in
     s_out = np.where(hs, 1.0, dp_out)
-    once = 0.0
+    once = None
     if opts.zero3_gather == "tensor":
         # One collective per parameter tensor (_per_tensor_zero3); per layer (ZeRO-3) only.
         rs_t, ag_t, once_t = _per_tensor_zero3(
@@ -890,8 +890,9 @@ def _evaluate(
         counts["all_reduce"] * ar
         + counts["reduce_scatter"] * (rs + replicas)
         + counts["all_gather"] * ag
-        + once
     )
+    if once is not None:
+        t_dp = t_dp + once  # the persistent tensors' gather, once a step
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
     hidden_dp = np.minimum(opts.overlap * t_dp, window)
