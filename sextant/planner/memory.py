@@ -191,11 +191,15 @@ def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16") -> fl
     """The loss's peak logits bytes over Korthikanti's fp32 logits (4 s b V, §4.3).
 
     "torch": PyTorch's cross-entropy as torchtitan calls it
-    (`cross_entropy(pred.flatten(0, 1).float(), labels)`, train.py at torchtitan 9dec370)
-    holds the 16-bit logits, their fp32 copy and the fp32 log-softmax it keeps for the
-    backward at once: (2 + 4 + 4) / 4 = 2.5 times. Fused or fp32 losses: 1."""
-    if memory_model == "torch" and _kind(precision) != "fp32":
-        return 2.5
+    (`cross_entropy(pred.flatten(0, 1).float(), labels)`, then `del pred` and the backward:
+    train.py at torchtitan 9dec370). Its forward holds the 16-bit logits, their fp32 copy and
+    the fp32 log-softmax it saves at once (2 + 4 + 4 bytes a logit; 4 + 4 for fp32 logits);
+    its backward more: the saved log-softmax, nll_loss's dense fp32 gradient and
+    _log_softmax_backward_data's fp32 result, 4 + 4 + 4 = 12 bytes a logit in either
+    precision, 3 times Korthikanti's (measured: benchmarks/loss_memory.py). Fused losses
+    (Megatron's vocab-parallel cross-entropy, the others): 1."""
+    if memory_model == "torch":
+        return 3.0
     return 1.0
 
 

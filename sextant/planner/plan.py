@@ -390,7 +390,7 @@ def _warnings(
     if req.options.memory_model == "torch":
         out.append(
             "--memory-model torch: memory is a lower bound; against torchtitan's published "
-            "peak reserved memory it was 8-24 % low (docs/validation.md, ninth revision): "
+            "peak reserved memory it was 2-18 % low (docs/validation.md, eleventh revision): "
             "keep that much to spare"
         )
     if layout.tp > hw.devices_per_node:
