@@ -387,6 +387,11 @@ def _warnings(
             f"{ev['capacity'] / 1e9:,.1f} GB available (no valid layout fits; shown: the "
             "smallest)"
         )
+    if req.options.zero3_gather == "tensor" and layout.zero < 3:
+        out.append(
+            f"--zero3-gather tensor changes nothing here: the layout uses ZeRO-{layout.zero} "
+            "(pin --zero 3 to price per-tensor gathers)"
+        )
     if req.options.memory_model == "torch":
         out.append(
             "--memory-model torch: memory is a lower bound; against torchtitan's published "

@@ -109,3 +109,11 @@ def test_per_tensor_collectives_pay_the_host_work_of_their_per_rank_lists(device
     assert with_host["dp_comm"] - without["dp_comm"] == pytest.approx(expected, rel=1e-9)
     # Gathered per layer, nothing of the kind is paid.
     assert _gpt175_zero3(devices, mbs, "layer")["dp_comm"] < without["dp_comm"]
+
+
+def test_a_layout_without_zero3_says_the_gather_mode_changes_nothing(capsys):
+    args = ["plan", "--model", "llama3-8b", "--gpus", "64", "--dp", "64", "--zero", "1",
+            "--zero3-gather", "tensor", "--no-curve", "--json"]
+    assert main(args) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert any("--zero3-gather tensor changes nothing here" in w for w in warnings)
