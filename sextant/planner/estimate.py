@@ -864,23 +864,16 @@ def _evaluate(
     # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
     s_in = dp_in
     s_out = np.where(hs, 1.0, dp_out)
+    rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
+    ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
     once = None
     if opts.zero3_gather == "tensor":
-        # One collective per parameter tensor (_per_tensor_zero3); per layer (ZeRO-3) only.
+        # ZeRO-3 rows: one collective per parameter tensor instead (_per_tensor_zero3).
         rs_t, ag_t, once_t = _per_tensor_zero3(
             cost, lps, grad_b, psi_stage * param_wire, (s_in, s_out, intra, inter), shard
         )
-        rs_l = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
-        ag_l = units * comms.hier_all_gather(
-            psi_stage * param_wire / units, s_in, s_out, intra, inter
-        )
-        rs, ag = np.where(z3, rs_t, rs_l), np.where(z3, ag_t, ag_l)
+        rs, ag = np.where(z3, rs_t, rs), np.where(z3, ag_t, ag)
         once = np.where(z3, once_t, 0.0)
-    else:
-        rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
-        ag = units * comms.hier_all_gather(
-            psi_stage * param_wire / units, s_in, s_out, intra, inter
-        )
     replicas = (
         np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, *inter), 0.0)
         if np.any(hs)

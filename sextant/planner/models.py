@@ -442,8 +442,9 @@ class ModelCost:
     layer_tensors: tuple[float, ...] = ()
     """Elements of each parameter tensor of one layer as Megatron-LM lays them out (QKV in
     one weight, the gated MLP's gate and up in one; each GEMM weight, each bias, each norm's
-    scale and bias): 12 tensors for a GPT layer, 6 for a Llama one. What a stack that gathers
-    every tensor on its own issues collectives for (PlanOptions.zero3_gather)."""
+    scale and bias), unsplit by tensor parallelism: 12 tensors for a GPT layer, 6 for a Llama
+    one. What a stack that gathers every tensor on its own issues collectives for
+    (PlanOptions.zero3_gather)."""
 
 
 # --- presets ---------------------------------------------------------------------------------

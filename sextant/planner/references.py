@@ -353,7 +353,9 @@ def _references() -> list[Reference]:
                 "paper (v0.3.13, March 2021, partition_parameters.py and stage3.py): one "
                 "all-gather per parameter tensor (`_allgather_param`) and one reduce-scatter "
                 "per gradient (`_reduce_scatter_gradient`), --zero3-gather tensor (12 tensors "
-                "a layer); a `torch.cuda.synchronize()` before every gather and a blocking "
+                "a layer, the 8 biases and norms under the 1e5-element persistence threshold "
+                "gathered once a step); a `torch.cuda.synchronize()` before every gather and a "
+                "blocking "
                 "fetch before every module's forward, so no gather runs beside compute: "
                 "--overlap 0",
             )
