@@ -213,6 +213,13 @@ def _gpt530(batch: int) -> TransformerShape:
     )
 
 
+def _table2(params: float, batch: int, scheme: str, devices: int) -> tuple[TransformerShape, str]:
+    """A Table 2 row's model and id (the 174.6B rows keep their ids of the first revisions)."""
+    if params == 174.6:
+        return _gpt175(), f"megatron-t2-{scheme}-{devices}"
+    return _gpt530(batch), f"megatron-t2-530b-{scheme}-{devices}"
+
+
 def _korthikanti_mfu(recompute: str, sp: bool) -> float:
     """Korthikanti et al. 2022, Table 3 and §6: 530B with t = 8, p = 35, micro-batch 1, 280
     sequences per model instance (x 8 data-parallel replicas = 2240), "the interleaving
@@ -320,10 +327,10 @@ def _references() -> list[Reference]:
         )
 
     for params, t, p, n, batch, published in MEGATRON_TABLE2_PTDP:
-        shape = _gpt175() if params == 174.6 else _gpt530(batch)
+        shape, ref_id = _table2(params, batch, "ptdp", n)
         refs.append(
             Reference(
-                id=f"megatron-t2-ptdp-{n}" if params == 174.6 else f"megatron-t2-530b-ptdp-{n}",
+                id=ref_id,
                 source=f"{MEG}, Table 2",
                 quantity=f"TFLOP/s per GPU, {params:g}B PTD-P (t={t}, p={p}) on {n} A100, "
                 f"batch {batch}",
@@ -336,10 +343,10 @@ def _references() -> list[Reference]:
             )
         )
     for params, n, mbs, batch, published in MEGATRON_TABLE2_ZERO3:
-        shape = _gpt175() if params == 174.6 else _gpt530(batch)
+        shape, ref_id = _table2(params, batch, "zero3", n)
         refs.append(
             Reference(
-                id=f"megatron-t2-zero3-{n}" if params == 174.6 else f"megatron-t2-530b-zero3-{n}",
+                id=ref_id,
                 source=f"{MEG}, Table 2",
                 quantity=f"TFLOP/s per GPU, {params:g}B ZeRO-3 (no model parallelism) on {n} "
                 f"A100, micro-batch {mbs}, batch {batch}",
