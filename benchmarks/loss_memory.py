@@ -17,6 +17,18 @@ and released when the storage is (a weak reference to the storage: PyTorch keeps
 object per storage); only tensors of at least a quarter of the logits count, so the figure is
 the logits' share of the peak. It prints the forward peak and the whole peak, in bytes per
 logit, for 16-bit and fp32 logits.
+
+With tensor parallelism torchtitan runs the same loss inside PyTorch's `loss_parallel()`
+(torchtitan/utils.py get_train_context at 9dec370; on whenever tp > 1 unless
+--training.disable_loss_parallel): the logits are a DTensor sharded over the vocabulary and
+DTensor's own handlers compute the log-softmax and the nll_loss backward
+(torch/distributed/tensor/parallel/loss.py). A dispatch mode does not see the operators
+inside those handlers, so this case is measured from the allocator's own events instead: the
+profiler's memory timeline (profile_memory=True), every CPU allocation and release, on a
+one-rank gloo group (the handlers do the same local work on one rank as on eight; their
+all-reduces are of one value a token). The plain loss is measured the same way beside it, a
+cross-check of the two methods; the timeline counts every allocation, so both carry the same
+small non-logit remainder (the weights' and inputs' gradients).
 """
 
 from __future__ import annotations
@@ -71,6 +83,60 @@ def measure(precision: str = "bf16", tokens: int = 1024, vocab: int = 8192, hidd
     return forward / unit, state["peak"] / unit, state["at"]
 
 
+def measure_timeline(loss_parallel: bool, tokens: int = 1024, vocab: int = 8192,
+                     hidden: int = 64) -> float:
+    """Peak bytes per logit of the bf16 loss, forward and backward, from the profiler's memory
+    timeline; with `loss_parallel` the logits are a one-rank DTensor sharded over the
+    vocabulary and the loss runs inside torch's loss_parallel()."""
+    import socket
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, hidden, generator=gen, requires_grad=True)
+    w = torch.randn(vocab, hidden, generator=gen, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,), generator=gen)
+    own_group = loss_parallel and not dist.is_initialized()
+    if own_group:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+        )
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                     record_shapes=True, with_stack=True) as prof:
+            pred = h.to(torch.bfloat16) @ w.t()
+            if loss_parallel:
+                from torch.distributed.device_mesh import init_device_mesh
+                from torch.distributed.tensor import DTensor, Shard
+                from torch.distributed.tensor.parallel import loss_parallel as parallel
+
+                mesh = init_device_mesh("cpu", (1,))
+                pred = DTensor.from_local(pred, mesh, [Shard(1)])
+                with parallel():
+                    loss = F.cross_entropy(pred.float(), labels)
+                    del pred
+                    loss.backward()
+            else:
+                loss = F.cross_entropy(pred.float(), labels)
+                del pred
+                loss.backward()
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(
+        torch.device("cpu")
+    )
+    return float(np.asarray(sizes).sum(axis=1).max()) / (tokens * vocab)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=1024)
@@ -83,6 +149,10 @@ def main() -> int:
         fwd, peak, at = measure(precision, args.tokens, args.vocab)
         print(f"{precision} logits: forward peak {fwd:.1f} bytes per logit, whole peak "
               f"{peak:.1f} (at {at})")
+    plain = measure_timeline(False, args.tokens, args.vocab)
+    parallel = measure_timeline(True, args.tokens, args.vocab)
+    print(f"bf16 logits, profiler memory timeline: plain loss {plain:.1f} bytes per logit, "
+          f"under loss_parallel {parallel:.1f} ({parallel - plain:+.1f})")
     return 0
 
 

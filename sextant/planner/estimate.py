@@ -632,7 +632,7 @@ def _evaluate(
     full = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, 0, act_scale)
     working = (full_rc | alt_rc) * full  # the layer being recomputed
     logits = tok_dev * cost.logits_bytes_per_token / tp * memory.loss_bytes_factor(
-        opts.memory_model, opts.precision
+        opts.memory_model, opts.precision, tp
     )
     inflight = memory.pipeline_inflight(pp, m, v)
     act_first = per_layer * lps * inflight + working + np.where(multi, 0.0, logits)

@@ -187,7 +187,7 @@ def root_unit_bytes(root_params, zero, *, precision: str = "bf16", memory_model:
     return np.where(np.asarray(zero) >= 3, compute * np.asarray(root_params, np.float64), 0.0)
 
 
-def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16") -> float:
+def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16", tp=1):
     """The loss's peak logits bytes over Korthikanti's fp32 logits (4 s b V, §4.3).
 
     "torch": PyTorch's cross-entropy as torchtitan calls it
@@ -196,11 +196,18 @@ def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16") -> fl
     the fp32 log-softmax it saves at once (2 + 4 + 4 bytes a logit; 4 + 4 for fp32 logits);
     its backward more: the saved log-softmax, nll_loss's dense fp32 gradient and
     _log_softmax_backward_data's fp32 result, 4 + 4 + 4 = 12 bytes a logit in either
-    precision, 3 times Korthikanti's (measured: benchmarks/loss_memory.py). Fused losses
-    (Megatron's vocab-parallel cross-entropy, the others): 1."""
-    if memory_model == "torch":
-        return 3.0
-    return 1.0
+    precision, 3 times Korthikanti's. With tensor parallelism (tp > 1) torchtitan runs the
+    loss inside PyTorch's loss_parallel() (on by default: get_train_context, torchtitan/utils.py
+    at 9dec370), whose backward (torch/distributed/tensor/parallel/loss.py,
+    `_nll_loss_and_log_softmax_backward`: `(grad_input + torch.exp(x)) * grad_output`) holds
+    the saved log-softmax, the zeroed gradient, the sum and the product: 16 bytes a logit of
+    its vocabulary shard, 4 times Korthikanti's. Both measured: benchmarks/loss_memory.py.
+    Fused losses (Megatron's vocab-parallel cross-entropy, the others): 1."""
+    if memory_model != "torch":
+        return 1.0
+    if np.ndim(tp) == 0:
+        return 4.0 if tp > 1 else 3.0
+    return np.where(np.asarray(tp) > 1, 4.0, 3.0)
 
 
 def transient_param_bytes(

@@ -395,7 +395,7 @@ def _warnings(
     if req.options.memory_model == "torch":
         out.append(
             "--memory-model torch: memory is a lower bound; against torchtitan's published "
-            "peak reserved memory it was 2-18 % low (docs/validation.md, eleventh revision): "
+            "peak reserved memory it was 2-6 % low (docs/validation.md, twelfth revision): "
             "keep that much to spare"
         )
     if layout.tp > hw.devices_per_node:

@@ -193,6 +193,37 @@ def test_torch_loss_holds_the_logits_three_times():
     assert acts["torch"] - acts["zero"] == pytest.approx(2.0 * logits, rel=1e-9)
 
 
+def test_torch_loss_under_tensor_parallelism_holds_its_shard_four_times():
+    """With tp > 1 torchtitan's loss runs in PyTorch's loss_parallel(): 16 bytes per entry of
+    the rank's vocabulary shard (4 x 4 s b V / t); with tp = 1 the plain loss's 12."""
+    assert loss_bytes_factor("torch", "bf16", 2) == loss_bytes_factor("torch", "fp32", 8) == 4.0
+    assert loss_bytes_factor("torch", "bf16", 1) == 3.0
+    assert loss_bytes_factor("megatron", "bf16", 8) == 1.0
+    assert list(loss_bytes_factor("torch", "bf16", np.array([1.0, 2.0, 8.0]))) == [3.0, 4.0, 4.0]
+    shape = preset("llama3-8b")
+    opts = {m: PlanOptions(global_batch=4, memory_model=m) for m in ("zero", "torch")}
+    acts = {}
+    for model, opt in opts.items():
+        hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opt)
+        lay = Layout(dp=4, tp=2, zero=3, mbs=1, recompute="full")
+        acts[model] = evaluate_one(shape.cost(), hw, opt, lay).figures["mem_activations"]
+    shard = shape.seq_len * 4 * shape.vocab_size / 2
+    assert acts["torch"] - acts["zero"] == pytest.approx(3.0 * shard, rel=1e-9)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
+def test_pytorch_loss_parallel_holds_what_the_factor_says():
+    # The real loss_parallel() on a one-rank gloo group, beside the plain loss, both from the
+    # profiler's memory timeline (benchmarks/loss_memory.py): the difference is the factor's.
+    probe = _loss_probe()
+    plain = probe.measure_timeline(False, tokens=512, vocab=4096)
+    parallel = probe.measure_timeline(True, tokens=512, vocab=4096)
+    step = 4.0 * (loss_bytes_factor("torch", "bf16", 2) - loss_bytes_factor("torch", "bf16", 1))
+    assert parallel - plain == pytest.approx(step, abs=0.1)
+    assert plain == pytest.approx(4.0 * loss_bytes_factor("torch", "bf16"), abs=0.5)
+
+
 @pytest.mark.torch
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
 @pytest.mark.parametrize("precision, forward", [("bf16", 10.0), ("fp32", 8.0)])
