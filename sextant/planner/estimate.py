@@ -67,6 +67,10 @@ PERSISTENT_LIST_OPS = 4.0
 PERSISTENCE_THRESHOLD = 1e5
 """Tensors of fewer elements stay gathered between steps (DeepSpeed's
 stage3_param_persistence_threshold default, zero/constants.py at v0.3.13)."""
+MAX_REUSE_DISTANCE = 1e9
+"""DeepSpeed's stage3_max_reuse_distance default (zero/constants.py at v0.3.13): a gathered
+tensor is released after its module runs unless the parameters used before its next use
+(its reuse distance, counted over the recorded module trace) are fewer elements."""
 KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs", "cp", "ep")
 COMPONENTS = (
     "compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed"
@@ -473,11 +477,23 @@ def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.nda
     return np.where(n > cores, f1 * cores / np.maximum(n, 1.0), per)
 
 
+def gathered_again(weights, max_distance: float | None = None) -> np.ndarray:
+    """Which of a recomputed layer's weights (elements, in forward order) DeepSpeed's ZeRO-3
+    gathers again for their backward: those whose reuse distance, 2 x the elements of the
+    weights after them (their recomputed forward, then their backward), is not under
+    `max_distance` (stage3_max_reuse_distance; MAX_REUSE_DISTANCE by default)."""
+    limit = MAX_REUSE_DISTANCE if max_distance is None else max_distance
+    w = np.asarray(weights, dtype=np.float64)
+    later = np.cumsum(w[::-1])[::-1] - w
+    return 2.0 * later >= limit
+
+
 def _per_tensor_zero3(cost: ModelCost, lps, grad_bytes, param_bytes, group, ranks):
     """ZeRO-3 issued one collective per parameter tensor, as DeepSpeed did before its
     coalesced gathers (v0.5.5; v0.3.13 partition_parameters.py and stage3.py). Returns the
     time of one reduce-scatter pass and of one all-gather pass over the layers of a stage,
-    and of what is paid once per step, each with its host work.
+    of the gathers a recomputed forward adds, and of what is paid once per step, each with
+    its host work.
 
     * Tensors of fewer than PERSISTENCE_THRESHOLD elements (biases, norms) persist: gathered
       once per step after the optimizer, in one call (`_allgather_params`), never per pass.
@@ -486,14 +502,25 @@ def _per_tensor_zero3(cost: ModelCost, lps, grad_bytes, param_bytes, group, rank
     * Every tensor's gradient is reduce-scattered on its own (`_reduce_scatter_gradient`):
       the large ones carry the bytes, each small one pays a collective's latency.
     * Each collective is built from lists of one slice per rank (GATHER_LIST_OPS,
-      SCATTER_LIST_OPS, PERSISTENT_LIST_OPS calls per rank, HOST_OP_SECONDS each)."""
+      SCATTER_LIST_OPS, PERSISTENT_LIST_OPS calls per rank, HOST_OP_SECONDS each).
+    * A recomputed layer (activation checkpointing) runs its forward again inside the
+      backward: the module hooks gather each tensor for that forward and release it after
+      (post_sub_module_forward_function), then gather it again for its backward, unless its
+      reuse distance is under MAX_REUSE_DISTANCE (`_keep_for_later`). After the recomputed
+      forward of the layer's i-th weight the modules that run before its backward are the
+      later weights, forward and then backward: a distance of 2 x their elements. The last
+      weight (distance 0) stays; the others of a wide layer are gathered a third time."""
     sizes = np.asarray(cost.layer_tensors or (1.0,), dtype=np.float64)
     large = sizes >= PERSISTENCE_THRESHOLD
     n_large, n_small = float(large.sum()), float((~large).sum())
     share = float(sizes[large].sum() / sizes.sum())
+    weights = sizes[large]  # layer_tensors lists the weights in forward order, then the rest
+    again = gathered_again(weights)
+    n_again, share_again = float(again.sum()), float(weights[again].sum() / sizes.sum())
     s_in, s_out, intra, inter = group
     host = ranks * HOST_OP_SECONDS
     ag = 0.0
+    ag_again = 0.0
     rs = lps * n_small * comms.hier_reduce_scatter(
         grad_bytes * (1.0 - share) / np.maximum(n_small * lps, 1.0), s_in, s_out, intra, inter
     )
@@ -506,13 +533,19 @@ def _per_tensor_zero3(cost: ModelCost, lps, grad_bytes, param_bytes, group, rank
         rs = rs + units * comms.hier_reduce_scatter(
             grad_bytes * share / units, s_in, s_out, intra, inter
         )
+    if n_again:
+        units = lps * n_again
+        ag_again = units * (
+            comms.hier_all_gather(param_bytes * share_again / units, s_in, s_out, intra, inter)
+            + GATHER_LIST_OPS * host
+        )
     rs = rs + lps * (n_large + n_small) * SCATTER_LIST_OPS * host
     once = 0.0
     if n_small:
         once = comms.hier_all_gather(param_bytes * (1.0 - share), s_in, s_out, intra, inter) + (
             GATHER_LIST_OPS + lps * n_small * PERSISTENT_LIST_OPS
         ) * host
-    return rs, ag, once
+    return rs, ag, ag_again, once
 
 
 CHUNK = 16384  # rows per pass: keeps numpy temporaries in cache (about 1.5x faster)
@@ -869,11 +902,14 @@ def _evaluate(
     once = None
     if opts.zero3_gather == "tensor":
         # ZeRO-3 rows: one collective per parameter tensor instead (_per_tensor_zero3).
-        rs_t, ag_t, once_t = _per_tensor_zero3(
+        rs_t, ag_t, again_t, once_t = _per_tensor_zero3(
             cost, lps, grad_b, psi_stage * param_wire, (s_in, s_out, intra, inter), shard
         )
         rs, ag = np.where(z3, rs_t, rs), np.where(z3, ag_t, ag)
-        once = np.where(z3, once_t, 0.0)
+        # Once a step: the persistent tensors' gather; per recomputed micro-batch forward,
+        # the tensors its hooks gather again (FSDP2 does not: its pre-backward hook unshards
+        # the block before the recomputation, whose forward hooks then leave it alone).
+        once = np.where(z3, once_t + m * fwd_rc * again_t, 0.0)
     replicas = (
         np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, *inter), 0.0)
         if np.any(hs)
@@ -885,7 +921,7 @@ def _evaluate(
         + counts["all_gather"] * ag
     )
     if once is not None:
-        t_dp = t_dp + once  # the persistent tensors' gather, once a step
+        t_dp = t_dp + once  # per-tensor ZeRO-3's extra gathers (above)
     bwd_mb = (2.0 / 3.0) * t_compute / m
     window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
     hidden_dp = np.minimum(opts.overlap * t_dp, window)

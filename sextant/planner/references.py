@@ -361,10 +361,11 @@ def _references() -> list[Reference]:
                 "all-gather per parameter tensor (`_allgather_param`) and one reduce-scatter "
                 "per gradient (`_reduce_scatter_gradient`), --zero3-gather tensor (12 tensors "
                 "a layer, the 8 biases and norms under the 1e5-element persistence threshold "
-                "gathered once a step); a `torch.cuda.synchronize()` before every gather and a "
-                "blocking "
-                "fetch before every module's forward, so no gather runs beside compute: "
-                "--overlap 0",
+                "gathered once a step; the recomputed forward gathers again each weight it "
+                "will not reuse within stage3_max_reuse_distance, 1e9 elements: all but the "
+                "MLP-out weight); a `torch.cuda.synchronize()` before every gather and a "
+                "blocking fetch before every module's forward, so no gather runs beside "
+                "compute: --overlap 0",
             )
         )
 

@@ -10,8 +10,14 @@ from sextant.cli import main
 from sextant.errors import UserError
 from sextant.planner import comms
 from sextant.planner.catalogue import load_catalogue
-from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-from sextant.planner.models import MLPShape, preset
+from sextant.planner.estimate import (
+    Layout,
+    PlanOptions,
+    evaluate_one,
+    gathered_again,
+    resolve_hardware,
+)
+from sextant.planner.models import MLPShape, megatron_gpt, preset
 from sextant.planner.references import _gpt175
 
 
@@ -101,11 +107,12 @@ def test_per_tensor_collectives_pay_the_host_work_of_their_per_rank_lists(device
     # ProcessGroupNCCL's copy of the flat result into that rank's tensor), each reduce-scatter
     # of a gradient 3 (view().narrow(), then the copy into the flat input), and once per
     # step the persistent biases and norms: 2 calls for the gather, 4 per tensor for the
-    # copies back. One micro-batch: 2 x 4 gathers and 12 reduce-scatters per layer.
+    # copies back. One micro-batch: 2 x 4 gathers, 3 more for the recomputed forward (the
+    # MLP-out weight stays gathered for its backward) and 12 reduce-scatters per layer.
     with_host = _gpt175_zero3(devices, mbs, "tensor")
     monkeypatch.setattr("sextant.planner.estimate.HOST_OP_SECONDS", 0.0)
     without = _gpt175_zero3(devices, mbs, "tensor")
-    calls = 96 * (2 * 4 * 2 + 12 * 3) + 2 + 96 * 8 * 4
+    calls = 96 * ((2 * 4 + 3) * 2 + 12 * 3) + 2 + 96 * 8 * 4
     expected = calls * devices * 2e-6
     assert with_host["dp_comm"] - without["dp_comm"] == pytest.approx(expected, rel=1e-9)
     # Gathered per layer, nothing of the kind is paid.
@@ -118,3 +125,31 @@ def test_a_layout_without_zero3_says_the_gather_mode_changes_nothing(capsys):
     assert main(args) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
     assert any("--zero3-gather tensor changes nothing here" in w for w in warnings)
+
+
+def _zero3_dp_comm(shape, recompute: str, gather: str, devices: int = 384) -> float:
+    opts = PlanOptions(global_batch=devices, flash_attention=False, overlap=0.0,
+                       zero3_gather=gather)
+    hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
+    layout = Layout(dp=devices, zero=3, mbs=1, recompute=recompute)
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures["dp_comm"]
+
+
+def test_a_recomputed_forward_gathers_again_what_it_will_not_reuse_soon():
+    # DeepSpeed v0.3.13: the recomputed forward's module hooks gather each weight and release
+    # it unless fewer than stage3_max_reuse_distance (1e9) elements are used before its
+    # backward: 2 x the later weights' elements. At h = 12288 the QKV, attention-output and
+    # MLP-in weights (distances 2.7e9, 2.4e9, 1.2e9) go again and the MLP-out weight
+    # (distance 0) stays; at h = 4096 every distance is under 1e9 (at most 3.0e8).
+    h = 12288
+    assert list(gathered_again([3 * h * h, h * h, 4 * h * h, 4 * h * h])) == [
+        True, True, True, False
+    ]
+    assert not gathered_again([3 * 4096**2, 4096**2, 4 * 4096**2, 4 * 4096**2]).any()
+    assert list(gathered_again([6e8, 6e8], max_distance=1.2e9)) == [True, False]
+    wide, narrow = _gpt175(), megatron_gpt(n_layers=32, d_model=4096, n_heads=32)
+    assert _zero3_dp_comm(narrow, "full", "tensor") == _zero3_dp_comm(narrow, "none", "tensor")
+    assert _zero3_dp_comm(wide, "full", "tensor") > _zero3_dp_comm(wide, "none", "tensor")
+    # Gathered per layer (FSDP2: the pre-backward hook unshards the block before its
+    # recomputation, whose forward hooks leave it alone), recomputation adds no collective.
+    assert _zero3_dp_comm(wide, "full", "layer") == _zero3_dp_comm(wide, "none", "layer")
