@@ -19,7 +19,7 @@ from sextant.planner.catalogue import Link, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
 from sextant.planner.models import TransformerShape, megatron_gpt, preset
-from sextant.planner.search import search
+from sextant.planner.search import MAX_MICRO_BATCH, divisors, search
 
 ZERO = "Rajbhandari et al. 2020 (ZeRO)"
 MEG = "Narayanan et al. 2021 (Megatron-LM, SC21)"
@@ -64,7 +64,12 @@ def _interleaves(n_layers: int, layout: Layout, batch: int) -> list[int]:
     return [v for v in range(2, per_stage + 1) if per_stage % v == 0] or [1]
 
 
-def _megatron_step(
+def _megatron_step(shape: TransformerShape, layout: Layout, batch: int, **options: Any) -> float:
+    """The planner's step time for a Megatron-LM run (megatron_choice)."""
+    return megatron_choice(shape, layout, batch, **options)[0]
+
+
+def megatron_choice(
     shape: TransformerShape,
     layout: Layout,
     batch: int,
@@ -74,29 +79,45 @@ def _megatron_step(
     interleave: int | str = 1,
     overlap: float = 0.5,
     zero3_gather: str = "layer",
-) -> float:
-    """The planner's step time for a Megatron-LM run on Selene (a100-80gb, ib-hdr, 2021-22
+    micro_batch: str = "layout",
+) -> tuple[float, int, int]:
+    """(step time, micro-batch size, v): the planner's step time for a Megatron-LM run on Selene (a100-80gb, ib-hdr, 2021-22
     stack: no FlashAttention, layers split evenly). `interleave` "searched": the schedule was
-    interleaved but the papers do not state v, so the fastest valid v > 1 is taken."""
+    interleaved but the papers do not state v, so the fastest valid v > 1 is taken.
+    `micro_batch` "searched": the paper does not state the micro-batch size either, so the
+    fastest that fits of those the planner's own search tries (the divisors of the rank's
+    share of the batch, up to MAX_MICRO_BATCH) is taken, with v searched for each; "layout"
+    keeps the layout's. Returns the fastest step with the micro-batch size and v it ran."""
     opts = PlanOptions(
         global_batch=batch, flash_attention=False, balanced_stages=False, overlap=overlap,
         zero3_gather=zero3_gather,
     )
     hw = resolve_hardware(_cat(), "a100-80gb", "ib-hdr", options=opts)
-    chunks = (
-        _interleaves(shape.n_layers, layout, batch) if interleave == "searched" else [interleave]
+    per_rank = batch // layout.dp
+    sizes = (
+        [b for b in divisors(per_rank) if b <= MAX_MICRO_BATCH]
+        if micro_batch == "searched"
+        else [layout.mbs]
     )
     cost = shape.cost(flash_attention=False)
-    return min(
-        evaluate_one(
-            cost, hw, opts,
-            Layout(
-                dp=layout.dp, tp=layout.tp, pp=layout.pp, zero=layout.zero, mbs=layout.mbs,
-                recompute=recompute, sp=sp, interleave=int(v),
-            ),
-        ).figures["step"]
-        for v in chunks
-    )
+    steps = []
+    for mbs in sizes:
+        sized = replace(layout, mbs=mbs)
+        chunks = (
+            _interleaves(shape.n_layers, sized, batch) if interleave == "searched"
+            else [interleave]
+        )
+        for v in chunks:
+            f = evaluate_one(
+                cost, hw, opts,
+                Layout(
+                    dp=layout.dp, tp=layout.tp, pp=layout.pp, zero=layout.zero, mbs=mbs,
+                    recompute=recompute, sp=sp, interleave=int(v),
+                ),
+            ).figures
+            if f["fits"] or micro_batch == "layout":
+                steps.append((float(f["step"]), mbs, int(v)))
+    return min(steps)
 
 
 def _megatron_tflops(
@@ -307,7 +328,8 @@ def _references() -> list[Reference]:
         def fn(heads=heads, hidden=hidden, layers=layers, t=t, p=p, n=n, batch=batch):
             shape = megatron_gpt(n_layers=layers, d_model=hidden, n_heads=heads, global_batch=batch)
             return _megatron_tflops(
-                shape, Layout(dp=n // (t * p), tp=t, pp=p), batch, interleave="searched"
+                shape, Layout(dp=n // (t * p), tp=t, pp=p), batch, interleave="searched",
+                micro_batch="searched",
             )
 
         refs.append(
@@ -318,11 +340,12 @@ def _references() -> list[Reference]:
                 unit="TFLOP/s",
                 published=float(tflops),
                 planner=fn,
-                setting="a100-80gb + ib-hdr (8 ports/node), full recomputation, micro-batch 1 "
-                "(not stated per row), the interleaved schedule with scatter/gather (§5.1: "
-                "\"we use the interleaved pipeline schedule with the scatter/gather optimization "
-                "enabled\"; with p > 1, the fastest v > 1 that divides the stage's layers, v "
-                "not being stated)",
+                setting="a100-80gb + ib-hdr (8 ports/node), full recomputation, the "
+                "interleaved schedule with scatter/gather (§5.1: \"we use the interleaved "
+                "pipeline schedule with the scatter/gather optimization enabled\"); neither v "
+                "nor the micro-batch size is stated per row, so the fastest valid pair: v > 1 "
+                "dividing the stage's layers (with p > 1) and a micro-batch size dividing the "
+                "rank's share of the batch (up to 64, as the search tries), the layout fitting",
             )
         )
 

@@ -86,3 +86,25 @@ def test_published_interleaving_choices():
     # No pipeline, or micro-batches not a multiple of p: non-interleaved only.
     assert _interleaves(40, Layout(dp=32, tp=8, pp=1), 1024) == [1]
     assert _interleaves(48, Layout(dp=4, tp=8, pp=2), 6) == [1]
+
+
+def test_an_unstated_micro_batch_is_the_fastest_that_fits():
+    # Narayanan et al. Table 1 does not state b: the rows take the fastest fitting size among
+    # those the search tries (divisors of the rank's share of the batch), as they take v.
+    from sextant.planner.estimate import Layout
+    from sextant.planner.models import megatron_gpt
+    from sextant.planner.references import megatron_choice
+
+    shape = megatron_gpt(n_layers=40, d_model=6144, n_heads=48, global_batch=1024)
+    layout = Layout(dp=32, tp=8, pp=1)
+    fixed = megatron_choice(shape, layout, 1024, interleave="searched")
+    searched = megatron_choice(shape, layout, 1024, interleave="searched", micro_batch="searched")
+    assert fixed[1:] == (1, 1)
+    assert searched[0] < fixed[0]
+    assert (1024 // 32) % searched[1] == 0 and searched[1] > 1
+    # A deep pipeline keeps b small: the bubble grows with it (529.6B on 35 stages).
+    deep = megatron_gpt(n_layers=105, d_model=20480, n_heads=128, global_batch=2520)
+    step, mbs, v = megatron_choice(
+        deep, Layout(dp=9, tp=8, pp=35), 2520, interleave="searched", micro_batch="searched"
+    )
+    assert (mbs, v) == (1, 3)
