@@ -933,13 +933,16 @@ def _new_references() -> list[Reference]:
             quantity="tokens/s per GPU, LLaMA 65B on 2048 A100 80GB",
             unit="tokens/s",
             published=380.0,
-            planner=lambda: _best(_llama1_65b(), 2048, "a100-80gb", "ib-hdr")["tokens_per_s"]
-            / 2048,
+            planner=lambda: _best(
+                _llama1_65b(), 2048, "a100-80gb", "ib-hdr", fixed={"tp": 8, "sp": 1}
+            )["tokens_per_s"] / 2048,
             setting="\"around 380 tokens/sec/GPU on 2048 A100 GPU with 80GB of RAM\"; the "
             "shape of Table 2 (80 layers, h = 8192, 64 heads, SwiGLU d_ff = 22,016, V = 32,000, "
-            "sequence 2048, 4M-token batch = 2048 sequences); the layout is not published "
-            "(\"model and sequence parallelism\", §2.4), so the best of the search, as for the "
-            "Llama 2 GPU-hour rows; 200 Gb/s InfiniBand assumed (ib-hdr)",
+            "sequence 2048, 4M-token batch = 2048 sequences); \"model and sequence "
+            "parallelism\" (§2.4): tensor parallelism 8, the model-parallel size the 65B "
+            "checkpoint was released in (facebookresearch/llama README, v1: \"Different "
+            "models require different MP values\", 65B: 8), with sequence parallelism; the "
+            "rest of the layout searched; 200 Gb/s InfiniBand assumed (ib-hdr)",
         )
     )
     refs.append(
