@@ -45,6 +45,20 @@ class Reference:
     printed: float | None = None
     """The precision the source prints (0.1 for "1.9 GB"): formula points are compared after
     rounding the planner's figure to it."""
+    planner_other: Callable[..., float] | None = None
+    """Where the source bounds an input instead of stating it (a GPU's peak "between SXM and
+    NVL"), the planner's figure at the bound's other end: the row's prediction is then the
+    interval between the two, and its error the distance from the published figure to the
+    interval's nearer end (0 inside it; interval_error)."""
+
+
+def interval_error(low: float, high: float, published: float) -> float:
+    """Relative error of a published figure against a predicted interval: 0 inside it, else
+    (nearer end - published) / published."""
+    lo, hi = min(low, high), max(low, high)
+    if lo <= published <= hi:
+        return 0.0
+    return ((lo if published < lo else hi) - published) / published
 
 
 def _cat():
@@ -639,9 +653,14 @@ TT_H100_SETTING = (
     "Grand Teton hosts as the doc states them: 8 H100 per host on NVLink, 96 GB HBM2e at "
     "2.4 TB/s, 400 Gb/s RDMA per GPU (ethernet-400g), the default 500 W power limit; the "
     "doc does not know the GPU's peak (\"between SXM and NVL\", footnote 2), so the "
-    "h100-sxm peak (989 TFLOP/s) is used, an upper bound; seq 8192 and the AC policy from "
-    "train_configs/ at 9dec370; --memory-model torch"
+    "throughput rows are predicted at both ends, the h100-sxm peak (989 TFLOP/s BF16) and the "
+    "H100 NVL's (835.5), their error the distance to the nearer end; seq 8192 and the AC "
+    "policy from train_configs/ at 9dec370; --memory-model torch"
 )
+H100_NVL_PEAK = {"bf16": 835.5e12, "fp16": 835.5e12, "fp32": 60e12, "fp8": 1670.5e12}
+"""NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL column, dense: the sparse 1,671 BF16
+and 3,341 FP8 TFLOP/s halved as for h100-sxm, FP32 60. The lower end of the peak torchtitan's
+performance.md gives its H100s (footnote 2: "between SXM and NVL")."""
 # (preset, GPUs, published layout, global batch, tokens/s per GPU, peak reserved memory GiB,
 # row tag, setting)
 # Table 1 and Table 3: the plain FSDP rows (no torch.compile, which the planner does not
@@ -658,12 +677,16 @@ TORCHTITAN_H100 = [
 ]
 
 
-def _torchtitan_h100(name: str, layout: Layout, batch: int, *, fp8: bool) -> dict[str, float]:
+def _torchtitan_h100(
+    name: str, layout: Layout, batch: int, *, fp8: bool, nvl_peak: bool = False
+) -> dict[str, float]:
     """Tokens/s per GPU and memory per GPU (GiB) of a torchtitan run on the doc's H100 hosts
-    (96 GB, 2.4 TB/s)."""
+    (96 GB, 2.4 TB/s), at the h100-sxm peak or (nvl_peak) at the H100 NVL's."""
     opts = PlanOptions(global_batch=batch, memory_model="torch", fp8=fp8)
     hw = resolve_hardware(_cat(), "h100-sxm", "ethernet-400g", options=opts)
     acc = replace(hw.accelerator, memory_bytes=96 * 2**30, memory_bw=2.4e12)
+    if nvl_peak:
+        acc = replace(acc, peak_flops=dict(H100_NVL_PEAK))
     f = evaluate_one(preset(name).cost(), replace(hw, accelerator=acc), opts, layout).figures
     return {"tokens_per_s": f["tokens_per_s"] / layout.devices, "memory_gib": f["memory"] / 2**30}
 
@@ -890,6 +913,10 @@ def _new_references() -> list[Reference]:
                 planner=lambda name=name, layout=layout, batch=batch, what=what: _torchtitan_h100(
                     name, layout, batch, fp8=what.endswith("fp8")
                 )["tokens_per_s"],
+                planner_other=lambda name=name, layout=layout, batch=batch, what=what: (
+                    _torchtitan_h100(name, layout, batch, fp8=what.endswith("fp8"),
+                                     nvl_peak=True)["tokens_per_s"]
+                ),
                 setting=f"{setting}; {TT_H100_SETTING}",
             )
         )
@@ -1082,6 +1109,7 @@ def run_references(only: str | None = None) -> list[dict[str, Any]]:
     for r in refs:
         value = float(r.planner())
         compared = value if r.printed is None else round(value / r.printed) * r.printed
+        other = None if r.planner_other is None else float(r.planner_other())
         rows.append(
             {
                 "id": r.id,
@@ -1090,13 +1118,23 @@ def run_references(only: str | None = None) -> list[dict[str, Any]]:
                 "unit": r.unit,
                 "published": r.published,
                 "planner": value,
-                "error": (compared - r.published) / r.published,
+                "planner_other": other,
+                "error": (compared - r.published) / r.published
+                if other is None
+                else interval_error(other, compared, r.published),
                 "kind": r.kind,
                 "setting": r.setting,
                 "command": r.command or f"sextant plan references --only {r.id}",
             }
         )
     return rows
+
+
+def _share(hits: int, total: int) -> str:
+    """hits / total as a percentage, rounded down to 0.1 % so that a share under a threshold
+    never prints as reaching it (47/59 is 79.6 %, not "80 %")."""
+    tenths = (1000 * hits) // max(total, 1)
+    return f"{tenths // 10}.{tenths % 10}%"
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -1114,7 +1152,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
     not_counted = f", {len(apart)} not comparable (shown, not counted)" if apart else ""
     return (
         f"{len(rows)} references: {f_ok}/{len(formula)} formula-defined within 0.5%, "
-        f"{e_ok}/{len(e2e)} end-to-end within 10% ({e_ok / max(len(e2e), 1):.0%})"
+        f"{e_ok}/{len(e2e)} end-to-end within 10% ({_share(e_ok, len(e2e))})"
         f"{collectives}{not_counted}; median |error| {errs[len(errs) // 2]:.1%}, "
         f"max {errs[-1]:.1%} (counted rows)."
     )
@@ -1130,6 +1168,14 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:,.3g}" if value < 1000 else f"{value:,.0f}"
 
 
+def _predicted(row: dict[str, Any]) -> str:
+    """The planner's figure, or its interval (low-high) where the source bounds an input."""
+    if row.get("planner_other") is None:
+        return _fmt(row["planner"], row["unit"])
+    lo, hi = sorted((row["planner_other"], row["planner"]))
+    return f"{_fmt(lo, row['unit'])}-{_fmt(hi, row['unit'])}"
+
+
 def render_references(rows: list[dict[str, Any]], console) -> None:
     from rich.table import Table
 
@@ -1142,7 +1188,7 @@ def render_references(rows: list[dict[str, Any]], console) -> None:
             r["quantity"],
             r["unit"],
             _fmt(r["published"], r["unit"]),
-            _fmt(r["planner"], r["unit"]),
+            _predicted(r),
             f"{r['error']:+.1%}",
         )
     console.print(t)
@@ -1161,7 +1207,7 @@ def references_markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| `{r['id']}` | {r['kind']} | {r['quantity']}: "
             f"**{_fmt(r['published'], r['unit'])}{unit}** "
-            f"({r['source']}) | {_fmt(r['planner'], r['unit'])}{unit} | {r['error']:+.1%} | "
+            f"({r['source']}) | {_predicted(r)}{unit} | {r['error']:+.1%} | "
             f"{r['setting']}; `{r['command']}` |"
         )
     lines.append("")

@@ -69,7 +69,7 @@ def test_not_comparable_rows_are_shown_but_not_counted():
 
     rows = [row("end-to-end", 0.05), row("end-to-end", 0.2), row("not comparable", -0.6)]
     line = summary(rows)
-    assert "1/2 end-to-end within 10% (50%)" in line
+    assert "1/2 end-to-end within 10% (50.0%)" in line
     assert "1 not comparable (shown, not counted)" in line
     assert "max 20.0%" in line  # the -60% row is in no ratio and no maximum
 
@@ -108,3 +108,34 @@ def test_an_unstated_micro_batch_is_the_fastest_that_fits():
         deep, Layout(dp=9, tp=8, pp=35), 2520, interleave="searched", micro_batch="searched"
     )
     assert (mbs, v) == (1, 3)
+
+
+def test_a_bounded_input_gives_an_interval_and_its_distance():
+    from sextant.planner.references import interval_error
+
+    assert interval_error(882.0, 960.0, 900.0) == 0.0
+    assert interval_error(960.0, 882.0, 829.0) == pytest.approx((882.0 - 829.0) / 829.0)
+    assert interval_error(7391.0, 8395.0, 9000.0) == pytest.approx((8395.0 - 9000.0) / 9000.0)
+
+
+def test_torchtitan_h100_throughput_rows_span_the_sxm_and_nvl_peaks(rows):
+    # torchtitan's performance.md: the GPUs' peak "is between SXM and NVL". Throughput rows
+    # are predicted at both ends (the NVL's 835.5 TFLOP/s is the lower), memory rows once.
+    spans = {r["id"]: r for r in rows if r.get("planner_other") is not None}
+    assert sorted(spans) == [
+        "torchtitan-h100-llama3-70b-2d-fp8-256",
+        "torchtitan-h100-llama3-8b-fsdp-128",
+        "torchtitan-h100-llama3-8b-fsdp-8",
+    ]
+    for r in spans.values():
+        assert r["planner_other"] < r["planner"]
+        assert r["planner"] / r["planner_other"] < 989.4 / 835.5 + 1e-9
+
+
+def test_the_summary_share_never_rounds_up_to_a_threshold():
+    from sextant.planner.references import _share
+
+    assert _share(47, 59) == "79.6%"
+    assert _share(48, 59) == "81.3%"
+    assert _share(59, 59) == "100.0%"
+    assert _share(0, 0) == "0.0%"
