@@ -47,23 +47,51 @@ ELEMENTWISE_PASSES = 2.5
 
 
 def gemm_operand_bytes(gemms, tokens, tp, bytes_per_element=2.0, *, experts=0,
-                       local_experts=1.0, routed=1.0):
+                       local_experts=1.0, routed=1.0, output_bytes=None):
     """Bytes a layer's GEMMs read and write in one pass over `tokens` tokens: for each
     (K, M) weight, split by tp along M (column-parallel) or K (row-parallel),
-    (tokens K + K M + tokens M) elements. For an MoE layer (`experts` > 0) the last two
-    GEMMs are the experts': `local_experts` weight matrices each, the tokens `routed` times
-    (top_k x capacity factor)."""
+    (tokens K + K M) elements read at `bytes_per_element` and tokens M written at
+    `output_bytes` (the same by default; FP8 GEMMs read 1-byte operands and write 16-bit
+    results). For an MoE layer (`experts` > 0) the last two GEMMs are the experts':
+    `local_experts` weight matrices each, the tokens `routed` times (top_k x capacity
+    factor)."""
+    out = bytes_per_element if output_bytes is None else output_bytes
     tokens = np.asarray(tokens, dtype=np.float64)
     t = np.asarray(tp, dtype=np.float64)
     total = np.zeros(np.broadcast(tokens, t).shape)
     for i, (k, m, column) in enumerate(gemms):
         kk = k if column else k / t
         mm = m / t if column else m
-        if experts and i >= len(gemms) - 2:
-            total = total + routed * tokens * (kk + mm) + local_experts * kk * mm
-        else:
-            total = total + tokens * kk + kk * mm + tokens * mm
-    return total * bytes_per_element
+        rows = routed * tokens if experts and i >= len(gemms) - 2 else tokens
+        weights = local_experts if experts and i >= len(gemms) - 2 else 1.0
+        total = total + (rows * kk + weights * kk * mm) * bytes_per_element + rows * mm * out
+    return total
+
+
+FP8_QUANTIZE_BYTES = 6.0
+"""Memory traffic per element of a tensor cast to FP8 with current (per-tensor, just-in-time)
+scaling, as Transformer Engine's Float8CurrentScalingQuantizer does it
+(transformer_engine/pytorch/csrc/quantizer.cpp, quantize_impl): an amax pass reads the
+16-bit tensor (2 bytes), the cast pass reads it again (2) and writes its row-wise and its
+column-wise (transposed) FP8 copies (1 + 1), the second for the backward GEMM that needs the
+tensor transposed."""
+
+
+def fp8_quantize_bytes(gemms, tokens, tp, forwards=1.0, *, experts=0, routed=1.0):
+    """Bytes FP8 current scaling adds per layer and micro-batch: each GEMM's input cast in
+    every forward (`forwards`: 1, more with recomputation) and each GEMM's output gradient
+    cast in the backward, FP8_QUANTIZE_BYTES per element. The weights are cast once per step
+    (kept across micro-batches, `is_first_microbatch`): the estimate adds that apart, once a
+    step, not here."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    t = np.asarray(tp, dtype=np.float64)
+    total = np.zeros(np.broadcast(tokens, t).shape)
+    for i, (k, m, column) in enumerate(gemms):
+        kk = k if column else k / t
+        mm = m / t if column else m
+        rows = routed * tokens if experts and i >= len(gemms) - 2 else tokens
+        total = total + rows * (np.asarray(forwards, dtype=np.float64) * kk + mm)
+    return total * FP8_QUANTIZE_BYTES
 
 
 def elementwise_bytes(stored_activation_bytes, recompute_forwards):

@@ -752,13 +752,23 @@ def _evaluate(
         t_memops = np.zeros_like(t_flops)
     else:
         gemm_passes = 3.0 + gemm_rc  # forward, input gradient, weight gradient, recompute
+        routed = cost.top_k * cost.capacity_factor
+        # FP8 GEMMs read 1-byte operands and write 16-bit results; casting their inputs and
+        # output gradients to FP8 is traffic of its own (efficiency.fp8_quantize_bytes).
         operands = efficiency.gemm_operand_bytes(
-            cost.gemms, tok_dev, tp, act_bytes, experts=cost.n_experts, local_experts=(
-                cost.n_experts / ep if cost.n_experts else 1.0
-            ), routed=cost.top_k * cost.capacity_factor,
+            cost.gemms, tok_dev, tp, 1.0 if opts.fp8 else act_bytes, experts=cost.n_experts,
+            local_experts=(cost.n_experts / ep if cost.n_experts else 1.0), routed=routed,
+            output_bytes=act_bytes,
         )
         elementwise = efficiency.elementwise_bytes(full, fwd_rc + op_rc)
+        if opts.fp8:
+            elementwise = elementwise + efficiency.fp8_quantize_bytes(
+                cost.gemms, tok_dev, tp, 1.0 + gemm_rc, experts=cost.n_experts, routed=routed
+            )
         t_memops = m * lps * (gemm_passes * operands + elementwise) / mem_bw
+        if opts.fp8:
+            # The layers' weights are cast once per step (at the first micro-batch, then kept).
+            t_memops = t_memops + layer_dev * efficiency.FP8_QUANTIZE_BYTES / mem_bw
     t_compute = np.maximum(t_flops + t_memops, t_weights)
 
     # Optimizer step on the local shard: memory-bound, ~2 * (param + optimizer) + grad bytes.

@@ -86,3 +86,43 @@ def test_the_pipeline_runs_at_its_slowest_stage():
         steps[balanced] = evaluate_one(shape.cost(), hw, opts, lay).figures["compute_flops_bound"]
     # Even split: 6 layers + a projection of ~2 layers on the last stage; balanced: 4 + 2.
     assert steps[False] > 1.25 * steps[True]
+
+
+def test_fp8_gemms_read_one_byte_operands_and_write_sixteen_bit_results():
+    # One column-parallel (K=8, M=16) weight over tp 2, 4 tokens: reads 4 x 8 + 8 x 8 at 1
+    # byte, writes 4 x 8 at 2.
+    gemms = [(8, 16, True)]
+    assert efficiency.gemm_operand_bytes(gemms, 4, 2, 1.0, output_bytes=2.0) == 4 * 8 + 64 + 64
+    assert efficiency.gemm_operand_bytes(gemms, 4, 2) == 2 * (4 * 8 + 64 + 4 * 8)
+
+
+def test_fp8_current_scaling_casts_inputs_and_output_gradients():
+    # Transformer Engine's current scaling: an amax pass (2 bytes read), then the cast (2
+    # read, 1 + 1 written: row-wise and transposed) of each GEMM input per forward and each
+    # output gradient in the backward.
+    assert efficiency.FP8_QUANTIZE_BYTES == 2 + 2 + 1 + 1
+    gemms = [(8, 16, True), (16, 8, False)]  # column- then row-parallel, tp 2
+    inputs, grads = 8 + 16 / 2, 16 / 2 + 8
+    assert efficiency.fp8_quantize_bytes(gemms, 4, 2) == 6 * 4 * (inputs + grads)
+    assert efficiency.fp8_quantize_bytes(gemms, 4, 2, forwards=2.0) == 6 * 4 * (2 * inputs + grads)
+
+
+def test_fp8_adds_the_casts_to_the_memory_traffic_and_halves_the_operands():
+    shape = megatron_gpt(n_layers=8, d_model=4096, n_heads=32, global_batch=8)
+    cost = shape.cost()
+    figures = {}
+    for fp8 in (False, True):
+        opts = PlanOptions(global_batch=8, fp8=fp8)
+        hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
+        figures[fp8] = evaluate_one(cost, hw, opts, Layout(dp=8, mbs=1)).figures
+    tokens, bw = shape.seq_len, 3.35e12
+    operands = {
+        fp8: efficiency.gemm_operand_bytes(cost.gemms, tokens, 1, 1.0 if fp8 else 2.0,
+                                           output_bytes=2.0)
+        for fp8 in (False, True)
+    }
+    casts = efficiency.fp8_quantize_bytes(cost.gemms, tokens, 1)
+    weights = 8 * shape.layer_params() * efficiency.FP8_QUANTIZE_BYTES
+    expected = 8 * (3 * (operands[True] - operands[False]) + casts) + weights
+    delta = figures[True]["compute_memory_ops"] - figures[False]["compute_memory_ops"]
+    assert delta == pytest.approx(expected / bw, rel=1e-9)
