@@ -56,16 +56,18 @@ def gemm_operand_bytes(gemms, tokens, tp, bytes_per_element=2.0, *, experts=0,
     `local_experts` weight matrices each, the tokens `routed` times (top_k x capacity
     factor)."""
     out = bytes_per_element if output_bytes is None else output_bytes
+    ratio = out / bytes_per_element  # output bytes per operand byte (1 unless FP8)
     tokens = np.asarray(tokens, dtype=np.float64)
     t = np.asarray(tp, dtype=np.float64)
     total = np.zeros(np.broadcast(tokens, t).shape)
     for i, (k, m, column) in enumerate(gemms):
         kk = k if column else k / t
         mm = m / t if column else m
-        rows = routed * tokens if experts and i >= len(gemms) - 2 else tokens
-        weights = local_experts if experts and i >= len(gemms) - 2 else 1.0
-        total = total + (rows * kk + weights * kk * mm) * bytes_per_element + rows * mm * out
-    return total
+        expert = experts and i >= len(gemms) - 2
+        rows = routed * tokens if expert else tokens
+        weight = kk * mm * local_experts if expert else kk * mm
+        total = total + rows * (kk + (mm if ratio == 1.0 else ratio * mm)) + weight
+    return total * bytes_per_element
 
 
 FP8_QUANTIZE_BYTES = 6.0
