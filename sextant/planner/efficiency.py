@@ -57,17 +57,28 @@ def gemm_operand_bytes(gemms, tokens, tp, bytes_per_element=2.0, *, experts=0,
     factor)."""
     out = bytes_per_element if output_bytes is None else output_bytes
     ratio = out / bytes_per_element  # output bytes per operand byte (1 unless FP8)
-    tokens = np.asarray(tokens, dtype=np.float64)
-    t = np.asarray(tp, dtype=np.float64)
-    total = np.zeros(np.broadcast(tokens, t).shape)
-    for i, (k, m, column) in enumerate(gemms):
-        kk = k if column else k / t
-        mm = m / t if column else m
-        expert = experts and i >= len(gemms) - 2
-        rows = routed * tokens if expert else tokens
+    total = _zeros(tokens, tp)
+    for rows, kk, mm, expert in _split(gemms, tokens, tp, experts, routed):
         weight = kk * mm * local_experts if expert else kk * mm
         total = total + rows * (kk + (mm if ratio == 1.0 else ratio * mm)) + weight
     return total * bytes_per_element
+
+
+def _zeros(tokens, tp):
+    return np.zeros(np.broadcast(np.asarray(tokens), np.asarray(tp)).shape)
+
+
+def _split(gemms, tokens, tp, experts, routed):
+    """Each (K, M) weight of a layer split by tp along M (column-parallel) or K (row-parallel):
+    (rows, K, M, is an expert's) with its rows of tokens (`routed` times for the experts'
+    last two GEMMs of an MoE layer)."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    t = np.asarray(tp, dtype=np.float64)
+    for i, (k, m, column) in enumerate(gemms):
+        expert = bool(experts) and i >= len(gemms) - 2
+        yield (routed * tokens if expert else tokens), (k if column else k / t), (
+            m / t if column else m
+        ), expert
 
 
 FP8_QUANTIZE_BYTES = 6.0
@@ -85,13 +96,8 @@ def fp8_quantize_bytes(gemms, tokens, tp, forwards=1.0, *, experts=0, routed=1.0
     cast in the backward, FP8_QUANTIZE_BYTES per element. The weights are cast once per step
     (kept across micro-batches, `is_first_microbatch`): the estimate adds that apart, once a
     step, not here."""
-    tokens = np.asarray(tokens, dtype=np.float64)
-    t = np.asarray(tp, dtype=np.float64)
-    total = np.zeros(np.broadcast(tokens, t).shape)
-    for i, (k, m, column) in enumerate(gemms):
-        kk = k if column else k / t
-        mm = m / t if column else m
-        rows = routed * tokens if experts and i >= len(gemms) - 2 else tokens
+    total = _zeros(tokens, tp)
+    for rows, kk, mm, _ in _split(gemms, tokens, tp, experts, routed):
         total = total + rows * (np.asarray(forwards, dtype=np.float64) * kk + mm)
     return total * FP8_QUANTIZE_BYTES
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from tests.helpers import load_benchmark
 
 
 def _schedule():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "pipeline_schedule.py"
-    spec = importlib.util.spec_from_file_location("pipeline_schedule", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pipeline_schedule")
 
 
 @pytest.mark.parametrize("stages, micro_batches", [(1, 4), (2, 2), (4, 8), (35, 240), (7, 3)])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from sextant.planner.memory import (
     transient_param_bytes,
 )
 from sextant.planner.models import TransformerShape, preset
+from tests.helpers import load_benchmark
 
 GB = 1e9
 
@@ -237,11 +237,7 @@ def test_pytorch_holds_what_the_torch_loss_factor_says(precision, forward):
 
 
 def _loss_probe():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "loss_memory.py"
-    spec = importlib.util.spec_from_file_location("loss_memory", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("loss_memory")
 
 
 def test_fsdp2_root_unit_is_whole_at_the_backward_start():
