@@ -95,13 +95,14 @@ def megatron_choice(
     zero3_gather: str = "layer",
     micro_batch: str = "layout",
 ) -> tuple[float, int, int]:
-    """(step time, micro-batch size, v): the planner's step time for a Megatron-LM run on Selene (a100-80gb, ib-hdr, 2021-22
-    stack: no FlashAttention, layers split evenly). `interleave` "searched": the schedule was
+    """(step time, micro-batch size, v): the planner's step time for a Megatron-LM run on
+    Selene (a100-80gb, ib-hdr, 2021-22 stack: no FlashAttention, layers split evenly), with
+    the micro-batch size and v it ran. `interleave` "searched": the schedule was
     interleaved but the papers do not state v, so the fastest valid v > 1 is taken.
     `micro_batch` "searched": the paper does not state the micro-batch size either, so the
     fastest that fits of those the planner's own search tries (the divisors of the rank's
     share of the batch, up to MAX_MICRO_BATCH) is taken, with v searched for each; "layout"
-    keeps the layout's. Returns the fastest step with the micro-batch size and v it ran."""
+    keeps the layout's."""
     opts = PlanOptions(
         global_batch=batch, flash_attention=False, balanced_stages=False, overlap=overlap,
         zero3_gather=zero3_gather,
@@ -131,6 +132,8 @@ def megatron_choice(
             ).figures
             if f["fits"] or micro_batch == "layout":
                 steps.append((float(f["step"]), mbs, int(v)))
+    if not steps:
+        raise UserError(f"reference setting does not fit at any micro-batch size: {shape.name}")
     return min(steps)
 
 
