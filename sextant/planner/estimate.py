@@ -460,6 +460,23 @@ def resolve_hardware(
     )
 
 
+def head_flops_per_token(cost: ModelCost) -> float:
+    """FLOPs of a transformer's output projection per token, forward and backward (6 V h);
+    0 for other families."""
+    if cost.family != "transformer":
+        return 0.0
+    return 6.0 * (cost.logits_bytes_per_token / 4.0) * cost.hidden
+
+
+def flop_seconds(flops, attention_flops, peak, acc: Accelerator, fp8: bool):
+    """Seconds per token at full kernel efficiency of `flops`, of which `attention_flops`
+    (the attention core) always run at the 16-bit `peak`; with `fp8` the rest (the GEMMs)
+    run at the accelerator's fp8 peak."""
+    if not fp8:
+        return flops / peak
+    return (flops - attention_flops) / acc.peak("fp8") + attention_flops / peak
+
+
 def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.ndarray:
     """Peak FLOP/s per device. On a shared node (cpu-local) the workers split the cores:
     with `cores / n` threads each, interpolate linearly between the measured one-thread and
@@ -715,32 +732,34 @@ def _evaluate(
     # With `balanced_stages` (Megatron-Core's uneven first/last stage, torchtitan, Llama 3
     # §3.3.2 "one layer fewer on the first and last stages") the last stage gives up layers
     # so that its layers plus the projection come closest to the others'.
-    if cost.family == "transformer":
-        head_tok = 6.0 * (cost.logits_bytes_per_token / 4.0) * cost.hidden
-        layer_tok = (hw_flops_tok - head_tok) / L
-        slowest = lps * layer_tok + head_tok  # even split: ceil(L/p) layers everywhere
-        if opts.balanced_stages:
-            for k in (lps - 1.0, lps - 2.0):  # layers left on the last stage
-                others = np.ceil((L - np.maximum(k, 0.0)) / np.maximum(pp - 1.0, 1.0))
-                cand = np.maximum(others * layer_tok, np.maximum(k, 0.0) * layer_tok + head_tok)
-                slowest = np.minimum(slowest, cand)
-        stage_share = np.where(multi, slowest * pp / hw_flops_tok, 1.0)
-    else:
-        stage_share = 1.0
     if acc.shared_node:
         peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
     else:
         peak = acc.peak(opts.precision)
-    if opts.fp8:
-        # FP8 GEMMs (Micikevicius et al. 2022): the matrix multiplies at the fp8 peak, the
-        # attention core (QK^T, PV and their recomputation) at the 16-bit one.
-        attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0) + np.where(
-            sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
-        )
-        rate = (hw_flops_tok - attn_tok) / acc.peak("fp8") + attn_tok / peak
-        t_flops = (tokens_step / opts.compute_efficiency) * stage_share * rate / n
+    head_tok = head_flops_per_token(cost)
+    # Seconds per token at full efficiency, a layer's and the output projection's. FP8 GEMMs
+    # (Micikevicius et al. 2022) run the layers' matrix multiplies at the fp8 peak; the
+    # attention core (QK^T, PV and their recomputation) stays at the 16-bit one, and so does
+    # the output projection: neither stack quantizes it (Megatron-Core's output_layer is its
+    # own tensor_parallel.ColumnParallelLinear, outside Transformer Engine; torchtitan
+    # converts every Linear but "output", module_filter_fn in its float8 converter).
+    attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0) + np.where(
+        sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
+    )
+    layers_t = flop_seconds(hw_flops_tok - head_tok, attn_tok, peak, acc, opts.fp8)
+    head_t = head_tok / peak
+    if cost.family == "transformer":
+        layer_t = layers_t / L
+        slowest = lps * layer_t + head_t  # even split: ceil(L/p) layers everywhere
+        if opts.balanced_stages:
+            for k in (lps - 1.0, lps - 2.0):  # layers left on the last stage
+                others = np.ceil((L - np.maximum(k, 0.0)) / np.maximum(pp - 1.0, 1.0))
+                cand = np.maximum(others * layer_t, np.maximum(k, 0.0) * layer_t + head_t)
+                slowest = np.minimum(slowest, cand)
+        stage_share = np.where(multi, slowest * pp / (layers_t + head_t), 1.0)
     else:
-        t_flops = (tokens_step / (opts.compute_efficiency * peak)) * stage_share * hw_flops_tok / n
+        stage_share = 1.0
+    t_flops = (tokens_step / opts.compute_efficiency) * stage_share * (layers_t + head_t) / n
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
     # and twice backward (+1 forward with full recomputation).
     psi_stage = np.maximum(psi_first, psi_last)

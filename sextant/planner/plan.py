@@ -251,7 +251,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             if p is None:
                 return None
             return {"devices": p.devices, "efficiency": p.efficiency, "cause": p.cause,
-                    "threshold": req.threshold}
+                    "shortfall": p.shortfall, "threshold": req.threshold}
 
         doc["threshold"] = req.threshold
         doc["knee"] = point_doc(knee(points, req.threshold))

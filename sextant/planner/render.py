@@ -167,7 +167,8 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         if low:
             console.print(
                 f"at {low['devices']} devices, the fewest that fit, efficiency is "
-                f"already {low['efficiency']:.0%} (< {thr:.0%}): {low['cause']}"
+                f"already {low['efficiency']:.0%} (< {thr:.0%}); most of the rest: "
+                f"{low.get('shortfall') or low['cause']}"
             )
         if k:
             console.print(

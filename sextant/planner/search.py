@@ -19,6 +19,8 @@ from sextant.planner.estimate import (
     Layout,
     PlanOptions,
     evaluate,
+    flop_seconds,
+    head_flops_per_token,
     overhead_cause,
     per_device_peak,
 )
@@ -228,10 +230,15 @@ class ScalePoint:
     """Throughput relative to the smallest device count that fits."""
     efficiency: float
     """Share of the ideal: tokens/s over what n devices would reach doing nothing but the
-    model's FLOPs at the assumed compute efficiency (= MFU / compute efficiency): what
-    communication, bubbles, recomputation and offload cost."""
+    model's FLOPs at the assumed compute efficiency (= MFU / compute efficiency; with FP8
+    the layers' GEMMs at the fp8 peak, the attention core and the output projection at the
+    16-bit one, as the step prices them): what communication, bubbles, memory traffic,
+    recomputation and offload cost."""
     cause: str
     cause_share: float
+    shortfall: str = ""
+    """What costs most of the efficiency this point lacks: the largest overhead (`cause`),
+    the compute's own memory-bound kernels, or recomputation."""
 
 
 def scaling_curve(
@@ -322,7 +329,12 @@ def scaling_curve(
         speedup = tps / ref[1]
         cause, share = overhead_cause(rows, j, hw)
         peak = float(per_device_peak(hw.accelerator, opts.precision, min(n, hw.devices_per_node)))
-        ideal = n * peak * opts.compute_efficiency / cost.model_flops_per_token
+        head = head_flops_per_token(cost)
+        per_token = flop_seconds(
+            cost.model_flops_per_token - head, cost.attention_flops_per_token, peak,
+            hw.accelerator, opts.fp8,
+        ) + head / peak
+        ideal = n * opts.compute_efficiency / per_token
         points.append(
             ScalePoint(
                 devices=n,
@@ -333,10 +345,28 @@ def scaling_curve(
                 efficiency=tps / ideal,
                 cause=cause,
                 cause_share=share,
+                shortfall=_shortfall(rows, j, cause, share),
             )
         )
         j += 1
     return points
+
+
+def _shortfall(rows: dict[str, np.ndarray], j: int, cause: str, share: float) -> str:
+    """The largest part of row j's step that is not the model's FLOPs: `cause` (the largest
+    overhead, `share` of the step), the memory-bound kernels or the recomputed FLOPs."""
+    step = float(rows["step"][j])
+    flops = float(rows["compute_flops_bound"][j])
+    hw = float(rows["hw_flops_per_token"][j])
+    recomputed = flops * (1.0 - float(rows["mfu"][j]) / float(rows["hfu"][j])) if hw else 0.0
+    parts = {
+        cause: share,
+        "memory-bound kernels (norms, activations, GEMM operands, FP8 casts)":
+            float(rows["compute_memory_ops"][j]) / step,
+        "recomputation": recomputed / step,
+    }
+    what = max(parts, key=lambda k: parts[k])
+    return f"{what} ({parts[what]:.0%} of the step)"
 
 
 def knee(points: list[ScalePoint], threshold: float) -> ScalePoint | None:

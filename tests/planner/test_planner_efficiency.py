@@ -126,3 +126,20 @@ def test_fp8_adds_the_casts_to_the_memory_traffic_and_halves_the_operands():
     expected = 8 * (3 * (operands[True] - operands[False]) + casts) + weights
     delta = figures[True]["compute_memory_ops"] - figures[False]["compute_memory_ops"]
     assert delta == pytest.approx(expected / bw, rel=1e-9)
+
+
+def test_fp8_keeps_the_output_projection_and_the_attention_core_at_the_16_bit_rate():
+    # Megatron-Core's output layer is not a Transformer Engine module and torchtitan skips
+    # "output" when it converts to float8: only the layers' GEMMs run at the fp8 peak.
+    shape = megatron_gpt(n_layers=8, d_model=4096, n_heads=32, global_batch=8)
+    cost = shape.cost()
+    opts = PlanOptions(global_batch=8, fp8=True)
+    hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
+    f = evaluate_one(cost, hw, opts, Layout(dp=8, mbs=1)).figures
+    acc = hw.accelerator
+    head = 6.0 * shape.vocab_size * shape.d_model
+    hw_flops = cost.model_flops_per_token + cost.flash_recompute_flops_per_token
+    slow = cost.attention_flops_per_token + cost.flash_recompute_flops_per_token + head
+    per_token = (hw_flops - slow) / acc.peak("fp8") + slow / acc.peak("bf16")
+    expected = 8 * shape.seq_len * per_token / (8 * efficiency.KERNEL_EFFICIENCY)
+    assert f["compute_flops_bound"] == pytest.approx(expected, rel=1e-9)

@@ -9,7 +9,7 @@ import numpy as np
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, check_layout, resolve_hardware
 from sextant.planner.models import preset
-from sextant.planner.search import knee, scaling_curve, search
+from sextant.planner.search import knee, scaling_curve, search, starts_below
 
 CAT = load_catalogue(calibration=None)
 
@@ -46,6 +46,25 @@ def test_scaling_curve_names_the_slow_network():
     k = knee(points, 0.8)
     assert k is not None and k.devices > 8  # inside one node NVLink keeps it efficient
     assert "ethernet-10g" in k.cause or "bubble" in k.cause
+
+
+def test_fp8_scaling_efficiency_is_against_the_fp8_ideal():
+    # The ideal prices the model's FLOPs as the step does (the layers' GEMMs at the fp8
+    # peak): a compute-bound FP8 run does not reach more than all of it.
+    cost, hw, opts = _setup("llama3-8b", "b200", "ib-ndr", fp8=True, memory_model="megatron")
+    points = scaling_curve(cost, hw, opts, 8)
+    fitting = [p for p in points if p.layout is not None]
+    assert fitting and all(0.5 < p.efficiency < 1.0 for p in fitting)
+
+
+def test_a_curve_that_starts_low_names_what_costs_the_efficiency():
+    # Llama 2 70B fits 2 H100 only by recomputing: the shortfall is named as recomputation,
+    # not as the largest communication or offload overhead.
+    cost, hw, opts = _setup("llama2-70b", "h100-sxm", "ib-ndr")
+    low = starts_below(scaling_curve(cost, hw, opts, 4), 0.8)
+    assert low is not None and low.layout is not None and low.layout.recompute != "none"
+    assert low.shortfall.startswith("recomputation (")
+    assert low.cause != low.shortfall
 
 
 def test_pinned_knobs_are_respected():
