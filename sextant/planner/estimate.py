@@ -726,12 +726,6 @@ def _evaluate(
     ) + op_rc * cost.op_recompute_flops_per_token
     hw_flops_tok = cost.model_flops_per_token + extra + cost.padding_flops_per_token
     tokens_step = batch * s
-    # The pipeline runs at its slowest stage: the last holds ceil(L/p) layers and the output
-    # projection (6 V h FLOPs per token), not the average 1/p of the model (Narayanan et al.
-    # 2021 §2.2: every stage processes every micro-batch).
-    # With `balanced_stages` (Megatron-Core's uneven first/last stage, torchtitan, Llama 3
-    # §3.3.2 "one layer fewer on the first and last stages") the last stage gives up layers
-    # so that its layers plus the projection come closest to the others'.
     if acc.shared_node:
         peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
     else:
@@ -745,9 +739,15 @@ def _evaluate(
     # converts every Linear but "output", module_filter_fn in its float8 converter).
     attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0) + np.where(
         sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
-    )
+    ) if opts.fp8 else 0.0  # only FP8 prices the attention core apart
     layers_t = flop_seconds(hw_flops_tok - head_tok, attn_tok, peak, acc, opts.fp8)
     head_t = head_tok / peak
+    # The pipeline runs at its slowest stage: the last holds ceil(L/p) layers and the output
+    # projection (6 V h FLOPs per token), not the average 1/p of the model (Narayanan et al.
+    # 2021 §2.2: every stage processes every micro-batch).
+    # With `balanced_stages` (Megatron-Core's uneven first/last stage, torchtitan, Llama 3
+    # §3.3.2 "one layer fewer on the first and last stages") the last stage gives up layers
+    # so that its layers plus the projection come closest to the others'.
     if cost.family == "transformer":
         layer_t = layers_t / L
         slowest = lps * layer_t + head_t  # even split: ceil(L/p) layers everywhere
@@ -876,8 +876,8 @@ def _evaluate(
         cp_lat = np.where(cp > cp_in, inter[1], intra[1])
         ring_pass = (cp - 1.0) * (kv_block / cp_bw + cp_lat)
         t_cp_all = m * lps * (3.0 + fwd_rc) * ring_pass
-        attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0)
-        t_attention = tokens_step * attn_tok / (n * opts.compute_efficiency * peak)
+        attn_core_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0)
+        t_attention = tokens_step * attn_core_tok / (n * opts.compute_efficiency * peak)
         if opts.cp_method == "allgather":
             # The same bytes and steps (a ring all-gather of the cp blocks forward, again
             # backward, and a reduce-scatter of dK, dV), but the attention needs the whole

@@ -168,7 +168,7 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
             console.print(
                 f"at {low['devices']} devices, the fewest that fit, efficiency is "
                 f"already {low['efficiency']:.0%} (< {thr:.0%}); most of the rest: "
-                f"{low.get('shortfall') or low['cause']}"
+                f"{low['shortfall']}"
             )
         if k:
             console.print(

@@ -307,6 +307,7 @@ def scaling_curve(
     points: list[ScalePoint] = []
     ref: tuple[int, float] | None = None
     j = 0
+    head = head_flops_per_token(cost)
     for n, chosen in zip(counts, best_rows, strict=True):
         if chosen is None:
             points.append(
@@ -329,7 +330,6 @@ def scaling_curve(
         speedup = tps / ref[1]
         cause, share = overhead_cause(rows, j, hw)
         peak = float(per_device_peak(hw.accelerator, opts.precision, min(n, hw.devices_per_node)))
-        head = head_flops_per_token(cost)
         per_token = flop_seconds(
             cost.model_flops_per_token - head, cost.attention_flops_per_token, peak,
             hw.accelerator, opts.fp8,
@@ -356,9 +356,8 @@ def _shortfall(rows: dict[str, np.ndarray], j: int, cause: str, share: float) ->
     """The largest part of row j's step that is not the model's FLOPs: `cause` (the largest
     overhead, `share` of the step), the memory-bound kernels or the recomputed FLOPs."""
     step = float(rows["step"][j])
-    flops = float(rows["compute_flops_bound"][j])
-    hw = float(rows["hw_flops_per_token"][j])
-    recomputed = flops * (1.0 - float(rows["mfu"][j]) / float(rows["hfu"][j])) if hw else 0.0
+    flops, hfu = float(rows["compute_flops_bound"][j]), float(rows["hfu"][j])
+    recomputed = flops * (1.0 - float(rows["mfu"][j]) / hfu) if hfu else 0.0
     parts = {
         cause: share,
         "memory-bound kernels (norms, activations, GEMM operands, FP8 casts)":
