@@ -41,7 +41,18 @@ PARALLEL = ("single", "dp", "dp-manual", "zero1", "zero2", "zero3", "fsdp", "ps"
             "tp-manual", "pp")
 TENSOR_PARALLEL = ("tp", "tp-manual")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
-PRECISIONS = ("fp32", "bf16")
+# Numerical precision, with one meaning on every framework and device:
+#   fp32  true fp32 matmuls (no TF32: XLA and cuBLAS default to TF32 on GPUs; sextant turns it
+#         off, so an fp32 comparison is about frameworks, not about precision)
+#   tf32  fp32 storage, matmuls on TF32 tensor cores where the device has them (a CPU has
+#         none: the run records its effective precision as fp32)
+#   bf16  mixed precision: fp32 master weights, bf16 matmul and attention operands, norms,
+#         softmax and the loss in fp32 (torch autocast's policy)
+#   fp16  the same in fp16, with dynamic loss scaling
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+MIXED_PRECISIONS = ("bf16", "fp16")
+DEVICES = ("cpu", "gpu")
+"""Where a run's ranks compute: 'cpu' cores, or one 'gpu' per rank (placed by local rank)."""
 # Gradient-communication compression: cast to 16 bits before the all-reduce, or PowerSGD
 # (low-rank, with error feedback).
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
@@ -58,6 +69,11 @@ class Strategy:
     workers: int = 1
     """Worker processes."""
     precision: str = "fp32"
+    """Numerical precision (PRECISIONS): what the framework is asked for; each run records
+    the precision it actually used."""
+    device: str = "cpu"
+    """'cpu', or 'gpu': one GPU per primary rank, the host's visible device at its local rank
+    (the CLI's --device auto picks 'gpu' where the host has GPUs)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are communicated once per step. The global
     batch is unchanged, so the losses must equal the grad_accum=1 run."""
@@ -135,6 +151,12 @@ class Strategy:
             raise UserError(
                 f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}"
             )
+        if self.device not in DEVICES:
+            raise UserError(f"unknown device {self.device!r}; allowed: {', '.join(DEVICES)}")
+        if self.device == "gpu" and self.devices_per_worker != 1:
+            raise UserError("on GPUs each worker process drives one GPU: devices_per_worker "
+                            f"must be 1. Received: {self.devices_per_worker}; use --workers "
+                            f"{self.workers * self.devices_per_worker}")
         if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
                 or self.grad_accum < 1:
             raise UserError(f"grad_accum must be an integer >= 1. Received: {self.grad_accum!r}")
@@ -248,4 +270,5 @@ class Strategy:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Strategy:
-        return cls(**raw)
+        # Records stored before the device axis existed ran on CPUs.
+        return cls(**{"device": "cpu", **raw})
