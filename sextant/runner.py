@@ -91,6 +91,7 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
     }
     if any("device_peak_bytes" in r for r in ranks):
         metrics["device_peak_bytes"] = max(r.get("device_peak_bytes", 0) for r in ranks)
+    metrics.update(conditions_of(workload, strategy, ranks, median))
     sync = [r["sync_step_times_s"] for r in ranks]
     nosync = [r["nosync_step_times_s"] for r in ranks]
     if all(sync) and all(nosync):
@@ -108,6 +109,30 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
     # After the all-reduce every rank holds the same gradients, so rank 0's norm is the job's.
     return {"metrics": metrics, "losses": [float(x) for x in losses],
             "grad_norms": [float(x) for x in ranks[0]["grad_norms"]]}
+
+
+def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]],
+                  step_s: float | None) -> dict[str, Any]:
+    """What a run can be compared with: where it computed, on which accelerator, in the
+    precision the framework reported using (not only the one asked for); on an accelerator,
+    the MFU against the catalogue's peak, and for one device the planner's predicted step."""
+    fp = ranks[0]["fingerprint"]
+    effective = (fp.get("precision") or {}).get("effective") or strategy.precision
+    out: dict[str, Any] = {"device": strategy.device, "accelerator": fp.get("gpu"),
+                           "effective_precision": effective}
+    if strategy.device != "gpu":
+        return out
+    from sextant.planner.accelerator_run import mfu, predicted_step_s
+
+    devices = strategy.workers * strategy.devices_per_worker
+    flops = flops_per_step(workload.model, workload.global_batch) / devices  # per device
+    figure = mfu(flops, step_s, fp.get("gpu"), effective)
+    out.update(mfu=figure["mfu"], mfu_note=figure["note"], peak_flops=figure["peak_flops"])
+    if devices == 1:
+        predicted = predicted_step_s(workload.to_dict(), fp.get("gpu"), effective)
+        out["planner_step_s"] = predicted
+        out["planner_error"] = (predicted / step_s - 1) if predicted and step_s else None
+    return out
 
 
 def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -30,6 +30,9 @@ class Capabilities:
     """Execution modes; the first is the default."""
     parallel: tuple[str, ...]
     precisions: tuple[str, ...]
+    devices: tuple[str, ...] = ("cpu",)
+    """Where sextant runs it: 'cpu', and 'gpu' where its precision switches, placement,
+    NCCL collectives and device memory are wired."""
     compress: tuple[str, ...] = ("none",)
     grad_accum: bool = False
     activation_checkpointing: bool = False
@@ -196,6 +199,7 @@ def require(strategy: Strategy) -> Backend:
         ("mode", strategy.mode, caps.modes),
         ("parallel", strategy.parallel, caps.parallel),
         ("precision", strategy.precision, caps.precisions),
+        ("device", strategy.device, caps.devices),
     ):
         if value not in allowed:
             reason = dict(caps.why_not).get(value) if axis == "parallel" else None

@@ -54,6 +54,9 @@ class WorkerContext:
     """Address of every rank's host (loopback on one machine)."""
     local_world: int = 1
     """Ranks on this rank's host."""
+    precision: dict[str, Any] | None = None
+    """The precision the backend set its framework to, read back from it
+    (sextant.backends.precision); None for a framework that runs on CPU cores only."""
     fault: str | None = None
     """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
     _events: TextIO | None = field(default=None, repr=False)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sextant import checkpoint as ckpt
+from sextant.backends import precision
 from sextant.fsutil import atomic_write_bytes
 from sextant.init import params_digest
 from sextant.measure.comm import bytes_per_step
@@ -169,7 +170,10 @@ def train(ctx: WorkerContext, trainer: Trainer) -> RankResult:
         "comm": {"planned_bytes_per_step": bytes_per_step(strategy, trainer.n_params),
                  "measured_grad_payload_bytes_per_step": exported.get("payload")},
         "details": {**described.details, "notes": trainer.notes},
-        "fingerprint": described.fingerprint,
+        # Every run records the precision it used: the backend's read-back, or, for a
+        # framework sextant runs on CPU cores only, fp32 as asked (no TF32 there).
+        "fingerprint": {**described.fingerprint,
+                        "precision": ctx.precision or precision.cpu_only(strategy.precision)},
     }
     if described.device_peak_bytes is not None:
         result["device_peak_bytes"] = described.device_peak_bytes

@@ -12,9 +12,11 @@ from sextant.claims.check import (
     VERDICTS,
     Claim,
     check_claims,
+    conditions,
     run_field,
     run_label,
     speedup,
+    unequal,
 )
 
 __all__ = [
@@ -25,7 +27,9 @@ __all__ = [
     "VERDICTS",
     "Claim",
     "check_claims",
+    "conditions",
     "run_field",
     "run_label",
     "speedup",
+    "unequal",
 ]

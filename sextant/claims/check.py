@@ -60,7 +60,7 @@ _EPS = 1e-9
 
 _DEFAULTS: dict[str, Any] = {
     "mode": "eager", "parallel": "single", "workers": 1, "precision": "fp32",
-    "compress": "none", "grad_accum": 1, "devices_per_worker": 1,
+    "compress": "none", "grad_accum": 1, "devices_per_worker": 1, "device": "cpu",
 }
 
 
@@ -147,8 +147,30 @@ def run_label(run: Mapping[str, Any]) -> str:
 
 
 
+def conditions(run: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(effective precision, device, accelerator): what must be equal before two runs are
+    ranked. The precision is the one the framework reported using (XLA's fp32 on a GPU is
+    TF32 unless told otherwise); records from before it was read back count as asked."""
+    metrics = run.get("metrics") or {}
+    return (str(metrics.get("effective_precision") or run_field(run, "precision")),
+            str(metrics.get("device") or run_field(run, "device")),
+            str(metrics.get("accelerator") or ""))
+
+
+def unequal(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """Why two runs may not be ranked against each other, or None when they may."""
+    ca, cb = conditions(a), conditions(b)
+    if ca == cb:
+        return None
+    what = ("precision", "device", "accelerator")
+    return "; ".join(f"{w} {x or '-'} vs {y or '-'}" for w, x, y in zip(what, ca, cb) if x != y)
+
+
 def _plain(run: Mapping[str, Any]) -> bool:
-    return (run_field(run, "precision") == "fp32" and run_field(run, "compress") == "none"
+    """Full precision (fp32 or tf32), no compression, no accumulation: a framework's own
+    speed, not a lever's."""
+    return (run_field(run, "precision") in ("fp32", "tf32")
+            and run_field(run, "compress") == "none"
             and int(run_field(run, "grad_accum")) == 1)
 
 
@@ -258,7 +280,8 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
     eager = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
                   and run_field(r, "mode") == "eager" and _plain(r))
     compiled = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
-                     and run_field(r, "mode") == "compiled" and _plain(r))
+                     and run_field(r, "mode") == "compiled" and _plain(r)
+                     and (eager is None or unequal(r, eager) is None))
     ratio = speedup(eager, compiled, runs) if eager and compiled else None
     if eager is None or compiled is None or ratio is None:
         missing = "torch eager" if eager is None else "torch compiled"
@@ -284,12 +307,17 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
     )
     torch = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
                   and run_field(r, "mode") == "eager" and _plain(r))
-    jax = (_pick(runs, lambda r: run_field(r, "framework") == "jax" and _single(r)
-                 and run_field(r, "mode") == "compiled" and _plain(r))
-           or _pick(runs, lambda r: run_field(r, "framework") == "jax" and _single(r)
-                    and _plain(r)))
+    def one_jax(r: Mapping[str, Any]) -> bool:
+        return run_field(r, "framework") == "jax" and _single(r) and _plain(r)
+
+    jax = _pick(runs, lambda r: one_jax(r) and (torch is None or unequal(r, torch) is None))
     ratio = speedup(torch, jax, runs) if torch and jax else None
     if torch is None or jax is None or ratio is None:
+        other = _pick(runs, one_jax)
+        if torch is not None and other is not None:
+            return Claim(**base, verdict=NOT_MEASURED, figure="-",
+                         reason=f"not ranked: {run_label(other)} and {run_label(torch)} ran "
+                                f"under different conditions ({unequal(other, torch)})")
         missing = "torch eager" if torch is None else "jax"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason=f"no one-process {missing} run of this workload")
@@ -314,11 +342,11 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
     )
     pairs: list[tuple[Any, ...]] = []
     for low_p in runs:
-        if run_field(low_p, "precision") != "bf16" or run_field(low_p, "compress") != "none":
+        if conditions(low_p)[0] != "bf16" or run_field(low_p, "compress") != "none":
             continue
         key = _config(low_p, "precision")
         full = _pick(runs, lambda r: _config(r, "precision") == key
-                     and run_field(r, "precision") == "fp32")
+                     and conditions(r) == ("fp32", *conditions(low_p)[1:]))
         ratio = speedup(full, low_p, runs) if full else None
         if ratio is not None and not any(b is not low_p and _config(b) == _config(low_p)
                                          for _, b, _ in pairs):
@@ -442,7 +470,8 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
             continue  # another trial of a configuration already paired
         single = _pick(runs, lambda r: _single(r) and _plain(r)
                        and run_field(r, "framework") == run_field(run, "framework")
-                       and run_field(r, "mode") == run_field(run, "mode"))
+                       and run_field(r, "mode") == run_field(run, "mode")
+                       and unequal(r, run) is None)
         ratio = speedup(single, run, runs) if single else None
         if ratio is not None:
             pairs.append((single, run, ratio))
@@ -490,7 +519,7 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
         if not _plain(run) or not peak:
             continue
         config = (run_field(run, "parallel"), int(run_field(run, "workers")),
-                  int(run_field(run, "devices_per_worker")))
+                  int(run_field(run, "devices_per_worker")), conditions(run))
         per_fw = leanest.setdefault(config, {})
         fw = str(run_field(run, "framework"))
         best = _metric(per_fw[fw], "peak_rss_bytes") if fw in per_fw else None

@@ -12,11 +12,16 @@ from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sextant.devices import detect, resolve_device
 from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.stats import max_loss_diff
 from sextant.results.store import DEFAULT_DB, ResultsStore, default_path
+from sextant.strategy import DEVICES, PRECISIONS
 
 DEFAULT_WORKLOAD = "gpt-tiny"
+GPU_WORKLOAD = "gpt2-small"
+"""What `compare` trains on a GPU host: GPT-2-small's shape (gpt-tiny there measures only
+the launch overhead)."""
 
 
 def positive_seconds(text: str) -> float:
@@ -64,10 +69,22 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
 
 
+def add_device_args(p: argparse.ArgumentParser, *, precision_default: str | None = "fp32",
+                    precision_help: str = "default: fp32") -> None:
+    """--device and --precision, the two axes that decide what a measurement can be
+    compared with."""
+    p.add_argument("--device", default="auto", choices=("auto", *DEVICES),
+                   help="where ranks compute: one GPU per rank where the host has GPUs "
+                        "(auto, the default), or CPU cores (cpu), or refuse without GPUs (gpu)")
+    p.add_argument("--precision", default=precision_default, choices=PRECISIONS,
+                   help="fp32 (true fp32: no TF32 on any framework), tf32 (TF32 matmuls "
+                        "where the device has them), bf16 or fp16 (mixed: fp32 master "
+                        f"weights, 16-bit matmuls; fp16 with loss scaling); {precision_help}")
+
+
 def add_lever_args(p: argparse.ArgumentParser) -> None:
     """The distributed-training levers (see `sextant capabilities` for who supports what)."""
-    p.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (mixed: bf16 "
-                   "compute, fp32 master weights)")
+    add_device_args(p)
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (global batch unchanged; default 1)")
     p.add_argument("--compress", default="none",
@@ -90,7 +107,8 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
-    return {"precision": args.precision, "grad_accum": args.grad_accum,
+    return {"precision": args.precision, "device": resolve_device(args.device, detect()),
+            "grad_accum": args.grad_accum,
             "compress": args.compress, "checkpoint_every": args.checkpoint_every,
             "activation_checkpointing": args.activation_checkpointing,
             "checkpoint_dir": args.checkpoint_dir, "resume": args.resume,

@@ -4,6 +4,7 @@ side, then write the report."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import uuid
 from pathlib import Path
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,8 @@ from sextant.backends.base import REGISTRY
 from sextant.cluster import emulated
 from sextant.commands.common import (
     DEFAULT_WORKLOAD,
+    GPU_WORKLOAD,
+    add_device_args,
     RunProgress,
     add_run_args,
     open_store,
@@ -31,11 +34,12 @@ from sextant.commands.trials import (
     disturbed_lines,
     trials_table,
 )
+from sextant.devices import Inventory, check_ranks_fit, detect, resolve_device
 from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
-from sextant.strategy import Strategy
+from sextant.strategy import MIXED_PRECISIONS, Strategy
 from sextant.workload import workload_source
 
 
@@ -50,8 +54,12 @@ def register(sub: Any) -> None:
     add_repeats_arg(p, DEFAULT_REPEATS)
     p.add_argument("--frameworks", default=None,
                    help=f"comma-separated subset of: {', '.join(REGISTRY)} (default: all installed)")
-    p.add_argument("--workers", type=int, default=2,
-                   help="workers of the data-parallel rows (default: 2)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers of the data-parallel rows (default: 2 on CPU cores, every "
+                        "visible GPU on a GPU host)")
+    add_device_args(p, precision_default=None,
+                    precision_help="default: bf16 on GPUs, what GPU users train with; fp32 "
+                                   "on CPU cores")
     p.add_argument("--report", type=Path, default=None,
                    help="where to write the HTML report (default: next to the results database)")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
@@ -94,13 +102,13 @@ LEVERS: tuple[dict[str, Any], ...] = (
 )
 
 
-def lever_strategies(framework: str, workers: int) -> list[Strategy]:
+def lever_strategies(framework: str, workers: int, device: str = "cpu") -> list[Strategy]:
     backend = get_backend(framework)
     if not available(framework):
         raise UserError(not_installed(backend))
     mode = backend.capabilities().modes[0]
     base: dict[str, Any] = {"framework": framework, "mode": mode, "parallel": "dp",
-                            "workers": workers}
+                            "workers": workers, "device": device}
     out = [Strategy(**base)]
     for lever in LEVERS:
         fields = {**base, **lever}
@@ -128,7 +136,9 @@ LAYOUTS: tuple[dict[str, Any], ...] = (
 )
 
 
-def layout_strategies(frameworks: list[str], workers: int) -> list[Strategy]:
+def layout_strategies(frameworks: list[str], workers: int, device: str = "cpu",
+                      max_ranks: int | None = None) -> list[Strategy]:
+    """`max_ranks`: the host's GPUs, on GPU ranks (layouts needing more are left out)."""
     out = []
     for framework in frameworks:
         backend = get_backend(framework)
@@ -138,8 +148,10 @@ def layout_strategies(frameworks: list[str], workers: int) -> list[Strategy]:
         for layout in LAYOUTS:
             parallel = layout["parallel"]
             n = 1 if parallel == "single" else workers * layout.get("dp_x", 1)
+            if max_ranks is not None and n > max_ranks:
+                continue
             fields: dict[str, Any] = {"framework": framework, "mode": mode,
-                                      "parallel": parallel, "workers": n}
+                                      "parallel": parallel, "workers": n, "device": device}
             if parallel in ("tp", "tp-manual"):
                 fields["tp"] = workers
             if parallel == "pp":
@@ -236,11 +248,12 @@ def lever_table(records: Sequence[Mapping[str, Any]]) -> Any:
     return table
 
 
-def _framework_strategies(args: argparse.Namespace, out: Any) -> list[Strategy]:
-    """The default comparison: every installed framework's compare_matrix rows (named
-    frameworks only, when --frameworks is given; opt-in frameworks only when named)."""
+def _framework_strategies(args: argparse.Namespace, out: Any, device: str = "cpu",
+                          inventory: Inventory | None = None) -> list[Strategy]:
+    """The default comparison's rows for this host (`compare_rows`); what is not run is
+    printed with its reason (not installed, opt-in, more GPUs than the host has, ...)."""
     explicit = args.frameworks is not None
-    strategies: list[Strategy] = []
+    names: list[str] = []
     for name in _frameworks(args.frameworks):
         backend = get_backend(name)
         if not available(name):
@@ -253,31 +266,101 @@ def _framework_strategies(args: argparse.Namespace, out: Any) -> list[Strategy]:
             out.print(f"{name}: opt-in, not run by default (--frameworks ...,{name}): "
                       f"{backend.OPT_IN}", markup=False)
             continue
-        for fields in backend.compare_matrix(args.workers):
-            strategy = Strategy(framework=name, **fields)
-            require(strategy)
-            strategies.append(strategy)
+        names.append(name)
+    strategies, skipped = compare_rows(names, device, inventory or Inventory(),
+                                       workers=args.workers,
+                                       precision=getattr(args, "precision", None))
+    for line in skipped:
+        out.print(Text(line, style="dim"))
     return strategies
+
+
+GPU_PRECISION = "bf16"
+"""What `compare` trains in on GPUs unless told: what GPU users train with."""
+CPU_PRECISION = "fp32"
+GPU_SHARDED = ("fsdp",)
+"""Sharded data parallelism `compare` adds on a host with several GPUs."""
+
+
+def compare_rows(frameworks: Sequence[str], device: str, inventory: Inventory, *,
+                 workers: int | None = None, precision: str | None = None
+                 ) -> tuple[list[Strategy], list[str]]:
+    """(strategies, not-run lines): every framework's compare_matrix rows for this host.
+
+    On CPU cores: the matrix at `workers` (default 2) in fp32. On GPUs (one rank each): the
+    single-device rows (and compiled) on one GPU; with N >= 2 GPUs, the data-parallel rows
+    over N (default: every visible GPU) and the sharded ones (GPU_SHARDED), in bf16 unless
+    told. A row that cannot run here is listed with its reason, never failed."""
+    on_gpu = device == "gpu"
+    precision = precision or (GPU_PRECISION if on_gpu else CPU_PRECISION)
+    if on_gpu:
+        n = workers or inventory.count
+        width = max(2, n)  # on one GPU the data-parallel rows are listed as not run
+    else:
+        n = width = workers or 2
+    strategies: list[Strategy] = []
+    skipped: list[str] = []
+    for name in frameworks:
+        backend = get_backend(name)
+        rows = list(backend.compare_matrix(width))
+        if on_gpu and n >= 2:
+            mode = backend.capabilities().modes[0]
+            rows += [{"mode": mode, "parallel": p, "workers": n} for p in GPU_SHARDED
+                     if p in backend.capabilities().parallel]
+        for fields in rows:
+            fields = {**fields, "precision": precision, "device": device}
+            try:
+                strategy = Strategy(framework=name, **fields)
+                label = strategy.label
+                if on_gpu and strategy.workers > inventory.count:
+                    raise UserError(f"needs {strategy.workers} GPUs, one per rank; this host "
+                                    f"has {inventory.describe()}")
+                require(strategy)
+            except UserError as exc:
+                label = f"{name} {fields['mode']} {fields['parallel']} x{fields['workers']}"
+                skipped.append(f"not run: {label}: {exc}")
+                continue
+            if strategy not in strategies:
+                strategies.append(strategy)
+    if strategies and precision in MIXED_PRECISIONS:
+        # The mixed-precision agreement rule's anchor: the reference row in fp32 (shown, never
+        # ranked against the others).
+        strategies.append(dataclasses.replace(strategies[0], precision="fp32"))
+    return strategies, skipped
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     if args.layouts and args.levers:
         raise UserError("--layouts and --levers are two different comparisons; give one")
+    inventory = detect()
+    device = resolve_device(args.device, inventory)
     if args.workload is None:
-        args.workload = "llama-tiny" if args.layouts else DEFAULT_WORKLOAD
+        # gpt-tiny measures only launch overhead on a GPU: a GPT-2-small shape there.
+        args.workload = ("llama-tiny" if args.layouts
+                         else GPU_WORKLOAD if device == "gpu" else DEFAULT_WORKLOAD)
     workload = load_with_steps(args)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1. Received: {args.workers}")
     if args.layouts and workload.model.family != "llama":
         raise UserError(f"--layouts splits a Llama-shaped model; workload {workload.name!r} is a "
                         f"{workload.model.family} model (try --workload llama-tiny)")
     out = console()
+    workers = args.workers or (inventory.count if device == "gpu" else 2)
+    if args.levers or args.layouts:
+        check_ranks_fit(device, workers, inventory)
     if args.levers:
-        strategies = lever_strategies(_frameworks(args.frameworks or "torch")[0], args.workers)
+        strategies = lever_strategies(_frameworks(args.frameworks or "torch")[0], workers,
+                                      device)
     elif args.layouts:
-        strategies = layout_strategies(_frameworks(args.frameworks), args.workers)
+        strategies = layout_strategies(_frameworks(args.frameworks), workers, device,
+                                       inventory.count if device == "gpu" else None)
     else:
-        strategies = _framework_strategies(args, out)
+        strategies = _framework_strategies(args, out, device, inventory)
+        if device == "gpu":
+            out.print(f"on {inventory.describe()}: one rank per GPU, "
+                      f"{strategies[0].precision if strategies else args.precision} "
+                      + ("(the GPU default; --precision fp32 for true fp32)"
+                         if args.precision is None else ""), markup=False)
     if not strategies:
         raise UserError("no framework is installed; pip install 'sextant[torch]'")
 

@@ -22,6 +22,8 @@ from sextant.commands.common import (
 )
 from sextant.commands.trials import add_repeats_arg, run_trials
 from sextant.display import console
+from sextant.backends.base import layout_of
+from sextant.devices import check_ranks_fit, detect
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
@@ -152,6 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.dry_run or args.nodes or args.tasks_per_node or args.partition:
         raise UserError("--nodes, --tasks-per-node, --partition and --dry-run go with "
                         "--launcher slurm")
+    elif args.cluster is None:  # every rank on this host: one GPU each
+        check_ranks_fit(strategy.device, len(layout_of(strategy).primary), detect())
     if args.repeats > 1:
         return run_trials(args, workload, strategy, launcher=launcher)
     return run_and_show(args, workload, strategy, launcher=launcher,

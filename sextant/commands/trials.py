@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
+from sextant.claims import unequal
 from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.intervals import CONFIDENCE, speedup_interval
 from sextant.measure.stats import max_loss_diff
@@ -61,9 +62,14 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
     those medians, and the speed-up against the first configuration with its interval.
     Disturbed trials are counted and shown, never used."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    for name in ("run", "trials", "step ms", "trial medians", "tokens/s",
-                 f"speed-up [{CONFIDENCE:.0%} CI]", "RSS MB/proc", "exposed comm",
-                 "final loss", "max |Δloss|"):
+    # Accelerator columns only where a run used one: a CPU comparison prints as it always did.
+    gpu = any((r.get("metrics") or {}).get("device") == "gpu" for r in records)
+    names = ["run", "trials", "step ms", "trial medians", "tokens/s",
+             f"speed-up [{CONFIDENCE:.0%} CI]", "RSS MB/proc", "exposed comm",
+             "final loss", "max |Δloss|"]
+    if gpu:
+        names[7:7] = ["device MB", "MFU", "planner"]
+    for name in names:
         table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
     groups = by_config(records)
     ref = _usable(groups[0]) if groups else []
@@ -77,8 +83,11 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
         pool = usable or [t for t in trials if t["metrics"].get("step_time_median_s")]
         medians = [t["metrics"]["step_time_median_s"] for t in pool]
         mean = sum(medians) / len(medians) if medians else None
+        apart = unequal(shown, groups[0][-1]) if i else None
         if i == 0:
             speed = "ref" if usable else "no quiet trial"
+        elif apart:
+            speed = "not ranked: " + apart.split(";")[0]
         elif usable and ref:
             value, low, high = speedup_interval(ref, usable)  # type: ignore[misc]
             speed = f"{value:.2f}x" + (f" [{low:.2f}-{high:.2f}]" if low is not None
@@ -87,7 +96,7 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
             speed = "no quiet trial" if not usable else "-"
         tokens = m["tokens_per_step"] / mean if mean and m.get("tokens_per_step") else None
         diff = max_loss_diff(shown.get("losses") or [], groups[0][-1].get("losses") or [])
-        table.add_row(
+        cells = [
             str(shown["label"]), counted,
             fmt_ms(mean) + (" (disturbed)" if pool and not usable else ""),
             f"{fmt_ms(min(medians))}-{fmt_ms(max(medians))}" if len(medians) > 1 else "-",
@@ -95,8 +104,21 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
             fmt_bytes_mb(m.get("peak_rss_bytes")), fmt_share(m.get("exposed_comm_share")),
             fmt_loss(m.get("final_loss")),
             "ref" if i == 0 else (f"{diff:.1e}" if diff is not None else "-"),
-        )
+        ]
+        if gpu:
+            cells[7:7] = accelerator_cells(m)
+        table.add_row(*cells)
     return table
+
+
+def accelerator_cells(metrics: Mapping[str, Any]) -> list[str]:
+    """Device memory peak, MFU (blank where the device is not catalogued) and the planner's
+    predicted step against the measured one (one-device runs)."""
+    mfu, error = metrics.get("mfu"), metrics.get("planner_error")
+    return [fmt_bytes_mb(metrics.get("device_peak_bytes")),
+            fmt_share(mfu) if mfu is not None else "-",
+            f"{fmt_ms(metrics.get('planner_step_s'))} ({error:+.0%})" if error is not None
+            else "-"]
 
 
 def disturbed_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:

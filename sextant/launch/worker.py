@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sextant.backends.contracts import EVENT_SCHEMA, WorkerContext
+from sextant.devices import pin_rank
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json, remove_private_tempdirs
 from sextant.launch.allocator import keep_freed_memory
@@ -65,6 +66,16 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
     if cpus:
         os.sched_setaffinity(0, cpus)
     keep_freed_memory()  # before any framework allocates (sextant.launch.allocator)
+    # Before any framework is imported: this rank's own GPU only, or none on CPU ranks and
+    # service ranks (parameter servers hold variables on the host).
+    device = ctx.strategy.device if ctx.role == "worker" else "cpu"
+    try:
+        pin_rank(device, ctx.local_rank, os.environ)
+    except UserError as exc:
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        (ctx.run_dir / f"rank{ctx.rank}.error.txt").write_text(f"{exc}\n")
+        sys.stderr.write(f"{exc}\n")
+        return 1
     if ctx.fault and f"no-rendezvous-rank-{ctx.rank}" in ctx.fault.split(","):
         # Test hook: a host that never joins the rendezvous (the launcher ends this process).
         time.sleep(3600)

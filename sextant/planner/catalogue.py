@@ -22,7 +22,7 @@ from sextant.tomlfile import read_toml
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
 DEFAULT_CALIBRATION = Path("sextant-results") / "calibration.json"
-PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
 
 _ACC_KEYS = {
     "name",

@@ -24,7 +24,8 @@ from sextant.report.charts import (
     line_chart,
     stacked_hbar_chart,
 )
-from sextant.report.model import PARITY_ATOL, build_report
+from sextant.measure.agreement import FP32_ATOL as PARITY_ATOL
+from sextant.report.model import build_report
 from sextant.results.store import ResultsStore, finite_json
 
 __all__ = ["FORMATS", "PARITY_ATOL", "load_advice", "render", "render_html", "write_report"]
@@ -502,9 +503,10 @@ def _parity(report: Mapping[str, Any]) -> str:
     rows = [(r["run"], r["precision"],
              "ref" if r["max_diff"] is None and r["run"] == p["reference"]
              else ("-" if r["max_diff"] is None else f'{r["max_diff"]:.1e}'),
-             "yes" if r["held_to_parity"] else "no")
+             (("agrees" if r["agrees"] else "DISAGREES") + f' ({r["rule"]})')
+             if r["held_to_parity"] else f'not held: {r["why_not"]}')
             for r in p["per_run"]]
-    table = _table(("run", "precision", "max |Δloss| vs reference", "held to parity"), rows)
+    table = _table(("run", "precision", "max |Δloss| vs fp32", "agreement"), rows)
     note = f'<p class="small">{e(p["note"])}.</p>' if p["note"] else ""
     return ('<section id="parity"><h2>Loss curves: the parity proof</h2>'
             f'<p><b>Verdict:</b> {verdict}.</p><p class="small">Same initial weights and the '

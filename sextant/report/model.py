@@ -13,18 +13,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sextant import __version__
-from sextant.claims import HOLDS, NOT_HOLD, NOT_MEASURED, check_claims, run_field, run_label
+from sextant.claims import (
+    HOLDS,
+    NOT_HOLD,
+    NOT_MEASURED,
+    check_claims,
+    conditions,
+    run_field,
+    run_label,
+    unequal,
+)
 from sextant.measure.intervals import (
     CONFIDENCE,
     INCONCLUSIVE,
     distinguishable,
     speedup_interval,
 )
+from sextant.measure.agreement import FP32_ATOL, MIXED_FACTOR, mixed_agreement
 from sextant.measure.stats import max_loss_diff
 
-# fp32 loss agreement considered "identical data flow" in the report's verdict; the tests
-# hold backends to tighter, per-case tolerances (docs/methodology.md).
-PARITY_ATOL = 1e-3
 MODEL_STATE_BYTES_PER_PARAM = 16
 """fp32 weights, gradients and Adam's two moments: 4 x 4 bytes per parameter."""
 PROFILE_HINT = "sextant report --profile examples/profiles/startup-nvidia-pytorch.toml"
@@ -57,8 +64,19 @@ def _run_row(run: Mapping[str, Any], ref: Mapping[str, Any], index: int) -> dict
     ref_med = _m(ref, "step_time_median_s")
     ref_losses = list(ref.get("losses") or [])
     diff = max_loss_diff(list(run.get("losses") or []), ref_losses)
+    # Never ranked against the reference under other conditions (precision, device).
+    not_ranked = None if run is ref else unequal(run, ref)
+    precision, device, accelerator = conditions(run)
     return {
         "id": run.get("id"),
+        "not_ranked": not_ranked,
+        "effective_precision": precision,
+        "device": device,
+        "accelerator": accelerator or None,
+        "mfu": _m(run, "mfu"),
+        "planner_step_s": _m(run, "planner_step_s"),
+        "planner_error": _m(run, "planner_error"),
+        "device_peak_bytes": _m(run, "device_peak_bytes"),
         "index": index,
         "label": run_label(run),
         "framework": str(run_field(run, "framework")),
@@ -74,7 +92,7 @@ def _run_row(run: Mapping[str, Any], ref: Mapping[str, Any], index: int) -> dict
                         "p90": _m(run, "step_time_p90_s"),
                         "n": (run.get("metrics") or {}).get("steps_timed")},
         "tokens_per_s": {"median": tps, "low": tps_lo, "high": tps_hi},
-        "speedup_vs_reference": (ref_med / med) if med and ref_med else None,
+        "speedup_vs_reference": (ref_med / med) if med and ref_med and not not_ranked else None,
         "first_step_s": _m(run, "first_step_s"),
         "compile_s": _m(run, "compile_s"),
         "achieved_flops_per_s": _m(run, "achieved_flops_per_s"),
@@ -122,7 +140,8 @@ def _trial_fields(row: dict[str, Any], trials: Sequence[Mapping[str, Any]],
     """Add a configuration's trial counts and its speed-up interval against the reference
     (undisturbed trials only) to its row."""
     usable, ref_usable = _usable(trials), _usable(ref_trials)
-    iv = speedup_interval(ref_usable, usable) if usable and ref_usable else None
+    iv = (speedup_interval(ref_usable, usable)
+          if usable and ref_usable and not row.get("not_ranked") else None)
     row["trials"] = len(trials)
     row["disturbed_trials"] = sum(1 for t in trials if _disturbed(t))
     row["disturbed_ids"] = [t.get("id") for t in trials if _disturbed(t)]
@@ -141,28 +160,70 @@ def _colour_index(rows: list[dict[str, Any]]) -> None:
         seen[row["framework"]] = row["shade"] + 1
 
 
-def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[str, Any]:
-    ref_losses = list(ref.get("losses") or [])
-    per_run = []
+def _anchor(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any], precision: str
+            ) -> Mapping[str, Any] | None:
+    """The reference configuration's run in `precision` (same framework, mode, strategy and
+    device), the mixed-precision rule's anchors."""
+    keys = ("framework", "mode", "parallel", "workers", "devices_per_worker", "compress",
+            "grad_accum")
     for run in runs:
-        diff = max_loss_diff(list(run.get("losses") or []), ref_losses)
-        if run is ref:  # compared with itself: only a NaN (a disagreement) is worth a figure
+        if (all(run_field(run, k) == run_field(ref, k) for k in keys)
+                and conditions(run) == (precision, *conditions(ref)[1:])):
+            return run
+    return None
+
+
+def _parity_row(run: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+                ref: Mapping[str, Any]) -> dict[str, Any]:
+    """One run's agreement: fp32 runs within FP32_ATOL of the reference's fp32 curve;
+    mixed-precision runs within the band of sextant.measure.agreement."""
+    precision = conditions(run)[0]
+    fp32 = _anchor(runs, ref, "fp32")
+    row: dict[str, Any] = {"run": run_label(run), "id": run.get("id"), "precision": precision,
+                           "max_diff": None, "held_to_parity": False, "rule": None,
+                           "band_ratio": None, "agrees": None, "why_not": ""}
+    losses = list(run.get("losses") or [])
+    if fp32 is None:
+        row["why_not"] = f"no fp32 run of {run_label(ref)} to compare with"
+        return row
+    fp32_losses = list(fp32.get("losses") or [])
+    if precision == "fp32":
+        diff = max_loss_diff(losses, fp32_losses)
+        if run is fp32:  # compared with itself: only a NaN (a disagreement) is worth a figure
             diff = diff if diff == math.inf else None
-        per_run.append({"run": run_label(run), "id": run.get("id"),
-                        "precision": run_field(run, "precision"),
-                        "max_diff": diff,
-                        "held_to_parity": run_field(run, "precision") == "fp32"})
-    checked = [p["max_diff"] for p in per_run if p["held_to_parity"] and p["max_diff"] is not None]
-    worst = max(checked, default=0.0)
+        row.update(max_diff=diff, held_to_parity=True, rule=f"|Δloss| <= {FP32_ATOL:g}",
+                   agrees=diff is None or diff <= FP32_ATOL)
+        return row
+    mixed = _anchor(runs, ref, precision)
+    if mixed is None or not losses:
+        row["why_not"] = (f"no {precision} run of {run_label(fp32)} to set the band"
+                          if losses else "no losses recorded")
+        return row
+    if mixed is run:
+        row["why_not"] = f"the reference's {precision} run: it sets the band"
+        return row
+    result = mixed_agreement(losses, fp32_losses, list(mixed.get("losses") or []))
+    row.update(max_diff=result.max_diff, held_to_parity=True, band_ratio=result.worst_ratio,
+               rule=f"within {MIXED_FACTOR:g}x {run_label(mixed)}'s own {precision}-vs-fp32 "
+                    "envelope", agrees=result.ok)
+    return row
+
+
+def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[str, Any]:
+    per_run = [_parity_row(run, runs, ref) for run in runs]
+    held = [p for p in per_run if p["held_to_parity"]]
+    fp32_diffs = [p["max_diff"] for p in held
+                  if p["precision"] == "fp32" and p["max_diff"] is not None]
+    not_held = [p for p in per_run if not p["held_to_parity"]]
     return {
         "reference": run_label(ref),
-        "atol": PARITY_ATOL,
-        "max_diff": worst,
-        "ok": worst <= PARITY_ATOL,
+        "atol": FP32_ATOL,
+        "max_diff": max(fp32_diffs, default=0.0),
+        "ok": all(p["agrees"] for p in held),
         "per_run": per_run,
         "curves": [{"run": run_label(r), "losses": list(r.get("losses") or [])} for r in runs],
-        "note": ("runs in another precision than fp32 are shown but not held to parity"
-                 if not all(p["held_to_parity"] for p in per_run) else ""),
+        "note": ("not held to parity: " + "; ".join(f"{p['run']} ({p['why_not']})"
+                                                      for p in not_held) if not_held else ""),
     }
 
 
@@ -423,7 +484,8 @@ def headline_text(summary: Mapping[str, Any]) -> tuple[str, str]:
 def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
              claims: list[dict[str, Any]], scaling: dict[str, Any],
              groups: Sequence[Sequence[Mapping[str, Any]]] = ()) -> dict[str, Any]:
-    timed = [r for r in rows if r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
+    timed = [r for r in rows if r["tokens_per_s"]["median"] is not None and r["status"] == "ok"
+             and not r.get("not_ranked")]
     head = _headline(rows, groups) if groups else None
     fastest = (head["row"] if head else
                max(timed, key=lambda r: r["tokens_per_s"]["median"]) if timed else None)

@@ -33,7 +33,8 @@ class DeepSpeedBackend(BackendBase):
         return Capabilities(
             modes=("eager",),
             parallel=("single", "dp", "zero1", "zero2", "zero3"),
-            precisions=("fp32", "bf16"),
+            precisions=("fp32", "tf32", "bf16"),
+            devices=("cpu", "gpu"),
             grad_accum=True,
             checkpoint=("single", "dp", "zero1", "zero2", "zero3"),
             why_not=(

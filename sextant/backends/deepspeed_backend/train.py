@@ -52,6 +52,7 @@ from sextant.backends.torch_backend.train import (
     loop_functions,
     select_device,
 )
+from sextant.backends import precision
 from sextant.init import init_params
 from sextant.schedule import lr_table
 
@@ -116,6 +117,7 @@ def _quiet() -> None:
 
 def run(ctx: WorkerContext) -> RankResult:
     device, cuda = select_device(ctx)
+    ctx.precision = precision.apply_torch(ctx.strategy.precision, device)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
     cache, cache_from = extensions_dir(ctx)
     t0 = time.perf_counter()

@@ -65,7 +65,9 @@ class JaxBackend(BackendBase):
             modes=("compiled",),
             parallel=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp", "tp", "tp-manual",
                       "pp"),
-            precisions=("fp32", "bf16"),
+            # fp16 needs loss scaling, which optax does not provide: not built.
+            precisions=("fp32", "tf32", "bf16"),
+            devices=("cpu", "gpu"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
             activation_checkpointing=True,
@@ -84,12 +86,13 @@ class JaxBackend(BackendBase):
         if strategy.parallel in ("tp", "tp-manual", "pp"):
             unsupported = [flag for flag, on in (
                 ("--grad-accum", strategy.grad_accum > 1),
-                ("--precision bf16", strategy.precision != "fp32"),
+                (f"--precision {strategy.precision}",
+                 strategy.precision not in ("fp32", "tf32")),
                 ("--activation-checkpointing", strategy.activation_checkpointing),
                 ("--sequence-parallel", strategy.sequence_parallel),
             ) if on]
             if unsupported:
-                raise UserError(f"jax {strategy.parallel} runs fp32 without "
+                raise UserError(f"jax {strategy.parallel} runs fp32 or tf32 without "
                                 f"{', '.join(unsupported)} in sextant yet")
         if strategy.compress != "none" and strategy.parallel != "dp-manual":
             raise UserError(

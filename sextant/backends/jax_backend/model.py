@@ -2,6 +2,12 @@
 
 The canonical layout is already JAX's (dense weights (in, out)), so parameters are used as
 they are: no mapping at all.
+
+Mixed precision follows sextant's one policy (sextant.strategy.PRECISIONS), the one torch's
+autocast applies: the parameters stay fp32 (master weights); every matmul and the attention
+take `Numerics.compute` operands (bf16), so their outputs are bf16; the embeddings, the
+residual stream, the norms and the loss stay fp32. In fp32 every cast below is the identity,
+which XLA removes.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import functools
 import math
 from typing import Any
+
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +28,36 @@ LAYER_NORM_EPS = 1e-5
 Params = dict[str, jax.Array]
 
 
+@dataclass(frozen=True, slots=True)
+class Numerics:
+    """How the model computes: the matmul/attention operand dtype, and which fused attention
+    kernel jax.nn.dot_product_attention runs (None: XLA's own; 'cudnn': cuDNN's flash
+    attention, on GPUs for bf16/fp16)."""
+
+    compute: Any = jnp.float32
+    attention: str | None = None
+
+
+FP32 = Numerics()
+
+
+def _mm(x: jax.Array, w: jax.Array, nx: Numerics) -> jax.Array:
+    """x @ w with both operands in the compute dtype (the output is in it too)."""
+    return x.astype(nx.compute) @ w.astype(nx.compute)
+
+
+def _dense(x: jax.Array, w: jax.Array, b: jax.Array, nx: Numerics) -> jax.Array:
+    return _mm(x, w, nx) + b.astype(nx.compute)
+
+
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, nx: Numerics
+               ) -> jax.Array:  # (B, T, H, hs) -> same
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                        implementation=nx.attention)
+
+
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+    x = x.astype(jnp.float32)  # norms run in fp32 under mixed precision (autocast's list)
     mean = x.mean(-1, keepdims=True)
     # Biased, as torch.nn.LayerNorm. The variance's gradient through the mean is zero (the
     # deviations sum to zero), so it is stopped: the same values and gradients without a
@@ -30,45 +67,47 @@ def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
     return (x - mean) * jax.lax.rsqrt(var + LAYER_NORM_EPS) * scale + bias
 
 
-def mlp_logits(spec: MLPSpec, p: Params, x: jax.Array) -> jax.Array:  # (B, in) -> (B, classes)
+def mlp_logits(spec: MLPSpec, p: Params, x: jax.Array, nx: Numerics = FP32
+               ) -> jax.Array:  # (B, in) -> (B, classes)
     n = len(spec.hidden) + 1
     for i in range(n):
-        x = x @ p[f"layers.{i}.weight"] + p[f"layers.{i}.bias"]
+        x = _dense(x, p[f"layers.{i}.weight"], p[f"layers.{i}.bias"], nx)
         if i < n - 1:
             x = jax.nn.relu(x)
     return x
 
 
-def gpt_block(spec: GPTSpec, bp: Params, x: jax.Array) -> jax.Array:  # (B, T, C) -> same
+def gpt_block(spec: GPTSpec, bp: Params, x: jax.Array, nx: Numerics = FP32
+              ) -> jax.Array:  # (B, T, C) -> same
     """One transformer block; `bp` holds its parameters without the 'blocks.{i}.' prefix."""
     B, T, C = x.shape
     H = spec.n_heads
     h = _layer_norm(x, bp["ln1.scale"], bp["ln1.bias"])
-    qkv = h @ bp["attn.qkv.weight"] + bp["attn.qkv.bias"]  # (B, T, 3C)
+    qkv = _dense(h, bp["attn.qkv.weight"], bp["attn.qkv.bias"], nx)  # (B, T, 3C)
     q, k, v = (t.reshape(B, T, H, C // H) for t in jnp.split(qkv, 3, axis=-1))
-    y = jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                     scale=1.0 / math.sqrt(C // H))  # (B, T, H, hs)
-    x = x + y.reshape(B, T, C) @ bp["attn.proj.weight"] + bp["attn.proj.bias"]
+    y = _attention(q, k, v, 1.0 / math.sqrt(C // H), nx)  # (B, T, H, hs)
+    x = x + _dense(y.reshape(B, T, C), bp["attn.proj.weight"], bp["attn.proj.bias"], nx)
     h = _layer_norm(x, bp["ln2.scale"], bp["ln2.bias"])
-    h = jax.nn.gelu(h @ bp["mlp.fc.weight"] + bp["mlp.fc.bias"], approximate=True)
-    return x + h @ bp["mlp.proj.weight"] + bp["mlp.proj.bias"]
+    h = jax.nn.gelu(_dense(h, bp["mlp.fc.weight"], bp["mlp.fc.bias"], nx), approximate=True)
+    return x + _dense(h, bp["mlp.proj.weight"], bp["mlp.proj.bias"], nx)
 
 
-def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array,
-               remat: bool = False) -> jax.Array:  # (B, T) -> (B, T, V)
+def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array, remat: bool = False,
+               nx: Numerics = FP32) -> jax.Array:  # (B, T) -> (B, T, V)
     """`remat`: each block under jax.checkpoint (activation checkpointing: its activations
     are recomputed in the backward pass instead of kept)."""
     T = idx.shape[1]
-    block = functools.partial(gpt_block, spec)
+    block = functools.partial(gpt_block, spec, nx=nx)
     if remat:
         block = jax.checkpoint(block)
     x = p["wte"][idx] + p["wpe"][:T]
     for i in range(spec.n_layers):
         x = block(block_params(p, i), x)
-    return _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]) @ p["head.weight"]
+    return _mm(_layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]), p["head.weight"], nx)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), -1, keepdims=True) + eps) * scale
 
 
@@ -122,7 +161,8 @@ def all_gather(x: jax.Array, axis: str) -> jax.Array:
 
 
 def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                tp_axis: str | None = None) -> jax.Array:  # (B, T, C) -> same
+                tp_axis: str | None = None, nx: Numerics = FP32
+                ) -> jax.Array:  # (B, T, C) -> same
     """One Llama block; head counts come from the weights' widths (`-1`), so a shard that
     holds a subset of the heads runs the same code. `tp_axis`: this is one tensor-parallel
     shard inside shard_map, with Megatron's f/g operators around its two halves."""
@@ -130,15 +170,16 @@ def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: 
     B, T, _ = x.shape
     hd = spec.head_dim
     h = f(rms_norm(x, bp["attn_norm.scale"], spec.norm_eps))
-    q = rotate((h @ bp["attn.q.weight"]).reshape(B, T, -1, hd), cos, sin)
-    k = rotate((h @ bp["attn.k.weight"]).reshape(B, T, -1, hd), cos, sin)
-    v = (h @ bp["attn.v.weight"]).reshape(B, T, -1, hd)
-    y = jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                     scale=1.0 / math.sqrt(hd))  # GQA: K, V heads broadcast
-    x = x + g(y.reshape(B, T, -1) @ bp["attn.o.weight"])
+    # RoPE against the fp32 tables, its result cast for the attention (autocast does the
+    # same: the product promotes to fp32, scaled_dot_product_attention casts it back).
+    q = rotate(_mm(h, bp["attn.q.weight"], nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    k = rotate(_mm(h, bp["attn.k.weight"], nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    v = _mm(h, bp["attn.v.weight"], nx).reshape(B, T, -1, hd)
+    y = _attention(q, k, v, 1.0 / math.sqrt(hd), nx)  # GQA: K, V heads broadcast
+    x = x + g(_mm(y.reshape(B, T, -1), bp["attn.o.weight"], nx))
     h = f(rms_norm(x, bp["mlp_norm.scale"], spec.norm_eps))
-    gated = jax.nn.silu(h @ bp["mlp.gate.weight"]) * (h @ bp["mlp.up.weight"])
-    return x + g(gated @ bp["mlp.down.weight"])
+    gated = jax.nn.silu(_mm(h, bp["mlp.gate.weight"], nx)) * _mm(h, bp["mlp.up.weight"], nx)
+    return x + g(_mm(gated, bp["mlp.down.weight"], nx))
 
 
 def _identity(x: jax.Array) -> jax.Array:
@@ -151,10 +192,11 @@ def block_params(p: Params, i: int) -> Params:
 
 
 def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array, remat: bool = False,
-                 tp_axis: str | None = None) -> jax.Array:  # (B, T) -> (B, T, V)
+                 tp_axis: str | None = None, nx: Numerics = FP32
+                 ) -> jax.Array:  # (B, T) -> (B, T, V)
     T = idx.shape[1]
     cos, sin = (jnp.asarray(t[:T, None, :]) for t in rope_tables(spec))
-    block = functools.partial(llama_block, spec, tp_axis=tp_axis)
+    block = functools.partial(llama_block, spec, tp_axis=tp_axis, nx=nx)
     if remat:
         block = jax.checkpoint(block)
     if tp_axis:  # the embedding and the head split over the vocabulary, Megatron-style
@@ -167,8 +209,8 @@ def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array, remat: bool = False
     if tp_axis:
         f, _ = megatron_ops(tp_axis)
         head = p["wte"].T if spec.tie_embeddings else p["head.weight"]
-        return gather_vocab(tp_axis)(f(x) @ head)
-    return x @ p["wte"].T if spec.tie_embeddings else x @ p["head.weight"]
+        return gather_vocab(tp_axis)(_mm(f(x), head, nx))
+    return _mm(x, p["wte"].T if spec.tie_embeddings else p["head.weight"], nx)
 
 
 def vocab_parallel_embed(table: jax.Array, idx: jax.Array, axis: str) -> jax.Array:
@@ -199,16 +241,19 @@ def gather_vocab(axis: str) -> Any:
 
 
 def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
-            remat: bool = False, tp_axis: str | None = None) -> jax.Array:
-    """Mean softmax cross-entropy over every target in the batch (`remat`: see gpt_logits;
-    `tp_axis`: see llama_block)."""
+            remat: bool = False, tp_axis: str | None = None, nx: Numerics = FP32
+            ) -> jax.Array:
+    """Mean softmax cross-entropy over every target in the batch, in fp32 whatever the
+    compute dtype (`remat`: see gpt_logits; `tp_axis`: see llama_block)."""
     if isinstance(spec, MLPSpec):
-        logits = mlp_logits(spec, p, x)
+        logits = mlp_logits(spec, p, x, nx)
     elif isinstance(spec, LlamaSpec):
-        logits = llama_logits(spec, p, x, remat, tp_axis)
+        logits = llama_logits(spec, p, x, remat, tp_axis, nx)
     else:
-        logits = gpt_logits(spec, p, x, remat)
+        logits = gpt_logits(spec, p, x, remat, nx)
     logits = logits.reshape(-1, logits.shape[-1])
+    if "loss-in-compute-dtype" not in TEST_FAULTS:  # the broken twin keeps bf16 logits
+        logits = logits.astype(jnp.float32)
     logz = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
     return jnp.mean(logz - picked)

@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sextant import data
-from sextant.backends import harness
+from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
+from sextant.devices import detect
 from sextant.errors import UserError
 from sextant.init import decays, init_params
 from sextant.measure.comm import megatron_tp_payload
@@ -171,15 +172,47 @@ def _decay_mask(params: dict[str, np.ndarray], spec: Any, parallel: str) -> dict
     return {k: decays(k, v.shape) for k, v in params.items()}
 
 
-def _model_loss(spec: Any, strategy: Any, mesh: Any, fault: str | None) -> Any:
+def _model_loss(spec: Any, strategy: Any, mesh: Any, fault: str | None, numerics: Any
+                ) -> Any:
     """loss(p, x, y, remat, tp_axis): the model's, or the pipeline's over the mesh."""
     from sextant.backends.jax_backend import pipeline
     from sextant.backends.jax_backend.model import loss_fn
 
-    if strategy.parallel == "pp":
+    if strategy.parallel == "pp":  # fp32 only (JaxBackend.check)
         pp_loss = pipeline.make_loss(spec, mesh, strategy.pp, strategy.microbatches, fault)
         return lambda p, x, y, remat, tp_axis: pp_loss(p, x, y)
-    return lambda p, x, y, remat, tp_axis: loss_fn(spec, p, x, y, remat, tp_axis)
+    return lambda p, x, y, remat, tp_axis: loss_fn(spec, p, x, y, remat, tp_axis, numerics)
+
+
+def _numerics(ctx: WorkerContext, device: Any) -> tuple[Any, str]:
+    """(model.Numerics, how attention runs): the compute dtype of the precision, and cuDNN's
+    fused attention where the device and dtype allow it (a GPU, bf16 or fp16), probed once
+    on the workload's attention shape; otherwise XLA's, with the reason."""
+    import jax
+    import jax.numpy as jnp
+
+    from sextant.backends.jax_backend.model import Numerics
+    from sextant.workload import MLPSpec
+
+    compute = {"bf16": jnp.bfloat16, "fp16": jnp.float16}.get(ctx.strategy.precision,
+                                                              jnp.float32)
+    spec = ctx.workload.model
+    if isinstance(spec, MLPSpec):
+        return Numerics(compute=compute), "none (no attention)"
+    if device.platform != "gpu":
+        return Numerics(compute=compute), f"xla (cuDNN attention needs a GPU; this is {device.platform})"
+    if compute == jnp.float32:
+        return Numerics(compute=compute), "xla (cuDNN attention needs bf16 or fp16)"
+    heads = spec.n_heads
+    shape = (1, spec.seq_len, heads, spec.d_model // heads)
+    try:
+        q = jnp.zeros(shape, compute)
+        jax.block_until_ready(jax.jit(lambda a: jax.nn.dot_product_attention(
+            a, a, a, is_causal=True, implementation="cudnn"))(q))
+    except Exception as exc:  # noqa: BLE001 - any refusal of cuDNN's kernel: XLA's, named
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        return Numerics(compute=compute), f"xla (cuDNN attention refused: {first})"
+    return Numerics(compute=compute, attention="cudnn"), "cudnn (jax.nn.dot_product_attention)"
 
 
 def _canonical(params: dict[str, np.ndarray], spec: Any, parallel: str
@@ -244,28 +277,23 @@ def _optimizer(workload: Any, params_np: dict[str, np.ndarray], parallel: str) -
     )
 
 
-def _loss_and_grads(ctx: WorkerContext, mesh: Any) -> tuple[Any, Any]:
+def _loss_and_grads(ctx: WorkerContext, mesh: Any, numerics: Any) -> tuple[Any, Any]:
     """(precision_loss, grad_fn): the model's loss under the precision and activation-
     checkpointing levers, and its (loss, gradients) over `grad_accum` micro-batches."""
     import jax
     import jax.numpy as jnp
 
     strategy, spec = ctx.strategy, ctx.workload.model
-    model_loss = _model_loss(spec, strategy, mesh, ctx.fault)
+    model_loss = _model_loss(spec, strategy, mesh, ctx.fault, numerics)
     accum = strategy.grad_accum
     remat = strategy.activation_checkpointing  # every transformer block under jax.checkpoint
     _check_remat(remat, spec)
-    compute_dtype = jnp.bfloat16 if strategy.precision == "bf16" else jnp.float32
 
     def precision_loss(p: Any, x: jax.Array, y: jax.Array, tp_axis: str | None = None
                        ) -> jax.Array:
-        # bf16: compute with bf16 copies of the fp32 master weights; the loss (softmax
-        # cross-entropy) is taken in fp32.
-        if compute_dtype != jnp.float32:
-            p = jax.tree.map(lambda a: a.astype(compute_dtype), p)
-            if x.dtype == jnp.float32:
-                x = x.astype(compute_dtype)
-        return model_loss(p, x, y, remat, tp_axis).astype(jnp.float32)
+        # Mixed precision casts inside the model (model.Numerics): fp32 master weights,
+        # bf16 matmul operands, the loss in fp32.
+        return model_loss(p, x, y, remat, tp_axis)
 
     single_grad = jax.value_and_grad(precision_loss)
 
@@ -411,7 +439,7 @@ STEP_DESCRIPTIONS = {
 
 
 def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch: Any,
-              n: int) -> Description:
+              n: int, attention: str) -> Description:
     import jax
     import optax
 
@@ -443,10 +471,13 @@ def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch:
         "hlo_collectives": collectives,
         "hlo_collective_bytes": collective_bytes,
         "tp_planned_bytes_per_step": megatron_tp_payload(ctx.workload, strategy),
+        "attention": attention,
     }
     if strategy.activation_checkpointing:
         details["activation_checkpointing"] = "jax.checkpoint per transformer block"
+    stats = devices[0].memory_stats() if devices[0].platform == "gpu" else None
     return Description(
+        device_peak_bytes=int(stats["peak_bytes_in_use"]) if stats else None,
         memory={"params": params_bytes,
                 "grads": None,  # live only inside the compiled step; XLA does not expose them
                 "optimizer_state": local_bytes(state["opt"])},
@@ -458,7 +489,7 @@ def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch:
             optax=optax.__version__,
             threads=ctx.threads,
             device=f"{devices[0].platform} x{len(jax.local_devices())} per process",
-            cuda=None,
+            cuda=detect().cuda if devices[0].platform == "gpu" else None,
             gpu=devices[0].device_kind if devices[0].platform == "gpu" else None,
         ),
     )
@@ -471,6 +502,7 @@ def _train(ctx: WorkerContext) -> RankResult:
 
     workload, strategy = ctx.workload, ctx.strategy
     parallel = strategy.parallel
+    ctx.precision = precision.apply_jax(strategy.precision)  # before anything is traced
     devices = jax.devices()
     n = len(devices) // (strategy.tp * strategy.pp)  # data-parallel replicas
     if workload.global_batch % n:
@@ -498,7 +530,8 @@ def _train(ctx: WorkerContext) -> RankResult:
                                                 jax.eval_shape(optimizer.init, params))
     opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
 
-    precision_loss, grad_fn = _loss_and_grads(ctx, mesh)
+    numerics, attention = _numerics(ctx, devices[0])
+    precision_loss, grad_fn = _loss_and_grads(ctx, mesh, numerics)
     apply, declarative_step, per_device_step = _step_functions(ctx, mesh, n, moment_sh,
                                                                optimizer, grad_fn)
     _register_faults(ctx.fault)
@@ -570,7 +603,7 @@ def _train(ctx: WorkerContext) -> RankResult:
         step_nosync=(lambda batch: run_step(nosync_step, batch)) if nosync_step is not None
                      else None,
         final_params=final_params,
-        describe=lambda: _describe(ctx, train_step, state, fetch(0), n),
+        describe=lambda: _describe(ctx, train_step, state, fetch(0), n, attention),
         save=save, restore=restore, barrier=barrier,
     ))
 

@@ -127,7 +127,8 @@ class TensorFlowBackend(BackendBase):
         return Capabilities(
             modes=("compiled", "eager"),
             parallel=("single", "dp", "ps"),
-            precisions=("fp32", "bf16"),
+            precisions=("fp32", "tf32", "bf16"),
+            devices=("cpu", "gpu"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,
             checkpoint=("single", "dp"),

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sextant import data
-from sextant.backends import harness
+from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
 from sextant.errors import UserError
@@ -111,6 +111,7 @@ def run(ctx: WorkerContext) -> RankResult:
     from sextant.backends.tf_backend import model as tm
 
     workload, strategy = ctx.workload, ctx.strategy
+    ctx.precision = precision.apply_tensorflow(strategy.precision)
     accum = strategy.grad_accum  # divides each replica's rows (checked by the runner)
     dist, wrapping, collectives = make_strategy(tf, ctx)
     jit = strategy.mode == "compiled"
@@ -232,10 +233,14 @@ def run(ctx: WorkerContext) -> RankResult:
         assert nosync_fn is not None  # handed to the loop only when there is one
         return nosync_fn(*batch)
 
+    gpu = strategy.device == "gpu"
+
     def block(handle: Any) -> None:
         # TensorFlow executes tf.functions synchronously on CPU: the call returns when the
-        # step's work is done, so there is nothing to wait for.
-        return None
+        # step's work is done, so there is nothing to wait for. On a GPU the kernels are
+        # queued: reading the step's two-float result back waits for them.
+        if gpu:
+            handle.numpy()
 
     def to_floats(handles: list[Any]) -> list[tuple[float, float]]:
         return [tuple(pair) for pair in np.stack([h.numpy() for h in handles]).tolist()]
@@ -246,7 +251,9 @@ def run(ctx: WorkerContext) -> RankResult:
                 if ctx.rank == 0 else None)
 
     def describe() -> Description:
+        peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpu else None
         return Description(
+            device_peak_bytes=int(peak) if peak is not None else None,
             memory={"params": nbytes(params0.values()) * n_local,
                     "grads": None,  # live only inside the traced step
                     "optimizer_state": 2 * nbytes(params0.values()) * n_local},
@@ -259,6 +266,9 @@ def run(ctx: WorkerContext) -> RankResult:
                 inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
                 device=device,
                 xla=jit,
+                gpu=(tf.config.experimental.get_device_details(
+                    tf.config.list_physical_devices("GPU")[0]).get("device_name")
+                     if gpu else None),
                 onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
             ),

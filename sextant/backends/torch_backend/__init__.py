@@ -36,7 +36,8 @@ class TorchBackend(BackendBase):
         return Capabilities(
             modes=("eager", "compiled"),
             parallel=("single", "dp", "zero1", "zero2", "fsdp", "tp", "pp"),
-            precisions=("fp32", "bf16"),
+            precisions=("fp32", "tf32", "bf16", "fp16"),
+            devices=("cpu", "gpu"),
             compress=("none", "bf16", "fp16", "powersgd"),
             grad_accum=True,
             activation_checkpointing=True,
@@ -64,10 +65,11 @@ class TorchBackend(BackendBase):
         if strategy.parallel in ("tp", "pp"):
             unsupported = [flag for flag, on in (
                 ("--grad-accum", strategy.grad_accum > 1),
-                ("--precision bf16", strategy.precision != "fp32"),
+                (f"--precision {strategy.precision}",
+                 strategy.precision not in ("fp32", "tf32")),
             ) if on]
             if unsupported:
-                raise UserError(f"torch {strategy.parallel} runs fp32 without gradient "
+                raise UserError(f"torch {strategy.parallel} runs fp32 or tf32 without gradient "
                                 f"accumulation (the pipeline's micro-batches are its "
                                 f"accumulation); received {', '.join(unsupported)}")
         if strategy.parallel == "pp" and strategy.mode == "compiled":

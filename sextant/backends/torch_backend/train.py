@@ -30,9 +30,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sextant import data
 from sextant.backends import harness
+from sextant.backends import precision
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.torch_backend import model as tm
 from sextant.backends.torch_backend import parallel as par
+from sextant.errors import UserError
 from sextant.init import decays, init_params
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint
@@ -48,10 +50,14 @@ MODEL_PARALLEL = ("tp", "pp")
 
 
 def select_device(ctx: WorkerContext) -> tuple[torch.device, bool]:
-    """This rank's threads and device (its local GPU where CUDA is available); (device, cuda)."""
+    """This rank's threads and device; (device, cuda). On GPU ranks the worker has left
+    this process only its own GPU (sextant.devices.pin_rank), so it is cuda:0."""
     torch.set_num_threads(ctx.threads)
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{ctx.local_rank}" if cuda else "cpu")
+    cuda = ctx.strategy.device == "gpu"
+    if cuda and not torch.cuda.is_available():
+        raise UserError(f"--device gpu: this torch ({torch.__version__}) sees no CUDA "
+                        "device; install a CUDA build of torch, or use --device cpu")
+    device = torch.device("cuda:0" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     return device, cuda
@@ -59,6 +65,7 @@ def select_device(ctx: WorkerContext) -> tuple[torch.device, bool]:
 
 def run(ctx: WorkerContext) -> RankResult:
     device, cuda = select_device(ctx)
+    ctx.precision = precision.apply_torch(ctx.strategy.precision, device)
     if ctx.is_distributed:
         dist.init_process_group(
             backend="nccl" if cuda else "gloo",
@@ -223,8 +230,7 @@ def _apply_fsdp(module: torch.nn.Module, net: torch.nn.Module, ctx: WorkerContex
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    mesh = init_device_mesh(device_type, (ctx.world,))
+    mesh = init_device_mesh("cuda" if ctx.strategy.device == "gpu" else "cpu", (ctx.world,))
     reshard = ctx.strategy.parallel == "fsdp"
     # Per transformer block first (each block's parameters are gathered just in time), then
     # the root for what is left (embeddings, final norm, head).
@@ -336,11 +342,21 @@ class _Step:
         self.updates = 0
         """Optimizer updates so far (the schedule's index; set on resume)."""
         self.accounting: dict[str, int] = {}
-        self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
-                         if ctx.strategy.precision == "bf16" else contextlib.nullcontext())
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.strategy.precision)
+        self.autocast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
+                         else contextlib.nullcontext())
+        # fp16 needs dynamic loss scaling (its range underflows small gradients); the step
+        # unscales before the norm and skips an update whose gradients overflowed.
+        self.scaler = (torch.amp.GradScaler(device.type) if ctx.strategy.precision == "fp16"
+                       else None)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def update(self) -> torch.Tensor:
         p, trainable, accounting = self.p, self.trainable, self.accounting
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # the norm and the update see true gradients
         if p.lay is not None:
             par.average_over_dp(trainable, p.lay, self.ctx.fault)
         norm = par.grad_norm(trainable, p.lay.mp_group if p.stage is not None and p.lay
@@ -350,7 +366,11 @@ class _Step:
         lr = self.lrs[min(self.updates, len(self.lrs) - 1)]
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
         if "optimizer_state" not in accounting:
@@ -398,14 +418,14 @@ class _Step:
             with self.sync_context(True, sync):
                 with self.autocast:
                     loss = module(x, y)
-                loss.backward()
+                self.backward(loss)
             return torch.stack((loss.detach().float(), self.update()))
         total = torch.zeros((), device=self.device)
         for k, (xk, yk) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
             with self.sync_context(k == accum - 1, sync):
                 with self.autocast:
                     loss = module(xk, yk) / accum
-                loss.backward()
+                self.backward(loss)
             total += loss.detach().float()
         return torch.stack((total, self.update()))
 
@@ -449,7 +469,8 @@ def _wrapping(strategy: Any, p: _Parallelized) -> str:
              f"{strategy.microbatches} micro-batches)", parallel == "pp"),
             (f"gradients averaged over dp{lay.dp if lay else 1}", lay is not None and lay.dp > 1),
             ("torch.compile", strategy.mode == "compiled"),
-            ("autocast bf16", strategy.precision == "bf16"),
+            (f"autocast {strategy.precision}", strategy.precision in ("bf16", "fp16")),
+            ("GradScaler", strategy.precision == "fp16"),
         ) if on
     ) or "none"
 
@@ -474,6 +495,8 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
     tm.load_canonical(net, params)
     names = tm.canonical_names(net, params)
     net.to(device)
+    if "bf16-master-weights" in (ctx.fault or "").split(","):
+        net.to(torch.bfloat16)  # test hook: the broken twin mixed-precision agreement catches
 
     p = _parallelize(net, ctx, device)
     optimizer, optimizer_impl = _adamw(p.stage or net, names, params, ctx)
