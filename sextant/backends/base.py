@@ -196,10 +196,10 @@ def require(strategy: Strategy) -> Backend:
         raise UserError(not_installed(backend))
     caps = backend.capabilities()
     for axis, value, allowed in (
+        ("device", strategy.device, caps.devices),
         ("mode", strategy.mode, caps.modes),
         ("parallel", strategy.parallel, caps.parallel),
         ("precision", strategy.precision, caps.precisions),
-        ("device", strategy.device, caps.devices),
     ):
         if value not in allowed:
             reason = dict(caps.why_not).get(value) if axis == "parallel" else None

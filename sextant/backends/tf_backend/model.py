@@ -10,10 +10,11 @@ column order [q | k | v], head h at columns h*hd:(h+1)*hd inside each.
 traced into a single-device step, into each replica of a distribution strategy, or into a
 function scheduled on a parameter-server worker.
 
-Mixed precision (`dtype=tf.bfloat16`): the forward and backward run on bf16 copies of the fp32
-parameters (and of float inputs), made inside the gradient tape, so the gradients arrive in
-fp32 through the casts' gradients and the optimizer updates the fp32 masters; the logits are
-cast back to fp32 before the softmax cross-entropy (the JAX backend's scheme).
+Mixed precision (`dtype=tf.bfloat16`) is sextant's one policy (torch autocast's): the
+matmul weights get bf16 copies inside the gradient tape, every matmul casts its input to its
+weight's dtype, so matmul and attention outputs are bf16; the embeddings, the residual
+stream, the norms and the loss stay fp32. The gradients arrive in fp32 through the casts'
+gradients and the optimizer updates the fp32 masters.
 """
 
 from __future__ import annotations
@@ -32,8 +33,29 @@ LAYER_NORM_EPS = 1e-5
 
 
 def _dense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor | None = None) -> tf.Tensor:
-    y = tf.matmul(x, w)
-    return y if b is None else y + b
+    y = tf.matmul(tf.cast(x, w.dtype), w)  # in the weight's (compute) dtype
+    return y if b is None else y + tf.cast(b, y.dtype)
+
+
+def _attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, causal: tf.Tensor, scale: float
+               ) -> tf.Tensor:  # (B, nh, T, hd) -> same
+    """Causal attention with the scores and softmax in fp32 and the probabilities cast back
+    to the operands' dtype for the product with the values: what fused attention kernels
+    (cuDNN, flash, torch's and JAX's) compute under mixed precision."""
+    att = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32), transpose_b=True) * scale
+    att = tf.nn.softmax(tf.where(causal, att, tf.constant(-np.inf, tf.float32)), axis=-1)
+    return tf.matmul(tf.cast(att, v.dtype), v)
+
+
+def _opmath(fn: Any, x: tf.Tensor) -> tf.Tensor:
+    """An activation computed in fp32 and rounded once to x's dtype, as torch's kernels do
+    for 16-bit inputs (a composite like tanh-GELU would otherwise round at every step)."""
+    return tf.cast(fn(tf.cast(x, tf.float32)), x.dtype)
+
+
+def _add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    """The residual stream stays fp32 under mixed precision."""
+    return x + tf.cast(y, x.dtype)
 
 
 def _layer_norm(x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
@@ -42,6 +64,7 @@ def _layer_norm(x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
     # stopped, as tf.nn.moments does: the same values and gradients, without a backward path
     # that XLA otherwise builds and runs (9 % of a small GPT's step at one thread; see
     # docs/benchmarks.md, "JAX and TensorFlow at one thread").
+    x = tf.cast(x, tf.float32)  # norms in fp32 under mixed precision
     mean = tf.reduce_mean(x, axis=-1, keepdims=True)
     var = tf.reduce_mean(tf.math.squared_difference(x, tf.stop_gradient(mean)), axis=-1,
                          keepdims=True)
@@ -64,8 +87,7 @@ def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Te
     x = tf.gather(p["wte"], idx) + p["wpe"][:T]  # (B, T, C)
     x = tf.reshape(x, (-1, C))
     causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
-    neg_inf = tf.constant(-np.inf, x.dtype)  # the compute dtype (fp32, or bf16)
-    scale = tf.constant(1.0 / math.sqrt(hd), x.dtype)
+    scale = 1.0 / math.sqrt(hd)
 
     def heads(t: tf.Tensor) -> tf.Tensor:  # (B*T, C) -> (B, nh, T, hd)
         return tf.transpose(tf.reshape(t, (B, T, nh, hd)), (0, 2, 1, 3))
@@ -76,18 +98,18 @@ def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Te
         q, k, v = tf.split(_dense(h, p[b + "attn.qkv.weight"], p[b + "attn.qkv.bias"]), 3,
                            axis=-1)
         q, k, v = heads(q), heads(k), heads(v)
-        att = tf.matmul(q, k, transpose_b=True) * scale  # (B, nh, T, T)
-        att = tf.nn.softmax(tf.where(causal, att, neg_inf), axis=-1)
-        y = tf.reshape(tf.transpose(tf.matmul(att, v), (0, 2, 1, 3)), (-1, C))
-        x = x + _dense(y, p[b + "attn.proj.weight"], p[b + "attn.proj.bias"])
+        y = tf.reshape(tf.transpose(_attention(q, k, v, causal, scale), (0, 2, 1, 3)), (-1, C))
+        x = _add(x, _dense(y, p[b + "attn.proj.weight"], p[b + "attn.proj.bias"]))
         h = _layer_norm(x, p[b + "ln2.scale"], p[b + "ln2.bias"])
-        h = tf.nn.gelu(_dense(h, p[b + "mlp.fc.weight"], p[b + "mlp.fc.bias"]), approximate=True)
-        x = x + _dense(h, p[b + "mlp.proj.weight"], p[b + "mlp.proj.bias"])
+        h = _opmath(lambda a: tf.nn.gelu(a, approximate=True),
+                    _dense(h, p[b + "mlp.fc.weight"], p[b + "mlp.fc.bias"]))
+        x = _add(x, _dense(h, p[b + "mlp.proj.weight"], p[b + "mlp.proj.bias"]))
     x = _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"])
     return _dense(x, p["head.weight"])
 
 
 def _rms_norm(x: tf.Tensor, scale: tf.Tensor, eps: float) -> tf.Tensor:
+    x = tf.cast(x, tf.float32)
     return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + eps) * scale
 
 
@@ -97,17 +119,17 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> t
     B, T = tf.shape(idx)[0], idx.shape[1]
     C, nh, nkv, hd = spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim
     x = tf.reshape(tf.gather(p["wte"], idx), (-1, C))  # (B*T, C)
-    dtype = x.dtype
-    cos, sin = (tf.constant(t[:T, None, :], dtype) for t in rope_tables(spec))
+    compute = p["blocks.0.attn.q.weight"].dtype if spec.n_layers else x.dtype
+    cos, sin = (tf.constant(t[:T, None, :], tf.float32) for t in rope_tables(spec))
     causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
-    neg_inf = tf.constant(-np.inf, dtype)
-    scale = tf.constant(1.0 / math.sqrt(hd), dtype)
+    scale = 1.0 / math.sqrt(hd)
 
     def heads(t: tf.Tensor, n: int, rotary: bool) -> tf.Tensor:  # (B*T, n*hd) -> (B, nh, T, hd)
         t = tf.reshape(t, (B, T, n, hd))
-        if rotary:
-            t1, t2 = tf.split(t, 2, axis=-1)
-            t = t * cos + tf.concat([-t2, t1], axis=-1) * sin
+        if rotary:  # against the fp32 tables, cast back for the attention (as autocast)
+            t1, t2 = tf.split(tf.cast(t, tf.float32), 2, axis=-1)
+            t = tf.cast(tf.cast(t, tf.float32) * cos + tf.concat([-t2, t1], axis=-1) * sin,
+                        compute)
         if n != nh:
             t = tf.repeat(t, nh // n, axis=2)  # query head j reads key/value head j // group
         return tf.transpose(t, (0, 2, 1, 3))
@@ -118,16 +140,15 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> t
         q = heads(_dense(h, p[b + "attn.q.weight"]), nh, True)
         k = heads(_dense(h, p[b + "attn.k.weight"]), nkv, True)
         v = heads(_dense(h, p[b + "attn.v.weight"]), nkv, False)
-        att = tf.matmul(q, k, transpose_b=True) * scale  # (B, nh, T, T)
-        att = tf.nn.softmax(tf.where(causal, att, neg_inf), axis=-1)
-        y = tf.reshape(tf.transpose(tf.matmul(att, v), (0, 2, 1, 3)), (-1, C))
-        x = x + _dense(y, p[b + "attn.o.weight"])
+        y = tf.reshape(tf.transpose(_attention(q, k, v, causal, scale), (0, 2, 1, 3)), (-1, C))
+        x = _add(x, _dense(y, p[b + "attn.o.weight"]))
         h = _rms_norm(x, p[b + "mlp_norm.scale"], spec.norm_eps)
-        gated = tf.nn.silu(_dense(h, p[b + "mlp.gate.weight"])) * _dense(h, p[b + "mlp.up.weight"])
-        x = x + _dense(gated, p[b + "mlp.down.weight"])
+        gated = _opmath(tf.nn.silu, _dense(h, p[b + "mlp.gate.weight"])) * _dense(
+            h, p[b + "mlp.up.weight"])
+        x = _add(x, _dense(gated, p[b + "mlp.down.weight"]))
     x = _rms_norm(x, p["norm_f.scale"], spec.norm_eps)
     if spec.tie_embeddings:
-        return tf.matmul(x, p["wte"], transpose_b=True)
+        return tf.matmul(tf.cast(x, compute), tf.cast(p["wte"], compute), transpose_b=True)
     return _dense(x, p["head.weight"])
 
 
@@ -154,9 +175,9 @@ def value_and_grad(spec: ModelSpec, names: Sequence[str], values: Sequence[tf.Te
     values = list(values)
     with tf.GradientTape() as tape:
         tape.watch(values)
-        compute = values if dtype == tf.float32 else [tf.cast(v, dtype) for v in values]
-        if dtype != tf.float32 and x.dtype.is_floating:
-            x = tf.cast(x, dtype)
+        # bf16 copies of the matmul weights only (norms, biases, embeddings stay fp32).
+        compute = values if dtype == tf.float32 else [
+            tf.cast(v, dtype) if n.endswith(".weight") else v for n, v in zip(names, values)]
         loss = loss_fn(spec, dict(zip(names, compute)), x, y)
     grads = tape.gradient(loss, values)
     # The embedding lookup's gradient is IndexedSlices; every reduction below wants dense.
