@@ -283,7 +283,7 @@ def main() -> None:
             workers = int(sx_flags[sx_flags.index("--workers") + 1]) if "--workers" in sx_flags else 1
             threads = a.threads or max(1, cores // workers)
             run_env = {**env, "OMP_NUM_THREADS": str(threads)}
-            inputs = (["--inputs", str(sextant_inputs(a.workload, steps))]
+            inputs = (["--inputs", str(sextant_inputs(a.workload, steps)), "--clip", "0"]
                       if variant == "sxinputs" else [])
             if variant == "keep":  # the expert keeps freed memory as sextant's workers do
                 inputs.append("--keep-freed-memory")

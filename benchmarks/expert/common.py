@@ -34,6 +34,14 @@ def parse(description: str, modes: tuple[str, ...] = ()) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--workers", type=int, default=1, help="data-parallel processes (torch)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="where the loop trains (gpu: the first visible GPU)")
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                   help="fp32 (true fp32 matmuls), tf32, or bf16 mixed precision (fp32 "
+                        "master weights, bf16 matmuls, norms and loss in fp32)")
+    p.add_argument("--clip", type=float, default=1.0,
+                   help="clip the gradients' global norm to this (0: no clipping); real "
+                        "training loops clip, and computing the norm is part of their step")
     p.add_argument("--inputs", default=None,
                    help="an .npz of initial weights (torch names, (out, in)) and batches "
                    "(x, y: (steps, batch, seq)) to train on instead of the loop's own; the "

@@ -5,9 +5,15 @@
 Pure functions of a parameter pytree: pre-LayerNorm blocks, fused qkv projection,
 jax.nn.dot_product_attention (causal), GELU (tanh), learned positions, untied head.
 optax.adamw (weight decay masked to the >= 2-D parameters, learning rate from a warm-up +
-cosine schedule function of optax's step count); the whole step (value_and_grad, update,
-apply) under one jax.jit with the parameters and optimizer state donated. Batches: random
-byte tokens put on the device before the loop. Each step is timed to block_until_ready.
+cosine schedule function of optax's step count) after optax.clip_by_global_norm(--clip);
+the whole step (value_and_grad, update, apply) under one jax.jit with the parameters and
+optimizer state donated. Batches: random byte tokens put on the device before the loop. Each
+step is timed to block_until_ready.
+
+--precision fp32 sets jax_default_matmul_precision to 'highest' (XLA's GPU default is TF32),
+tf32 to 'tensorfloat32'; bf16 keeps fp32 parameters, feeds every matmul bf16 operands and
+keeps layer norms and the loss in fp32. On a GPU in bf16 the attention is cuDNN's fused
+kernel (jax.nn.dot_product_attention(implementation="cudnn")).
 """
 
 from __future__ import annotations
@@ -51,7 +57,16 @@ def init(a, key: jax.Array) -> dict:  # noqa: ANN001
     }
 
 
+COMPUTE = jnp.float32
+ATTENTION = None
+
+
+def mm(x: jax.Array, w: jax.Array) -> jax.Array:
+    return x.astype(COMPUTE) @ w.astype(COMPUTE)
+
+
 def layer_norm(p: dict, x: jax.Array) -> jax.Array:
+    x = x.astype(jnp.float32)
     mean = x.mean(-1, keepdims=True)
     var = x.var(-1, keepdims=True)
     return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
@@ -62,18 +77,27 @@ def forward(n_heads: int, params: dict, idx: jax.Array) -> jax.Array:
     x = params["wte"][idx] + params["wpe"][:T]
     C = x.shape[-1]
     for blk in params["blocks"]:
-        h = layer_norm(blk["ln1"], x) @ blk["qkv"]["w"] + blk["qkv"]["b"]
+        h = mm(layer_norm(blk["ln1"], x), blk["qkv"]["w"]) + blk["qkv"]["b"].astype(COMPUTE)
         q, k, v = (t.reshape(B, T, n_heads, C // n_heads) for t in jnp.split(h, 3, axis=-1))
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(B, T, C)
-        x = x + y @ blk["proj"]["w"] + blk["proj"]["b"]
-        h = jax.nn.gelu(layer_norm(blk["ln2"], x) @ blk["fc"]["w"] + blk["fc"]["b"],
-                        approximate=True)
-        x = x + h @ blk["fc_proj"]["w"] + blk["fc_proj"]["b"]
-    return layer_norm(params["ln_f"], x) @ params["head"]
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                         implementation=ATTENTION).reshape(B, T, C)
+        x = x + mm(y, blk["proj"]["w"]) + blk["proj"]["b"].astype(COMPUTE)
+        h = jax.nn.gelu(mm(layer_norm(blk["ln2"], x), blk["fc"]["w"])
+                        + blk["fc"]["b"].astype(COMPUTE), approximate=True)
+        x = x + mm(h, blk["fc_proj"]["w"]) + blk["fc_proj"]["b"].astype(COMPUTE)
+    return mm(layer_norm(params["ln_f"], x), params["head"]).astype(jnp.float32)
 
 
 def main() -> None:
+    global COMPUTE, ATTENTION
     a = parse(__doc__.splitlines()[0])
+    jax.config.update("jax_default_matmul_precision",
+                      "tensorfloat32" if a.precision == "tf32" else "highest")
+    device = jax.devices("gpu" if a.device == "gpu" else "cpu")[0]
+    jax.config.update("jax_default_device", device)
+    if a.precision == "bf16":
+        COMPUTE = jnp.bfloat16
+        ATTENTION = "cudnn" if a.device == "gpu" else None
     params = init(a, jax.random.PRNGKey(a.seed))
     n_params = sum(p.size for p in jax.tree.leaves(params))
 
@@ -86,6 +110,8 @@ def main() -> None:
 
     tx = optax.adamw(schedule, b1=a.beta1, b2=a.beta2, eps=a.eps, weight_decay=a.weight_decay,
                      mask=jax.tree.map(lambda p: p.ndim >= 2, params))
+    if a.clip:
+        tx = optax.chain(optax.clip_by_global_norm(a.clip), tx)
     opt_state = tx.init(params)
 
     def loss_fn(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -110,8 +136,11 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         ends.append(time.time())  # wall clock, to align with a run beside it (--concurrent)
         losses.append(loss)
+    stats = device.memory_stats() if a.device == "gpu" else None
     report(a, "jax", n_params, times, [float(v) for v in losses], mode="jit",
-           step_end_unix=ends)
+           step_end_unix=ends, precision=a.precision, device=a.device,
+           attention=ATTENTION or "xla",
+           device_peak_bytes=stats.get("peak_bytes_in_use") if stats else None)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 Model: nn.Modules, pre-LayerNorm blocks, fused qkv projection, F.scaled_dot_product_attention
 (causal), GELU (tanh), learned positions, untied head without bias. Optimizer: AdamW with
 weight decay on the >= 2-D parameters only (nanoGPT's configure_optimizers), fused kernel,
-learning rate set per step from warm-up + cosine. Compiled mode: torch.compile on the model
+learning rate set per step from warm-up + cosine, gradients clipped to --clip. --device gpu:
+the first GPU, synchronized before each step's clock stops; --precision fp32 turns TF32 off
+(matmul precision 'highest'), tf32 on, bf16 trains under torch.autocast. Compiled mode: torch.compile on the model
 and a compiled optimizer step with the learning rate held in a tensor (PyTorch's "Compiling
 the optimizer" recipe: one generated kernel for the whole update, no recompiles when the lr
 changes). Batches: random byte tokens, made before the loop (or, with --inputs, the
@@ -120,12 +122,18 @@ def given_inputs(a, model: nn.Module, rank: int, rows: int) -> list:  # noqa: AN
 def train(rank: int, a, out) -> None:  # noqa: ANN001
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    device = torch.device("cuda" if a.device == "gpu" else "cpu")
+    tf32 = a.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16,
+                              enabled=a.precision == "bf16")
     if a.workers > 1:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}",
                                 rank=rank, world_size=a.workers)
-    model = GPT(a)
+    model = GPT(a).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -157,12 +165,16 @@ def train(rank: int, a, out) -> None:  # noqa: ANN001
         g = torch.Generator().manual_seed(a.seed + 1 + rank)
         data = torch.randint(0, a.vocab, (a.steps, rows, a.seq_len + 1), generator=g)
         batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
+    batches = [(x.to(device), y.to(device)) for x, y in batches]
 
     times, losses, ends = [], [], []
     for k, (x, y) in enumerate(batches):
         t0 = time.perf_counter()
-        loss = net(x, y)
+        with autocast:
+            loss = net(x, y)
         loss.backward()
+        if a.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         for group in opt.param_groups:
             if compiled:
                 group["lr"].fill_(lr_at(a, k))
@@ -170,6 +182,8 @@ def train(rank: int, a, out) -> None:  # noqa: ANN001
                 group["lr"] = lr_at(a, k)
         opt_step()
         opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         ends.append(time.time())  # wall clock, to align with a run beside it (--concurrent)
         losses.append(loss.detach())
@@ -177,8 +191,10 @@ def train(rank: int, a, out) -> None:  # noqa: ANN001
     if out is not None:
         out.put((rank, n_params, times, losses))
     else:
+        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
         report(a, "torch", n_params, times, losses, mode=a.mode, workers=1,
-               step_end_unix=ends)
+               step_end_unix=ends, precision=a.precision, device=a.device,
+               device_peak_bytes=peak)
     if a.workers > 1:
         dist.destroy_process_group()
 

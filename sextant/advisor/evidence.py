@@ -161,6 +161,32 @@ def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
     }
 
 
+def hardware_class(run: Mapping[str, Any]) -> str:
+    """The advisor's hardware family a run was measured on: 'cpu', or the GPU's vendor
+    family ('nvidia', 'amd'), from the run's device and accelerator name."""
+    metrics = run.get("metrics") or {}
+    device = metrics.get("device") or (run.get("strategy") or {}).get("device") or "cpu"
+    if device != "gpu":
+        return "cpu"
+    name = str(metrics.get("accelerator") or "").lower()
+    return "amd" if ("amd" in name or "instinct" in name) else "nvidia"
+
+
+def applicable(runs: list[dict], hardware: str | None) -> tuple[list[dict], str | None]:
+    """(the runs measured on the target's hardware family, a note about the others): a
+    measurement is evidence only for the hardware class it was taken on."""
+    if hardware is None:
+        return runs, None
+    kept = [r for r in runs if hardware_class(r) == hardware]
+    others = sorted({hardware_class(r) for r in runs} - {hardware})
+    if not others:
+        return kept, None
+    where = " and ".join("CPU cores" if c == "cpu" else f"{c} GPUs" for c in others)
+    return kept, (f"{len(runs) - len(kept)} run(s) measured on {where}, not your target "
+                  f"({hardware}): shown, not scored; the planner's estimate for the target "
+                  "stands in (sextant advise --plan, from sextant plan --json)")
+
+
 def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
     """Measured evidence per candidate stack from results-store run records.
 
@@ -241,8 +267,21 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
     return evidence
 
 
+def _compute_units(run: Mapping[str, Any]) -> int:
+    """The compute a run held: its devices on GPUs; on CPU its workers x threads each (two
+    one-thread workers hold what one two-thread worker does)."""
+    workers = int(run["workers"])
+    metrics = run.get("metrics") or {}
+    if metrics.get("device") == "gpu":
+        return workers
+    threads = metrics.get("threads_per_worker")
+    return workers * (int(threads) if isinstance(threads, int) and threads > 0 else 1)
+
+
 def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], list[str]]:
-    """Scaling efficiency per (workload, mode) at the largest measured worker count."""
+    """Scaling efficiency per (workload, mode) at the largest measured worker count: the
+    throughput per unit of compute against the single process's (the same total compute
+    gives 100 % when nothing is lost), never N workers against one holding all the cores."""
     single: dict[tuple[str, str], tuple[float, str]] = {}
     parallel: dict[tuple[str, str], tuple[int, float, str]] = {}
     for run in runs:
@@ -251,20 +290,21 @@ def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], 
             continue
         key = (str(run["workload_hash"]), str(run["mode"]))
         workers = int(run["workers"])
+        per_unit = tps / _compute_units(run)
         if run["parallel"] == "single" or workers == 1:
-            if key not in single or tps > single[key][0]:
-                single[key] = (tps, str(run["id"]))
+            if key not in single or per_unit > single[key][0]:
+                single[key] = (per_unit, str(run["id"]))
         else:
             held = parallel.get(key)
-            if held is None or (workers, tps) > held[:2]:
-                parallel[key] = (workers, tps, str(run["id"]))
+            if held is None or (workers, per_unit) > held[:2]:
+                parallel[key] = (workers, per_unit, str(run["id"]))
     values: list[float] = []
     ids: set[str] = set()
     text: list[str] = []
     for key in sorted(set(single) & set(parallel)):
         base, base_id = single[key]
-        workers, tps, run_id = parallel[key]
-        efficiency = tps / (workers * base)
+        workers, per_unit, run_id = parallel[key]
+        efficiency = per_unit / base
         values.append(efficiency)
         ids.update((base_id, run_id))
         text.append(f"{key[1]} x{workers}: {efficiency:.0%}")

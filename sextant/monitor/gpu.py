@@ -21,7 +21,8 @@ class _Memory(ctypes.Structure):
 
 
 class GpuSampler:
-    """`sample()` -> [{index, util_percent, mem_used_bytes, mem_total_bytes}] per GPU."""
+    """`sample()` -> [{index, util_percent, mem_used_bytes, mem_total_bytes, power_watts}]
+    per GPU."""
 
     def __init__(self) -> None:
         self._nvml: Any = None
@@ -56,6 +57,18 @@ class GpuSampler:
     def available(self) -> bool:
         return bool(self._handles)
 
+    def _power(self, handle: Any) -> float | None:
+        """Board power in watts (NVML reports milliwatts); None where unsupported."""
+        try:
+            if self._nvml is not None:
+                return float(self._nvml.nvmlDeviceGetPowerUsage(handle)) / 1e3
+            milliwatts = ctypes.c_uint()
+            if self._lib.nvmlDeviceGetPowerUsage(handle, ctypes.byref(milliwatts)):
+                return None
+            return milliwatts.value / 1e3
+        except Exception:  # noqa: BLE001 - power is optional (some boards do not report it)
+            return None
+
     def sample(self) -> list[dict[str, Any]]:
         out = []
         for index, handle in enumerate(self._handles):
@@ -73,5 +86,6 @@ class GpuSampler:
             except Exception:  # noqa: BLE001 - a GPU that stops answering is not shown
                 continue
             out.append({"index": index, "util_percent": int(util),
-                        "mem_used_bytes": int(used), "mem_total_bytes": int(total)})
+                        "mem_used_bytes": int(used), "mem_total_bytes": int(total),
+                        "power_watts": self._power(handle)})
         return out

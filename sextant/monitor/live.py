@@ -130,5 +130,8 @@ class LiveStats:
             else:
                 parts.append(f"RSS max {max(values) / 2**20:.0f} MB x{len(values)}")
         if self.gpus:
-            parts.append("GPU " + "|".join(f"{g['util_percent']}%" for g in self.gpus))
+            parts.append("GPU " + "|".join(
+                f"{g['util_percent']}% {g['mem_used_bytes'] / 2**30:.0f}G"
+                + (f" {g['power_watts']:.0f}W" if g.get("power_watts") is not None else "")
+                for g in self.gpus))
         return "  ".join(parts)

@@ -650,8 +650,11 @@ def load_advice(profile: str | Path, runs: list[dict[str, Any]],
 
     team = load_profile(profile)
     planned = load_plan(plan, team) if plan is not None else None
+    from sextant.advisor.evidence import applicable
+
+    runs, elsewhere = applicable(runs, team.hardware)
     evidence = evidence_from_runs(runs)
-    notes = []
+    notes = [elsewhere] if elsewhere else []
     if not any(x.metric == "throughput_ratio" for x in evidence):
         notes.append("No two frameworks measured on the same configuration in this report: "
                      "compute costs use rules of thumb.")

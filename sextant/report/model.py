@@ -455,6 +455,15 @@ def speedup_cell(row: Mapping[str, Any]) -> str:
 def headline_text(summary: Mapping[str, Any]) -> tuple[str, str]:
     """(headline, the sentence under it) of the measured fastest run: never a winner its
     interval against the runner-up cannot support."""
+    title, sentence = _headline_sentence(summary)
+    apart = summary.get("not_ranked") or []
+    if apart:
+        sentence += (f" Not ranked against {summary.get('reference')}, under other conditions: "
+                     + "; ".join(f"{a['run']} ({a['why']})" for a in apart) + ".")
+    return title, sentence.strip()
+
+
+def _headline_sentence(summary: Mapping[str, Any]) -> tuple[str, str]:
     f = summary.get("fastest")
     if not f:
         return "No timed run", ""
@@ -517,6 +526,8 @@ def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
             "run": leanest["label"], "peak_rss_bytes": leanest["peak_rss_bytes"],
             "heaviest_run": heaviest["label"] if heaviest else None,
             "heaviest_peak_rss_bytes": heaviest["peak_rss_bytes"] if heaviest else None},
+        "not_ranked": [{"run": r["label"], "why": r["not_ranked"]}
+                       for r in rows if r.get("not_ranked")],
         "parity_ok": parity["ok"],
         "parity_max_diff": parity["max_diff"],
         "claims": counts,

@@ -67,11 +67,31 @@ def test_markdown_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "**Recommendation: tensorflow.**" in out and "`deploy.mobile-edge`" in out
 
 
+def _on_gpu(record: dict) -> dict:
+    """A run measured on the startup profile's hardware (an NVIDIA GPU): evidence for it."""
+    record["metrics"].update(device="gpu", accelerator="NVIDIA H100 80GB HBM3")
+    return record
+
+
+def test_cpu_runs_are_not_evidence_for_a_gpu_team(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "results.db"
+    db.write_bytes(b"")
+    _fake_store(monkeypatch, [run(1, "torch", 1000.0), run(2, "jax", 4000.0)])
+    assert main(["advise", "--profile", STARTUP, "--db", str(db), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    pytorch = next(r for r in data["ranking"] if r["candidate"] == "pytorch")
+    assert pytorch["cost"]["throughput_source"] != "measured"
+    assert any("2 run(s) measured on CPU cores, not your target" in n for n in data["notes"])
+
+
 def test_measured_runs_from_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "results.db"
     db.write_bytes(b"")  # the fake store reads nothing; the file only has to exist
-    opened = _fake_store(monkeypatch, [run(1, "torch", 1000.0), run(2, "jax", 4000.0)])
+    opened = _fake_store(monkeypatch, [_on_gpu(run(1, "torch", 1000.0)),
+                                       _on_gpu(run(2, "jax", 4000.0))])
     assert main(["advise", "--profile", STARTUP, "--db", str(db), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert opened == [str(db)]
@@ -86,7 +106,7 @@ def test_env_overrides_the_default_db(tmp_path: Path, monkeypatch: pytest.Monkey
     db = tmp_path / "env.db"
     db.write_bytes(b"")
     monkeypatch.setenv("SEXTANT_RESULTS", str(db))
-    opened = _fake_store(monkeypatch, [run(1, "torch", 1000.0)])
+    opened = _fake_store(monkeypatch, [_on_gpu(run(1, "torch", 1000.0))])
     assert main(["advise", "--profile", STARTUP, "--json"]) == 0
     assert opened == [str(db)]
     notes = json.loads(capsys.readouterr().out)["notes"]

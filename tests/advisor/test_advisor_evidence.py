@@ -141,3 +141,35 @@ def test_disturbed_runs_are_no_evidence_of_speed() -> None:
     slowed["metrics"]["disturbed"] = False
     ev = {(e.candidate, e.metric): e for e in evidence_from_runs(quiet + [slowed])}
     assert ev[("pytorch", "scaling_efficiency")].value < 0.1
+
+
+def test_measurements_count_only_for_the_hardware_they_were_taken_on() -> None:
+    from sextant.advisor.evidence import applicable, hardware_class
+
+    cpu = [run(1, "torch", 1000.0), run(2, "torch", 430.0, parallel="dp", workers=2)]
+    gpu = run(3, "torch", 9e5)
+    gpu["metrics"].update(device="gpu", accelerator="NVIDIA H200")
+    assert [hardware_class(r) for r in cpu + [gpu]] == ["cpu", "cpu", "nvidia"]
+    kept, note = applicable(cpu + [gpu], "nvidia")
+    assert kept == [gpu]
+    assert note is not None and "2 run(s) measured on CPU cores, not your target (nvidia)" in note
+    assert applicable(cpu, "cpu") == (cpu, None)
+    # The "7B LLM on rented H100s" team is not told that its stacks scale poorly because two
+    # one-thread CPU workers were slower than one two-thread worker.
+    ev = evidence_from_runs(applicable(cpu, "nvidia")[0])
+    assert "measured.poor-scaling" not in {f.id for f in advise(profile(), ev).fired}
+
+
+def test_scaling_efficiency_holds_the_total_compute_equal() -> None:
+    # On 2 cores: one worker with both threads against two workers with one thread each.
+    single = run(1, "torch", 1000.0)
+    single["metrics"]["threads_per_worker"] = 2
+    dp = run(2, "torch", 860.0, parallel="dp", workers=2)
+    dp["metrics"]["threads_per_worker"] = 1
+    assert _by(evidence_from_runs([single, dp]), "pytorch",
+               "scaling_efficiency").value == pytest.approx(0.86)  # not 0.43
+    # On GPUs each worker adds a device: N devices against one.
+    for r in (single, dp):
+        r["metrics"]["device"] = "gpu"
+    assert _by(evidence_from_runs([single, dp]), "pytorch",
+               "scaling_efficiency").value == pytest.approx(0.43)

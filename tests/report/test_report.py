@@ -181,8 +181,15 @@ def test_profile_puts_the_recommendation_on_top() -> None:
     assert f"**Recommended stack: {top}**" in md
     data = json.loads(render(runs, "json", advice=advice, profile_path=str(PROFILE)))
     assert data["recommendation"]["top"] == top and data["recommendation"]["advice"]["ranking"]
-    # Measured runs enter as evidence.
-    assert any(x["source"] == "measured" for x in data["recommendation"]["advice"]["evidence"])
+    # CPU runs are no evidence for an NVIDIA team: shown, not scored, and the page says so.
+    evidence = data["recommendation"]["advice"]["evidence"]
+    assert not any(x["source"] == "measured" for x in evidence)
+    assert any("not your target (nvidia)" in n for n in data["recommendation"]["notes"])
+    # Measured on the target's hardware, they enter as evidence.
+    for run in runs:
+        run["metrics"].update(device="gpu", accelerator="NVIDIA H200")
+    gpu_advice = load_advice(PROFILE, runs)
+    assert any(e.source == "measured" for e in gpu_advice.evidence)
 
 
 def test_profile_name_is_escaped(tmp_path: Path) -> None:
