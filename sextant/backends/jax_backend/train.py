@@ -553,12 +553,22 @@ def _train(ctx: WorkerContext) -> RankResult:
                                      summed="sum-gradients" in (ctx.fault or "").split(","))
         train_step = sharded_jit(step_fn)
 
+    ahead: dict[int, tuple[jax.Array, jax.Array]] = {}
+
     def fetch(i: int) -> tuple[jax.Array, jax.Array]:
+        # One batch ahead on the device (flax's prefetch_to_device): device_put is
+        # asynchronous, so on an accelerator the next batch's copy overlaps this step.
+        batch = ahead.pop(i, None) or put(i)
+        ahead.clear()
+        ahead[i + 1] = put(i + 1)
+        return batch
+
+    def put(i: int) -> tuple[jax.Array, jax.Array]:
         x, y = data.global_batch(workload, i)
         if ctx.fault == "shape-change" and i == workload.measure.warmup_steps + 1:
             x, y = x[:-n], y[:-n]  # test hook: a batch of another shape after warm-up
         if parallel == "single":
-            return jax.device_put(x, devices[0]), jax.device_put(y, devices[0])
+            return jax.device_put((x, y), devices[0])
         if two_d:  # each process feeds the rows of its devices' 'data' positions
             return (jax.make_array_from_callback(x.shape, batch_sharding, lambda i: x[i]),
                     jax.make_array_from_callback(y.shape, batch_sharding, lambda i: y[i]))
