@@ -240,6 +240,8 @@ def register(subparsers: Any) -> None:
         "print predicted against published.",
     )
     r.add_argument("--only", metavar="ID", help="one reference")
+    r.add_argument("--split", choices=("tuning", "held-out"),
+                   help="only the references of one split (docs/validation.md)")
     fmt = r.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true",
                      help="the markdown table of docs/validation.md")
@@ -286,7 +288,7 @@ def run_references_cmd(args: argparse.Namespace) -> int:
         run_references,
     )
 
-    rows = run_references(only=args.only)
+    rows = run_references(only=args.only, split=getattr(args, "split", None))
     if args.markdown:
         print(references_markdown(rows))
     elif args.json:
