@@ -68,7 +68,7 @@ class Reference:
 
 
 _SOURCE_KEYS = {"title", "split", "url"}
-_REFERENCE_KEYS = {f for f in Reference.__slots__}  # type: ignore[attr-defined]
+_REFERENCE_KEYS = set(Reference.__slots__)
 _REQUIRED = {"id", "source", "where", "quantity", "unit", "expected", "kind", "evaluator", "query"}
 
 

@@ -20,9 +20,13 @@ from sextant.planner.estimate import (
 from sextant.planner.models import MLPShape, megatron_gpt, preset
 
 
+def _gpt175():
+    """Narayanan et al.'s 174.6B GPT, the Table 2 rows' model."""
+    return megatron_gpt(n_layers=96, d_model=12288, n_heads=96, global_batch=1536)
+
+
 def _gpt175_zero3(devices: int, mbs: int, gather: str) -> dict:
-    # Narayanan et al.'s 174.6B GPT, the Table 2 rows' model
-    shape = megatron_gpt(n_layers=96, d_model=12288, n_heads=96, global_batch=1536)
+    shape = _gpt175()
     opts = PlanOptions(global_batch=1536, flash_attention=False, overlap=0.0, zero3_gather=gather)
     hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
     layout = Layout(dp=devices, zero=3, mbs=mbs, recompute="full")
