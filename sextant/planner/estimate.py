@@ -38,6 +38,7 @@ from sextant.errors import UserError
 from sextant.planner import comms, efficiency, memory
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
 from sextant.planner.models import ModelCost
+from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
 
 RECOMPUTE = ("none", "selective", "full", "op", "alternate")
 """Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022);
@@ -46,8 +47,6 @@ every elementwise op recomputed); alternate (torchtitan's "selective layer" AC w
 default option 2: every second layer fully recomputed). The search tries the first three;
 the last two are taken when pinned (--recompute)."""
 OFFLOAD = ("none", "optimizer", "params")
-CP_METHODS = ("ring", "allgather")
-ZERO3_GATHERS = ("layer", "tensor")
 HOST_OP_SECONDS = 2e-6
 """Host time of one PyTorch call on a tensor ("on the order of 2 us" from Python, PyTorch's
 benchmarks/overrides_benchmark/README.md; a call from C++ that launches a copy is counted at
@@ -126,66 +125,17 @@ class PlanOptions:
     """Nodes under one leaf switch (rail group); None: the whole cluster is non-blocking."""
     host_memory_gb: float | None = None
     """Host RAM per node; a layout whose offloaded bytes per node exceed it does not fit."""
-    balanced_stages: bool = True
-    """Pipeline stages split unevenly so that the last stage's layers plus the output
-    projection match the others (current Megatron-Core, torchtitan, Llama 3); False: every
-    stage holds ceil(L/p) layers (Megatron-LM 2021-22, Megatron-DeepSpeed), the last one the
-    projection on top."""
-    memory_model: str = "zero"
-    """What the framework allocates per parameter (memory.MEMORY_MODELS): 'zero' (the ZeRO
-    paper's 16 bytes), 'megatron' (distributed optimizer, fp32 main gradients), 'deepspeed'
-    (its estimators), 'torch' (fp32 parameters and gradients, FSDP2 / DDP)."""
-    dp_schedule: str = ""
-    """Data-parallel collectives per step (comms.DP_SCHEDULES); '' = the memory model's
-    ('torch' for the torch model, 'zero' otherwise)."""
-    cp_method: str = "ring"
-    """How the context-parallel ranks exchange K and V (CP_METHODS): 'ring' (ring attention,
-    Liu et al. 2023; Megatron-Core's CP: each K/V block travels while the attention of the
-    block before it computes) or 'allgather' (Llama 3 §3.3.2: "we first all-gather the key
-    (K) and value (V) tensors, and then compute attention output for the local query (Q)
-    tensor chunk": only the local block's attention can run during the gather)."""
-    zero3_gather: str = "layer"
-    """What one ZeRO-3 / FSDP collective carries (ZERO3_GATHERS): 'layer' (one all-gather and
-    one reduce-scatter per layer: FSDP's fully_shard per transformer block, DeepSpeed's
-    coalesced module gathers) or 'tensor' (one per parameter tensor of ModelCost.
-    layer_tensors, each paying the ring's latency over every rank and the host time of its
-    lists of one slice per rank, the small tensors kept gathered between steps: DeepSpeed's
-    ZeRO-3 before its coalesced gathers of v0.5.5, November 2021; _per_tensor_zero3)."""
-    dp_bucket_bytes: float | None = None
-    """Bytes per gradient bucket of the data-parallel all-reduce (and of ZeRO-1/2's
-    reduce-scatters and gathers): each bucket is one collective, priced at its own size
-    (comms.ramp_efficiency). None: the memory model's framework default
-    (comms.DP_BUCKET_DEFAULTS: DDP's 25 MiB for 'torch', DeepSpeed's 5e8 elements for
-    'deepspeed', one call over the whole buffer for 'zero' and 'megatron'); 0: one call."""
+    stack: StackProfile = PROFILES[DEFAULT_STACK]
+    """What the training stack does by default (`--stack`, profiles.py): gradient and
+    master-weight dtypes, buckets, collective schedule, ZeRO-3 gathers, stage balancing,
+    context-parallel exchange."""
 
     def __post_init__(self) -> None:
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise UserError(f"precision must be bf16, fp16 or fp32. Received: {self.precision!r}")
-        memory.state_bytes(self.precision, self.optimizer, self.memory_model)
-        if not self.dp_schedule:
-            object.__setattr__(
-                self, "dp_schedule", "torch" if self.memory_model == "torch" else "zero"
-            )
-        if self.dp_bucket_bytes is not None and not (
-            isinstance(self.dp_bucket_bytes, (int, float))
-            and not isinstance(self.dp_bucket_bytes, bool)
-            and self.dp_bucket_bytes >= 0
-        ):
-            raise UserError(f"dp_bucket_bytes must be >= 0. Received: {self.dp_bucket_bytes!r}")
-        if self.cp_method not in CP_METHODS:
-            raise UserError(
-                f"cp_method must be one of {', '.join(CP_METHODS)}. Received: {self.cp_method!r}"
-            )
-        if self.zero3_gather not in ZERO3_GATHERS:
-            raise UserError(
-                f"zero3_gather must be one of {', '.join(ZERO3_GATHERS)}. "
-                f"Received: {self.zero3_gather!r}"
-            )
-        if self.dp_schedule not in comms.DP_SCHEDULES:
-            raise UserError(
-                f"dp_schedule must be one of {', '.join(comms.DP_SCHEDULES)}. "
-                f"Received: {self.dp_schedule!r}"
-            )
+        if not isinstance(self.stack, StackProfile):
+            raise UserError(f"stack must be a StackProfile. Received: {self.stack!r}")
+        memory.state_bytes(self.precision, self.optimizer, self.stack.memory_model)
         if (
             isinstance(self.global_batch, bool)
             or not isinstance(self.global_batch, int)
@@ -603,8 +553,8 @@ def _evaluate(
     dpc = dp * cp  # the ranks holding the same (non-expert) parameters
     acc = hw.accelerator
     g = float(hw.devices_per_node)
-    pb, gb, ob = memory.state_bytes(opts.precision, opts.optimizer, opts.memory_model)
-    grad_wire, param_wire = memory.comm_bytes(opts.precision, opts.memory_model)
+    pb, gb, ob = memory.state_bytes(opts.precision, opts.optimizer, opts.stack.memory_model)
+    grad_wire, param_wire = memory.comm_bytes(opts.precision, opts.stack.memory_model)
     act_bytes = 4.0 if opts.precision == "fp32" else 2.0
     act_scale = act_bytes / 2.0
     batch = float(opts.global_batch)
@@ -654,14 +604,14 @@ def _evaluate(
     # stages cost one multiply each.
     coef = memory.state_coefficients(
         shard, zero, precision=opts.precision, optimizer=opts.optimizer, offload=off,
-        memory_model=opts.memory_model,
+        memory_model=opts.stack.memory_model,
     )
     if cost.n_experts:
         # Expert states are sharded over the dp x cp / ep ranks that hold the same experts;
         # the per-parameter coefficients are averaged over the dense and expert parts.
         coef_e = memory.state_coefficients(
             np.maximum(shard / ep, 1.0), zero, precision=opts.precision,
-            optimizer=opts.optimizer, offload=off, memory_model=opts.memory_model,
+            optimizer=opts.optimizer, offload=off, memory_model=opts.stack.memory_model,
         )
         psi_e = np.where(multi, lps, L) * cost.expert_params / (ep * tp)
         share_e = psi_e / np.maximum(psi_first, 1.0)
@@ -672,7 +622,7 @@ def _evaluate(
     # Parameters gathered whole for compute (ZeRO-3 / FSDP units) and DDP bucket copies.
     gather = memory.transient_param_bytes(
         layer_local / tp, lps, zero, precision=opts.precision,
-        memory_model=opts.memory_model, largest_module_params=cost.largest_module_params / tp,
+        memory_model=opts.stack.memory_model, largest_module_params=cost.largest_module_params / tp,
     )
 
     # --- activations (memory.py: Korthikanti et al. 2022 Table 2, 1F1B in-flight count) -------
@@ -682,7 +632,7 @@ def _evaluate(
     full = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, 0, act_scale)
     working = (full_rc | alt_rc) * full  # the layer being recomputed
     logits = tok_dev * cost.logits_bytes_per_token / tp * memory.loss_bytes_factor(
-        opts.memory_model, opts.precision, tp
+        opts.stack.memory_model, opts.precision, tp
     )
     inflight = memory.pipeline_inflight(pp, m, v)
     act_first = per_layer * lps * inflight + working + np.where(multi, 0.0, logits)
@@ -690,11 +640,11 @@ def _evaluate(
 
     frag = 1.0 + opts.fragmentation
     fixed = opts.fixed_overhead_gb * 1e9
-    buffers_first = memory.buffer_bytes(psi_first, zero, memory_model=opts.memory_model)
-    buffers_last = memory.buffer_bytes(psi_last, zero, memory_model=opts.memory_model)
+    buffers_first = memory.buffer_bytes(psi_first, zero, memory_model=opts.stack.memory_model)
+    buffers_last = memory.buffer_bytes(psi_last, zero, memory_model=opts.stack.memory_model)
     # FSDP2's root unit (embedding, final norm, output projection), whole at the backward's
     # start: the first stage holds the embedding, the last the rest, one stage all of it.
-    root_kw = {"precision": opts.precision, "memory_model": opts.memory_model}
+    root_kw = {"precision": opts.precision, "memory_model": opts.stack.memory_model}
     root_all = (cost.embed_params + cost.head_params + cost.other_params) / tp
     root_first = memory.root_unit_bytes(
         np.where(multi, cost.embed_params / tp, root_all), zero, **root_kw
@@ -751,7 +701,7 @@ def _evaluate(
     if cost.family == "transformer":
         layer_t = layers_t / L
         slowest = lps * layer_t + head_t  # even split: ceil(L/p) layers everywhere
-        if opts.balanced_stages:
+        if opts.stack.balanced_stages:
             for k in (lps - 1.0, lps - 2.0):  # layers left on the last stage
                 others = np.ceil((L - np.maximum(k, 0.0)) / np.maximum(pp - 1.0, 1.0))
                 cand = np.maximum(others * layer_t, np.maximum(k, 0.0) * layer_t + head_t)
@@ -878,7 +828,7 @@ def _evaluate(
         t_cp_all = m * lps * (3.0 + fwd_rc) * ring_pass
         attn_core_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0)
         t_attention = tokens_step * attn_core_tok / (n * opts.compute_efficiency * peak)
-        if opts.cp_method == "allgather":
+        if opts.stack.cp_method == "allgather":
             # The same bytes and steps (a ring all-gather of the cp blocks forward, again
             # backward, and a reduce-scatter of dK, dV), but the attention needs the whole
             # gather first: only the local block's share (1 / cp) can compute meanwhile.
@@ -913,10 +863,10 @@ def _evaluate(
 
     # Data parallelism: the collectives of comms.dp_collectives (one table with the measured
     # runs' bytes), each over the rank's gradient or parameter payload.
-    counts = comms.dp_collectives(zero, m, opts.dp_schedule)
+    counts = comms.dp_collectives(zero, m, opts.stack.dp_schedule)
     grad_b = psi_stage * grad_wire
     # Gradient buckets: one collective per bucket, each at the bandwidth of its own size.
-    bucket = comms.dp_bucket_bytes(opts.memory_model, opts.dp_bucket_bytes, grad_wire)
+    bucket = comms.dp_bucket_bytes(opts.stack.memory_model, opts.stack.dp_bucket_bytes, grad_wire)
     buckets = np.maximum(np.ceil(grad_b / bucket), 1.0) if bucket else np.ones_like(grad_b)
     ar = buckets * comms.hier_all_reduce(grad_b / buckets, dp_in, dp_out, intra, inter)
     # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
@@ -929,7 +879,7 @@ def _evaluate(
     rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
     ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
     once = None
-    if opts.zero3_gather == "tensor":
+    if opts.stack.zero3_gather == "tensor":
         # ZeRO-3 rows: one collective per parameter tensor instead (_per_tensor_zero3).
         rs_t, ag_t, again_t, once_t = _per_tensor_zero3(
             cost, lps, grad_b, psi_stage * param_wire, (s_in, s_out, intra, inter), shard

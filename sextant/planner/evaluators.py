@@ -21,6 +21,7 @@ from sextant.planner.catalogue import Catalogue, Link, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
 from sextant.planner.models import TransformerShape, megatron_gpt, preset
+from sextant.planner.profiles import profile
 from sextant.planner.search import MAX_MICRO_BATCH, divisors, search
 
 Evaluator = Callable[..., float]
@@ -107,23 +108,24 @@ def days_at_mfu(*, model: str, tokens: float, accelerator: str, devices: int, mf
 
 
 @evaluator
-def megatron_state_bytes_per_param(*, precision: str, zero: int, dp: int = 8) -> float:
-    """Bytes per parameter of Megatron-Core's allocation, with or without the distributed
-    optimizer."""
-    return float(model_state_bytes(1, dp, zero, precision=precision, memory_model="megatron")[
-        "total"
-    ])
+def state_bytes_per_param(*, stack: str, precision: str, zero: int, dp: int = 8) -> float:
+    """Bytes per parameter of a stack's allocation at a ZeRO stage (1: Megatron-Core's
+    distributed optimizer)."""
+    mm = profile(stack).memory_model
+    return float(model_state_bytes(1, dp, zero, precision=precision, memory_model=mm)["total"])
 
 
 @evaluator
-def deepspeed_model_states_gb(*, model: str, zero: int, offload: int, devices: int) -> float:
-    """GPU memory for model states under DeepSpeed's allocation (its estimators' count)."""
+def model_states_on_device_gb(
+    *, stack: str, model: str, zero: int, offload: int, devices: int
+) -> float:
+    """Device memory for model states under a stack's allocation, with the transient
+    gathered parameters it counts (DeepSpeed's estimators: the largest layer)."""
+    mm = profile(stack).memory_model
     cost = _shape(model).cost()
-    states = model_state_bytes(
-        cost.total_params, devices, zero, offload=offload, memory_model="deepspeed"
-    )
+    states = model_state_bytes(cost.total_params, devices, zero, offload=offload, memory_model=mm)
     extra = transient_param_bytes(
-        cost.layer_params, cost.n_layers, zero, memory_model="deepspeed",
+        cost.layer_params, cost.n_layers, zero, memory_model=mm,
         largest_module_params=cost.largest_module_params,
     )
     return float(states["total"] + extra) / 1e9
@@ -154,21 +156,21 @@ def megatron_choice(
     sp: bool = False,
     interleave: int | str = 1,
     overlap: float = 0.5,
-    zero3_gather: str = "layer",
+    stack: str = "megatron-lm-2021",
     micro_batch: str = "layout",
     accelerator: str = "a100-80gb",
     network: str = "ib-hdr",
 ) -> tuple[float, int, int]:
     """(step time, micro-batch size, v): the planner's step time for a Megatron-LM run (2021-22
-    stack: no FlashAttention, layers split evenly), with the micro-batch size and v it ran.
+    stack: no FlashAttention, layers split evenly: profile megatron-lm-2021, or deepspeed-0.3
+    for its ZeRO-3 runs), with the micro-batch size and v it ran.
     `interleave` "searched": the schedule was interleaved but the source does not state v, so
     the fastest valid v > 1 is taken. `micro_batch` "searched": the source does not state the
     micro-batch size either, so the fastest that fits of those the planner's own search tries
     (the divisors of the rank's share of the batch, up to MAX_MICRO_BATCH) is taken, with v
     searched for each; "layout" keeps the layout's."""
     opts = PlanOptions(
-        global_batch=batch, flash_attention=False, balanced_stages=False, overlap=overlap,
-        zero3_gather=zero3_gather,
+        global_batch=batch, flash_attention=False, overlap=overlap, stack=profile(stack)
     )
     hw = resolve_hardware(_cat(), accelerator, network, options=opts)
     per_rank = batch // layout.dp
@@ -231,7 +233,9 @@ def pinned_mfu_ratio(
 
 
 def _options(batch: int, options: dict[str, Any]) -> PlanOptions:
-    return PlanOptions(global_batch=batch, **options)
+    """PlanOptions from a record's `options` table; its `stack` names a profile."""
+    rest = {k: v for k, v in options.items() if k != "stack"}
+    return PlanOptions(global_batch=batch, stack=profile(options.get("stack", "generic")), **rest)
 
 
 def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict[str, Any]):

@@ -159,11 +159,13 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         "assumptions": {
             "kernel_efficiency": opts.compute_efficiency,
             "target_mfu": req.options.target_mfu,
-            "memory_model": opts.memory_model,
-            "dp_schedule": opts.dp_schedule,
+            "stack": opts.stack.name,
+            "memory_model": opts.stack.memory_model,
+            "dp_schedule": opts.stack.dp_schedule,
             "fp8": opts.fp8,
-            "cp_method": opts.cp_method,
-            "zero3_gather": opts.zero3_gather,
+            "cp_method": opts.stack.cp_method,
+            "zero3_gather": opts.stack.zero3_gather,
+            "balanced_stages": opts.stack.balanced_stages,
             "oversubscription": opts.oversubscription,
             "nodes_per_leaf": opts.nodes_per_leaf,
             "host_memory_gb": opts.host_memory_gb,
@@ -387,16 +389,16 @@ def _warnings(
             f"{ev['capacity'] / 1e9:,.1f} GB available (no valid layout fits; shown: the "
             "smallest)"
         )
-    if req.options.zero3_gather == "tensor" and layout.zero < 3:
+    if req.options.stack.zero3_gather == "tensor" and layout.zero < 3:
         out.append(
             f"--zero3-gather tensor changes nothing here: the layout uses ZeRO-{layout.zero} "
             "(pin --zero 3 to price per-tensor gathers)"
         )
-    if req.options.memory_model == "torch":
+    if req.options.stack.memory_model == "torch":
         out.append(
-            "--memory-model torch: memory is a lower bound; against torchtitan's published "
-            "peak reserved memory it was 2-6 % low (docs/validation.md, twelfth revision): "
-            "keep that much to spare"
+            "torch's allocation (fp32 parameters and gradients): memory is a lower bound; "
+            "against torchtitan's published peak reserved memory it is 2-6 % low "
+            "(docs/validation.md): keep that much to spare"
         )
     if layout.tp > hw.devices_per_node:
         out.append(

@@ -40,7 +40,8 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         f"[bold]{hw['devices']} x {hw['accelerator']}[/bold] ({hw['nodes']} node(s) of "
         f"{hw['devices_per_node']}; intra {hw['intra_link']}, network {hw['network']}), "
         f"{hw['precision']}{' with FP8 GEMMs' if a.get('fp8') else ''}, "
-        f"memory model {a.get('memory_model', 'zero')}, global batch {a['global_batch']} "
+        f"stack {a.get('stack', 'generic')} (memory model {a.get('memory_model', 'zero')}), "
+        f"global batch {a['global_batch']} "
         f"({a['tokens_per_step']:,} tokens/step)"
     )
     searched = doc.get("layout_searched") or []

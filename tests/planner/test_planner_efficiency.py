@@ -11,6 +11,7 @@ from sextant.planner import efficiency
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.models import megatron_gpt
+from sextant.planner.profiles import profile
 
 
 def _compute_efficiency(hidden: int, heads: int, tp: int) -> float:
@@ -81,7 +82,7 @@ def test_the_pipeline_runs_at_its_slowest_stage():
     lay = Layout(dp=1, tp=8, pp=12, mbs=1, recompute="full")
     steps = {}
     for balanced in (False, True):
-        opts = PlanOptions(global_batch=96, balanced_stages=balanced)
+        opts = PlanOptions(global_batch=96, stack=profile("generic").with_overrides(balanced_stages=balanced))
         hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
         steps[balanced] = evaluate_one(shape.cost(), hw, opts, lay).figures["compute_flops_bound"]
     # Even split: 6 layers + a projection of ~2 layers on the last stage; balanced: 4 + 2.
