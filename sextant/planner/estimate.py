@@ -1167,33 +1167,41 @@ def evaluate_one(cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layou
     return Evaluated(layout=layout, figures=figures)
 
 
-def options_for_mfu(
+@dataclass(frozen=True, slots=True)
+class MfuSolution:
+    """The kernel efficiency that makes a layout reach a requested end-to-end MFU, or, when
+    none <= 1 can, the options unchanged and the MFU the layout reaches at most."""
+
+    options: PlanOptions
+    """With the solved kernel efficiency and no target (unreachable: as given)."""
+    reachable: bool
+    ceiling: float
+    """The layout's end-to-end MFU with its kernels at 100 % of peak."""
+
+
+def solve_mfu(
     cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layout, iterations: int = 6
-) -> PlanOptions:
-    """The options with the kernel efficiency that makes `layout` reach opts.target_mfu
-    end to end (unchanged when no target is set). UserError when no efficiency <= 1 can:
-    the rest of the step (communication, bubble, memory-bound kernels) is too long."""
+) -> MfuSolution:
+    """Solve the kernel efficiency for opts.target_mfu on `layout`. Never refuses: when no
+    efficiency <= 1 reaches the target (the rest of the step, communication, bubble and
+    memory-bound work, is too long), the options stay as given and `reachable` is False."""
+    given = replace(opts, target_mfu=None)
+    ceiling = float(evaluate_one(cost, hw, replace(given, compute_efficiency=1.0), layout)
+                    .figures["mfu"])
     if opts.target_mfu is None:
-        return opts
-    current = replace(opts, target_mfu=None)
+        return MfuSolution(options=given, reachable=True, ceiling=ceiling)
+    current = given
     for _ in range(iterations):
         f = evaluate_one(cost, hw, current, layout).figures
         bubble_share = f["bubble"] / max(f["compute"] + f["tp_comm"] + f["pp_comm"], 1e-300)
-        flops_part = f["compute_flops_bound"] * (1.0 + bubble_share)
-        if f["weights_bound"]:
-            flops_part = 0.0
+        flops_part = 0.0 if f["weights_bound"] else f["compute_flops_bound"] * (1 + bubble_share)
         new = efficiency.solve_for_mfu(
             f["mfu"], opts.target_mfu, flops_part / f["step"], current.compute_efficiency
         )
         if not math.isfinite(new) or new > 1.0:
-            raise UserError(
-                f"an end-to-end MFU of {opts.target_mfu:.0%} is out of reach for "
-                f"{layout.label()}: even kernels at 100% of peak leave "
-                f"{1 - flops_part / f['step']:.0%} of the step to communication, bubble and "
-                "memory-bound work; use --kernel-efficiency to set the kernels' rate instead"
-            )
+            return MfuSolution(options=given, reachable=False, ceiling=ceiling)
         current = replace(current, compute_efficiency=float(new))
-    return current
+    return MfuSolution(options=current, reachable=True, ceiling=ceiling)
 
 
 def with_options(opts: PlanOptions, **changes: Any) -> PlanOptions:

@@ -62,10 +62,30 @@ def test_kernel_efficiency_keeps_the_old_meaning(capsys):
     assert low["throughput"]["mfu"] < high["throughput"]["mfu"] < 0.6
 
 
-def test_unreachable_mfu_and_both_flags_are_one_line_errors(capsys):
+def test_an_unreachable_mfu_is_answered_not_refused(capsys):
+    # The best layout at the default kernel efficiency, the MFU it reaches, the most it could
+    # reach with kernels at 100 % of peak, and what limits it.
     base = ["plan", "--model", "llama2-13b", "--gpus", "64", "--no-curve"]
-    assert main([*base, "--mfu", "0.99"]) == 2
-    assert "out of reach" in capsys.readouterr().err
+    assert main([*base, "--mfu", "0.99"]) == 0
+    assert "out of reach" in capsys.readouterr().out
+    assert main([*base, "--mfu", "0.99", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    goal = doc["mfu_target"]
+    assert goal["requested"] == 0.99 and goal["reachable"] is False
+    assert goal["reached"] == pytest.approx(doc["throughput"]["mfu"])
+    assert goal["reached"] < goal["ceiling"] < 0.99
+    assert goal["limit"] and 0 < goal["limit_share"] < 1
+    assert doc["assumptions"]["kernel_efficiency"] == pytest.approx(0.75)
+    assert main([*base, "--json"]) == 0
+    assert doc["layout"] == json.loads(capsys.readouterr().out)["layout"]
+    # A reachable target is met on the layout, the record says so.
+    assert main([*base, "--mfu", "0.3", "--json"]) == 0
+    goal = json.loads(capsys.readouterr().out)["mfu_target"]
+    assert goal["reachable"] is True and goal["reached"] == pytest.approx(0.3, rel=1e-3)
+
+
+def test_both_mfu_flags_are_one_line_errors(capsys):
+    base = ["plan", "--model", "llama2-13b", "--gpus", "64", "--no-curve"]
     assert main([*base, "--mfu", "0.4", "--kernel-efficiency", "0.5"]) == 2
     assert "not both" in capsys.readouterr().err
     assert main([*base, "--mfu", "nan"]) == 2
