@@ -760,6 +760,30 @@ def memory_term(c: LayoutContext) -> MemoryTerm:
 
 
 @dataclass(frozen=True, slots=True)
+class HostLoad:
+    per_rank: np.ndarray
+    per_node: np.ndarray
+    fits: np.ndarray
+
+
+def host_load_term(c: LayoutContext, offload_per_node: np.ndarray) -> HostLoad:
+    """Host RAM while the model is built: a stack that loads the whole model on every rank
+    (StackProfile.load 'full') holds its fp32 parameters in host memory per rank before
+    moving and sharding them; one that creates each rank's shard on the device holds none.
+    With --host-memory-gb, the larger of this and the offloaded states must fit a node."""
+    params = float(c.cost.total_params) * np.ones_like(c.n)
+    per_rank = 4.0 * params if c.opts.stack.load == "full" else np.zeros_like(c.n)
+    per_node = per_rank * np.minimum(c.n, c.g)
+    ram = c.opts.host_memory_gb
+    fits = (
+        np.ones_like(c.n, dtype=bool)
+        if ram is None
+        else np.maximum(per_node, offload_per_node) <= ram * 1e9
+    )
+    return HostLoad(per_rank=per_rank, per_node=per_node, fits=fits)
+
+
+@dataclass(frozen=True, slots=True)
 class ComputeTerm:
     seconds: np.ndarray
     flops_bound: np.ndarray
@@ -1063,6 +1087,7 @@ def _evaluate(
     c = layout_context(cost, hw, opts, lay)
     lk = links(c)
     mem = memory_term(c)
+    load = host_load_term(c, mem.host_per_node)
     comp = compute_term(c)
     t_opt = optimizer_term(c)
     t_tp, t_cp, t_ep, t_pp = tp_term(c, lk), cp_term(c, lk, comp.peak), ep_term(c, lk), pp_term(c, lk)
@@ -1075,7 +1100,7 @@ def _evaluate(
     return {
         "devices": c.n,
         "microbatches": c.m,
-        "fits": mem.fits,
+        "fits": mem.fits & load.fits,
         "memory": mem.memory,
         "capacity": mem.capacity,
         "mem_params": psi * mem.coef["params"],
@@ -1083,6 +1108,8 @@ def _evaluate(
         "mem_optimizer": psi * mem.coef["optimizer"],
         "mem_host": psi * mem.coef["host"],
         "host_per_node": mem.host_per_node,
+        "host_load_per_rank": load.per_rank,
+        "host_load_per_node": load.per_node,
         "mem_gather": mem.gather,
         "mem_activations": mem.activations,
         "mem_overhead": mem.memory - mem.raw,

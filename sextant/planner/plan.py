@@ -215,6 +215,8 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "fits": ev["fits"],
             "host_offload": ev["mem_host"],
             "host_per_node": ev["host_per_node"],
+            "host_load_per_rank": ev["host_load_per_rank"],
+            "host_load_per_node": ev["host_load_per_node"],
         },
         "time": {
             "compute": ev["compute"],
@@ -417,7 +419,17 @@ def _warnings(
             f"inter-node bandwidth {hw.inter_bw_per_device * 8 / 1e9:.3g} Gb/s per device is "
             "below 10 Gb/s: data-parallel synchronisation will dominate large models"
         )
-    if not ev["fits"]:
+    ram = req.options.host_memory_gb
+    if not ev["fits"] and ev["memory"] <= ev["capacity"] and ram is not None:
+        out.append(
+            f"does not fit host memory: {ram:,.0f} GB per node (--host-memory-gb), "
+            f"{ev['host_load_per_node'] / 1e9:,.1f} GB to build the model (stack "
+            f"{req.options.stack.name} loads it in fp32 on every rank; a stack that builds "
+            f"each rank's shard on the device needs none) and "
+            f"{ev['host_per_node'] / 1e9:,.1f} GB offloaded (no valid layout fits; shown: "
+            "the smallest)"
+        )
+    elif not ev["fits"]:
         out.append(
             f"does not fit: {ev['memory'] / 1e9:,.1f} GB needed per device, "
             f"{ev['capacity'] / 1e9:,.1f} GB available (no valid layout fits; shown: the "

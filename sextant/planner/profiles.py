@@ -21,6 +21,7 @@ CP_METHODS = ("ring", "allgather")
 the attention of the block before it computes) or 'allgather' (Llama 3 §3.3.2: "we first
 all-gather the key (K) and value (V) tensors, and then compute attention output for the local
 query (Q) tensor chunk": only the local block's attention can run during the gather)."""
+LOADS = ("full", "sharded")
 ZERO3_GATHERS = ("layer", "tensor")
 """'layer' (one all-gather and one reduce-scatter per layer: FSDP's fully_shard per
 transformer block, DeepSpeed's coalesced module gathers) or 'tensor' (one per parameter tensor
@@ -54,6 +55,11 @@ class StackProfile:
     match the others (True), or ceil(L/p) layers a stage with the projection on top."""
     cp_method: str
     """How context-parallel ranks exchange K and V: 'ring' or 'allgather' (CP_METHODS)."""
+    load: str
+    """How a rank builds the model before training: 'full' (the whole model in fp32 host
+    memory on every rank, then moved and sharded: a plain nn.Module or from_pretrained) or
+    'sharded' (each rank creates only its own shard on the device: meta-device init, per-
+    partition allocation, sharded jit init); LOADS."""
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -61,6 +67,7 @@ class StackProfile:
             ("dp_schedule", DP_SCHEDULES),
             ("zero3_gather", ZERO3_GATHERS),
             ("cp_method", CP_METHODS),
+            ("load", LOADS),
         ):
             value = getattr(self, key)
             if value not in allowed:
@@ -98,6 +105,7 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=None,
             zero3_gather="layer",
             balanced_stages=True,
+            load="sharded",
             cp_method="ring",
         ),
         StackProfile(
@@ -112,13 +120,15 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=None,
             zero3_gather="layer",
             balanced_stages=True,
+            load="sharded",
             cp_method="ring",
         ),
         StackProfile(
             name="deepspeed",
             release="DeepSpeed >= 0.5.5: its estimators' allocation "
             "(estimate_zero2/3_model_states_mem_needs), reduce_bucket_size 5e8 elements, "
-            "ZeRO-3 gathers coalesced per module",
+            "ZeRO-3 gathers coalesced per module; the model built whole on every rank before "
+            "deepspeed.initialize (zero.Init, which partitions at construction, is opt-in)",
             grad_dtype="fp16/bf16",
             master_dtype="fp32 optimizer copy",
             memory_model="deepspeed",
@@ -126,6 +136,7 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=None,
             zero3_gather="layer",
             balanced_stages=True,
+            load="full",
             cp_method="ring",
         ),
         StackProfile(
@@ -140,6 +151,7 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=None,
             zero3_gather="layer",
             balanced_stages=True,
+            load="sharded",
             cp_method="allgather",
         ),
         StackProfile(
@@ -153,6 +165,7 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=0,
             zero3_gather="layer",
             balanced_stages=True,
+            load="sharded",
             cp_method="allgather",
         ),
         StackProfile(
@@ -167,6 +180,7 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=None,
             zero3_gather="layer",
             balanced_stages=False,
+            load="sharded",
             cp_method="ring",
         ),
         StackProfile(
@@ -181,6 +195,7 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=None,
             zero3_gather="tensor",
             balanced_stages=False,
+            load="full",
             cp_method="ring",
         ),
         StackProfile(
@@ -195,6 +210,7 @@ PROFILES: dict[str, StackProfile] = {
             dp_bucket_bytes=None,
             zero3_gather="layer",
             balanced_stages=True,
+            load="sharded",
             cp_method="allgather",
         ),
     )

@@ -76,6 +76,9 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         t.add_row("offloaded to host memory", f"{mem['host_offload'] / GB:,.2f}", "")
         if mem.get("host_per_node"):
             t.add_row("  host memory per node", f"{mem['host_per_node'] / GB:,.1f}", "")
+    if mem.get("host_load_per_node"):
+        t.add_row("host memory per node at load (fp32 model per rank)",
+                  f"{mem['host_load_per_node'] / GB:,.1f}", "")
     console.print(t)
 
     tm = doc["time"]

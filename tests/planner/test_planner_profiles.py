@@ -124,3 +124,25 @@ def test_cli_stack(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "unknown stack 'jax-2019'" in err and "megatron-core" in err
+
+
+def test_host_memory_at_load_follows_how_the_stack_builds_the_model(capsys):
+    # DeepSpeed's users build the whole model on every rank (fp32, 4 bytes a parameter)
+    # before deepspeed.initialize; torchtitan and Megatron-Core build each rank's shard on
+    # the device. With --host-memory-gb the larger of load and offload must fit a node.
+    params = preset("llama3-70b").total_params()
+    lay = Layout(dp=8, zero=3, mbs=1, recompute="full")
+    ds = _figures("deepspeed", lay, model="llama3-70b", batch=8)
+    tt = _figures("torchtitan", lay, model="llama3-70b", batch=8)
+    assert ds["host_load_per_rank"] == pytest.approx(4 * params)
+    assert ds["host_load_per_node"] == pytest.approx(8 * 4 * params)
+    assert tt["host_load_per_node"] == 0
+    base = ["plan", "--model", "llama3-70b", "--gpus", "64", "--no-curve",
+            "--host-memory-gb", "1000"]
+    assert main([*base, "--stack", "deepspeed"]) == 0
+    assert "does not fit host memory" in capsys.readouterr().out
+    assert main([*base, "--stack", "torchtitan"]) == 0
+    assert "does not fit" not in capsys.readouterr().out
+    assert main([*base, "--stack", "deepspeed", "--json"]) == 0
+    mem = json.loads(capsys.readouterr().out)["memory"]
+    assert mem["host_load_per_node"] == pytest.approx(8 * 4 * params)
