@@ -222,9 +222,7 @@ def megatron_days(
 
 
 @evaluator
-def pinned_mfu_ratio(
-    *, numerator: dict[str, Any], denominator: dict[str, Any]
-) -> float:
+def pinned_ratio(*, numerator: dict[str, Any], denominator: dict[str, Any]) -> float:
     """The ratio of two pinned runs' figures (a published speed-up)."""
     return pinned(**numerator) / pinned(**denominator)
 
@@ -252,14 +250,14 @@ def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict
     return replace(hw, accelerator=acc)
 
 
-def _figure(f: dict[str, Any], figure: str, devices: int, batch: int, seq_len: int) -> float:
+def _figure(f: dict[str, Any], figure: str, devices: int) -> float:
     """One figure of an evaluated layout, per device where the source counts per device."""
     if figure == "tokens_per_s_per_device":
         return float(f["tokens_per_s"]) / devices
     if figure == "memory_gib":
         return float(f["memory"]) / 2**30
-    if figure == "megatron_tflops":
-        raise UserError("megatron_tflops needs the model: use the megatron evaluators")
+    if figure not in f:
+        raise UserError(f"unknown figure {figure!r}; allowed: {', '.join(sorted(f))}")
     return float(f[figure])
 
 
@@ -285,7 +283,7 @@ def pinned(
     f = evaluate_one(shape.cost(flash_attention=opts.flash_attention), hw, opts, lay).figures
     if flops == "megatron-eq3":
         return _megatron_eq3_flops(shape, batch) / (float(f["step"]) * lay.devices) / 1e12
-    return _figure(f, figure, lay.devices, batch, shape.seq_len)
+    return _figure(f, figure, lay.devices)
 
 
 def best(
@@ -325,9 +323,7 @@ def searched(
 ) -> float:
     """A figure of the best layout the planner's search finds (`fixed` pins knobs)."""
     f = best(model, devices, accelerator, network, batch=batch, fixed=fixed, options=options)
-    if figure == "tokens_per_s_per_device":
-        return float(f["tokens_per_s"]) / devices
-    return float(f[figure])
+    return _figure(f, figure, devices)
 
 
 @evaluator

@@ -247,3 +247,16 @@ def test_maxtext_shapes_match_the_published_sizes(rows):
         if r.source == "maxtext-readme":
             size = float(r.id.split("-")[2].rstrip("b"))
             assert parameters_b(model=r.query["model"]) == pytest.approx(size, rel=0.05), r.id
+
+
+def test_an_evaluator_answers_its_query_or_says_what_is_allowed():
+    from sextant.errors import UserError
+    from sextant.planner.evaluators import evaluate
+
+    assert evaluate("model_states_gb", {"params": 7.5e9, "dp": 64, "zero": 0}) == 120.0
+    with pytest.raises(UserError, match="unknown evaluator 'guess'; allowed: .*pinned"):
+        evaluate("guess", {})
+    query = {"model": "llama3-8b", "layout": {"dp": 8}, "accelerator": "h100-sxm",
+             "network": "ib-ndr", "batch": 8, "figure": "speed"}
+    with pytest.raises(UserError, match="unknown figure 'speed'; allowed: .*mfu"):
+        evaluate("pinned", query)
