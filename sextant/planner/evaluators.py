@@ -81,8 +81,11 @@ def weights_gb(*, params: float) -> float:
 
 
 @evaluator
-def parameters_b(*, model: str | dict[str, Any], part: str = "total") -> float:
-    """Parameters of a model in billions: total, or active per token (MoE)."""
+def parameters_b(
+    *, model: str | dict[str, Any], part: str = "total", unit: float = 1e9
+) -> float:
+    """Parameters of a model in `unit`s (billions by default): total, or active per token
+    (MoE)."""
     shape = _shape(model)
     if part == "active":
         return (
@@ -90,8 +93,8 @@ def parameters_b(*, model: str | dict[str, Any], part: str = "total") -> float:
             + shape.embedding_params()
             + shape.head_params()
             + shape.final_norm_params()
-        ) / 1e9
-    return shape.total_params() / 1e9
+        ) / unit
+    return shape.total_params() / unit
 
 
 @evaluator

@@ -156,6 +156,7 @@ def check(ref: Reference, source: Source) -> dict[str, Any]:
     return {
         "id": ref.id,
         "source": f"{source.title}, {ref.where}" if ref.where else source.title,
+        "source_key": source.key,
         "split": source.split,
         "quantity": ref.quantity,
         "unit": ref.unit,
@@ -200,6 +201,18 @@ def shares(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
         counted = [r for r in rows if r["kind"] in COUNTED and r.get("split", "tuning") == split]
         out[split] = (sum(abs(r["error"]) <= MEASURED_TOLERANCE for r in counted), len(counted))
     return out
+
+
+def by_source(rows: list[dict[str, Any]]) -> list[tuple[str, str, int, int]]:
+    """(source key, split, counted rows within 10 %, counted rows) per source with counted
+    rows, in the order the rows come."""
+    out: dict[str, list[Any]] = {}
+    for r in rows:
+        if r["kind"] in COUNTED:
+            entry = out.setdefault(r.get("source_key", r["source"]), [r["split"], 0, 0])
+            entry[1] += abs(r["error"]) <= MEASURED_TOLERANCE
+            entry[2] += 1
+    return [(key, split, hits, n) for key, (split, hits, n) in out.items()]
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -272,6 +285,9 @@ def references_markdown(rows: list[dict[str, Any]]) -> str:
             f"**{_fmt(r['published'], r['unit'])}{unit}** "
             f"({r['source']}) | {_predicted(r)}{unit} | {r['error']:+.1%} |"
         )
+    lines += ["", "| source | split | counted rows within 10 % |", "|---|---|---|"]
+    for key, split, hits, n in by_source(rows):
+        lines.append(f"| `{key}` | {split} | {hits}/{n} ({_share(hits, n)}) |")
     lines.append("")
     lines.append(summary(rows))
     return "\n".join(lines)

@@ -159,8 +159,8 @@ def test_every_record_names_a_source_with_a_split_and_a_known_evaluator():
     for r in refs:
         assert r.source in sources and r.evaluator in EVALUATORS and r.where is not None
     # About a third of the counted rows of the sources at the split are held out, and every
-    # source added after it (MaxText, the Scaling Book) is held out.
-    added = {"maxtext-readme", "scaling-book"}
+    # source added after it (MaxText, the Scaling Book, llm-foundry) is held out.
+    added = {"maxtext-readme", "scaling-book", "llm-foundry-benchmarks"}
     counted = [r for r in refs if r.kind in ("end-to-end", "collective")]
     original = [r for r in counted if r.source not in added]
     held = [r for r in original if sources[r.source].split == "held-out"]
@@ -177,7 +177,7 @@ def test_the_split_follows_the_rule_blind_to_errors():
     from sextant.planner.references import load
 
     sources, refs = load()
-    added = {"maxtext-readme", "scaling-book"}
+    added = {"maxtext-readme", "scaling-book", "llm-foundry-benchmarks"}
     rows: dict[str, int] = {}
     for r in refs:
         if r.kind in ("end-to-end", "collective") and r.source not in added:
@@ -260,3 +260,12 @@ def test_an_evaluator_answers_its_query_or_says_what_is_allowed():
              "network": "ib-ndr", "batch": 8, "figure": "speed"}
     with pytest.raises(UserError, match="unknown figure 'speed'; allowed: .*mfu"):
         evaluate("pinned", query)
+
+
+def test_per_source_shares_add_up_to_the_split_shares(rows):
+    from sextant.planner.references import by_source, shares
+
+    s = shares(rows)
+    for split in ("tuning", "held-out"):
+        parts = [(h, n) for _, sp, h, n in by_source(rows) if sp == split]
+        assert (sum(h for h, _ in parts), sum(n for _, n in parts)) == s[split]
