@@ -130,17 +130,17 @@ def register(subparsers: Any) -> None:
     lay.add_argument("--cp", type=int, help="context-parallel degree (splits the sequence)")
     lay.add_argument(
         "--cp-method",
-        choices=("ring", "allgather"),  # estimate.CP_METHODS
-        default="ring",
-        help="how context-parallel ranks exchange K and V: ring (ring attention, hidden behind "
-        "the attention; default) or allgather (Llama 3: K and V gathered before the attention)",
+        choices=("ring", "allgather"),  # profiles.CP_METHODS
+        default=None,
+        help="override the stack's context-parallel exchange: ring (ring attention, hidden "
+        "behind the attention) or allgather (K and V gathered before the attention)",
     )
     lay.add_argument(
         "--zero3-gather",
-        choices=("layer", "tensor"),  # estimate.ZERO3_GATHERS
-        default="layer",
-        help="what one ZeRO-3 / FSDP collective carries: layer (FSDP's per-block units, "
-        "DeepSpeed's coalesced gathers; default) or tensor (one collective per parameter "
+        choices=("layer", "tensor"),  # profiles.ZERO3_GATHERS
+        default=None,
+        help="override what one ZeRO-3 / FSDP collective carries: layer (FSDP's per-block "
+        "units, DeepSpeed's coalesced gathers) or tensor (one collective per parameter "
         "tensor, DeepSpeed's ZeRO-3 as released in 2021)",
     )
     lay.add_argument("--ep", type=int, help="expert-parallel degree (MoE models)")
@@ -165,9 +165,16 @@ def register(subparsers: Any) -> None:
         "calibrated value of docs/planner.md; the old meaning of --mfu)",
     )
     asm.add_argument(
+        "--stack",
+        default="generic",
+        help="the training stack whose defaults the plan assumes (profiles.py): generic (the "
+        "ZeRO paper's accounting, default), megatron-core, deepspeed, torchtitan, maxtext; "
+        "dated: megatron-lm-2021, deepspeed-0.3, llama3-2024",
+    )
+    asm.add_argument(
         "--memory-model",
-        default="zero",
-        help="what the framework allocates: zero (the ZeRO paper's 16 bytes/param, default), "
+        default=None,
+        help="override the stack's allocation: zero (the ZeRO paper's 16 bytes/param), "
         "megatron (distributed optimizer, fp32 main grads), deepspeed (its estimators), "
         "torch (fp32 params and grads, FSDP2/DDP)",
     )
@@ -190,9 +197,10 @@ def register(subparsers: Any) -> None:
     asm.add_argument(
         "--stages",
         choices=("balanced", "even"),
-        default="balanced",
-        help="pipeline layer split: balanced (the last stage gives up layers for the output "
-        "projection, current stacks; default) or even (ceil(L/p) layers per stage, 2021-era)",
+        default=None,
+        help="override the stack's pipeline layer split: balanced (the last stage gives up "
+        "layers for the output projection, current stacks) or even (ceil(L/p) layers per "
+        "stage, 2021-era)",
     )
     asm.add_argument(
         "--no-flash-attention",
@@ -240,6 +248,8 @@ def register(subparsers: Any) -> None:
         "print predicted against published.",
     )
     r.add_argument("--only", metavar="ID", help="one reference")
+    r.add_argument("--split", choices=("tuning", "held-out"),
+                   help="only the references of one split (docs/validation.md)")
     fmt = r.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true",
                      help="the markdown table of docs/validation.md")
@@ -286,7 +296,7 @@ def run_references_cmd(args: argparse.Namespace) -> int:
         run_references,
     )
 
-    rows = run_references(only=args.only)
+    rows = run_references(only=args.only, split=getattr(args, "split", None))
     if args.markdown:
         print(references_markdown(rows))
     elif args.json:
@@ -310,6 +320,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import PlanOptions, resolve_hardware
+    from sextant.planner.profiles import profile
     from sextant.planner.models import load_workload_shape, preset
     from sextant.planner.plan import PlanRequest, make_plan
 
@@ -362,11 +373,13 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
             else {"compute_efficiency": args.kernel_efficiency}
         ),
         target_mfu=args.mfu,
-        memory_model=args.memory_model,
-        balanced_stages=args.stages == "balanced",
+        stack=profile(args.stack).with_overrides(
+            memory_model=args.memory_model,
+            balanced_stages=None if args.stages is None else args.stages == "balanced",
+            cp_method=args.cp_method,
+            zero3_gather=args.zero3_gather,
+        ),
         fp8=args.fp8,
-        cp_method=args.cp_method,
-        zero3_gather=args.zero3_gather,
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,
         host_memory_gb=args.host_memory_gb,

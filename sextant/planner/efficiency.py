@@ -26,9 +26,10 @@ Two constants are not first principles and are stated here with how they were se
 KERNEL_EFFICIENCY, the fraction of dense peak the tensor-core GEMMs and fused attention
 kernels sustain in training, and ELEMENTWISE_PASSES. They are global (one value for every
 model, accelerator and layout) and were chosen once, together, from a coarse grid
-(0.68 / 0.75 / 0.8 x 1.5 / 2.5 / 3.5) by how many end-to-end rows of the whole published
-table in docs/validation.md land within 10 % (benchmarks/planner_constants.py reruns that
-count on the current table); no row has a constant of its own.
+(0.68 / 0.75 / 0.8 x 1.5 / 2.5 / 3.5) by how many end-to-end rows of the published table in
+docs/validation.md land within 10 %; benchmarks/planner_constants.py prints, for each pair,
+the share of the tuning split (which alone may choose) and of the held-out split (the
+check). No row has a constant of its own.
 `--kernel-efficiency` overrides the first; `--mfu` instead asks for the end-to-end model FLOP
 utilisation of the plan and solves for the kernel efficiency that gives it (solve_for_mfu).
 

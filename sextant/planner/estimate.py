@@ -38,6 +38,7 @@ from sextant.errors import UserError
 from sextant.planner import comms, efficiency, memory
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
 from sextant.planner.models import ModelCost
+from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
 
 RECOMPUTE = ("none", "selective", "full", "op", "alternate")
 """Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022);
@@ -46,8 +47,6 @@ every elementwise op recomputed); alternate (torchtitan's "selective layer" AC w
 default option 2: every second layer fully recomputed). The search tries the first three;
 the last two are taken when pinned (--recompute)."""
 OFFLOAD = ("none", "optimizer", "params")
-CP_METHODS = ("ring", "allgather")
-ZERO3_GATHERS = ("layer", "tensor")
 HOST_OP_SECONDS = 2e-6
 """Host time of one PyTorch call on a tensor ("on the order of 2 us" from Python, PyTorch's
 benchmarks/overrides_benchmark/README.md; a call from C++ that launches a copy is counted at
@@ -126,66 +125,17 @@ class PlanOptions:
     """Nodes under one leaf switch (rail group); None: the whole cluster is non-blocking."""
     host_memory_gb: float | None = None
     """Host RAM per node; a layout whose offloaded bytes per node exceed it does not fit."""
-    balanced_stages: bool = True
-    """Pipeline stages split unevenly so that the last stage's layers plus the output
-    projection match the others (current Megatron-Core, torchtitan, Llama 3); False: every
-    stage holds ceil(L/p) layers (Megatron-LM 2021-22, Megatron-DeepSpeed), the last one the
-    projection on top."""
-    memory_model: str = "zero"
-    """What the framework allocates per parameter (memory.MEMORY_MODELS): 'zero' (the ZeRO
-    paper's 16 bytes), 'megatron' (distributed optimizer, fp32 main gradients), 'deepspeed'
-    (its estimators), 'torch' (fp32 parameters and gradients, FSDP2 / DDP)."""
-    dp_schedule: str = ""
-    """Data-parallel collectives per step (comms.DP_SCHEDULES); '' = the memory model's
-    ('torch' for the torch model, 'zero' otherwise)."""
-    cp_method: str = "ring"
-    """How the context-parallel ranks exchange K and V (CP_METHODS): 'ring' (ring attention,
-    Liu et al. 2023; Megatron-Core's CP: each K/V block travels while the attention of the
-    block before it computes) or 'allgather' (Llama 3 §3.3.2: "we first all-gather the key
-    (K) and value (V) tensors, and then compute attention output for the local query (Q)
-    tensor chunk": only the local block's attention can run during the gather)."""
-    zero3_gather: str = "layer"
-    """What one ZeRO-3 / FSDP collective carries (ZERO3_GATHERS): 'layer' (one all-gather and
-    one reduce-scatter per layer: FSDP's fully_shard per transformer block, DeepSpeed's
-    coalesced module gathers) or 'tensor' (one per parameter tensor of ModelCost.
-    layer_tensors, each paying the ring's latency over every rank and the host time of its
-    lists of one slice per rank, the small tensors kept gathered between steps: DeepSpeed's
-    ZeRO-3 before its coalesced gathers of v0.5.5, November 2021; _per_tensor_zero3)."""
-    dp_bucket_bytes: float | None = None
-    """Bytes per gradient bucket of the data-parallel all-reduce (and of ZeRO-1/2's
-    reduce-scatters and gathers): each bucket is one collective, priced at its own size
-    (comms.ramp_efficiency). None: the memory model's framework default
-    (comms.DP_BUCKET_DEFAULTS: DDP's 25 MiB for 'torch', DeepSpeed's 5e8 elements for
-    'deepspeed', one call over the whole buffer for 'zero' and 'megatron'); 0: one call."""
+    stack: StackProfile = PROFILES[DEFAULT_STACK]
+    """What the training stack does by default (`--stack`, profiles.py): gradient and
+    master-weight dtypes, buckets, collective schedule, ZeRO-3 gathers, stage balancing,
+    context-parallel exchange."""
 
     def __post_init__(self) -> None:
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise UserError(f"precision must be bf16, fp16 or fp32. Received: {self.precision!r}")
-        memory.state_bytes(self.precision, self.optimizer, self.memory_model)
-        if not self.dp_schedule:
-            object.__setattr__(
-                self, "dp_schedule", "torch" if self.memory_model == "torch" else "zero"
-            )
-        if self.dp_bucket_bytes is not None and not (
-            isinstance(self.dp_bucket_bytes, (int, float))
-            and not isinstance(self.dp_bucket_bytes, bool)
-            and self.dp_bucket_bytes >= 0
-        ):
-            raise UserError(f"dp_bucket_bytes must be >= 0. Received: {self.dp_bucket_bytes!r}")
-        if self.cp_method not in CP_METHODS:
-            raise UserError(
-                f"cp_method must be one of {', '.join(CP_METHODS)}. Received: {self.cp_method!r}"
-            )
-        if self.zero3_gather not in ZERO3_GATHERS:
-            raise UserError(
-                f"zero3_gather must be one of {', '.join(ZERO3_GATHERS)}. "
-                f"Received: {self.zero3_gather!r}"
-            )
-        if self.dp_schedule not in comms.DP_SCHEDULES:
-            raise UserError(
-                f"dp_schedule must be one of {', '.join(comms.DP_SCHEDULES)}. "
-                f"Received: {self.dp_schedule!r}"
-            )
+        if not isinstance(self.stack, StackProfile):
+            raise UserError(f"stack must be a StackProfile. Received: {self.stack!r}")
+        memory.state_bytes(self.precision, self.optimizer, self.stack.memory_model)
         if (
             isinstance(self.global_batch, bool)
             or not isinstance(self.global_batch, int)
@@ -588,421 +538,605 @@ def evaluate(
     return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
 
-def _evaluate(
+# --- the step as a sum of terms ------------------------------------------------------------
+# _evaluate builds one LayoutContext for an array of layouts and sums small pure terms over
+# it (optax's `chain`, in spirit): memory, compute, optimizer/offload, TP, CP, EP, PP, bubble
+# and DP. Each term reads the context and returns a small dataclass of arrays.
+
+F = np.float64
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutContext:
+    """What every term reads: the layouts, the job, and the parameters each device holds."""
+
+    cost: ModelCost
+    hw: Hardware
+    opts: PlanOptions
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    zero: np.ndarray
+    rc: np.ndarray
+    off: np.ndarray
+    mbs: np.ndarray
+    v: np.ndarray
+    sp: np.ndarray
+    hs: np.ndarray
+    n: np.ndarray
+    """Devices of each layout (dp x tp x pp x cp)."""
+    m: np.ndarray
+    """Micro-batches per step per pipeline."""
+    tok_dev: np.ndarray
+    """Tokens of one micro-batch on one device (context parallelism splits them)."""
+    fwd_rc: np.ndarray
+    """Forward passes of the layers' GEMMs and collectives recomputed per micro-batch."""
+    gemm_rc: np.ndarray
+    """The same for the matmul FLOPs ('op' recomputes its share of them)."""
+    lps: np.ndarray
+    """Layers on the fullest pipeline stage."""
+    layer_local: np.ndarray
+    """Parameters of one layer on a rank before TP (1/ep of an MoE layer's experts)."""
+    psi_first: np.ndarray
+    psi_last: np.ndarray
+    """Parameters per device on the first and the last pipeline stage."""
+    tp_in: np.ndarray
+    tp_out: np.ndarray
+    dp_in: np.ndarray
+    dp_out: np.ndarray
+    cp_in: np.ndarray
+    """Each group's ranks inside one node and the nodes it spans (tp, then dp x cp, then
+    pp: Megatron-LM's order)."""
+    shard: np.ndarray
+    """Ranks ZeRO shards over: the dp x cp group, or its intra-node part with HSDP."""
+    mem_bw: Any
+    """Memory bandwidth per device (a device's share on a shared node)."""
+
+    @property
+    def g(self) -> float:
+        return float(self.hw.devices_per_node)
+
+    @property
+    def multi(self) -> np.ndarray:
+        return self.pp > 1
+
+    @property
+    def psi_stage(self) -> np.ndarray:
+        return np.maximum(self.psi_first, self.psi_last)
+
+    @property
+    def act_bytes(self) -> float:
+        return 4.0 if self.opts.precision == "fp32" else 2.0
+
+    @property
+    def tokens_step(self) -> float:
+        return float(self.opts.global_batch) * float(self.cost.tokens_per_sample)
+
+
+def layout_context(
     cost: ModelCost, hw: Hardware, opts: PlanOptions, lay: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    f = np.float64
-    dp, tp, pp = lay["dp"].astype(f), lay["tp"].astype(f), lay["pp"].astype(f)
-    zero, rc, off = lay["zero"], lay["rc"], lay["off"]
-    mbs, v = lay["mbs"].astype(f), lay["v"].astype(f)
+) -> LayoutContext:
+    dp, tp, pp = lay["dp"].astype(F), lay["tp"].astype(F), lay["pp"].astype(F)
+    mbs, rc = lay["mbs"].astype(F), lay["rc"]
     sp = lay["sp"] > 0
-    hs = lay["hs"] > 0 if "hs" in lay else np.zeros_like(sp)
-    cp = lay["cp"].astype(f) if "cp" in lay else np.ones_like(dp)
-    ep = lay["ep"].astype(f) if "ep" in lay else np.ones_like(dp)
+    cp = lay["cp"].astype(F) if "cp" in lay else np.ones_like(dp)
+    ep = lay["ep"].astype(F) if "ep" in lay else np.ones_like(dp)
     n = dp * tp * pp * cp
     dpc = dp * cp  # the ranks holding the same (non-expert) parameters
-    acc = hw.accelerator
     g = float(hw.devices_per_node)
-    pb, gb, ob = memory.state_bytes(opts.precision, opts.optimizer, opts.memory_model)
-    grad_wire, param_wire = memory.comm_bytes(opts.precision, opts.memory_model)
-    act_bytes = 4.0 if opts.precision == "fp32" else 2.0
-    act_scale = act_bytes / 2.0
-    batch = float(opts.global_batch)
-    s = float(cost.tokens_per_sample)
-    m = batch / (dp * mbs)  # micro-batches per step per pipeline
-    tok_mb = mbs * s
-    tok_dev = tok_mb / cp  # tokens of one micro-batch on one device (context parallelism)
-    full_rc, sel_rc = rc == 2, rc == 1
-    op_rc, alt_rc = rc == 3, rc == 4
-    # Forward passes of the layers' GEMMs and collectives recomputed per micro-batch: 1 for
-    # full recomputation, 1/2 when every second layer is checkpointed; "op" recomputes its
-    # share of the matmul FLOPs (below) but keeps the collectives' and attention's outputs.
-    fwd_rc = full_rc + 0.5 * alt_rc
+    # 1 forward recomputed with full recomputation, 1/2 when every second layer is
+    # checkpointed; "op" recomputes its share of the matmul FLOPs but keeps the collectives'
+    # and attention's outputs.
+    fwd_rc = (rc == 2) + 0.5 * (rc == 4)
     op_share = cost.op_recompute_flops_per_token / max(cost.full_recompute_flops_per_token, 1.0)
-    gemm_rc = fwd_rc + op_rc * op_share
-    z1, z3 = zero >= 1, zero >= 3
-
-    # --- parameters per device, first and last pipeline stage -------------------------------
     L = float(cost.n_layers)
-    lps = np.ceil(L / pp)  # layers on the fullest stage
+    lps = np.ceil(L / pp)
     # An MoE layer keeps its dense part (attention, router) whole and 1/ep of its experts.
-    dense_layer = cost.layer_params - cost.expert_params
-    layer_local = dense_layer + cost.expert_params / ep
-    layer_dev = lps * layer_local / tp
+    layer_local = cost.layer_params - cost.expert_params + cost.expert_params / ep
     single = (L * layer_local + cost.embed_params + cost.head_params + cost.other_params) / tp
     multi = pp > 1
-    psi_first = np.where(multi, layer_dev + cost.embed_params / tp, single)
-    psi_last = np.where(
-        multi,
-        layer_dev + (cost.head_params + cost.tied_copy_params + cost.other_params) / tp,
-        single,
-    )
-
-    # Ranks are placed tensor-parallel first, then context- and data-parallel, then pipeline
-    # (Megatron-LM's order).
-    tp_in = np.minimum(tp, g)
-    tp_out = np.ceil(tp / g)
-    # The data-parallel reduction group is dp x cp (context-parallel ranks hold the same
-    # parameters: Megatron shards the distributed optimizer over DP x CP).
+    last_extra = cost.head_params + cost.tied_copy_params + cost.other_params
+    # The data-parallel reduction group is dp x cp (Megatron shards the distributed
+    # optimizer over DP x CP).
     dp_in = np.where(tp < g, np.minimum(np.maximum(np.floor(g / tp), 1.0), dpc), 1.0)
-    dp_out = np.ceil(dpc / dp_in)
-    cp_in = np.minimum(cp, np.maximum(np.floor(g / tp), 1.0))
-    # ZeRO shards over the whole data-parallel group, or over its intra-node part with HSDP.
-    shard = np.where(hs, dp_in, dpc)
-
-    # Model-state bytes per parameter after ZeRO sharding and offload (memory.py), so both
-    # stages cost one multiply each.
-    coef = memory.state_coefficients(
-        shard, zero, precision=opts.precision, optimizer=opts.optimizer, offload=off,
-        memory_model=opts.memory_model,
+    acc = hw.accelerator
+    return LayoutContext(
+        cost=cost, hw=hw, opts=opts, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=lay["zero"],
+        rc=rc, off=lay["off"], mbs=mbs, v=lay["v"].astype(F), sp=sp,
+        hs=lay["hs"] > 0 if "hs" in lay else np.zeros_like(sp), n=n,
+        m=float(opts.global_batch) / (dp * mbs),
+        tok_dev=mbs * float(cost.tokens_per_sample) / cp,
+        fwd_rc=fwd_rc, gemm_rc=fwd_rc + (rc == 3) * op_share, lps=lps,
+        layer_local=layer_local,
+        psi_first=np.where(multi, lps * layer_local / tp + cost.embed_params / tp, single),
+        psi_last=np.where(multi, lps * layer_local / tp + last_extra / tp, single),
+        tp_in=np.minimum(tp, g), tp_out=np.ceil(tp / g), dp_in=dp_in,
+        dp_out=np.ceil(dpc / dp_in), cp_in=np.minimum(cp, np.maximum(np.floor(g / tp), 1.0)),
+        shard=np.where(lay["hs"] > 0, dp_in, dpc) if "hs" in lay else dpc,
+        mem_bw=(
+            (acc.memory_bw or np.inf) / np.minimum(n, g)
+            if acc.shared_node
+            else acc.memory_bw or np.inf
+        ),
     )
-    if cost.n_experts:
-        # Expert states are sharded over the dp x cp / ep ranks that hold the same experts;
-        # the per-parameter coefficients are averaged over the dense and expert parts.
-        coef_e = memory.state_coefficients(
-            np.maximum(shard / ep, 1.0), zero, precision=opts.precision,
-            optimizer=opts.optimizer, offload=off, memory_model=opts.memory_model,
-        )
-        psi_e = np.where(multi, lps, L) * cost.expert_params / (ep * tp)
-        share_e = psi_e / np.maximum(psi_first, 1.0)
-        coef = {k: coef[k] * (1.0 - share_e) + coef_e[k] * share_e for k in coef}
-    c_params, c_grads = coef["params"], coef["grads"]
-    c_opt, c_host = coef["optimizer"], coef["host"]
-    c_states = c_params + c_grads + c_opt
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryTerm:
+    memory: np.ndarray
+    capacity: np.ndarray
+    fits: np.ndarray
+    raw: np.ndarray
+    psi_worst: np.ndarray
+    coef: dict[str, np.ndarray]
+    gather: np.ndarray
+    activations: np.ndarray
+    host_per_node: np.ndarray
+
+
+def _state_coefficients(c: LayoutContext) -> dict[str, np.ndarray]:
+    """Model-state bytes per parameter after ZeRO sharding and offload (memory.py); an MoE
+    layer's expert states are sharded over the dp x cp / ep ranks holding the same experts,
+    the coefficients averaged over the dense and expert parts."""
+    opts, cost = c.opts, c.cost
+    kw: dict[str, Any] = {"precision": opts.precision, "optimizer": opts.optimizer,
+                          "offload": c.off, "memory_model": opts.stack.memory_model}
+    coef = memory.state_coefficients(c.shard, c.zero, **kw)
+    if not cost.n_experts:
+        return coef
+    coef_e = memory.state_coefficients(np.maximum(c.shard / c.ep, 1.0), c.zero, **kw)
+    psi_e = np.where(c.multi, c.lps, float(cost.n_layers)) * cost.expert_params / (c.ep * c.tp)
+    share_e = psi_e / np.maximum(c.psi_first, 1.0)
+    return {k: coef[k] * (1.0 - share_e) + coef_e[k] * share_e for k in coef}
+
+
+def _activations(c: LayoutContext) -> tuple[np.ndarray, np.ndarray]:
+    """Activation bytes on the first and last stage (memory.py: Korthikanti et al. 2022
+    Table 2, the 1F1B in-flight count), the loss's logits on the last."""
+    cost, opts, tp = c.cost, c.opts, c.tp
+    act_scale = c.act_bytes / 2.0
+    per_layer = memory.activation_bytes_per_layer(
+        cost, c.tok_dev, tp, c.sp, c.rc, act_scale, fp8_inputs=opts.fp8
+    )
+    full = memory.activation_bytes_per_layer(cost, c.tok_dev, tp, c.sp, 0, act_scale)
+    working = ((c.rc == 2) | (c.rc == 4)) * full  # the layer being recomputed
+    logits = c.tok_dev * cost.logits_bytes_per_token / tp * memory.loss_bytes_factor(
+        opts.stack.memory_model, opts.precision, tp
+    )
+    inflight = memory.pipeline_inflight(c.pp, c.m, c.v)
+    act_first = per_layer * c.lps * inflight + working + np.where(c.multi, 0.0, logits)
+    act_last = np.where(c.multi, per_layer * c.lps + working + logits, act_first)
+    return act_first, act_last
+
+
+def _root_units(c: LayoutContext) -> tuple[np.ndarray, np.ndarray]:
+    """FSDP2's root unit (embedding, final norm, output projection), whole at the backward's
+    start: the first stage holds the embedding, the last the rest, one stage all of it."""
+    cost, tp = c.cost, c.tp
+    kw = {"precision": c.opts.precision, "memory_model": c.opts.stack.memory_model}
+    root_all = (cost.embed_params + cost.head_params + cost.other_params) / tp
+    first = memory.root_unit_bytes(
+        np.where(c.multi, cost.embed_params / tp, root_all), c.zero, **kw
+    )
+    last = memory.root_unit_bytes(
+        np.where(c.multi, (cost.head_params + cost.other_params) / tp, root_all), c.zero, **kw
+    )
+    return first, last
+
+
+def memory_term(c: LayoutContext) -> MemoryTerm:
+    """Bytes per device on the fuller of the first and last pipeline stage."""
+    opts, cost, acc, mm = c.opts, c.cost, c.hw.accelerator, c.opts.stack.memory_model
+    coef = _state_coefficients(c)
+    c_states = coef["params"] + coef["grads"] + coef["optimizer"]
     # Parameters gathered whole for compute (ZeRO-3 / FSDP units) and DDP bucket copies.
     gather = memory.transient_param_bytes(
-        layer_local / tp, lps, zero, precision=opts.precision,
-        memory_model=opts.memory_model, largest_module_params=cost.largest_module_params / tp,
+        c.layer_local / c.tp, c.lps, c.zero, precision=opts.precision, memory_model=mm,
+        largest_module_params=cost.largest_module_params / c.tp,
     )
-
-    # --- activations (memory.py: Korthikanti et al. 2022 Table 2, 1F1B in-flight count) -------
-    per_layer = memory.activation_bytes_per_layer(
-        cost, tok_dev, tp, sp, rc, act_scale, fp8_inputs=opts.fp8
-    )
-    full = memory.activation_bytes_per_layer(cost, tok_dev, tp, sp, 0, act_scale)
-    working = (full_rc | alt_rc) * full  # the layer being recomputed
-    logits = tok_dev * cost.logits_bytes_per_token / tp * memory.loss_bytes_factor(
-        opts.memory_model, opts.precision, tp
-    )
-    inflight = memory.pipeline_inflight(pp, m, v)
-    act_first = per_layer * lps * inflight + working + np.where(multi, 0.0, logits)
-    act_last = np.where(multi, per_layer * lps + working + logits, act_first)
-
-    frag = 1.0 + opts.fragmentation
-    fixed = opts.fixed_overhead_gb * 1e9
-    buffers_first = memory.buffer_bytes(psi_first, zero, memory_model=opts.memory_model)
-    buffers_last = memory.buffer_bytes(psi_last, zero, memory_model=opts.memory_model)
-    # FSDP2's root unit (embedding, final norm, output projection), whole at the backward's
-    # start: the first stage holds the embedding, the last the rest, one stage all of it.
-    root_kw = {"precision": opts.precision, "memory_model": opts.memory_model}
-    root_all = (cost.embed_params + cost.head_params + cost.other_params) / tp
-    root_first = memory.root_unit_bytes(
-        np.where(multi, cost.embed_params / tp, root_all), zero, **root_kw
-    )
-    root_last = memory.root_unit_bytes(
-        np.where(multi, (cost.head_params + cost.other_params) / tp, root_all), zero, **root_kw
-    )
-    raw_first = psi_first * c_states + gather + root_first + buffers_first + act_first
-    raw_last = psi_last * c_states + gather + root_last + buffers_last + act_last
+    act_first, act_last = _activations(c)
+    root_first, root_last = _root_units(c)
+    raw_first = (c.psi_first * c_states + gather + root_first
+                 + memory.buffer_bytes(c.psi_first, c.zero, memory_model=mm) + act_first)
+    raw_last = (c.psi_last * c_states + gather + root_last
+                + memory.buffer_bytes(c.psi_last, c.zero, memory_model=mm) + act_last)
     worst_last = raw_last > raw_first
     raw = np.where(worst_last, raw_last, raw_first)
-    psi_worst = np.where(worst_last, psi_last, psi_first)
-    mem = raw * frag + fixed
-
-    if acc.shared_node:
-        capacity = acc.memory_bytes / np.minimum(n, g)
-        mem_bw = (acc.memory_bw or np.inf) / np.minimum(n, g)
-    else:
-        capacity = np.full_like(n, acc.memory_bytes)
-        mem_bw = acc.memory_bw or np.inf
+    psi_worst = np.where(worst_last, c.psi_last, c.psi_first)
+    mem = raw * (1.0 + opts.fragmentation) + opts.fixed_overhead_gb * 1e9
+    g = np.minimum(c.n, c.g)
+    capacity = acc.memory_bytes / g if acc.shared_node else np.full_like(c.n, acc.memory_bytes)
+    host_per_node = psi_worst * coef["host"] * g
     fits = mem <= capacity
-    host_per_node = psi_worst * c_host * np.minimum(n, g)
     if opts.host_memory_gb is not None:
         fits = fits & (host_per_node <= opts.host_memory_gb * 1e9)
+    return MemoryTerm(
+        memory=mem, capacity=capacity, fits=fits, raw=raw, psi_worst=psi_worst, coef=coef,
+        gather=gather + np.where(worst_last, root_last, root_first),
+        activations=np.where(worst_last, act_last, act_first), host_per_node=host_per_node,
+    )
 
-    # --- compute ---------------------------------------------------------------------------
-    extra = fwd_rc * cost.full_recompute_flops_per_token + np.where(
-        sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
-    ) + op_rc * cost.op_recompute_flops_per_token
+
+@dataclass(frozen=True, slots=True)
+class HostLoad:
+    per_rank: np.ndarray
+    per_node: np.ndarray
+    fits: np.ndarray
+
+
+def host_load_term(c: LayoutContext, offload_per_node: np.ndarray) -> HostLoad:
+    """Host RAM while the model is built: a stack that loads the whole model on every rank
+    (StackProfile.load 'full') holds its fp32 parameters in host memory per rank before
+    moving and sharding them; one that creates each rank's shard on the device holds none.
+    With --host-memory-gb, the larger of this and the offloaded states must fit a node."""
+    params = float(c.cost.total_params) * np.ones_like(c.n)
+    per_rank = 4.0 * params if c.opts.stack.load == "full" else np.zeros_like(c.n)
+    per_node = per_rank * np.minimum(c.n, c.g)
+    ram = c.opts.host_memory_gb
+    fits = (
+        np.ones_like(c.n, dtype=bool)
+        if ram is None
+        else np.maximum(per_node, offload_per_node) <= ram * 1e9
+    )
+    return HostLoad(per_rank=per_rank, per_node=per_node, fits=fits)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeTerm:
+    seconds: np.ndarray
+    flops_bound: np.ndarray
+    memory_ops: np.ndarray
+    weights_bound: np.ndarray
+    hw_flops_per_token: Any
+    peak: Any
+
+
+def _stage_share(c: LayoutContext, layers_t: Any, head_t: Any) -> Any:
+    """The slowest stage's share of the model's time x pp. The last stage holds ceil(L/p)
+    layers and the output projection (Narayanan et al. 2021 §2.2: every stage processes
+    every micro-batch); with balanced stages (Megatron-Core's uneven first/last stage,
+    torchtitan, Llama 3 §3.3.2) it gives up layers so that its layers plus the projection come
+    closest to the others'."""
+    if c.cost.family != "transformer":
+        return 1.0
+    L, pp, lps = float(c.cost.n_layers), c.pp, c.lps
+    layer_t = layers_t / L
+    slowest = lps * layer_t + head_t  # even split: ceil(L/p) layers everywhere
+    if c.opts.stack.balanced_stages:
+        for k in (lps - 1.0, lps - 2.0):  # layers left on the last stage
+            others = np.ceil((L - np.maximum(k, 0.0)) / np.maximum(pp - 1.0, 1.0))
+            cand = np.maximum(others * layer_t, np.maximum(k, 0.0) * layer_t + head_t)
+            slowest = np.minimum(slowest, cand)
+    return np.where(c.multi, slowest * pp / (layers_t + head_t), 1.0)
+
+
+def _memory_ops(c: LayoutContext, full_act: Any) -> Any:
+    """Memory traffic of the GEMM operands and of the elementwise kernels (efficiency.py):
+    the part of the compute that depends on width, tokens per micro-batch and TP degree. On
+    a shared CPU node (cpu-local) the fitted kernel efficiency already holds all of it."""
+    cost, opts, acc = c.cost, c.opts, c.hw.accelerator
+    if acc.shared_node or not acc.memory_bw:
+        return np.zeros_like(c.n)
+    routed = cost.top_k * cost.capacity_factor
+    # FP8 GEMMs read 1-byte operands and write 16-bit results; casting their inputs and
+    # output gradients to FP8 is traffic of its own (efficiency.fp8_quantize_bytes).
+    operands = efficiency.gemm_operand_bytes(
+        cost.gemms, c.tok_dev, c.tp, 1.0 if opts.fp8 else c.act_bytes,
+        experts=cost.n_experts,
+        local_experts=(cost.n_experts / c.ep if cost.n_experts else 1.0), routed=routed,
+        output_bytes=c.act_bytes,
+    )
+    elementwise = efficiency.elementwise_bytes(full_act, c.fwd_rc + (c.rc == 3))
+    if opts.fp8:
+        elementwise = elementwise + efficiency.fp8_quantize_bytes(
+            cost.gemms, c.tok_dev, c.tp, 1.0 + c.gemm_rc, experts=cost.n_experts, routed=routed
+        )
+    # forward, input gradient, weight gradient, recompute
+    t = c.m * c.lps * ((3.0 + c.gemm_rc) * operands + elementwise) / c.mem_bw
+    if opts.fp8:
+        # The layers' weights are cast once per step (at the first micro-batch, then kept).
+        layer_dev = c.lps * c.layer_local / c.tp
+        t = t + layer_dev * efficiency.FP8_QUANTIZE_BYTES / c.mem_bw
+    return t
+
+
+def compute_term(c: LayoutContext) -> ComputeTerm:
+    """GEMM and attention FLOPs at the kernel efficiency over the slowest stage, plus their
+    memory traffic; or the weights' reads (roofline), whichever is longer."""
+    cost, opts, acc = c.cost, c.opts, c.hw.accelerator
+    sel = c.rc == 1
+    flash_or_sel = np.where(
+        sel, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
+    )
+    extra = (c.fwd_rc * cost.full_recompute_flops_per_token + flash_or_sel
+             + (c.rc == 3) * cost.op_recompute_flops_per_token)
     hw_flops_tok = cost.model_flops_per_token + extra + cost.padding_flops_per_token
-    tokens_step = batch * s
     if acc.shared_node:
-        peak = per_device_peak(acc, opts.precision, np.minimum(n, g))
+        peak = per_device_peak(acc, opts.precision, np.minimum(c.n, c.g))
     else:
         peak = acc.peak(opts.precision)
     head_tok = head_flops_per_token(cost)
-    # Seconds per token at full efficiency, a layer's and the output projection's. FP8 GEMMs
-    # (Micikevicius et al. 2022) run the layers' matrix multiplies at the fp8 peak; the
-    # attention core (QK^T, PV and their recomputation) stays at the 16-bit one, and so does
-    # the output projection: neither stack quantizes it (Megatron-Core's output_layer is its
-    # own tensor_parallel.ColumnParallelLinear, outside Transformer Engine; torchtitan
-    # converts every Linear but "output", module_filter_fn in its float8 converter).
-    attn_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0) + np.where(
-        sel_rc, cost.selective_recompute_flops_per_token, cost.flash_recompute_flops_per_token
-    ) if opts.fp8 else 0.0  # only FP8 prices the attention core apart
+    # FP8 GEMMs (Micikevicius et al. 2022) run the layers' matrix multiplies at the fp8 peak;
+    # the attention core (and its recomputation) and the output projection stay at the 16-bit
+    # one: neither stack quantizes the projection (Megatron-Core's output_layer is outside
+    # Transformer Engine; torchtitan's float8 converter skips "output").
+    attn_tok = (
+        cost.attention_flops_per_token * (1.0 + c.fwd_rc / 3.0) + flash_or_sel
+        if opts.fp8 else 0.0
+    )
     layers_t = flop_seconds(hw_flops_tok - head_tok, attn_tok, peak, acc, opts.fp8)
     head_t = head_tok / peak
-    # The pipeline runs at its slowest stage: the last holds ceil(L/p) layers and the output
-    # projection (6 V h FLOPs per token), not the average 1/p of the model (Narayanan et al.
-    # 2021 §2.2: every stage processes every micro-batch).
-    # With `balanced_stages` (Megatron-Core's uneven first/last stage, torchtitan, Llama 3
-    # §3.3.2 "one layer fewer on the first and last stages") the last stage gives up layers
-    # so that its layers plus the projection come closest to the others'.
-    if cost.family == "transformer":
-        layer_t = layers_t / L
-        slowest = lps * layer_t + head_t  # even split: ceil(L/p) layers everywhere
-        if opts.balanced_stages:
-            for k in (lps - 1.0, lps - 2.0):  # layers left on the last stage
-                others = np.ceil((L - np.maximum(k, 0.0)) / np.maximum(pp - 1.0, 1.0))
-                cand = np.maximum(others * layer_t, np.maximum(k, 0.0) * layer_t + head_t)
-                slowest = np.minimum(slowest, cand)
-        stage_share = np.where(multi, slowest * pp / (layers_t + head_t), 1.0)
-    else:
-        stage_share = 1.0
-    t_flops = (tokens_step / opts.compute_efficiency) * stage_share * (layers_t + head_t) / n
+    share = _stage_share(c, layers_t, head_t)
+    t_flops = (c.tokens_step / opts.compute_efficiency) * share * (layers_t + head_t) / c.n
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
     # and twice backward (+1 forward with full recomputation).
-    psi_stage = np.maximum(psi_first, psi_last)
-    t_weights = (m * (3.0 + gemm_rc)) * psi_stage * (pb / mem_bw)
-    # Memory traffic of the GEMM operands and of the elementwise kernels (efficiency.py): the
-    # part of the compute that depends on width, tokens per micro-batch and TP degree. On a
-    # shared CPU node (cpu-local) the fitted kernel efficiency already holds all of it.
-    if acc.shared_node or not acc.memory_bw:
-        t_memops = np.zeros_like(t_flops)
-    else:
-        gemm_passes = 3.0 + gemm_rc  # forward, input gradient, weight gradient, recompute
-        routed = cost.top_k * cost.capacity_factor
-        # FP8 GEMMs read 1-byte operands and write 16-bit results; casting their inputs and
-        # output gradients to FP8 is traffic of its own (efficiency.fp8_quantize_bytes).
-        operands = efficiency.gemm_operand_bytes(
-            cost.gemms, tok_dev, tp, 1.0 if opts.fp8 else act_bytes, experts=cost.n_experts,
-            local_experts=(cost.n_experts / ep if cost.n_experts else 1.0), routed=routed,
-            output_bytes=act_bytes,
-        )
-        elementwise = efficiency.elementwise_bytes(full, fwd_rc + op_rc)
-        if opts.fp8:
-            elementwise = elementwise + efficiency.fp8_quantize_bytes(
-                cost.gemms, tok_dev, tp, 1.0 + gemm_rc, experts=cost.n_experts, routed=routed
-            )
-        t_memops = m * lps * (gemm_passes * operands + elementwise) / mem_bw
-        if opts.fp8:
-            # The layers' weights are cast once per step (at the first micro-batch, then kept).
-            t_memops = t_memops + layer_dev * efficiency.FP8_QUANTIZE_BYTES / mem_bw
-    t_compute = np.maximum(t_flops + t_memops, t_weights)
+    pb = memory.state_bytes(opts.precision, opts.optimizer, opts.stack.memory_model)[0]
+    t_weights = (c.m * (3.0 + c.gemm_rc)) * c.psi_stage * (pb / c.mem_bw)
+    full_act = memory.activation_bytes_per_layer(
+        cost, c.tok_dev, c.tp, c.sp, 0, c.act_bytes / 2.0
+    )
+    t_memops = _memory_ops(c, full_act)
+    return ComputeTerm(
+        seconds=np.maximum(t_flops + t_memops, t_weights), flops_bound=t_flops,
+        memory_ops=t_memops, weights_bound=t_weights, hw_flops_per_token=hw_flops_tok,
+        peak=peak,
+    )
 
-    # Optimizer step on the local shard: memory-bound, ~2 * (param + optimizer) + grad bytes.
-    inv_dp = 1.0 / shard
-    psi_opt = psi_stage * np.where(z1, inv_dp, 1.0)
+
+def optimizer_term(c: LayoutContext) -> np.ndarray:
+    """The optimizer step on the local shard: memory-bound, ~2 (param + optimizer) + grad
+    bytes; with offload, over PCIe and host memory (ZeRO-Offload), and with parameters
+    offloaded (ZeRO-Infinity) their fetch every micro-batch."""
+    opts, hw = c.opts, c.hw
+    pb, gb, ob = memory.state_bytes(opts.precision, opts.optimizer, opts.stack.memory_model)
+    inv_dp = 1.0 / c.shard
+    psi_opt = c.psi_stage * np.where(c.zero >= 1, inv_dp, 1.0)
     opt_traffic = psi_opt * (2.0 * (pb + ob) + gb)
-    host_bw = opts.host_bw_gbs * 1e9
     pcie = hw.host.bandwidth if hw.host is not None else np.inf
     t_offload = (
         psi_opt * ((gb + pb) / pcie)
-        + opt_traffic / host_bw
-        + (off >= 2) * (m * 2.0 * pb / pcie) * psi_stage * inv_dp
+        + opt_traffic / (opts.host_bw_gbs * 1e9)
+        + (c.off >= 2) * (c.m * 2.0 * pb / pcie) * c.psi_stage * inv_dp
     )
-    t_opt = np.where(off >= 1, t_offload, opt_traffic / mem_bw)
+    return np.where(c.off >= 1, t_offload, opt_traffic / c.mem_bw)
 
-    # --- communication -----------------------------------------------------------------------
-    le = opts.link_efficiency
-    # Collectives run at the achievable bus bandwidth of each link (catalogue), not its
-    # nominal rate; pipeline sends (point to point) at the nominal one.
-    # Each link also carries its bandwidth-versus-message-size ramp (comms.ramp_efficiency,
-    # fitted to published sweeps); a network without one uses the intra-node link's.
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """(bandwidth, latency, call latency, ramp) of the intra-node and inter-node links for
+    collectives (the catalogue's achievable bus bandwidth, the network tapered above a leaf
+    switch) and for point-to-point sends (nominal bandwidth)."""
+
+    intra: tuple
+    inter: tuple
+    intra_p2p: tuple
+    inter_p2p: tuple
+
+
+def links(c: LayoutContext) -> Links:
+    hw, opts, le = c.hw, c.opts, c.opts.link_efficiency
+    # Each link carries its bandwidth-versus-message-size ramp (comms.ramp_efficiency, fitted
+    # to published sweeps); a network without one uses the intra-node link's.
     intra_ramp = hw.intra.ramp
     inter_ramp = hw.inter.ramp if hw.inter.ramp is not None else intra_ramp
-    intra = (
-        hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency, intra_ramp
-    )
-    inter = (
-        hw.inter_coll_bw_per_device * le, hw.inter.latency, hw.inter.call_latency, inter_ramp
-    )
+    inter_bw: Any = hw.inter_coll_bw_per_device * le
     if opts.oversubscription > 1 and opts.nodes_per_leaf is not None:
         # A group spanning more nodes than one leaf switch crosses the tapered spine.
-        nodes = np.ceil(n / g)
-        taper = np.where(nodes > opts.nodes_per_leaf, opts.oversubscription, 1.0)
-        inter = (inter[0] / taper, inter[1], inter[2], inter[3])
-    intra_p2p = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency, intra_ramp)
-    inter_p2p = (hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency, inter_ramp)
-
-    m_tp = tok_dev * (cost.hidden * act_bytes)
-    tp_multi = tp > 1
-    ar_tp = np.where(tp_multi, comms.hier_all_reduce(m_tp, tp_in, tp_out, intra, inter), 0.0)
-    t_tp = (m * lps * (4.0 + 2.0 * fwd_rc) * (1.0 - opts.tp_overlap)) * ar_tp
-    if cost.family == "transformer":
-        # The vocabulary-parallel embedding and output layer (Megatron-LM's
-        # VocabParallelEmbedding and vocab_parallel_cross_entropy; Shoeybi et al. 2019 §3,
-        # "we parallelize the input embedding weight matrix along the vocabulary dimension"
-        # and fuse the output GEMM with the cross-entropy loss): per micro-batch
-        #   embedding: its output summed over the TP ranks, one all-reduce of tokens x h
-        #     (with SP a reduce-scatter forward and an all-gather backward: the same volume);
-        #   output layer: its input gradient all-reduced backward (with SP an all-gather
-        #     forward and a reduce-scatter backward), one all-reduce of tokens x h;
-        #   cross-entropy over the split logits: three all-reduces of one fp32 value per
-        #     token (the max logit, the target logit, the sum of exponentials), forward.
-        # Neither layer is recomputed (checkpointing covers the transformer layers). The
-        # embedding is on the first stage, the output layer on the last, the stage the
-        # pipeline waits for (its compute share above); with one stage, both.
-        ar_ce = np.where(
-            tp_multi, comms.hier_all_reduce(tok_dev * 4.0, tp_in, tp_out, intra, inter), 0.0
-        )
-        vocab_ars = np.where(pp > 1, 1.0, 2.0)
-        t_tp = t_tp + m * (vocab_ars * ar_tp + 3.0 * ar_ce) * (1.0 - opts.tp_overlap)
-
-    pp_inter = n > g
-    m_pp = m_m = tok_dev * (cost.hidden * act_bytes) / tp
-    send = np.where(
-        pp_inter,
-        comms.p2p(m_pp, *inter_p2p),
-        comms.p2p(m_m, *intra_p2p),
+        nodes = np.ceil(c.n / c.g)
+        inter_bw = inter_bw / np.where(nodes > opts.nodes_per_leaf, opts.oversubscription, 1.0)
+    return Links(
+        intra=(hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency,
+               intra_ramp),
+        inter=(inter_bw, hw.inter.latency, hw.inter.call_latency, inter_ramp),
+        intra_p2p=(hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency,
+                   intra_ramp),
+        inter_p2p=(hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency,
+                   inter_ramp),
     )
-    t_pp = multi * (2.0 * m * v * send)
 
-    # Context parallelism (ring attention, Liu et al. 2023; Megatron-Core CP): per layer and
-    # micro-batch the K and V blocks go round the cp ranks forward, again backward with the
-    # gradients (dK, dV): 3 passes (+1 with full recomputation) of (cp - 1) steps each,
-    # hidden behind the attention core's compute as far as it lasts.
-    if np.any(cp > 1):
-        # A rank circulates the K/V of its own tensor-parallel share of the heads: the
-        # n_kv_heads split over tp, or one head (replicated) when tp exceeds n_kv_heads.
-        kv_heads_rank = cost.n_kv_heads / np.minimum(tp, cost.n_kv_heads)
-        kv_block = tok_dev * (2.0 * kv_heads_rank * cost.hidden / cost.n_heads) * act_bytes
-        # Each ring step sends one K/V block, at the ramp's efficiency for that message.
-        cp_bw = np.where(
-            cp > cp_in,
-            inter[0] * comms.ramp_efficiency(inter[3], kv_block),
-            intra[0] * comms.ramp_efficiency(intra[3], kv_block),
-        )
-        cp_lat = np.where(cp > cp_in, inter[1], intra[1])
-        ring_pass = (cp - 1.0) * (kv_block / cp_bw + cp_lat)
-        t_cp_all = m * lps * (3.0 + fwd_rc) * ring_pass
-        attn_core_tok = cost.attention_flops_per_token * (1.0 + fwd_rc / 3.0)
-        t_attention = tokens_step * attn_core_tok / (n * opts.compute_efficiency * peak)
-        if opts.cp_method == "allgather":
-            # The same bytes and steps (a ring all-gather of the cp blocks forward, again
-            # backward, and a reduce-scatter of dK, dV), but the attention needs the whole
-            # gather first: only the local block's share (1 / cp) can compute meanwhile.
-            hidden = t_attention / cp
-        else:
-            hidden = t_attention
-        t_cp = np.where(cp > 1, np.maximum(t_cp_all - hidden, 0.0), 0.0)
-    else:
-        t_cp = np.zeros_like(n)
 
-    # Expert parallelism: per MoE layer and micro-batch, dispatch and combine all-to-alls
-    # forward and backward (4; 6 with full recomputation) of the routed tokens, padded to
-    # the capacity (Lepikhin et al. 2020, GShard §2.2); over the ep ranks, inside the node
-    # while they fit in it.
-    if cost.n_experts:
-        routed = tok_dev * cost.top_k * cost.capacity_factor * cost.hidden * act_bytes
-        routed = routed / np.where(sp, tp, 1.0)
-        ep_in = np.minimum(ep, dp_in)
-        # Each rank sends routed / ep bytes to every peer: the ramp's efficiency at that size.
-        chunk = routed / ep
-        a2a_bw = np.where(
-            ep > ep_in,
-            inter[0] * comms.ramp_efficiency(inter[3], chunk),
-            intra[0] * comms.ramp_efficiency(intra[3], chunk),
-        )
-        a2a_lat = np.where(ep > ep_in, inter[1], intra[1])
-        a2a = (ep - 1.0) / ep * routed / a2a_bw + (ep - 1.0) * a2a_lat + intra[2]
-        t_ep = np.where(ep > 1, m * lps * (4.0 + 2.0 * fwd_rc) * a2a, 0.0)
-    else:
-        t_ep = np.zeros_like(n)
-    t_bubble = (pp - 1.0) / (v * m) * (t_compute + t_tp + t_cp + t_ep + t_pp)
+def tp_term(c: LayoutContext, lk: Links) -> np.ndarray:
+    """Tensor parallelism: per layer and micro-batch 4 all-reduces of tokens x h (2 more per
+    recomputed forward); with a transformer, the vocabulary-parallel embedding and output
+    layer (Megatron-LM's VocabParallelEmbedding and vocab_parallel_cross_entropy; Shoeybi
+    et al. 2019 §3): one all-reduce of tokens x h each per micro-batch (the embedding on the
+    first stage, the output layer on the last; both with one stage) and three all-reduces of
+    one fp32 value per token for the cross-entropy over the split logits. Neither layer is
+    recomputed."""
+    cost, opts, m = c.cost, c.opts, c.m
+    tp_multi = c.tp > 1
+    ar_tp = np.where(
+        tp_multi,
+        comms.hier_all_reduce(c.tok_dev * (cost.hidden * c.act_bytes), c.tp_in, c.tp_out,
+                              lk.intra, lk.inter),
+        0.0,
+    )
+    t_tp = (m * c.lps * (4.0 + 2.0 * c.fwd_rc) * (1.0 - opts.tp_overlap)) * ar_tp
+    if cost.family != "transformer":
+        return t_tp
+    ar_ce = np.where(
+        tp_multi,
+        comms.hier_all_reduce(c.tok_dev * 4.0, c.tp_in, c.tp_out, lk.intra, lk.inter),
+        0.0,
+    )
+    vocab_ars = np.where(c.pp > 1, 1.0, 2.0)
+    return t_tp + m * (vocab_ars * ar_tp + 3.0 * ar_ce) * (1.0 - opts.tp_overlap)
 
-    # Data parallelism: the collectives of comms.dp_collectives (one table with the measured
-    # runs' bytes), each over the rank's gradient or parameter payload.
-    counts = comms.dp_collectives(zero, m, opts.dp_schedule)
-    grad_b = psi_stage * grad_wire
+
+def pp_term(c: LayoutContext, lk: Links) -> np.ndarray:
+    """Pipeline sends: one activation and one gradient per micro-batch and model chunk, over
+    the network when the pipeline spans nodes."""
+    msg = c.tok_dev * (c.cost.hidden * c.act_bytes) / c.tp
+    send = np.where(c.n > c.g, comms.p2p(msg, *lk.inter_p2p), comms.p2p(msg, *lk.intra_p2p))
+    return c.multi * (2.0 * c.m * c.v * send)
+
+
+def cp_term(c: LayoutContext, lk: Links, peak: Any) -> np.ndarray:
+    """Context parallelism (ring attention, Liu et al. 2023; Megatron-Core CP): per layer and
+    micro-batch the K and V blocks go round the cp ranks forward, again backward with dK and
+    dV: 3 passes (+1 with full recomputation) of (cp - 1) steps, hidden behind the attention
+    core as far as it lasts; with all-gather CP only the local block's share (1 / cp) of the
+    attention can compute during the gather."""
+    cost, opts, cp = c.cost, c.opts, c.cp
+    if not np.any(cp > 1):
+        return np.zeros_like(c.n)
+    # A rank circulates the K/V of its own tensor-parallel share of the heads: the
+    # n_kv_heads split over tp, or one head (replicated) when tp exceeds n_kv_heads.
+    kv_heads_rank = cost.n_kv_heads / np.minimum(c.tp, cost.n_kv_heads)
+    kv_block = c.tok_dev * (2.0 * kv_heads_rank * cost.hidden / cost.n_heads) * c.act_bytes
+    crosses = cp > c.cp_in
+    cp_bw = np.where(
+        crosses,
+        lk.inter[0] * comms.ramp_efficiency(lk.inter[3], kv_block),
+        lk.intra[0] * comms.ramp_efficiency(lk.intra[3], kv_block),
+    )
+    ring_pass = (cp - 1.0) * (kv_block / cp_bw + np.where(crosses, lk.inter[1], lk.intra[1]))
+    t_all = c.m * c.lps * (3.0 + c.fwd_rc) * ring_pass
+    attn_core_tok = cost.attention_flops_per_token * (1.0 + c.fwd_rc / 3.0)
+    t_attention = c.tokens_step * attn_core_tok / (c.n * opts.compute_efficiency * peak)
+    hidden = t_attention / cp if opts.stack.cp_method == "allgather" else t_attention
+    return np.where(cp > 1, np.maximum(t_all - hidden, 0.0), 0.0)
+
+
+def ep_term(c: LayoutContext, lk: Links) -> np.ndarray:
+    """Expert parallelism: per MoE layer and micro-batch, dispatch and combine all-to-alls
+    forward and backward (4; 6 with full recomputation) of the routed tokens, padded to the
+    capacity (Lepikhin et al. 2020, GShard §2.2), inside the node while the ep ranks fit."""
+    cost, ep = c.cost, c.ep
+    if not cost.n_experts:
+        return np.zeros_like(c.n)
+    routed = c.tok_dev * cost.top_k * cost.capacity_factor * cost.hidden * c.act_bytes
+    routed = routed / np.where(c.sp, c.tp, 1.0)
+    crosses = ep > np.minimum(ep, c.dp_in)
+    chunk = routed / ep  # to every peer, at the ramp's efficiency for that size
+    a2a_bw = np.where(
+        crosses,
+        lk.inter[0] * comms.ramp_efficiency(lk.inter[3], chunk),
+        lk.intra[0] * comms.ramp_efficiency(lk.intra[3], chunk),
+    )
+    a2a_lat = np.where(crosses, lk.inter[1], lk.intra[1])
+    a2a = (ep - 1.0) / ep * routed / a2a_bw + (ep - 1.0) * a2a_lat + lk.intra[2]
+    return np.where(ep > 1, c.m * c.lps * (4.0 + 2.0 * c.fwd_rc) * a2a, 0.0)
+
+
+def bubble_term(c: LayoutContext, per_microbatch_work: np.ndarray) -> np.ndarray:
+    """The pipeline bubble: (p - 1) / (v m) of the step's work per pipeline."""
+    return (c.pp - 1.0) / (c.v * c.m) * per_microbatch_work
+
+
+@dataclass(frozen=True, slots=True)
+class DPTerm:
+    seconds: np.ndarray
+    hidden: np.ndarray
+    exposed: np.ndarray
+
+
+def _dp_collectives(c: LayoutContext, lk: Links) -> np.ndarray:
+    """Seconds of the data-parallel collectives of comms.dp_collectives (one table with the
+    measured runs' bytes), each over the rank's gradient or parameter payload."""
+    opts, stack = c.opts, c.opts.stack
+    grad_wire, param_wire = memory.comm_bytes(opts.precision, stack.memory_model)
+    counts = comms.dp_collectives(c.zero, c.m, stack.dp_schedule)
+    grad_b = c.psi_stage * grad_wire
     # Gradient buckets: one collective per bucket, each at the bandwidth of its own size.
-    bucket = comms.dp_bucket_bytes(opts.memory_model, opts.dp_bucket_bytes, grad_wire)
+    bucket = comms.dp_bucket_bytes(stack.memory_model, stack.dp_bucket_bytes, grad_wire)
     buckets = np.maximum(np.ceil(grad_b / bucket), 1.0) if bucket else np.ones_like(grad_b)
-    ar = buckets * comms.hier_all_reduce(grad_b / buckets, dp_in, dp_out, intra, inter)
-    # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time: the latency is paid per
-    # layer, the bytes are the same (ZeRO §5.3; FSDP's fully_shard per transformer block).
-    units = np.where(z3, lps, buckets)
-    # HSDP: the sharded collectives stay inside the node; each gradient reduction adds an
-    # all-reduce of the rank's 1/dp_in shard across the dp_out replicas (FSDP HYBRID_SHARD).
-    s_in = dp_in
-    s_out = np.where(hs, 1.0, dp_out)
-    rs = units * comms.hier_reduce_scatter(grad_b / units, s_in, s_out, intra, inter)
-    ag = units * comms.hier_all_gather(psi_stage * param_wire / units, s_in, s_out, intra, inter)
-    once = None
-    if opts.zero3_gather == "tensor":
-        # ZeRO-3 rows: one collective per parameter tensor instead (_per_tensor_zero3).
+    ar = buckets * comms.hier_all_reduce(grad_b / buckets, c.dp_in, c.dp_out, lk.intra, lk.inter)
+    # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time (ZeRO §5.3; FSDP's
+    # fully_shard per block). HSDP: the sharded collectives stay inside the node; each
+    # gradient reduction adds an all-reduce of the 1/dp_in shard across the dp_out replicas.
+    z3 = c.zero >= 3
+    units = np.where(z3, c.lps, buckets)
+    s_out = np.where(c.hs, 1.0, c.dp_out)
+    group = (c.dp_in, s_out, lk.intra, lk.inter)
+    rs = units * comms.hier_reduce_scatter(grad_b / units, *group)
+    ag = units * comms.hier_all_gather(c.psi_stage * param_wire / units, *group)
+    once: Any = 0.0
+    if stack.zero3_gather == "tensor":
+        # One collective per parameter tensor instead (_per_tensor_zero3); once a step the
+        # persistent tensors' gather, per recomputed forward the tensors gathered again.
         rs_t, ag_t, again_t, once_t = _per_tensor_zero3(
-            cost, lps, grad_b, psi_stage * param_wire, (s_in, s_out, intra, inter), shard
+            c.cost, c.lps, grad_b, c.psi_stage * param_wire, group, c.shard
         )
         rs, ag = np.where(z3, rs_t, rs), np.where(z3, ag_t, ag)
-        # Once a step: the persistent tensors' gather; per recomputed micro-batch forward,
-        # the tensors its hooks gather again (FSDP2 does not: its pre-backward hook unshards
-        # the block before the recomputation, whose forward hooks then leave it alone).
-        once = np.where(z3, once_t + m * fwd_rc * again_t, 0.0)
+        once = np.where(z3, once_t + c.m * c.fwd_rc * again_t, 0.0)
     replicas = (
-        np.where(hs, comms.all_reduce(grad_b / dp_in, dp_out, *inter), 0.0)
-        if np.any(hs)
-        else 0.0
+        np.where(c.hs, comms.all_reduce(grad_b / c.dp_in, c.dp_out, *lk.inter), 0.0)
+        if np.any(c.hs) else 0.0
     )
-    t_dp = (
-        counts["all_reduce"] * ar
-        + counts["reduce_scatter"] * (rs + replicas)
-        + counts["all_gather"] * ag
-    )
-    if once is not None:
-        t_dp = t_dp + once  # per-tensor ZeRO-3's extra gathers (above)
-    bwd_mb = (2.0 / 3.0) * t_compute / m
-    window = np.select([zero <= 1, zero == 2], [bwd_mb, m * bwd_mb], t_compute)
-    hidden_dp = np.minimum(opts.overlap * t_dp, window)
-    t_dp_exposed = t_dp - hidden_dp
+    return (counts["all_reduce"] * ar + counts["reduce_scatter"] * (rs + replicas)
+            + counts["all_gather"] * ag + once)
 
-    step = t_compute + t_opt + t_tp + t_cp + t_ep + t_pp + t_bubble + t_dp_exposed
-    step_no_overlap = step + hidden_dp
-    tokens_per_s = tokens_step / step
-    nominal = acc.peak(opts.precision)
-    per_peak = tokens_per_s / (n * nominal)
-    mfu = cost.model_flops_per_token * per_peak
-    hfu = hw_flops_tok * per_peak
-    act = np.where(worst_last, act_last, act_first)
 
+def dp_term(c: LayoutContext, lk: Links, t_compute: np.ndarray) -> DPTerm:
+    """Data parallelism, hidden behind the backward as far as `overlap` and the window allow
+    (one micro-batch's backward with ZeRO 0-1, every micro-batch's with ZeRO-2, the whole
+    compute with ZeRO-3)."""
+    t_dp = _dp_collectives(c, lk)
+    bwd_mb = (2.0 / 3.0) * t_compute / c.m
+    window = np.select([c.zero <= 1, c.zero == 2], [bwd_mb, c.m * bwd_mb], t_compute)
+    hidden = np.minimum(c.opts.overlap * t_dp, window)
+    return DPTerm(seconds=t_dp, hidden=hidden, exposed=t_dp - hidden)
+
+
+def _evaluate(
+    cost: ModelCost, hw: Hardware, opts: PlanOptions, lay: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    c = layout_context(cost, hw, opts, lay)
+    lk = links(c)
+    mem = memory_term(c)
+    load = host_load_term(c, mem.host_per_node)
+    comp = compute_term(c)
+    t_opt = optimizer_term(c)
+    t_tp, t_cp, t_ep, t_pp = tp_term(c, lk), cp_term(c, lk, comp.peak), ep_term(c, lk), pp_term(c, lk)
+    t_bubble = bubble_term(c, comp.seconds + t_tp + t_cp + t_ep + t_pp)
+    dp = dp_term(c, lk, comp.seconds)
+    step = comp.seconds + t_opt + t_tp + t_cp + t_ep + t_pp + t_bubble + dp.exposed
+    tokens_per_s = c.tokens_step / step
+    per_peak = tokens_per_s / (c.n * hw.accelerator.peak(opts.precision))
+    psi = mem.psi_worst
     return {
-        "devices": n,
-        "microbatches": m,
-        "fits": fits,
-        "memory": mem,
-        "capacity": capacity,
-        "mem_params": psi_worst * c_params,
-        "mem_grads": psi_worst * c_grads,
-        "mem_optimizer": psi_worst * c_opt,
-        "mem_host": psi_worst * c_host,
-        "host_per_node": host_per_node,
-        "mem_gather": gather + np.where(worst_last, root_last, root_first),
-        "mem_activations": act,
-        "mem_overhead": mem - raw,
-        "params_per_device": psi_stage,
-        "compute": t_compute,
-        "compute_flops_bound": t_flops,
-        "compute_memory_ops": t_memops,
-        "compute_memory_bound": t_weights,
+        "devices": c.n,
+        "microbatches": c.m,
+        "fits": mem.fits & load.fits,
+        "memory": mem.memory,
+        "capacity": mem.capacity,
+        "mem_params": psi * mem.coef["params"],
+        "mem_grads": psi * mem.coef["grads"],
+        "mem_optimizer": psi * mem.coef["optimizer"],
+        "mem_host": psi * mem.coef["host"],
+        "host_per_node": mem.host_per_node,
+        "host_load_per_rank": load.per_rank,
+        "host_load_per_node": load.per_node,
+        "mem_gather": mem.gather,
+        "mem_activations": mem.activations,
+        "mem_overhead": mem.memory - mem.raw,
+        "params_per_device": c.psi_stage,
+        "compute": comp.seconds,
+        "compute_flops_bound": comp.flops_bound,
+        "compute_memory_ops": comp.memory_ops,
+        "compute_memory_bound": comp.weights_bound,
         "optimizer": t_opt,
         "tp_comm": t_tp,
         "cp_comm": t_cp,
         "ep_comm": t_ep,
         "pp_comm": t_pp,
         "bubble": t_bubble,
-        "dp_comm": t_dp,
-        "dp_exposed": t_dp_exposed,
+        "dp_comm": dp.seconds,
+        "dp_exposed": dp.exposed,
         "step": step,
-        "step_no_overlap": step_no_overlap,
+        "step_no_overlap": step + dp.hidden,
         "tokens_per_s": tokens_per_s,
-        "mfu": mfu,
-        "hfu": hfu,
-        "hw_flops_per_token": hw_flops_tok * np.ones_like(n),
-        "tp_inter": tp_out > 1,
-        "dp_inter": dp_out > 1,
-        "pp_inter": pp_inter & multi,
-        "offload": off >= 1,
-        "weights_bound": t_weights > t_flops + t_memops,
+        "mfu": cost.model_flops_per_token * per_peak,
+        "hfu": comp.hw_flops_per_token * per_peak,
+        "hw_flops_per_token": comp.hw_flops_per_token * np.ones_like(c.n),
+        "tp_inter": c.tp_out > 1,
+        "dp_inter": c.dp_out > 1,
+        "pp_inter": (c.n > c.g) & c.multi,
+        "offload": c.off >= 1,
+        "weights_bound": comp.weights_bound > comp.flops_bound + comp.memory_ops,
     }
 
 
@@ -1060,33 +1194,41 @@ def evaluate_one(cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layou
     return Evaluated(layout=layout, figures=figures)
 
 
-def options_for_mfu(
+@dataclass(frozen=True, slots=True)
+class MfuSolution:
+    """The kernel efficiency that makes a layout reach a requested end-to-end MFU, or, when
+    none <= 1 can, the options unchanged and the MFU the layout reaches at most."""
+
+    options: PlanOptions
+    """With the solved kernel efficiency and no target (unreachable: as given)."""
+    reachable: bool
+    ceiling: float
+    """The layout's end-to-end MFU with its kernels at 100 % of peak."""
+
+
+def solve_mfu(
     cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layout, iterations: int = 6
-) -> PlanOptions:
-    """The options with the kernel efficiency that makes `layout` reach opts.target_mfu
-    end to end (unchanged when no target is set). UserError when no efficiency <= 1 can:
-    the rest of the step (communication, bubble, memory-bound kernels) is too long."""
+) -> MfuSolution:
+    """Solve the kernel efficiency for opts.target_mfu on `layout`. Never refuses: when no
+    efficiency <= 1 reaches the target (the rest of the step, communication, bubble and
+    memory-bound work, is too long), the options stay as given and `reachable` is False."""
+    given = replace(opts, target_mfu=None)
+    ceiling = float(evaluate_one(cost, hw, replace(given, compute_efficiency=1.0), layout)
+                    .figures["mfu"])
     if opts.target_mfu is None:
-        return opts
-    current = replace(opts, target_mfu=None)
+        return MfuSolution(options=given, reachable=True, ceiling=ceiling)
+    current = given
     for _ in range(iterations):
         f = evaluate_one(cost, hw, current, layout).figures
         bubble_share = f["bubble"] / max(f["compute"] + f["tp_comm"] + f["pp_comm"], 1e-300)
-        flops_part = f["compute_flops_bound"] * (1.0 + bubble_share)
-        if f["weights_bound"]:
-            flops_part = 0.0
+        flops_part = 0.0 if f["weights_bound"] else f["compute_flops_bound"] * (1 + bubble_share)
         new = efficiency.solve_for_mfu(
             f["mfu"], opts.target_mfu, flops_part / f["step"], current.compute_efficiency
         )
         if not math.isfinite(new) or new > 1.0:
-            raise UserError(
-                f"an end-to-end MFU of {opts.target_mfu:.0%} is out of reach for "
-                f"{layout.label()}: even kernels at 100% of peak leave "
-                f"{1 - flops_part / f['step']:.0%} of the step to communication, bubble and "
-                "memory-bound work; use --kernel-efficiency to set the kernels' rate instead"
-            )
+            return MfuSolution(options=given, reachable=False, ceiling=ceiling)
         current = replace(current, compute_efficiency=float(new))
-    return current
+    return MfuSolution(options=current, reachable=True, ceiling=ceiling)
 
 
 def with_options(opts: PlanOptions, **changes: Any) -> PlanOptions:

@@ -20,7 +20,7 @@ from sextant.planner.estimate import (
     PlanOptions,
     check_layout,
     evaluate_one,
-    options_for_mfu,
+    solve_mfu,
 )
 from sextant.planner.models import MLPShape, TransformerShape
 from sextant.planner.search import knee, scaling_curve, search, starts_below
@@ -115,23 +115,39 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         best = int(np.argmin(result.figures["memory"]))
     layout = result.layout(best)
     check_layout(cost, layout, req.devices, opts.global_batch)
+    mfu_goal = None
     if opts.target_mfu is not None:
         # --mfu: solve the kernel efficiency on the chosen layout, search again with it (the
-        # ranking can change), and solve once more on the new choice.
+        # ranking can change), and solve once more on the new choice. An unreachable target
+        # is answered, not refused: the best layout at the given kernel efficiency, the MFU
+        # it reaches and what limits it.
         target = opts.target_mfu
+        given = replace(opts, target_mfu=None)
+        first = layout  # the best at the given kernel efficiency
         for _ in range(2):
-            opts = options_for_mfu(cost, hw, replace(opts, target_mfu=target), layout)
-            result = search(cost, hw, replace(opts, target_mfu=None), req.devices, fixed=knobs)
+            solved = solve_mfu(cost, hw, replace(given, target_mfu=target), layout)
+            if not solved.reachable:
+                break
+            result = search(cost, hw, solved.options, req.devices, fixed=knobs)
             best = result.best()
             if best is None:
                 best = int(np.argmin(result.figures["memory"]))
             layout = result.layout(best)
-        opts = options_for_mfu(cost, hw, replace(opts, target_mfu=target), layout)
+            given = solved.options
+        solved = solve_mfu(cost, hw, replace(given, target_mfu=target), layout)
+        if not solved.reachable:
+            layout = first
+            solved = solve_mfu(cost, hw, replace(opts, target_mfu=target), layout)
+        opts = solved.options
         req = replace(req, options=replace(opts, target_mfu=target))
+        mfu_goal = {"requested": target, "reachable": solved.reachable,
+                    "ceiling": solved.ceiling}
     ev = evaluate_one(cost, hw, opts, layout).figures
 
     tokens_step = opts.global_batch * cost.tokens_per_sample
-    warnings = _warnings(req, cat, hw, ev, layout)
+    warnings = _warnings(
+        req, cat, hw, ev, layout, 1.0 if mfu_goal is None else mfu_goal["ceiling"]
+    )
     doc: dict[str, Any] = {
         "model": {
             "name": req.shape.name,
@@ -159,11 +175,13 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         "assumptions": {
             "kernel_efficiency": opts.compute_efficiency,
             "target_mfu": req.options.target_mfu,
-            "memory_model": opts.memory_model,
-            "dp_schedule": opts.dp_schedule,
+            "stack": opts.stack.name,
+            "memory_model": opts.stack.memory_model,
+            "dp_schedule": opts.stack.dp_schedule,
             "fp8": opts.fp8,
-            "cp_method": opts.cp_method,
-            "zero3_gather": opts.zero3_gather,
+            "cp_method": opts.stack.cp_method,
+            "zero3_gather": opts.stack.zero3_gather,
+            "balanced_stages": opts.stack.balanced_stages,
             "oversubscription": opts.oversubscription,
             "nodes_per_leaf": opts.nodes_per_leaf,
             "host_memory_gb": opts.host_memory_gb,
@@ -176,6 +194,12 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "optimizer": opts.optimizer,
             "global_batch": opts.global_batch,
             "tokens_per_step": tokens_step,
+        },
+        "mfu_target": None if mfu_goal is None else {
+            **mfu_goal,
+            "reached": ev["mfu"],
+            "limit": _mfu_limit(ev)[0],
+            "limit_share": _mfu_limit(ev)[1],
         },
         "layout": _layout_doc(layout),
         "layout_searched": sorted(set(_PIN_TO_KNOB) - set(req.pinned)),
@@ -191,6 +215,8 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "fits": ev["fits"],
             "host_offload": ev["mem_host"],
             "host_per_node": ev["host_per_node"],
+            "host_load_per_rank": ev["host_load_per_rank"],
+            "host_load_per_node": ev["host_load_per_node"],
         },
         "time": {
             "compute": ev["compute"],
@@ -370,8 +396,20 @@ def _training(
     return out
 
 
+def _mfu_limit(ev: dict[str, Any]) -> tuple[str, float]:
+    """What keeps a layout's MFU down beyond its kernels' rate: the largest part of the step
+    that a faster kernel does not shorten (the largest overhead, or the memory-bound work of
+    the compute: weight reads, GEMM operands and elementwise kernels)."""
+    memory_bound = max(ev["compute_memory_ops"], ev["compute"] - ev["compute_flops_bound"])
+    share = memory_bound / ev["step"]
+    if share > ev["overhead_share"]:
+        return "memory-bound kernels (weight reads, GEMM operands, elementwise traffic)", share
+    return ev["overhead_cause"], ev["overhead_share"]
+
+
 def _warnings(
-    req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any], layout: Layout
+    req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any], layout: Layout,
+    ceiling_mfu: float = 1.0,
 ) -> list[str]:
     out: list[str] = []
     acc = hw.accelerator
@@ -381,22 +419,32 @@ def _warnings(
             f"inter-node bandwidth {hw.inter_bw_per_device * 8 / 1e9:.3g} Gb/s per device is "
             "below 10 Gb/s: data-parallel synchronisation will dominate large models"
         )
-    if not ev["fits"]:
+    ram = req.options.host_memory_gb
+    if not ev["fits"] and ev["memory"] <= ev["capacity"] and ram is not None:
+        out.append(
+            f"does not fit host memory: {ram:,.0f} GB per node (--host-memory-gb), "
+            f"{ev['host_load_per_node'] / 1e9:,.1f} GB to build the model (stack "
+            f"{req.options.stack.name} loads it in fp32 on every rank; a stack that builds "
+            f"each rank's shard on the device needs none) and "
+            f"{ev['host_per_node'] / 1e9:,.1f} GB offloaded (no valid layout fits; shown: "
+            "the smallest)"
+        )
+    elif not ev["fits"]:
         out.append(
             f"does not fit: {ev['memory'] / 1e9:,.1f} GB needed per device, "
             f"{ev['capacity'] / 1e9:,.1f} GB available (no valid layout fits; shown: the "
             "smallest)"
         )
-    if req.options.zero3_gather == "tensor" and layout.zero < 3:
+    if req.options.stack.zero3_gather == "tensor" and layout.zero < 3:
         out.append(
             f"--zero3-gather tensor changes nothing here: the layout uses ZeRO-{layout.zero} "
             "(pin --zero 3 to price per-tensor gathers)"
         )
-    if req.options.memory_model == "torch":
+    if req.options.stack.memory_model == "torch":
         out.append(
-            "--memory-model torch: memory is a lower bound; against torchtitan's published "
-            "peak reserved memory it was 2-6 % low (docs/validation.md, twelfth revision): "
-            "keep that much to spare"
+            "torch's allocation (fp32 parameters and gradients): memory is a lower bound; "
+            "against torchtitan's published peak reserved memory it is 2-6 % low "
+            "(docs/validation.md): keep that much to spare"
         )
     if layout.tp > hw.devices_per_node:
         out.append(
@@ -429,7 +477,15 @@ def _warnings(
             "compute efficiency is relative to it"
         )
     else:
-        if req.options.target_mfu is not None:
+        if req.options.target_mfu is not None and ev["mfu"] < 0.999 * req.options.target_mfu:
+            out.append(
+                f"an end-to-end MFU of {req.options.target_mfu:.0%} (--mfu) is out of reach: "
+                f"the best layout, {layout.label()}, reaches {ev['mfu']:.1%} at kernel "
+                f"efficiency {req.options.compute_efficiency:.2f} and at most "
+                f"{ceiling_mfu:.1%} with kernels at 100% of peak; what limits it: "
+                f"{_mfu_limit(ev)[0]} ({_mfu_limit(ev)[1]:.0%} of the step)"
+            )
+        elif req.options.target_mfu is not None:
             out.append(
                 f"kernel efficiency {req.options.compute_efficiency:.2f} of peak was solved so "
                 f"that this layout reaches the requested end-to-end MFU "

@@ -40,7 +40,8 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         f"[bold]{hw['devices']} x {hw['accelerator']}[/bold] ({hw['nodes']} node(s) of "
         f"{hw['devices_per_node']}; intra {hw['intra_link']}, network {hw['network']}), "
         f"{hw['precision']}{' with FP8 GEMMs' if a.get('fp8') else ''}, "
-        f"memory model {a.get('memory_model', 'zero')}, global batch {a['global_batch']} "
+        f"stack {a.get('stack', 'generic')} (memory model {a.get('memory_model', 'zero')}), "
+        f"global batch {a['global_batch']} "
         f"({a['tokens_per_step']:,} tokens/step)"
     )
     searched = doc.get("layout_searched") or []
@@ -75,6 +76,9 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         t.add_row("offloaded to host memory", f"{mem['host_offload'] / GB:,.2f}", "")
         if mem.get("host_per_node"):
             t.add_row("  host memory per node", f"{mem['host_per_node'] / GB:,.1f}", "")
+    if mem.get("host_load_per_node"):
+        t.add_row("host memory per node at load (fp32 model per rank)",
+                  f"{mem['host_load_per_node'] / GB:,.1f}", "")
     console.print(t)
 
     tm = doc["time"]

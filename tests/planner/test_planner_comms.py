@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from sextant.planner import comms
+from sextant.planner.profiles import PROFILES
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 64, 1024])
@@ -172,7 +175,9 @@ def test_ddp_buckets_cost_more_than_one_call_and_can_be_turned_off():
     lay = Layout(dp=32, tp=1, pp=1, zero=0, mbs=1, recompute="full")
     dp = {}
     for bucket in (None, 0):
-        opts = PlanOptions(global_batch=32, memory_model="torch", dp_bucket_bytes=bucket)
+        opts = PlanOptions(
+            global_batch=32, stack=replace(PROFILES["torchtitan"], dp_bucket_bytes=bucket)
+        )
         hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
         dp[bucket] = float(evaluate_one(shape.cost(), hw, opts, lay).figures["dp_comm"])
     assert dp[None] > dp[0] * 1.05

@@ -11,6 +11,7 @@ from sextant.planner import efficiency
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.models import megatron_gpt
+from sextant.planner.profiles import profile
 
 
 def _compute_efficiency(hidden: int, heads: int, tp: int) -> float:
@@ -61,10 +62,30 @@ def test_kernel_efficiency_keeps_the_old_meaning(capsys):
     assert low["throughput"]["mfu"] < high["throughput"]["mfu"] < 0.6
 
 
-def test_unreachable_mfu_and_both_flags_are_one_line_errors(capsys):
+def test_an_unreachable_mfu_is_answered_not_refused(capsys):
+    # The best layout at the default kernel efficiency, the MFU it reaches, the most it could
+    # reach with kernels at 100 % of peak, and what limits it.
     base = ["plan", "--model", "llama2-13b", "--gpus", "64", "--no-curve"]
-    assert main([*base, "--mfu", "0.99"]) == 2
-    assert "out of reach" in capsys.readouterr().err
+    assert main([*base, "--mfu", "0.99"]) == 0
+    assert "out of reach" in capsys.readouterr().out
+    assert main([*base, "--mfu", "0.99", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    goal = doc["mfu_target"]
+    assert goal["requested"] == 0.99 and goal["reachable"] is False
+    assert goal["reached"] == pytest.approx(doc["throughput"]["mfu"])
+    assert goal["reached"] < goal["ceiling"] < 0.99
+    assert goal["limit"] and 0 < goal["limit_share"] < 1
+    assert doc["assumptions"]["kernel_efficiency"] == pytest.approx(0.75)
+    assert main([*base, "--json"]) == 0
+    assert doc["layout"] == json.loads(capsys.readouterr().out)["layout"]
+    # A reachable target is met on the layout, the record says so.
+    assert main([*base, "--mfu", "0.3", "--json"]) == 0
+    goal = json.loads(capsys.readouterr().out)["mfu_target"]
+    assert goal["reachable"] is True and goal["reached"] == pytest.approx(0.3, rel=1e-3)
+
+
+def test_both_mfu_flags_are_one_line_errors(capsys):
+    base = ["plan", "--model", "llama2-13b", "--gpus", "64", "--no-curve"]
     assert main([*base, "--mfu", "0.4", "--kernel-efficiency", "0.5"]) == 2
     assert "not both" in capsys.readouterr().err
     assert main([*base, "--mfu", "nan"]) == 2
@@ -81,7 +102,7 @@ def test_the_pipeline_runs_at_its_slowest_stage():
     lay = Layout(dp=1, tp=8, pp=12, mbs=1, recompute="full")
     steps = {}
     for balanced in (False, True):
-        opts = PlanOptions(global_batch=96, balanced_stages=balanced)
+        opts = PlanOptions(global_batch=96, stack=profile("generic").with_overrides(balanced_stages=balanced))
         hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
         steps[balanced] = evaluate_one(shape.cost(), hw, opts, lay).figures["compute_flops_bound"]
     # Even split: 6 layers + a projection of ~2 layers on the last stage; balanced: 4 + 2.

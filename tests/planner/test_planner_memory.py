@@ -19,6 +19,7 @@ from sextant.planner.memory import (
     transient_param_bytes,
 )
 from sextant.planner.models import TransformerShape, preset
+from sextant.planner.profiles import profile
 from tests.helpers import load_benchmark
 
 GB = 1e9
@@ -174,7 +175,7 @@ def test_pipeline_first_stage_holds_min_p_m_microbatches():
 
 def _llama3_8b_on_8(memory_model: str, zero: int, figure: str) -> float:
     """One figure of Llama 3 8B on 8 H100 at dp 8, micro-batch 1, full recomputation."""
-    opts = PlanOptions(global_batch=8, memory_model=memory_model)
+    opts = PlanOptions(global_batch=8, stack=profile("generic").with_overrides(memory_model=memory_model))
     hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
     lay = Layout(dp=8, zero=zero, mbs=1, recompute="full")
     return float(evaluate_one(preset("llama3-8b").cost(), hw, opts, lay).figures[figure])
@@ -201,7 +202,9 @@ def test_torch_loss_under_tensor_parallelism_holds_its_shard_four_times():
     assert loss_bytes_factor("megatron", "bf16", 8) == 1.0
     assert list(loss_bytes_factor("torch", "bf16", np.array([1.0, 2.0, 8.0]))) == [3.0, 4.0, 4.0]
     shape = preset("llama3-8b")
-    opts = {m: PlanOptions(global_batch=4, memory_model=m) for m in ("zero", "torch")}
+    opts = {
+        m: PlanOptions(global_batch=4, stack=profile("generic").with_overrides(memory_model=m)) for m in ("zero", "torch")
+    }
     acts = {}
     for model, opt in opts.items():
         hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opt)

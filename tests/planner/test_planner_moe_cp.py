@@ -17,6 +17,7 @@ from sextant.planner.estimate import (
     resolve_hardware,
 )
 from sextant.planner.models import TransformerShape, preset
+from sextant.planner.profiles import PROFILES, profile
 
 
 def _fig(shape, layout, batch, **opts):
@@ -123,12 +124,12 @@ def test_all_gather_context_parallelism_exposes_the_gather_that_a_ring_hides():
     long = TransformerShape(**{**_fields(preset("llama3-8b")), "seq_len": 131072})
     layout = Layout(dp=1, tp=1, cp=16, zero=0, mbs=1, recompute="none")
     ring = _fig(long, layout, 1)
-    gather = _fig(long, layout, 1, cp_method="allgather")
+    gather = _fig(long, layout, 1, stack=PROFILES["llama3-2024"])
     assert ring["cp_comm"] == 0
     assert gather["cp_comm"] > 0
     assert gather["step"] == pytest.approx(ring["step"] + gather["cp_comm"], rel=1e-9)
     with pytest.raises(UserError, match="cp_method must be one of ring, allgather"):
-        PlanOptions(cp_method="alltoall")
+        profile("generic").with_overrides(cp_method="alltoall")
 
 
 def test_cli_cp_method(capsys):

@@ -10,6 +10,7 @@ from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, check_layout, resolve_hardware
 from sextant.planner.models import preset
 from sextant.planner.search import knee, scaling_curve, search, starts_below
+from sextant.planner.profiles import PROFILES
 
 CAT = load_catalogue(calibration=None)
 
@@ -51,7 +52,7 @@ def test_scaling_curve_names_the_slow_network():
 def test_fp8_scaling_efficiency_is_against_the_fp8_ideal():
     # The ideal prices the model's FLOPs as the step does (the layers' GEMMs at the fp8
     # peak): a compute-bound FP8 run does not reach more than all of it.
-    cost, hw, opts = _setup("llama3-8b", "b200", "ib-ndr", fp8=True, memory_model="megatron")
+    cost, hw, opts = _setup("llama3-8b", "b200", "ib-ndr", fp8=True, stack=PROFILES["megatron-core"])
     points = scaling_curve(cost, hw, opts, 8)
     fitting = [p for p in points if p.layout is not None]
     assert fitting and all(0.5 < p.efficiency < 1.0 for p in fitting)

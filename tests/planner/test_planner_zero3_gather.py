@@ -18,12 +18,20 @@ from sextant.planner.estimate import (
     resolve_hardware,
 )
 from sextant.planner.models import MLPShape, megatron_gpt, preset
-from sextant.planner.references import _gpt175
+from sextant.planner.profiles import profile
+
+
+def _gpt175():
+    """Narayanan et al.'s 174.6B GPT, the Table 2 rows' model."""
+    return megatron_gpt(n_layers=96, d_model=12288, n_heads=96, global_batch=1536)
 
 
 def _gpt175_zero3(devices: int, mbs: int, gather: str) -> dict:
-    shape = _gpt175()  # Narayanan et al.'s 174.6B GPT, the Table 2 rows' model
-    opts = PlanOptions(global_batch=1536, flash_attention=False, overlap=0.0, zero3_gather=gather)
+    shape = _gpt175()
+    opts = PlanOptions(
+        global_batch=1536, flash_attention=False, overlap=0.0,
+        stack=profile("generic").with_overrides(zero3_gather=gather),
+    )
     hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
     layout = Layout(dp=devices, zero=3, mbs=mbs, recompute="full")
     return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
@@ -80,7 +88,7 @@ def test_the_per_tensor_cost_grows_with_the_ranks():
 
 def test_zero3_gather_is_validated():
     with pytest.raises(UserError, match="zero3_gather must be one of layer, tensor"):
-        PlanOptions(zero3_gather="param")
+        profile("generic").with_overrides(zero3_gather="param")
 
 
 def test_cli_zero3_gather(capsys):
@@ -129,7 +137,7 @@ def test_a_layout_without_zero3_says_the_gather_mode_changes_nothing(capsys):
 
 def _zero3_dp_comm(shape, recompute: str, gather: str, devices: int = 384) -> float:
     opts = PlanOptions(global_batch=devices, flash_attention=False, overlap=0.0,
-                       zero3_gather=gather)
+                       stack=profile("generic").with_overrides(zero3_gather=gather))
     hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
     layout = Layout(dp=devices, zero=3, mbs=1, recompute=recompute)
     return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures["dp_comm"]

@@ -1,0 +1,224 @@
+"""What a training stack does by default, as one frozen record (`sextant plan --stack NAME`).
+
+PlanOptions holds the user's own knobs (batch, precision, overlap, hardware overrides); a
+StackProfile holds what the stack decides for them: how it allocates gradients and master
+weights, how it buckets and schedules the data-parallel collectives, what one ZeRO-3 gather
+carries, how it splits pipeline stages and how its context parallelism exchanges K and V. Each
+profile is a stack at its current release; a dated variant exists only where a published
+figure needs an older release, and says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sextant.errors import UserError
+from sextant.planner.comms import DP_SCHEDULES
+from sextant.planner.memory import MEMORY_MODELS
+
+CP_METHODS = ("ring", "allgather")
+"""'ring' (ring attention, Liu et al. 2023; Megatron-Core's CP: each K/V block travels while
+the attention of the block before it computes) or 'allgather' (Llama 3 §3.3.2: "we first
+all-gather the key (K) and value (V) tensors, and then compute attention output for the local
+query (Q) tensor chunk": only the local block's attention can run during the gather)."""
+LOADS = ("full", "sharded")
+ZERO3_GATHERS = ("layer", "tensor")
+"""'layer' (one all-gather and one reduce-scatter per layer: FSDP's fully_shard per
+transformer block, DeepSpeed's coalesced module gathers) or 'tensor' (one per parameter tensor
+of ModelCost.layer_tensors, each paying the ring's latency over every rank and the host time
+of its lists of one slice per rank, the small tensors kept gathered between steps: DeepSpeed's
+ZeRO-3 before its coalesced gathers of v0.5.5, November 2021)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class StackProfile:
+    name: str
+    """The name `--stack` takes."""
+    release: str
+    """The release the defaults are read from (and, for a dated variant, why it exists)."""
+    grad_dtype: str
+    """Gradient buffer dtype under mixed precision ('fp16/bf16' = the compute dtype)."""
+    master_dtype: str
+    """Where the fp32 master weights live: 'fp32 optimizer copy' (a separate copy next to the
+    16-bit parameters) or 'fp32 parameters' (the parameters themselves are fp32)."""
+    memory_model: str
+    """The per-parameter accounting these dtypes give (memory.MEMORY_MODELS)."""
+    dp_schedule: str
+    """Data-parallel collectives per step (comms.DP_SCHEDULES)."""
+    dp_bucket_bytes: float | None
+    """Bytes per gradient bucket; None: the stack's own default for its memory model
+    (comms.DP_BUCKET_DEFAULTS); 0: one call over the whole buffer."""
+    zero3_gather: str
+    """What one ZeRO-3 / FSDP collective carries: 'layer' or 'tensor' (ZERO3_GATHERS)."""
+    balanced_stages: bool
+    """Pipeline stages balanced so that the last stage's layers plus the output projection
+    match the others (True), or ceil(L/p) layers a stage with the projection on top."""
+    cp_method: str
+    """How context-parallel ranks exchange K and V: 'ring' or 'allgather' (CP_METHODS)."""
+    load: str
+    """How a rank builds the model before training: 'full' (the whole model in fp32 host
+    memory on every rank, then moved and sharded: a plain nn.Module or from_pretrained) or
+    'sharded' (each rank creates only its own shard on the device: meta-device init, per-
+    partition allocation, sharded jit init); LOADS."""
+
+    def __post_init__(self) -> None:
+        for key, allowed in (
+            ("memory_model", MEMORY_MODELS),
+            ("dp_schedule", DP_SCHEDULES),
+            ("zero3_gather", ZERO3_GATHERS),
+            ("cp_method", CP_METHODS),
+            ("load", LOADS),
+        ):
+            value = getattr(self, key)
+            if value not in allowed:
+                raise UserError(
+                    f"{key} must be one of {', '.join(allowed)}. Received: {value!r}"
+                )
+        bucket = self.dp_bucket_bytes
+        if bucket is not None and (
+            isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0
+        ):
+            raise UserError(f"dp_bucket_bytes must be >= 0. Received: {bucket!r}")
+
+    def with_overrides(self, **changes: object) -> StackProfile:
+        """The profile with some defaults overridden (`--memory-model`, `--zero3-gather`,
+        `--cp-method`, `--stages`); unset (None) overrides keep the profile's."""
+        kept = {k: v for k, v in changes.items() if v is not None}
+        if not kept:
+            return self
+        if "memory_model" in kept and "dp_schedule" not in kept:
+            kept["dp_schedule"] = "torch" if kept["memory_model"] == "torch" else "zero"
+        return replace(self, name=f"{self.name} (overridden)", **kept)  # type: ignore[arg-type]
+
+
+PROFILES: dict[str, StackProfile] = {
+    p.name: p
+    for p in (
+        StackProfile(
+            name="generic",
+            release="the ZeRO paper's accounting (Rajbhandari et al. 2020 §3.1): no stack's "
+            "own defaults",
+            grad_dtype="fp16/bf16",
+            master_dtype="fp32 optimizer copy",
+            memory_model="zero",
+            dp_schedule="zero",
+            dp_bucket_bytes=None,
+            zero3_gather="layer",
+            balanced_stages=True,
+            load="sharded",
+            cp_method="ring",
+        ),
+        StackProfile(
+            name="megatron-core",
+            release="Megatron-Core 0.x (Megatron-Bridge 25.11): distributed optimizer with fp32 "
+            "main gradients (developer guide, Distributed Optimizer), one reduction over the "
+            "contiguous gradient buffer, uneven first/last pipeline stages, ring CP",
+            grad_dtype="fp32",
+            master_dtype="fp32 optimizer copy",
+            memory_model="megatron",
+            dp_schedule="zero",
+            dp_bucket_bytes=None,
+            zero3_gather="layer",
+            balanced_stages=True,
+            load="sharded",
+            cp_method="ring",
+        ),
+        StackProfile(
+            name="deepspeed",
+            release="DeepSpeed >= 0.5.5: its estimators' allocation "
+            "(estimate_zero2/3_model_states_mem_needs), reduce_bucket_size 5e8 elements, "
+            "ZeRO-3 gathers coalesced per module; the model built whole on every rank before "
+            "deepspeed.initialize (zero.Init, which partitions at construction, is opt-in)",
+            grad_dtype="fp16/bf16",
+            master_dtype="fp32 optimizer copy",
+            memory_model="deepspeed",
+            dp_schedule="zero",
+            dp_bucket_bytes=None,
+            zero3_gather="layer",
+            balanced_stages=True,
+            load="full",
+            cp_method="ring",
+        ),
+        StackProfile(
+            name="torchtitan",
+            release="torchtitan with FSDP2 (fully_shard per block, MixedPrecisionPolicy bf16 "
+            "params / fp32 reduce), DDP's 25 MiB buckets, context parallel rotate method "
+            "'allgather' (its JobConfig default)",
+            grad_dtype="fp32",
+            master_dtype="fp32 parameters",
+            memory_model="torch",
+            dp_schedule="torch",
+            dp_bucket_bytes=None,
+            zero3_gather="layer",
+            balanced_stages=True,
+            load="sharded",
+            cp_method="allgather",
+        ),
+        StackProfile(
+            name="maxtext",
+            release="MaxText (base.yml: weight_dtype float32, bf16 compute; FSDP over the "
+            "scanned layers gathered per layer by XLA; all-gather context parallelism)",
+            grad_dtype="fp32",
+            master_dtype="fp32 parameters",
+            memory_model="torch",
+            dp_schedule="zero",
+            dp_bucket_bytes=0,
+            zero3_gather="layer",
+            balanced_stages=True,
+            load="sharded",
+            cp_method="allgather",
+        ),
+        StackProfile(
+            name="megatron-lm-2021",
+            release="dated: Megatron-LM 2021-22 and its Megatron-DeepSpeed fork, for the "
+            "figures of Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG and BLOOM: "
+            "every stage ceil(L/p) layers, the output projection on top of the last",
+            grad_dtype="fp16/bf16",
+            master_dtype="fp32 optimizer copy",
+            memory_model="zero",
+            dp_schedule="zero",
+            dp_bucket_bytes=None,
+            zero3_gather="layer",
+            balanced_stages=False,
+            load="sharded",
+            cp_method="ring",
+        ),
+        StackProfile(
+            name="deepspeed-0.3",
+            release="dated: DeepSpeed v0.3.13 (March 2021), for Narayanan et al. 2021's ZeRO-3 "
+            "rows: one all-gather per parameter tensor, before its coalesced gathers of "
+            "v0.5.5; run under Megatron-LM 2021's even stage split",
+            grad_dtype="fp16/bf16",
+            master_dtype="fp32 optimizer copy",
+            memory_model="zero",
+            dp_schedule="zero",
+            dp_bucket_bytes=None,
+            zero3_gather="tensor",
+            balanced_stages=False,
+            load="full",
+            cp_method="ring",
+        ),
+        StackProfile(
+            name="llama3-2024",
+            release="dated: Meta's Llama 3 training stack, for Llama 3's 131,072-token MFU "
+            "(Table 4), as Llama Team 2024 §3.3.2 describes its context parallelism (\"we first all-gather the key (K) and value (V) "
+            "tensors\"); otherwise generic",
+            grad_dtype="fp16/bf16",
+            master_dtype="fp32 optimizer copy",
+            memory_model="zero",
+            dp_schedule="zero",
+            dp_bucket_bytes=None,
+            zero3_gather="layer",
+            balanced_stages=True,
+            load="sharded",
+            cp_method="allgather",
+        ),
+    )
+}
+DEFAULT_STACK = "generic"
+
+
+def profile(name: str) -> StackProfile:
+    if name not in PROFILES:
+        raise UserError(f"unknown stack {name!r}; allowed: {', '.join(PROFILES)}")
+    return PROFILES[name]
