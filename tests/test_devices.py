@@ -178,3 +178,18 @@ def test_mfu_needs_a_catalogued_device() -> None:
     unknown = mfu(1e12, 0.1, "Tesla T4", "bf16")
     assert unknown["mfu"] is None and "Tesla T4 is not in the planner's catalogue" in unknown[
         "note"]
+
+
+def test_the_report_shows_the_accelerator_figures() -> None:
+    from sextant.report.html import render
+
+    bf16 = _gpu_run("torch", "eager", 0.032, "bf16", precision="bf16")
+    bf16["metrics"].update(mfu=0.37, device_peak_bytes=9 * 2**30, planner_step_s=0.0254,
+                           planner_error=-0.2)
+    fp32 = _gpu_run("torch", "eager", 0.218, "fp32")
+    md = render([bf16, fp32], "md")
+    assert "| torch eager bf16 | NVIDIA H200 | bf16 | 37% | 9,216 | 25.4 (-20.0%) |" in md
+    assert "not ranked (precision fp32 vs bf16)" in md
+    html = render([bf16, fp32], "html")
+    assert "device peak MB" in html and "Not ranked against torch eager bf16" in html
+    assert "device peak MB" not in render([make_run(), make_run("jax", "compiled")], "md")

@@ -133,7 +133,11 @@ def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
         value = _number(run["metrics"], key)
         if value is None:
             continue
-        config = (str(run["workload_hash"]), str(run["parallel"]), int(run["workers"]))
+        metrics = run.get("metrics") or {}
+        # Never a ratio across precisions or devices (sextant.claims.conditions).
+        config = (str(run["workload_hash"]), str(run["parallel"]), int(run["workers"]),
+                  str(metrics.get("effective_precision") or run.get("precision") or "fp32"),
+                  str(metrics.get("device") or "cpu"), str(metrics.get("accelerator") or ""))
         per_fw = configs.setdefault(config, {})
         held = per_fw.get(run["framework"])
         better = held is None or (value > held[0] if best == "max" else value < held[0])

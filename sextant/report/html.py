@@ -308,6 +308,13 @@ def _speed(report: Mapping[str, Any]) -> str:
     table = _table(("run", "workers x thr", "tokens/s (range)", "step ms median (p10-p90)",
                     "n", "speed-up [95% CI]", "achieved", "data wait", "peak RSS MB/worker",
                     "final loss"), rows)
+    from sextant.report.model import ACCELERATOR_COLUMNS, accelerator_rows
+
+    on_device = accelerator_rows(report)
+    if on_device:
+        table += ('<p class="small">On the accelerator: MFU against the planner catalogue\'s '
+                  'dense peak for the device at the run\'s effective precision; the planner\'s '
+                  'predicted step for one device.</p>' + _table(ACCELERATOR_COLUMNS, on_device))
     chart = hbar_chart(
         [{"name": r["label"], "value": r["tokens_per_s"]["median"],
           "low": r["tokens_per_s"]["low"], "high": r["tokens_per_s"]["high"],

@@ -7,7 +7,7 @@ from typing import Any
 
 from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
 from sextant.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
-from sextant.report.model import speedup_cell
+from sextant.report.model import ACCELERATOR_COLUMNS, accelerator_rows, speedup_cell
 
 
 def md(text: Any) -> str:
@@ -110,6 +110,11 @@ def markdown_from_report(report: Mapping[str, Any]) -> str:
          f"{r['final_loss']:.4f}" if r["final_loss"] is not None else "-")
         for r in report["runs"]])
     lines.append("")
+    on_device = accelerator_rows(report)
+    if on_device:
+        lines += ["On the accelerator:", ""]
+        lines += _table(ACCELERATOR_COLUMNS, on_device)
+        lines.append("")
 
     lines += ["## Scaling with workers", ""]
     sc = report["scaling"]

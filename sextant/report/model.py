@@ -439,6 +439,8 @@ def speedup_cell(row: Mapping[str, Any]) -> str:
     """'1.19x [1.05-1.33]', 'ref', '-', with the trial count and disturbed trials."""
     if row["index"] == 0:
         text = "ref"
+    elif row.get("not_ranked"):
+        text = f"not ranked ({row['not_ranked']})"
     elif row.get("speedup_vs_reference") is None:
         text = "-"
     else:
@@ -617,6 +619,29 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
 
 
 MODEL_PARALLEL = ("tp", "tp-manual", "pp")
+
+
+def accelerator_rows(report: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """(run, device, precision, MFU, device MB, planner step (error)) for the runs on an
+    accelerator; [] when none was."""
+    from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
+
+    out: list[tuple[Any, ...]] = []
+    for r in report["runs"]:
+        if r.get("device") != "gpu":
+            continue
+        error = r.get("planner_error")
+        out.append((r["label"], str(r.get("accelerator") or "GPU"),
+                    str(r.get("effective_precision")),
+                    fmt_share(r.get("mfu")) if r.get("mfu") is not None else "-",
+                    fmt_bytes_mb(r.get("device_peak_bytes")),
+                    f"{fmt_ms(r.get('planner_step_s'))} ({error:+.1%})" if error is not None
+                    else "-"))
+    return out
+
+
+ACCELERATOR_COLUMNS = ("run", "device", "precision", "MFU", "device peak MB",
+                       "planner step ms (error)")
 
 
 def layout_comm_bytes(rank: Mapping[str, Any]) -> float | None:
