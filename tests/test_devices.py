@@ -193,3 +193,18 @@ def test_the_report_shows_the_accelerator_figures() -> None:
     html = render([bf16, fp32], "html")
     assert "device peak MB" in html and "Not ranked against torch eager bf16" in html
     assert "device peak MB" not in render([make_run(), make_run("jax", "compiled")], "md")
+
+
+def test_slurm_asks_for_one_gpu_per_task(capsys: pytest.CaptureFixture[str]) -> None:
+    from sextant.cli import main
+
+    # The submitting host (this one) has no GPU; the nodes do: --device gpu is taken as asked.
+    assert main(["run", "--launcher", "slurm", "--framework", "torch", "--parallel", "dp",
+                 "--workers", "2", "--tasks-per-node", "2", "--device", "gpu",
+                 "--dry-run"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --gpus-per-node=2" in script and "--device gpu" in script
+    assert main(["run", "--launcher", "slurm", "--framework", "torch", "--parallel", "dp",
+                 "--workers", "2", "--dry-run"]) == 0
+    script = capsys.readouterr().out
+    assert "--gpus-per-node" not in script and "--device cpu" in script

@@ -107,7 +107,11 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
-    return {"precision": args.precision, "device": resolve_device(args.device, detect()),
+    # Under Slurm the ranks run on the cluster's nodes, not here: --device gpu is taken as
+    # asked (the nodes check it); auto still looks at this host.
+    remote = getattr(args, "launcher", "local") == "slurm" and args.device == "gpu"
+    device = "gpu" if remote else resolve_device(args.device, detect())
+    return {"precision": args.precision, "device": device,
             "grad_accum": args.grad_accum,
             "compress": args.compress, "checkpoint_every": args.checkpoint_every,
             "activation_checkpointing": args.activation_checkpointing,

@@ -48,6 +48,9 @@ class Job:
     python: str = sys.executable
     """The interpreter every task runs `sextant join` with: this one, or the framework's
     environment (sextant.envs), which holds sextant too."""
+    gpus_per_node: int = 0
+    """GPUs requested per node: one per task on GPU runs (each task then keeps its local
+    rank's, sextant.devices.pin_rank), none on CPU runs."""
 
     @property
     def tasks(self) -> int:
@@ -68,7 +71,8 @@ class Job:
                 f"--tasks-per-node ({args.tasks_per_node}) must equal {world}")
         return cls(nodes=nodes, tasks_per_node=per_node, partition=args.partition,
                    time_limit_s=args.timeout, join_args=tuple(join_args(args, strategy)),
-                   label=strategy.label, python=python_for(strategy.framework))
+                   label=strategy.label, python=python_for(strategy.framework),
+                   gpus_per_node=per_node if strategy.device == "gpu" else 0)
 
 
 def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
@@ -76,6 +80,7 @@ def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
     out = ["--workload", str(args.workload), "--framework", strategy.framework,
            "--mode", strategy.mode, "--parallel", strategy.parallel,
            "--workers", str(strategy.workers), "--precision", strategy.precision,
+           "--device", strategy.device,
            "--grad-accum", str(strategy.grad_accum), "--compress", strategy.compress,
            "--collective-timeout", f"{args.collective_timeout:g}",
            "--timeout", f"{args.timeout:g}"]
@@ -112,6 +117,8 @@ def batch_script(job: Job) -> str:
                   f"--output={OUTPUT.format(job_id='%j')}"]
     if job.partition:
         directives.append(f"--partition={job.partition}")
+    if job.gpus_per_node:
+        directives.append(f"--gpus-per-node={job.gpus_per_node}")
     join = shlex.join([job.python, "-m", "sextant.cli", "join", *job.join_args])
     return "\n".join([
         "#!/bin/bash",
