@@ -203,12 +203,16 @@ def _numerics(ctx: WorkerContext, device: Any) -> tuple[Any, str]:
         return Numerics(compute=compute), f"xla (cuDNN attention needs a GPU; this is {device.platform})"
     if compute == jnp.float32:
         return Numerics(compute=compute), "xla (cuDNN attention needs bf16 or fp16)"
-    heads = spec.n_heads
-    shape = (1, spec.seq_len, heads, spec.d_model // heads)
+    head_dim = spec.d_model // spec.n_heads
+    kv_heads = getattr(spec, "n_kv_heads", spec.n_heads)  # Llama's grouped-query attention
     try:
-        q = jnp.zeros(shape, compute)
-        jax.block_until_ready(jax.jit(lambda a: jax.nn.dot_product_attention(
-            a, a, a, is_causal=True, implementation="cudnn"))(q))
+        q = jnp.zeros((1, spec.seq_len, spec.n_heads, head_dim), compute)
+        kv = jnp.zeros((1, spec.seq_len, kv_heads, head_dim), compute)
+        def probe(a: jax.Array, b: jax.Array) -> jax.Array:  # forward and backward
+            return jax.nn.dot_product_attention(a, b, b, is_causal=True,
+                                                implementation="cudnn").astype(jnp.float32).sum()
+
+        jax.block_until_ready(jax.jit(jax.grad(probe, argnums=(0, 1)))(q, kv))
     except Exception as exc:  # noqa: BLE001 - any refusal of cuDNN's kernel: XLA's, named
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         return Numerics(compute=compute), f"xla (cuDNN attention refused: {first})"
