@@ -126,7 +126,10 @@ class Tokenizer:
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    raise UserError(f"a vocabulary of {vocab_size} tokens does not fit 32-bit token ids")
 
 
 def data_digest(files: list[Path], tokenizer: Tokenizer, text_field: str) -> str:
