@@ -112,7 +112,6 @@ def _check_fields(path: Path, config: dict[str, Any], mapped: set[str]) -> list[
 
 
 def _llama(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str], int]:
-    model_type = config.get("model_type")
     dropped = _check_fields(path, config, _LLAMA_MAPPED)
     if config.get("hidden_act", "silu") != "silu":
         raise _refuse(path, "hidden_act", config["hidden_act"],
