@@ -259,3 +259,39 @@ def test_bundled_workloads_keep_their_identity() -> None:
     w = resolve_workload("llama-tiny")
     assert w.to_dict()["data"] == {"dataset": "python-reference"}
     assert dataclasses.replace(w.data).files == ()
+
+
+def test_the_pipeline_probe_times_the_reader(parquet_corpus: Path) -> None:
+    from sextant.data.probe import pipeline_throughput
+
+    w = resolve_workload(parquet_corpus)
+    fast = pipeline_throughput(w, 2, batches=10)
+    slow = pipeline_throughput(w, 2, batches=10, fault="slow-reader-20")
+    assert fast["tokens_per_batch"] == slow["tokens_per_batch"] == 4 * 32
+    assert slow["seconds_per_batch"] >= 0.020
+    assert fast["tokens_per_s"] > 2 * slow["tokens_per_s"]
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [None, "slow-reader-40"])
+def test_loader_check_fires_on_a_slow_reader_only(parquet_corpus: Path, tmp_path: Path,
+                                                  fault: str | None) -> None:
+    """`sextant check`'s loader check on a real dp x2 run over Parquet files: quiet with the
+    memory-mapped reader, a bottleneck (with the figures) when every read takes 40 ms."""
+    from sextant.checks import PASS, WARN
+    from sextant.checks.suite import CheckOptions, run_checks
+
+    result, = run_checks(CheckOptions(
+        workload=resolve_workload(parquet_corpus), framework="torch", workers=2, threads=1,
+        steps=8, only=("loader",), runs_dir=tmp_path / "runs",
+        extra_env={"SEXTANT_TEST_FAULT": fault} if fault else {}))
+    pipeline = result.details["pipeline"]
+    if fault is None:
+        assert result.status == PASS, result.summary
+        assert pipeline["tokens_per_s"] > pipeline["needed_tokens_per_s"]
+    else:
+        assert result.status == WARN, result.summary
+        assert pipeline["tokens_per_s"] < pipeline["needed_tokens_per_s"]
+        assert "the reader alone delivers" in result.summary
+        assert result.summary.startswith("data loader bottleneck")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import time
 from pathlib import Path
 
 import numpy as np
@@ -146,8 +147,9 @@ def local_batch(workload: Workload, step: int, rank: int, world: int,
                 fault: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """This rank's shard of global batch `step`.
 
-    Test hook: SEXTANT_TEST_FAULT=skew-rank-R gives rank R twice its share (its slice
-    repeated), the data skew a badly balanced loader produces."""
+    Test hooks (SEXTANT_TEST_FAULT): skew-rank-R gives rank R twice its share (its slice
+    repeated), the data skew a badly balanced loader produces; slow-reader[-MS] makes every
+    read MS ms (default 30) slower, a pipeline that cannot keep up (sextant.data.probe)."""
     if workload.data.files:  # only this rank's rows leave the memory map
         from sextant.data import files
 
@@ -161,4 +163,15 @@ def local_batch(workload: Workload, step: int, rank: int, world: int,
         x, y = shard(x, rank, world), shard(y, rank, world)
     if fault and f"skew-rank-{rank}" in fault.split(","):
         x, y = np.concatenate([x, x]), np.concatenate([y, y])
+    if fault and "slow-reader" in fault:
+        time.sleep(slow_reader_s(fault))
     return x, y
+
+
+def slow_reader_s(fault: str) -> float:
+    """The delay of the slow-reader[-MS] test hook, in seconds (0 without it)."""
+    for item in fault.split(","):
+        parts = item.strip().split("-")
+        if item.strip().startswith("slow-reader"):
+            return (int(parts[2]) if len(parts) > 2 else 30) / 1e3
+    return 0.0
