@@ -295,3 +295,35 @@ def test_loader_check_fires_on_a_slow_reader_only(parquet_corpus: Path, tmp_path
         assert pipeline["tokens_per_s"] < pipeline["needed_tokens_per_s"]
         assert "the reader alone delivers" in result.summary
         assert result.summary.startswith("data loader bottleneck")
+
+
+def test_unchanged_files_are_not_read_again(parquet_corpus: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    w = resolve_workload(parquet_corpus)
+    files._cached_hash.cache_clear()  # a new process: only the cache's hash index is left
+    read: list[Path] = []
+    real = files._file_hash
+    monkeypatch.setattr(files, "_file_hash", lambda p: read.append(p) or real(p))
+    assert resolve_workload(parquet_corpus).data.digest == w.data.digest
+    assert read == []
+    a = parquet_corpus.parent / "corpus" / "a.parquet"
+    a.write_bytes(a.read_bytes())  # same content, a new modification time: read again
+    files._cached_hash.cache_clear()
+    assert resolve_workload(parquet_corpus).data.digest == w.data.digest
+    assert read == [a.resolve()]
+
+
+def test_a_worker_without_the_token_file_makes_it_or_refuses_other_files(
+        parquet_corpus: Path, token_cache: Path) -> None:
+    w = resolve_workload(parquet_corpus)
+    good = np.array(files.tokens(w))
+    for made in token_cache.glob(f"{w.data.digest}.*"):  # another host's empty cache
+        made.unlink()
+    files._memmap.cache_clear()
+    assert np.array_equal(np.array(files.tokens(w)), good)
+    for made in token_cache.glob(f"{w.data.digest}.*"):
+        made.unlink()
+    files._memmap.cache_clear()
+    write_parquet(parquet_corpus.parent / "corpus" / "a.parquet", ["other text " * 40])
+    with pytest.raises(UserError, match=r"not the ones the workload was loaded with"):
+        files.tokens(w)

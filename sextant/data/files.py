@@ -83,7 +83,31 @@ def _file_hash(path: Path) -> str:
 @functools.cache
 def _cached_hash(path: str, size: int, mtime_ns: int) -> str:
     """One process hashes an unchanged file once (a changed file has a new size or mtime)."""
-    return _file_hash(Path(path))
+    known = _hash_index().get(path)
+    if known is not None and known[:2] == [size, mtime_ns]:
+        return str(known[2])
+    digest = _file_hash(Path(path))
+    _remember_hash(path, size, mtime_ns, digest)
+    return digest
+
+
+def _hash_index() -> dict[str, list[Any]]:
+    """The content hashes of files seen before, by path, with the size and modification time
+    they had: a large unchanged corpus is not read again by every command."""
+    try:
+        index = json.loads((cache_dir() / "hashes.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
+def _remember_hash(path: str, size: int, mtime_ns: int, digest: str) -> None:
+    index = _hash_index()
+    index[path] = [size, mtime_ns, digest]
+    try:
+        atomic_write_text(cache_dir() / "hashes.json", json.dumps(index) + "\n")
+    except UserError:
+        pass  # a cache that cannot be written only costs a re-read next time
 
 
 def content_hash(path: Path) -> str:
@@ -116,7 +140,7 @@ class Tokenizer:
             raise UserError(f"data.tokenizer {path} is not a tokenizers tokenizer.json: "
                             f"{first}") from None
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
-        self.identity = "tokenizer.json:" + _file_hash(path)
+        self.identity = "tokenizer.json:" + content_hash(path.resolve())
 
     def encode(self, docs: list[str]) -> list[np.ndarray]:
         if self._tok is None:
@@ -319,16 +343,22 @@ def with_tokens(workload: Workload) -> Workload:
 def _memmap(digest: str) -> np.memmap:
     found = _read_description(digest)
     if found is None:
-        raise UserError(f"the token file {cache_dir() / digest}.bin is missing or incomplete: "
-                        "resolve the workload again (its data files may have changed)")
+        raise UserError(f"the token file {cache_dir() / digest}.bin is missing or incomplete")
     return np.memmap(found.path, dtype=found.dtype, mode="r", shape=(found.tokens,))
 
 
 def tokens(workload: Workload) -> np.memmap:
-    """The workload's token file, memory-mapped (read-only; pages load as windows are read)."""
+    """The workload's token file, memory-mapped (read-only; pages load as windows are read).
+    A process that does not find it (another host's cache) makes it from the files, and
+    refuses files that are not the ones the workload was resolved with."""
     digest = workload.data.digest
-    if not digest:
-        digest = with_tokens(workload).data.digest
+    if not digest or _read_description(digest) is None:
+        made = with_tokens(workload).data.digest
+        if digest and made != digest:
+            raise UserError(f"the data files here are not the ones the workload was loaded "
+                            f"with (digest {made}, expected {digest}): give every host the "
+                            f"same files")
+        digest = made
     return _memmap(digest)
 
 
