@@ -202,6 +202,9 @@ class DataSpec:
         if not (isinstance(self.tokenizer, str) and self.tokenizer):
             raise UserError("data.tokenizer must be 'bytes' or the path of a tokenizer.json. "
                             f"Received: {_short(self.tokenizer)}")
+        if not (isinstance(self.digest, str) and all(c in "0123456789abcdef"
+                                                      for c in self.digest)):
+            raise UserError(f"data.digest must be a hex digest. Received: {_short(self.digest)}")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -315,7 +318,7 @@ class Workload:
         if isinstance(self.model, MLPSpec):
             out["model"]["hidden"] = list(self.model.hidden)
         out["data"]["files"] = list(self.data.files)
-        if not self.data.files:  # a bundled dataset: the same dict (and hash) as before
+        if not self.data.files:  # a bundled dataset is named by its name alone
             out["data"] = {"dataset": self.data.dataset}
         return out
 
