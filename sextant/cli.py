@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "sextant.commands.check",
     "sextant.commands.cluster",
     "sextant.commands.join",
+    "sextant.commands.workload",
 )
 
 

@@ -34,6 +34,10 @@ MAX_GLOBAL_BATCH = 1 << 20
 MAX_WIDTH = 1 << 16
 """Any layer width, d_model, d_ff or seq_len."""
 MAX_LAYERS = 1024
+MAX_VOCAB = 1 << 22
+"""Any vocabulary (the largest published ones hold about 256K tokens)."""
+DATA_SUFFIXES = (".parquet", ".jsonl", ".txt")
+"""The kinds of file `data.files` may name."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -67,7 +71,8 @@ class GPTSpec:
 
     family: str = "gpt"
     vocab_size: int = 256
-    """Byte-level: 256."""
+    """Token ids the model embeds; at least the data's vocabulary (256 for the byte-level
+    bundled corpus, the tokenizer's for your own files)."""
     seq_len: int = 64
     """Tokens per sequence (the context length)."""
     d_model: int = 64
@@ -80,7 +85,7 @@ class GPTSpec:
     """Hidden width of each block's MLP."""
 
     def __post_init__(self) -> None:
-        _check_decoder(self, ("vocab_size", "seq_len", "d_model", "n_heads", "d_ff"))
+        _check_decoder(self, ("seq_len", "d_model", "n_heads", "d_ff"))
 
     @property
     def head_dim(self) -> int:
@@ -88,15 +93,12 @@ class GPTSpec:
 
 
 def _check_decoder(spec: GPTSpec | LlamaSpec, widths: tuple[str, ...]) -> None:
-    """What every byte-level decoder shares: positive widths, 256 bytes, whole heads."""
+    """What every decoder shares: positive widths, whole heads. (Whether the vocabulary
+    covers the data's is the workload's check: it depends on the data.)"""
     for name in widths:
         _positive_int(f"model.{name}", getattr(spec, name), MAX_WIDTH)
+    _positive_int("model.vocab_size", spec.vocab_size, MAX_VOCAB)
     _positive_int("model.n_layers", spec.n_layers, MAX_LAYERS)
-    if spec.vocab_size != 256:
-        raise UserError(
-            "model.vocab_size must be 256: the text data is byte-level. "
-            f"Received: {spec.vocab_size}"
-        )
     if spec.d_model % spec.n_heads:
         raise UserError(
             "model.n_heads must divide model.d_model. "
@@ -111,7 +113,7 @@ class LlamaSpec:
 
     family: str = "llama"
     vocab_size: int = 256
-    """Byte-level: 256."""
+    """Token ids the model embeds; at least the data's vocabulary."""
     seq_len: int = 64
     """Tokens per sequence (the context length)."""
     d_model: int = 64
@@ -133,8 +135,7 @@ class LlamaSpec:
     """RMSNorm's epsilon, inside the root."""
 
     def __post_init__(self) -> None:
-        _check_decoder(self, ("vocab_size", "seq_len", "d_model", "n_heads", "n_kv_heads",
-                              "d_ff"))
+        _check_decoder(self, ("seq_len", "d_model", "n_heads", "n_kv_heads", "d_ff"))
         if (self.d_model // self.n_heads) % 2:
             raise UserError(
                 "model.d_model / model.n_heads (the head width) must be even: rotary "
@@ -165,11 +166,45 @@ TransformerSpec = GPTSpec | LlamaSpec
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DataSpec:
-    """Where batches come from. Global batch i is a pure function of (seed, i)."""
+    """Where batches come from: a bundled dataset, or your own text files. Global batch i is
+    a pure function of (data, seed, i)."""
 
-    dataset: str
+    dataset: str = ""
     """'digits' (8x8 handwritten digits, 1,797 samples) for mlp; 'python-reference' (the
-    Python language reference, byte-level) for gpt."""
+    Python language reference, byte-level) for gpt and llama. Empty when `files` is set."""
+    files: tuple[str, ...] = ()
+    """Your own text (gpt and llama): glob patterns of *.parquet, *.jsonl or *.txt files,
+    relative to the workload file. Tokenized once into a cached memory-mapped token file
+    (sextant.data.files)."""
+    text_field: str = "text"
+    """The column (Parquet) or key (JSON Lines) that holds each document's text."""
+    tokenizer: str = "bytes"
+    """'bytes' (byte-level, vocabulary 256) or the path of a `tokenizers` tokenizer.json."""
+    digest: str = ""
+    """The content hash of the files and the tokenizer: what names the token file. Filled in
+    when the workload is resolved, so a changed file makes a different workload."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.files, tuple) or not all(
+                isinstance(f, str) and f for f in self.files):
+            raise UserError("data.files must be a list of file patterns. "
+                            f"Received: {_short(self.files)}")
+        if bool(self.dataset) == bool(self.files):
+            raise UserError("[data] takes either dataset (a bundled one) or files (your own). "
+                            f"Received: dataset={self.dataset!r}, files={list(self.files)}")
+        for pattern in self.files:
+            if not pattern.endswith(DATA_SUFFIXES):
+                raise UserError(f"data.files patterns must end in one of {list(DATA_SUFFIXES)}. "
+                                f"Received: {pattern!r}")
+        if not (isinstance(self.text_field, str) and self.text_field):
+            raise UserError("data.text_field must be a non-empty string. "
+                            f"Received: {_short(self.text_field)}")
+        if not (isinstance(self.tokenizer, str) and self.tokenizer):
+            raise UserError("data.tokenizer must be 'bytes' or the path of a tokenizer.json. "
+                            f"Received: {_short(self.tokenizer)}")
+        if not (isinstance(self.digest, str) and all(c in "0123456789abcdef"
+                                                      for c in self.digest)):
+            raise UserError(f"data.digest must be a hex digest. Received: {_short(self.digest)}")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -264,7 +299,10 @@ class Workload:
                 f"Received: steps={self.steps}, measure.warmup_steps={self.measure.warmup_steps}"
             )
         allowed = DATASETS[self.model.family]
-        if self.data.dataset not in allowed:
+        if self.data.files and isinstance(self.model, MLPSpec):
+            raise UserError("data.files (text) is for the gpt and llama families; an mlp "
+                            f"model reads {list(allowed)}")
+        if not self.data.files and self.data.dataset not in allowed:
             raise UserError(
                 f"data.dataset for a {self.model.family} model must be one of {list(allowed)}. "
                 f"Received: {self.data.dataset!r}"
@@ -279,6 +317,9 @@ class Workload:
         out = dataclasses.asdict(self)
         if isinstance(self.model, MLPSpec):
             out["model"]["hidden"] = list(self.model.hidden)
+        out["data"]["files"] = list(self.data.files)
+        if not self.data.files:  # a bundled dataset is named by its name alone
+            out["data"] = {"dataset": self.data.dataset}
         return out
 
     def content_hash(self) -> str:
@@ -309,12 +350,15 @@ def load_workload(path: str | Path) -> Workload:
     path = Path(path)
     raw = read_toml(path, "workload")
     try:
-        return workload_from_dict(raw)
+        return workload_from_dict(raw, base=path.resolve().parent)
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
 
 
-def workload_from_dict(raw: dict[str, Any]) -> Workload:
+def workload_from_dict(raw: dict[str, Any], base: Path | None = None) -> Workload:
+    """Validate a parsed workload. Relative paths in [data] are taken from `base` (the
+    workload file's folder; default: the current one) and stored absolute, so the workload
+    means the same thing in every worker."""
     raw = dict(raw)
     _reject_unknown("", raw, _field_names(Workload))
     for table in ("model", "data"):
@@ -335,8 +379,15 @@ def workload_from_dict(raw: dict[str, Any]) -> Workload:
         model_raw["hidden"] = tuple(hidden)
     data_raw = _table("data", raw.pop("data"))
     _reject_unknown("data.", data_raw, _field_names(DataSpec))
-    if "dataset" not in data_raw:
-        raise UserError(f"data.dataset is required; one of {DATASETS[family]}")
+    if "dataset" not in data_raw and "files" not in data_raw:
+        raise UserError(f"data.dataset is required; one of {DATASETS[family]}"
+                        + ("" if family == "mlp" else ", or data.files (your own text)"))
+    if "files" in data_raw:
+        data_raw["files"] = _file_patterns(data_raw["files"], base)
+    tokenizer = data_raw.get("tokenizer")
+    if isinstance(tokenizer, str) and tokenizer not in ("", "bytes") and base is not None \
+            and not Path(tokenizer).is_absolute():
+        data_raw["tokenizer"] = str(base / tokenizer)
     parts: dict[str, Any] = {"model": _build(model_cls, model_raw), "data": DataSpec(**data_raw)}
     for table, cls in (("optimizer", OptimizerSpec), ("measure", MeasureSpec)):
         if table in raw:
@@ -363,6 +414,15 @@ def _build(cls: type, values: dict[str, Any]) -> Any:
     return cls(**values)
 
 
+def _file_patterns(value: Any, base: Path | None) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise UserError(f"data.files must be a list of file patterns. Received: {_short(value)}")
+    where = base if base is not None else Path.cwd()
+    return tuple(v if Path(v).is_absolute() else str(where / v) for v in value)
+
+
 def _field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
@@ -382,7 +442,10 @@ def _reject_unknown(prefix: str, raw: dict[str, Any], allowed: list[str]) -> Non
 
 
 def _fits_data(w: Workload) -> None:
-    """The model's shapes and the batch agree with what the dataset holds."""
+    """The model's shapes and the batch agree with what the dataset holds (your own files are
+    checked when their tokens are made: sextant.data.files)."""
+    if w.data.files:
+        return
     facts = DATASET_FACTS[w.data.dataset]
     if isinstance(w.model, MLPSpec):
         for key in ("input_dim", "num_classes"):
@@ -392,6 +455,9 @@ def _fits_data(w: Workload) -> None:
         if w.global_batch > facts["samples"]:
             raise UserError(f"global_batch must be at most the {facts['samples']} samples of "
                             f"{w.data.dataset}. Received: {w.global_batch}")
+    elif w.model.vocab_size < 256:
+        raise UserError(f"model.vocab_size must be at least 256 for the byte-level "
+                        f"{w.data.dataset} corpus. Received: {w.model.vocab_size}")
     elif w.model.seq_len + 1 >= facts["tokens"]:
         raise UserError(f"model.seq_len must be shorter than the {w.data.dataset} corpus "
                         f"({facts['tokens']} tokens). Received: {w.model.seq_len}")
@@ -435,15 +501,39 @@ def bundled_workloads() -> list[str]:
 
 def workload_source(spec: str | Path) -> str:
     """How to name the workload `spec` in a command that reproduces a run: the bundled name
-    as given, else the file's absolute path."""
+    as given, an hf: spec with its config's absolute path, else the file's absolute path."""
+    if str(spec).startswith(HF_PREFIX):
+        from sextant.hf import normalise_spec
+
+        return normalise_spec(str(spec))
     path = Path(spec)
     if not path.exists() and (BUNDLED_DIR / f"{path}.toml").is_file():
         return str(spec)
     return str(path.resolve())
 
 
+HF_PREFIX = "hf:"
+"""`--workload hf:path/config.json[,scale=0.01,...]`: a workload made from a Hugging Face
+config (sextant.hf)."""
+
+
 def resolve_workload(spec: str | Path) -> Workload:
-    """Load a workload from a path, or by the name of a bundled one ('gpt-tiny')."""
+    """Load a workload from a path, by the name of a bundled one ('gpt-tiny'), or from a
+    Hugging Face config ('hf:path/config.json'); a workload over your own files has its
+    tokens made (or found in the cache) here, once, before any worker starts."""
+    if str(spec).startswith(HF_PREFIX):
+        from sextant.hf import workload_from_spec
+
+        return workload_from_spec(str(spec))
+    workload = _load_named(spec)
+    if workload.data.files:
+        from sextant.data.files import with_tokens
+
+        return with_tokens(workload)
+    return workload
+
+
+def _load_named(spec: str | Path) -> Workload:
     path = Path(spec)
     if not path.exists() and path.suffix == "" and (BUNDLED_DIR / f"{path}.toml").is_file():
         path = BUNDLED_DIR / f"{path}.toml"

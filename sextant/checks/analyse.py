@@ -126,9 +126,12 @@ def check_versions(record: dict[str, Any] | None, error: str | None = None) -> C
 # --- data loader ---------------------------------------------------------------------------
 
 def check_loader(record: dict[str, Any] | None, threshold: float = 0.10,
-                 error: str | None = None) -> CheckResult:
+                 error: str | None = None, pipeline: dict[str, Any] | None = None
+                 ) -> CheckResult:
     """Share of the step spent waiting for the next batch (each rank's median data wait over
-    the job's median step time); warn above `threshold`."""
+    the job's median step time); warn above `threshold`. With `pipeline` (the reader timed
+    alone, sextant.data.probe), also warn when it delivers fewer tokens per second than the
+    step needs: a loader that cannot keep up whatever it prefetches."""
     if record is None:
         return CheckResult(check="loader", status=FAIL,
                            summary=f"not measured: the run failed: {error}",
@@ -140,9 +143,21 @@ def check_loader(record: dict[str, Any] | None, threshold: float = 0.10,
     wait = record["ranks"][[r["rank"] for r in record["ranks"]].index(rank)]["data_wait_median_s"]
     figures = (f"waiting for data {_pct(share)} of each step (rank {rank}: {_ms(wait)} of "
                f"{_ms(step)}), threshold {_pct(threshold)}")
-    details = {"share_by_rank": {str(k): v for k, v in shares.items()},
-               "step_time_median_s": step}
-    if share <= threshold:
+    details: dict[str, Any] = {"share_by_rank": {str(k): v for k, v in shares.items()},
+                               "step_time_median_s": step}
+    slow_pipeline = False
+    if pipeline is not None:
+        from sextant.data.probe import needed_throughput
+
+        need = needed_throughput(record, pipeline["tokens_per_batch"])
+        have = pipeline["tokens_per_s"]
+        details["pipeline"] = {**pipeline, "needed_tokens_per_s": need}
+        if need is not None:
+            slow_pipeline = have < need
+            figures += (f"; the reader alone delivers {have:,.0f} tokens/s per rank, the step "
+                        f"needs {need:,.0f} ({pipeline['tokens_per_batch']:,} tokens in "
+                        f"{_ms(pipeline['tokens_per_batch'] / need)} of compute)")
+    if share <= threshold and not slow_pipeline:
         return CheckResult(check="loader", status=PASS, summary=figures, measured=share,
                            threshold=threshold, unit="share of step", details=details)
     return CheckResult(
@@ -150,7 +165,9 @@ def check_loader(record: dict[str, Any] | None, threshold: float = 0.10,
         measured=share, threshold=threshold, unit="share of step",
         hint="prepare batches ahead of the step: torch DataLoader(num_workers>0, "
              "pin_memory=True), tf.data .prefetch(AUTOTUNE), a background thread for jax; "
-             "or preprocess and cache the data offline",
+             "or preprocess and cache the data offline"
+             + ("; the reader itself is too slow: faster storage, fewer larger reads, or "
+                "tokens cached on local disk" if slow_pipeline else ""),
         details=details)
 
 

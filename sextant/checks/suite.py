@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -55,6 +56,20 @@ class CheckOptions:
     runs_dir: Path = DEFAULT_DB.parent / "runs"
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment for the training workers (the tests set SEXTANT_TEST_FAULT here)."""
+
+
+def _pipeline(workload: Workload, top: Outcome, opts: CheckOptions,
+              say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The batch pipeline's own throughput for one rank of the run the loader check judges
+    (sextant.data.probe), with the run's test faults."""
+    from sextant.data.probe import pipeline_throughput
+
+    if top.record is None:
+        return None
+    world = len(top.record["ranks"]) or opts.workers
+    fault = opts.extra_env.get("SEXTANT_TEST_FAULT", os.environ.get("SEXTANT_TEST_FAULT"))
+    say(f"loader: the batch pipeline alone, rank 0 of {world}")
+    return pipeline_throughput(workload, world, fault=fault)
 
 
 def parse_only(spec: str | None) -> tuple[str, ...]:
@@ -311,7 +326,8 @@ def run_checks(opts: CheckOptions, say: Callable[[str], None] = lambda _: None,
         elif name == "versions":
             results[name] = analyse.check_versions(top.record, top.error)
         elif name == "loader":
-            results[name] = analyse.check_loader(top.record, opts.loader_threshold, top.error)
+            results[name] = analyse.check_loader(top.record, opts.loader_threshold, top.error,
+                                                 pipeline=_pipeline(workload, top, opts, say))
         else:
             results[name] = analyse.check_balance(
                 top.record, rank_steps(top.record) if top.record else {},

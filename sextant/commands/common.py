@@ -56,7 +56,8 @@ def deprecated(old: str, new: str) -> None:
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
-                   help="workload TOML file, or the name of a bundled one "
+                   help="workload TOML file, the name of a bundled one, or a Hugging Face "
+                        "config as hf:config.json[,scale=S,layers=L,width=W,seq_len=N] "
                         f"(default: {DEFAULT_WORKLOAD})")
     p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
     p.add_argument("--timeout", type=positive_seconds, default=900.0,

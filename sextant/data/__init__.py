@@ -7,12 +7,16 @@ Bundled data (see sextant/data/README.md for sources and licences):
 - digits: 1,797 8x8 handwritten digits, 64 features scaled to [0, 1], 10 classes.
 - python-reference: the Python language reference help topics (466 KB of English technical
   prose), byte-level tokens (vocabulary 256).
+
+Your own text files (`[data] files`) are tokenized into a memory-mapped token file by
+sextant.data.files; rank r gathers only its own rows of each global batch from it.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +79,10 @@ def prepare(workload: Workload, steps: range) -> None:
     """Make global batches `steps` now, so that global_batch hands them out without
     generating them (the timed loop calls this between steps, outside the clock; the
     generation is the same numpy code for every framework, so no framework's step should
-    pay for it). Replaces whatever was prepared before."""
+    pay for it). Replaces whatever was prepared before. Not for your own files: each rank
+    reads its own rows from their memory map (local_batch), never whole global batches."""
+    if workload.data.files:
+        return
     _AHEAD.owner, _AHEAD.span = workload, steps
     _AHEAD.batches = {i: _make(workload, i) for i in steps}
 
@@ -101,6 +108,10 @@ def global_batch(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def _make(workload: Workload, step: int) -> tuple[np.ndarray, np.ndarray]:
+    if workload.data.files:
+        from sextant.data import files
+
+        return files.windows(workload, step, slice(None))
     rng = np.random.default_rng([workload.seed, 0xDA7A, step])
     batch = workload.global_batch
     if not isinstance(workload.model, MLPSpec):
@@ -136,10 +147,31 @@ def local_batch(workload: Workload, step: int, rank: int, world: int,
                 fault: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """This rank's shard of global batch `step`.
 
-    Test hook: SEXTANT_TEST_FAULT=skew-rank-R gives rank R twice its share (its slice
-    repeated), the data skew a badly balanced loader produces."""
-    x, y = global_batch(workload, step)
-    x, y = shard(x, rank, world), shard(y, rank, world)
+    Test hooks (SEXTANT_TEST_FAULT): skew-rank-R gives rank R twice its share (its slice
+    repeated), the data skew a badly balanced loader produces; slow-reader[-MS] makes every
+    read MS ms (default 30) slower, a pipeline that cannot keep up (sextant.data.probe)."""
+    if workload.data.files:  # only this rank's rows leave the memory map
+        from sextant.data import files
+
+        if workload.global_batch % world:
+            raise UserError(f"global batch {workload.global_batch} is not divisible by "
+                            f"{world} workers")
+        per = workload.global_batch // world
+        x, y = files.windows(workload, step, slice(rank * per, (rank + 1) * per))
+    else:
+        x, y = global_batch(workload, step)
+        x, y = shard(x, rank, world), shard(y, rank, world)
     if fault and f"skew-rank-{rank}" in fault.split(","):
         x, y = np.concatenate([x, x]), np.concatenate([y, y])
+    if fault and "slow-reader" in fault:
+        time.sleep(slow_reader_s(fault))
     return x, y
+
+
+def slow_reader_s(fault: str) -> float:
+    """The delay of the slow-reader[-MS] test hook, in seconds (0 without it)."""
+    for item in fault.split(","):
+        parts = item.strip().split("-")
+        if item.strip().startswith("slow-reader"):
+            return (int(parts[2]) if len(parts) > 2 else 30) / 1e3
+    return 0.0

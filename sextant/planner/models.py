@@ -798,6 +798,11 @@ def _transformer_from_workload(
 def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
     from sextant.tomlfile import read_toml
 
+    if str(path).startswith("hf:"):  # a Hugging Face config (sextant.hf)
+        from sextant.hf import parse_spec, workload_from_hf
+
+        config, options = parse_spec(str(path))
+        return shape_from_workload(workload_from_hf(config, **options), where=str(path))
     raw = read_toml(Path(path), "workload")
     return shape_from_workload(raw, where=str(path))
 

@@ -1,0 +1,348 @@
+"""Workloads from a Hugging Face `config.json` of a decoder-only model.
+
+Llama 1-3, Mistral (without a sliding window) and other `LlamaForCausalLM`-shaped configs map
+onto sextant's llama family; GPT-2 onto its gpt family. Every field of the config is either
+mapped, known not to change the model sextant trains (token ids of special tokens, the
+initialiser's range, the dtype the weights were saved in, ...), or refused in one line that
+names the field and its value: nothing is approximated silently. The one thing dropped is
+dropout (sextant trains without it, on every framework); the workload's description says so.
+
+`--scale S` (0 < S <= 1) gives a shape-faithful smaller model: depth and width each shrink by
+S^(1/3), so the per-layer parameters (about layers x width^2) shrink by about S, keeping the
+grouped-query ratio (query heads per key/value head), the MLP's ratio to the width and the
+vocabulary; `--layers` and `--width` set those two directly. The description names the
+source config, its size, and what was scaled.
+
+A spec `hf:path/config.json,scale=0.01,seq_len=64` is accepted wherever a workload is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from sextant.errors import UserError
+from sextant.workload import (
+    HF_PREFIX,
+    MAX_GLOBAL_BATCH,
+    MAX_LAYERS,
+    MAX_STEPS,
+    MAX_WIDTH,
+    Workload,
+    workload_from_dict,
+)
+
+LLAMA_TYPES = ("llama", "mistral")
+GPT_TYPES = ("gpt2",)
+
+# Fields that do not change the model sextant builds or its training step.
+_HARMLESS = {
+    "architectures", "model_type", "_name_or_path", "transformers_version", "torch_dtype",
+    "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
+    "tokenizer_class", "is_llama_config", "pretraining_tp", "max_position_embeddings",
+    "id2label", "label2id", "return_dict", "output_attentions", "output_hidden_states",
+    "torchscript", "use_bfloat16", "_attn_implementation_autoset", "sep_token_id",
+    "decoder_start_token_id", "task_specific_params", "n_ctx", "reorder_and_upcast_attn",
+    "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
+    "summary_use_proj", "problem_type", "finetuning_task", "prefix", "chunk_size_feed_forward",
+}
+_DROPOUT = {"attention_dropout", "hidden_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
+            "dropout"}
+_LLAMA_MAPPED = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                 "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias",
+                 "rope_scaling", "head_dim", "sliding_window", "rope_interleaved",
+                 "rope_parameters"}
+_GPT_MAPPED = {"vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
+               "activation_function", "layer_norm_epsilon", "tie_word_embeddings",
+               "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention"}
+SPEC_KEYS = ("scale", "layers", "width", "seq_len", "global_batch", "steps")
+"""What an hf: spec may set after its path (`hf:config.json,scale=0.01,seq_len=64`)."""
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"Hugging Face config not found: {path}")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not a JSON config.json: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} is not a config.json: expected a JSON object")
+    return config
+
+
+def _refuse(path: Path, field: str, value: Any, why: str) -> UserError:
+    return UserError(f"{path}: {field} = {json.dumps(value)} is not supported: {why}")
+
+
+def _int(path: Path, config: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{path}: {key} must be an integer >= 1. Received: {value!r}")
+    return value
+
+
+def _check_fields(path: Path, config: dict[str, Any], mapped: set[str]) -> list[str]:
+    """Refuse any field sextant cannot tell is harmless; return the dropout fields set."""
+    dropped = []
+    for key, value in sorted(config.items()):
+        if key in mapped or key in _HARMLESS:
+            continue
+        if key in _DROPOUT:
+            if value:
+                dropped.append(f"{key}={value}")
+            continue
+        if key in ("num_local_experts", "num_experts", "n_routed_experts",
+                   "num_experts_per_tok", "moe_intermediate_size"):
+            raise _refuse(path, key, value, "mixture-of-experts layers are not in sextant's "
+                          "llama and gpt families")
+        if key == "use_sliding_window" and not value:
+            continue
+        raise _refuse(path, key, value, "sextant cannot tell whether this field changes the "
+                      "model, so it does not guess (remove it if it does not)")
+    return dropped
+
+
+def _llama(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str], int]:
+    dropped = _check_fields(path, config, _LLAMA_MAPPED)
+    if config.get("hidden_act", "silu") != "silu":
+        raise _refuse(path, "hidden_act", config["hidden_act"],
+                      "sextant's llama family uses SwiGLU (silu)")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise _refuse(path, key, config[key], "sextant's llama family has no biases")
+    if config.get("rope_scaling"):
+        raise _refuse(path, "rope_scaling", config["rope_scaling"],
+                      "sextant's llama family has plain rotary positions (no scaling)")
+    rope = config.get("rope_parameters") or {}
+    if rope and rope.get("rope_type", "default") != "default":
+        raise _refuse(path, "rope_parameters.rope_type", rope.get("rope_type"),
+                      "sextant's llama family has plain rotary positions (no scaling)")
+    if config.get("rope_interleaved"):
+        raise _refuse(path, "rope_interleaved", True, "sextant turns rotate-half pairs "
+                      "(x[i], x[i + head_dim/2]), not interleaved ones")
+    if config.get("sliding_window") is not None:
+        raise _refuse(path, "sliding_window", config["sliding_window"],
+                      "sextant's attention is full causal attention")
+    d = _int(path, config, "hidden_size")
+    heads = _int(path, config, "num_attention_heads")
+    if "head_dim" in config and config["head_dim"] is not None \
+            and config["head_dim"] * heads != d:
+        raise _refuse(path, "head_dim", config["head_dim"], f"sextant's heads split the "
+                      f"width: head_dim must be hidden_size / num_attention_heads = {d / heads:g}")
+    rope_theta = config.get("rope_theta", rope.get("rope_theta", 10000.0))
+    model = {
+        "family": "llama",
+        "vocab_size": _int(path, config, "vocab_size"),
+        "d_model": d,
+        "n_layers": _int(path, config, "num_hidden_layers"),
+        "n_heads": heads,
+        "n_kv_heads": _int(path, config, "num_key_value_heads", heads),
+        "d_ff": _int(path, config, "intermediate_size"),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "rope_theta": float(rope_theta),
+        "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+    }
+    return model, dropped, _int(path, config, "max_position_embeddings", 2048)
+
+
+def _gpt(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str], int]:
+    dropped = _check_fields(path, config, _GPT_MAPPED)
+    if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise _refuse(path, "activation_function", config["activation_function"],
+                      "sextant's gpt family uses GELU in its tanh form (gelu_new)")
+    if config.get("layer_norm_epsilon", 1e-5) != 1e-5:
+        raise _refuse(path, "layer_norm_epsilon", config["layer_norm_epsilon"],
+                      "sextant's gpt family's LayerNorm epsilon is 1e-05")
+    if config.get("tie_word_embeddings", True):
+        raise _refuse(path, "tie_word_embeddings", config.get("tie_word_embeddings", True),
+                      "sextant's gpt family has an output head of its own (tied embeddings "
+                      "are in its llama family only); GPT-2 ties them unless its config says "
+                      "tie_word_embeddings = false")
+    if not config.get("scale_attn_weights", True):
+        raise _refuse(path, "scale_attn_weights", False,
+                      "sextant scales attention scores by 1/sqrt(head_dim)")
+    for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if config.get(key):
+            raise _refuse(path, key, config[key], "not in sextant's gpt family")
+    d = _int(path, config, "n_embd")
+    model = {
+        "family": "gpt",
+        "vocab_size": _int(path, config, "vocab_size"),
+        "d_model": d,
+        "n_layers": _int(path, config, "n_layer"),
+        "n_heads": _int(path, config, "n_head"),
+        "d_ff": _int(path, config, "n_inner", 4 * d),
+    }
+    return model, dropped, _int(path, config, "n_positions", 1024)
+
+
+def _round_to(value: float, multiple: int) -> int:
+    return max(multiple, multiple * round(value / multiple))
+
+
+def scaled(model: dict[str, Any], *, scale: float | None, layers: int | None,
+           width: int | None) -> dict[str, Any]:
+    """The model shrunk in depth and width, shape-faithfully (see the module docstring)."""
+    if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale <= 1):
+        raise UserError(f"--scale must be a number in (0, 1]. Received: {scale!r}")
+    for name, value, most in (("--layers", layers, MAX_LAYERS), ("--width", width, MAX_WIDTH)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= most):
+            raise UserError(f"{name} must be an integer in [1, {most}]. Received: {value!r}")
+    factor = scale ** (1 / 3) if scale is not None else 1.0
+    out = dict(model)
+    out["n_layers"] = layers if layers is not None else max(1, round(model["n_layers"] * factor))
+    d, heads = model["d_model"], model["n_heads"]
+    target = width if width is not None else model["d_model"] * factor
+    if width is None and scale is None:
+        return out
+    group = heads // model.get("n_kv_heads", heads)  # query heads per key/value head
+    new_heads = min(heads, _round_to(heads * target / d, group))
+    pair = 2 if model["family"] == "llama" else 1  # rotary turns pairs of dimensions
+    if width is not None:
+        if width % new_heads or (width // new_heads) % pair:
+            unit = new_heads * pair
+            raise UserError(
+                f"--width {width} does not split into {new_heads} heads"
+                f"{' of even width' if pair == 2 else ''} (the config's {heads} heads scaled, "
+                f"in groups of {group}): use a multiple of {unit}, e.g. "
+                f"{max(unit, unit * round(width / unit))}")
+        new_width = width
+    else:
+        new_width = new_heads * _round_to(target / new_heads, pair)
+    out["d_model"], out["n_heads"] = new_width, new_heads
+    if "n_kv_heads" in model:
+        out["n_kv_heads"] = new_heads // group
+    out["d_ff"] = max(1, round(model["d_ff"] * new_width / d))
+    return out
+
+
+def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
+                     global_batch: int | None = None, scale: float | None = None,
+                     layers: int | None = None, width: int | None = None,
+                     steps: int | None = None) -> dict[str, Any]:
+    """A workload (the TOML document, as a dict) for the model of `path`, trained on the
+    bundled byte-level corpus until its [data] is pointed at your own files."""
+    from sextant.init import count_params
+    from sextant.planner.models import human_count
+    from sextant.workload import GPTSpec, LlamaSpec
+
+    path = Path(path)
+    config = read_config(path)
+    model_type = config.get("model_type")
+    if model_type in LLAMA_TYPES:
+        model, dropped, context = _llama(path, config)
+    elif model_type in GPT_TYPES:
+        model, dropped, context = _gpt(path, config)
+    elif model_type == "qwen2":
+        raise _refuse(path, "model_type", model_type, "Qwen2 adds biases to its query, key "
+                      "and value projections, which sextant's llama family does not have")
+    elif model_type == "gpt_neox":
+        raise _refuse(path, "model_type", model_type, "GPT-NeoX puts attention and MLP in "
+                      "parallel (use_parallel_residual) with partial rotary positions; "
+                      "neither is in sextant's llama or gpt family")
+    else:
+        raise _refuse(path, "model_type", model_type,
+                      f"supported: {', '.join(LLAMA_TYPES + GPT_TYPES)}")
+    for name, value, most in (("--seq-len", seq_len, MAX_WIDTH),
+                              ("--global-batch", global_batch, MAX_GLOBAL_BATCH),
+                              ("--steps", steps, MAX_STEPS)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= most):
+            raise UserError(f"{name} must be an integer in [1, {most}]. Received: {value!r}")
+    model["seq_len"] = seq_len if seq_len is not None else min(context, MAX_WIDTH)
+    full = dict(model)
+    small = scaled(model, scale=scale, layers=layers, width=width)
+    spec_cls = LlamaSpec if small["family"] == "llama" else GPTSpec
+    spec = {k: v for k, v in small.items() if k != "family"}
+    full_spec = {k: v for k, v in full.items() if k != "family"}
+    try:
+        full_count = count_params(spec_cls(**full_spec))
+        count = count_params(spec_cls(**spec))
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    source = config.get("_name_or_path") or path.parent.name or path.stem
+    text = (f"{source} from {path} ({model_type}, {human_count(full_count)} parameters "
+            f"at seq_len {model['seq_len']})")
+    if small != full:
+        text += (f"; scaled{f' by {scale:g}' if scale is not None else ''} to "
+                 f"{small['n_layers']} layers x width {small['d_model']} "
+                 f"({small['n_heads']} heads, d_ff {small['d_ff']}; "
+                 f"{human_count(count)} parameters) from {full['n_layers']} x "
+                 f"{full['d_model']}")
+    if dropped:
+        text += f"; without dropout ({', '.join(dropped)})"
+    name = "hf-" + "".join(c if c.isalnum() or c in "-_." else "-"
+                           for c in str(source).split("/")[-1].lower())
+    if small != full:
+        name += "-scaled"
+    return {
+        "name": name,
+        "description": text,
+        "steps": steps if steps is not None else 50,
+        "global_batch": global_batch if global_batch is not None else 16,
+        "model": small,
+        "data": {"dataset": "python-reference"},
+    }
+
+
+def parse_spec(spec: str) -> tuple[Path, dict[str, Any]]:
+    """`hf:PATH[,key=value...]` -> (PATH, options)."""
+    body = spec[len(HF_PREFIX):]
+    path_text, *pairs = body.split(",")
+    if not path_text:
+        raise UserError(f"--workload {spec!r}: expected hf:path/to/config.json")
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in SPEC_KEYS:
+            raise UserError(f"--workload {spec!r}: options after the path are key=value with "
+                            f"key one of {', '.join(SPEC_KEYS)}. Received: {pair!r}")
+        try:
+            options[key] = float(value) if key == "scale" else int(value)
+        except ValueError:
+            raise UserError(f"--workload {spec!r}: {key} must be a number. "
+                            f"Received: {value!r}") from None
+    return Path(path_text), options
+
+
+def normalise_spec(spec: str) -> str:
+    """The spec with its config's absolute path (a command that reproduces a run)."""
+    path, options = parse_spec(spec)
+    return HF_PREFIX + ",".join([str(path.resolve())]
+                                + [f"{k}={v:g}" if k == "scale" else f"{k}={v}"
+                                   for k, v in options.items()])
+
+
+def workload_from_spec(spec: str) -> Workload:
+    path, options = parse_spec(spec)
+    return workload_from_dict(workload_from_hf(path, **options))
+
+
+def to_toml(workload: dict[str, Any]) -> str:
+    """A workload dict as a TOML document (strings, numbers, booleans and flat tables)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, float):
+            return repr(v) if math.isfinite(v) else "nan"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return str(v)
+
+    lines = [f"{k} = {value(v)}" for k, v in workload.items() if not isinstance(v, dict)]
+    for table, body in workload.items():
+        if isinstance(body, dict):
+            lines += ["", f"[{table}]"] + [f"{k} = {value(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"

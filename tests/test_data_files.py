@@ -1,0 +1,329 @@
+"""Your own text files as a dataset: real Parquet, JSON Lines and text files and a real
+tokenizer.json, made here from the bundled corpus."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sextant import data
+from sextant.data import files
+from sextant.errors import UserError
+from sextant.workload import Workload, resolve_workload
+from tests.helpers import LEVER_RTOL, needs_torch, run_cli, same_training
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+tokenizers = pytest.importorskip("tokenizers")
+
+VOCAB = 320
+
+
+@pytest.fixture(autouse=True)
+def token_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SEXTANT_CACHE", str(cache))
+    files._memmap.cache_clear()
+    return cache / "tokens"
+
+
+def corpus_documents(n: int = 200) -> list[str]:
+    text = data.text_tokens().tobytes().decode("utf-8", errors="replace")
+    paragraphs = [p for p in text.split("\n\n") if len(p) > 200]
+    return paragraphs[:n]
+
+
+def make_tokenizer(path: Path, docs: list[str], vocab: int = VOCAB) -> Path:
+    """A byte-level BPE tokenizer.json trained on `docs` with the tokenizers library."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer=trainer)
+    tok.save(str(path))
+    return path
+
+
+def write_parquet(path: Path, docs: list[str], field: str = "text") -> Path:
+    pq.write_table(pa.table({field: pa.array(docs, pa.string()),
+                             "id": pa.array(range(len(docs)), pa.int64())}), path)
+    return path
+
+
+def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+def workload_file(folder: Path, data_table: str, *, vocab: int = VOCAB, seq_len: int = 32,
+                  global_batch: int = 8, steps: int = 6) -> Path:
+    path = folder / "w.toml"
+    path.write_text(f"""name = "own-data"
+steps = {steps}
+global_batch = {global_batch}
+[model]
+family = "llama"
+vocab_size = {vocab}
+seq_len = {seq_len}
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+d_ff = 64
+[data]
+{data_table}
+[measure]
+warmup_steps = 1
+nosync_steps = 0
+log_every = 2
+""")
+    return path
+
+
+@pytest.fixture
+def parquet_corpus(tmp_path: Path) -> Path:
+    docs = corpus_documents()
+    (tmp_path / "corpus").mkdir()
+    write_parquet(tmp_path / "corpus" / "a.parquet", docs[:120])
+    write_parquet(tmp_path / "corpus" / "b.parquet", docs[120:])
+    make_tokenizer(tmp_path / "tokenizer.json", docs)
+    return workload_file(tmp_path, 'files = ["corpus/*.parquet"]\ntokenizer = "tokenizer.json"')
+
+
+def test_parquet_jsonl_and_text_make_the_same_tokens(tmp_path: Path) -> None:
+    docs = corpus_documents(40)
+    write_parquet(tmp_path / "c.parquet", docs)
+    write_jsonl(tmp_path / "c.jsonl", docs)
+    (tmp_path / "c.txt").write_text("".join(docs))
+    make_tokenizer(tmp_path / "tok.json", docs)
+    made = {}
+    for kind in ("parquet", "jsonl", "txt"):
+        for tokenizer in ("bytes", "tok.json"):
+            w = resolve_workload(workload_file(
+                tmp_path, f'files = ["c.{kind}"]\ntokenizer = "{tokenizer}"'))
+            made[kind, tokenizer] = np.array(files.tokens(w))
+    # Documents are concatenated without separators: byte-level, the three files hold the
+    # same bytes; a BPE tokenizer may merge across a .txt file's document boundaries.
+    assert np.array_equal(made["parquet", "bytes"], made["jsonl", "bytes"])
+    assert np.array_equal(made["parquet", "bytes"], made["txt", "bytes"])
+    assert made["parquet", "bytes"].tobytes() == "".join(docs).encode()
+    assert np.array_equal(made["parquet", "tok.json"], made["jsonl", "tok.json"])
+    assert made["parquet", "tok.json"].size < made["parquet", "bytes"].size / 1.3
+    assert made["parquet", "tok.json"].max() < VOCAB
+
+
+def test_batches_are_identical_for_every_worker_count(parquet_corpus: Path) -> None:
+    w = resolve_workload(parquet_corpus)
+    for step in (0, 3, 17):
+        x, y = data.global_batch(w, step)
+        assert x.shape == y.shape == (8, 32) and x.dtype == np.int64
+        assert np.array_equal(x[:, 1:], y[:, :-1])
+        for world in (1, 2, 4, 8):
+            parts = [data.local_batch(w, step, r, world) for r in range(world)]
+            assert np.array_equal(np.concatenate([p[0] for p in parts]), x)
+            assert np.array_equal(np.concatenate([p[1] for p in parts]), y)
+    # A pure function of (data, seed, step): another seed, other windows.
+    other = data.global_batch(w.replace(seed=1), 0)[0]
+    assert not np.array_equal(other, data.global_batch(w, 0)[0])
+
+
+def test_tokenized_once_and_a_changed_file_invalidates(parquet_corpus: Path,
+                                                       token_cache: Path) -> None:
+    w1 = resolve_workload(parquet_corpus)
+    token_path = token_cache / f"{w1.data.digest}.bin"
+    made_at = token_path.stat().st_mtime_ns
+    assert resolve_workload(parquet_corpus).data.digest == w1.data.digest
+    assert token_path.stat().st_mtime_ns == made_at  # reused, not remade
+    # Identity of the workload follows the data: a changed file is a different workload.
+    b = parquet_corpus.parent / "corpus" / "b.parquet"
+    write_parquet(b, corpus_documents()[120:] + ["one more document " * 20])
+    w2 = resolve_workload(parquet_corpus)
+    assert w2.data.digest != w1.data.digest
+    assert w2.content_hash() != w1.content_hash()
+    assert files.tokens(w2).size > files.tokens(w1).size
+    # So is another tokenizer.
+    w3 = resolve_workload(workload_file(
+        parquet_corpus.parent, 'files = ["corpus/*.parquet"]\ntokenizer = "bytes"'))
+    assert w3.data.digest not in (w1.data.digest, w2.data.digest)
+
+
+def test_a_half_written_token_file_is_never_used(parquet_corpus: Path,
+                                                 token_cache: Path) -> None:
+    w = resolve_workload(parquet_corpus)
+    good = np.array(files.tokens(w))
+    token_path = token_cache / f"{w.data.digest}.bin"
+    token_path.write_bytes(token_path.read_bytes()[: good.nbytes // 2])  # cut short
+    (token_cache / f".{w.data.digest}.x.tmp").write_bytes(b"\0" * 10)  # a dead writer's
+    files._memmap.cache_clear()
+    again = resolve_workload(parquet_corpus)
+    assert again.data.digest == w.data.digest
+    assert np.array_equal(np.array(files.tokens(again)), good)
+    # No description, no token file: made again rather than trusted.
+    (token_cache / f"{w.data.digest}.json").unlink()
+    files._memmap.cache_clear()
+    assert np.array_equal(np.array(files.tokens(resolve_workload(parquet_corpus))), good)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda d: write_parquet(d / "c.parquet", ["x " * 50], field="body"),
+     r"has no column 'text' \(data.text_field\); its columns: \['body', 'id'\]"),
+    (lambda d: write_jsonl(d / "c.jsonl", ["x " * 50], field="body"),
+     r"c.jsonl:1 has no field 'text' \(data.text_field\); it has \['body', 'id'\]"),
+    (lambda d: (d / "c.txt").write_text(""), r"c.txt holds no text \(no tokens\)"),
+    (lambda d: write_parquet(d / "c.parquet", []), r"c.parquet holds no text"),
+    (lambda d: (d / "c.parquet").write_bytes(b"PAR1 this is not parquet at all PAR1"),
+     r"c.parquet is not a readable Parquet file"),
+    (lambda d: (d / "c.jsonl").write_text('{"text": "ok"}\nnot json\n'),
+     r"c.jsonl:2 is not a JSON object"),
+])
+def test_bad_files_are_refused_in_one_line(tmp_path: Path, make, message: str) -> None:
+    made = make(tmp_path)
+    name = made.name if isinstance(made, Path) else next(tmp_path.glob("c.*")).name
+    path = workload_file(tmp_path, f'files = ["{name}"]')
+    with pytest.raises(UserError, match=message) as caught:
+        resolve_workload(path)
+    assert "\n" not in str(caught.value)
+    assert not list((tmp_path / "cache" / "tokens").glob("*.bin"))  # nothing half-made kept
+
+
+def test_refusals_for_vocabulary_patterns_and_context(tmp_path: Path) -> None:
+    docs = corpus_documents(20)
+    write_parquet(tmp_path / "c.parquet", docs)
+    make_tokenizer(tmp_path / "tok.json", docs, vocab=400)
+    with pytest.raises(UserError, match=r"model.vocab_size must be at least the tokenizer's "
+                       r"vocabulary.*vocab_size=320, tokenizer=.*tok.json' \(400 tokens\)"):
+        resolve_workload(workload_file(tmp_path, 'files = ["c.parquet"]\ntokenizer = '
+                                                 '"tok.json"'))
+    with pytest.raises(UserError, match=r"model.vocab_size must be at least the tokenizer's"):
+        resolve_workload(workload_file(tmp_path, 'files = ["c.parquet"]', vocab=200))
+    with pytest.raises(UserError, match=r"no file matches .*nothing\*.parquet"):
+        resolve_workload(workload_file(tmp_path, 'files = ["nothing*.parquet"]'))
+    with pytest.raises(UserError, match=r"patterns must end in one of"):
+        resolve_workload(workload_file(tmp_path, 'files = ["c.csv"]'))
+    with pytest.raises(UserError, match=r"either dataset .* or files"):
+        resolve_workload(workload_file(tmp_path, 'files = ["c.parquet"]\n'
+                                                 'dataset = "python-reference"'))
+    with pytest.raises(UserError, match=r"not a tokenizers tokenizer.json"):
+        (tmp_path / "bad.json").write_text("{}")
+        resolve_workload(workload_file(tmp_path, 'files = ["c.parquet"]\ntokenizer = '
+                                                 '"bad.json"'))
+    (tmp_path / "short.txt").write_text("tiny")
+    with pytest.raises(UserError, match=r"model.seq_len must be shorter than the data "
+                                        r"\(4 tokens in 1 files\)"):
+        resolve_workload(workload_file(tmp_path, 'files = ["short.txt"]'))
+
+
+def test_the_cli_refuses_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "c.parquet").write_bytes(b"garbage")
+    path = workload_file(tmp_path, 'files = ["c.parquet"]')
+    result = run_cli("run", "--workload", str(path), "--framework", "torch",
+                     "--db", str(tmp_path / "r.db"),
+                     env={"SEXTANT_CACHE": str(tmp_path / "cache")}, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "is not a readable Parquet file" in result.stderr
+
+
+@needs_torch
+@pytest.mark.slow
+def test_torch_and_jax_train_alike_on_parquet_with_a_tokenizer(parquet_corpus: Path) -> None:
+    """A real run from Parquet files through a tokenizer.json: torch, torch dp x2 and JAX
+    train the same numbers (losses and global gradient norms at every step)."""
+    import importlib.util
+
+    from sextant.runner import execute
+    from sextant.strategy import Strategy
+
+    w: Workload = resolve_workload(parquet_corpus)
+    run = lambda s: execute(w, s, runs_dir=Path(tempfile.mkdtemp()))  # noqa: E731
+    torch_run = run(Strategy(framework="torch", mode="eager"))
+    # Starts near ln(vocab) with 0.02-scaled weights, and learns.
+    assert torch_run["losses"][0] == pytest.approx(np.log(VOCAB), rel=0.03)
+    assert torch_run["losses"][-1] < torch_run["losses"][0]
+    same_training(run(Strategy(framework="torch", mode="eager", parallel="dp", workers=2)),
+                  torch_run, LEVER_RTOL)
+    if importlib.util.find_spec("jax") is not None:
+        same_training(run(Strategy(framework="jax", mode="compiled")), torch_run, LEVER_RTOL)
+
+
+def test_bundled_workloads_keep_their_identity() -> None:
+    """The bundled dataset's workloads hash as they did before [data] took files."""
+    w = resolve_workload("llama-tiny")
+    assert w.to_dict()["data"] == {"dataset": "python-reference"}
+    assert dataclasses.replace(w.data).files == ()
+
+
+def test_the_pipeline_probe_times_the_reader(parquet_corpus: Path) -> None:
+    from sextant.data.probe import pipeline_throughput
+
+    w = resolve_workload(parquet_corpus)
+    fast = pipeline_throughput(w, 2, batches=10)
+    slow = pipeline_throughput(w, 2, batches=10, fault="slow-reader-20")
+    assert fast["tokens_per_batch"] == slow["tokens_per_batch"] == 4 * 32
+    assert slow["seconds_per_batch"] >= 0.020
+    assert fast["tokens_per_s"] > 2 * slow["tokens_per_s"]
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [None, "slow-reader-40"])
+def test_loader_check_fires_on_a_slow_reader_only(parquet_corpus: Path, tmp_path: Path,
+                                                  fault: str | None) -> None:
+    """`sextant check`'s loader check on a real dp x2 run over Parquet files: quiet with the
+    memory-mapped reader, a bottleneck (with the figures) when every read takes 40 ms."""
+    from sextant.checks import PASS, WARN
+    from sextant.checks.suite import CheckOptions, run_checks
+
+    result, = run_checks(CheckOptions(
+        workload=resolve_workload(parquet_corpus), framework="torch", workers=2, threads=1,
+        steps=8, only=("loader",), runs_dir=tmp_path / "runs",
+        extra_env={"SEXTANT_TEST_FAULT": fault} if fault else {}))
+    pipeline = result.details["pipeline"]
+    if fault is None:
+        assert result.status == PASS, result.summary
+        assert pipeline["tokens_per_s"] > pipeline["needed_tokens_per_s"]
+    else:
+        assert result.status == WARN, result.summary
+        assert pipeline["tokens_per_s"] < pipeline["needed_tokens_per_s"]
+        assert "the reader alone delivers" in result.summary
+        assert result.summary.startswith("data loader bottleneck")
+
+
+def test_unchanged_files_are_not_read_again(parquet_corpus: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    w = resolve_workload(parquet_corpus)
+    files._cached_hash.cache_clear()  # a new process: only the cache's hash index is left
+    read: list[Path] = []
+    real = files._file_hash
+    monkeypatch.setattr(files, "_file_hash", lambda p: read.append(p) or real(p))
+    assert resolve_workload(parquet_corpus).data.digest == w.data.digest
+    assert read == []
+    a = parquet_corpus.parent / "corpus" / "a.parquet"
+    a.write_bytes(a.read_bytes())  # same content, a new modification time: read again
+    files._cached_hash.cache_clear()
+    assert resolve_workload(parquet_corpus).data.digest == w.data.digest
+    assert read == [a.resolve()]
+
+
+def test_a_worker_without_the_token_file_makes_it_or_refuses_other_files(
+        parquet_corpus: Path, token_cache: Path) -> None:
+    w = resolve_workload(parquet_corpus)
+    good = np.array(files.tokens(w))
+    for made in token_cache.glob(f"{w.data.digest}.*"):  # another host's empty cache
+        made.unlink()
+    files._memmap.cache_clear()
+    assert np.array_equal(np.array(files.tokens(w)), good)
+    for made in token_cache.glob(f"{w.data.digest}.*"):
+        made.unlink()
+    files._memmap.cache_clear()
+    write_parquet(parquet_corpus.parent / "corpus" / "a.parquet", ["other text " * 40])
+    with pytest.raises(UserError, match=r"not the ones the workload was loaded with"):
+        files.tokens(w)
