@@ -208,3 +208,15 @@ def test_slurm_asks_for_one_gpu_per_task(capsys: pytest.CaptureFixture[str]) -> 
                  "--workers", "2", "--dry-run"]) == 0
     script = capsys.readouterr().out
     assert "--gpus-per-node" not in script and "--device cpu" in script
+
+
+def test_report_scaling_efficiency_holds_the_total_compute_equal() -> None:
+    single = make_run("torch", "eager", step=0.20)          # 1 worker x 2 threads
+    dp = make_run("torch", "eager", "dp", 2, step=0.25)     # 2 workers x 1 thread
+    point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
+    assert point["speedup_vs_one"] == pytest.approx(0.8)
+    assert point["efficiency"] == pytest.approx(0.8)  # the same 2 cores, not 0.8 / 2
+    for run in (single, dp):
+        run["metrics"].update(device="gpu", accelerator="NVIDIA H200")
+    point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
+    assert point["efficiency"] == pytest.approx(0.4)  # two GPUs against one

@@ -227,6 +227,14 @@ def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[s
     }
 
 
+def _compute_units(row: Mapping[str, Any]) -> int:
+    """Devices on GPUs; on CPU cores, workers x threads each (1 thread when unrecorded)."""
+    if row.get("device") == "gpu":
+        return int(row["replicas"])
+    threads = row.get("threads_per_worker")
+    return int(row["workers"]) * (threads if isinstance(threads, int) and threads > 0 else 1)
+
+
 def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
     series: list[dict[str, Any]] = []
     multi = [r for r in rows if r["parallel"] != "single" and r["replicas"] > 1
@@ -244,14 +252,17 @@ def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
             t = r["tokens_per_s"]
             points[r["replicas"]] = {"workers": r["replicas"], "tokens_per_s": t["median"],
                                      "low": t["low"], "high": t["high"], "run": r["label"],
-                                     "id": r["id"]}
+                                     "id": r["id"], "compute": _compute_units(r)}
         ordered = [points[k] for k in sorted(points)]
         base = ordered[0] if ordered and ordered[0]["workers"] == 1 else None
         for p in ordered:
             p["speedup_vs_one"] = (p["tokens_per_s"] / base["tokens_per_s"]
                                    if base and base["tokens_per_s"] else None)
-            p["efficiency"] = (p["speedup_vs_one"] / p["workers"]
-                               if p["speedup_vs_one"] is not None else None)
+            # Throughput per unit of compute against the one worker's: on a CPU two
+            # one-thread workers hold what one two-thread worker held (100 % when nothing is
+            # lost), never N workers against one holding all the cores.
+            p["efficiency"] = (p["speedup_vs_one"] * base["compute"] / p["compute"]
+                               if p["speedup_vs_one"] is not None and base else None)
         shade = sum(1 for s in series if s["framework"] == fw)
         series.append({"name": f"{fw} {parallel}" + (f" ({mode})" if mode != "eager" else ""),
                        "framework": fw, "mode": mode, "parallel": parallel,
