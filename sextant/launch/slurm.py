@@ -28,7 +28,7 @@ from typing import Any
 
 from sextant.envs import python_for
 from sextant.errors import RunFailed, UserError
-from sextant.launch.collector import ENV, Collector, gather
+from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
 from sextant.strategy import Strategy
 
 SUBMIT_TIMEOUT_S = 30.0
@@ -120,6 +120,8 @@ def batch_script(job: Job) -> str:
         "# SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST. With SEXTANT_COLLECTOR set (sextant",
         "# sets it when it submits) results go back to the submitting host; without it,",
         "# rank 0 stores the run on the first node (its --db, default ./sextant-results).",
+        "# Every task needs the run's secret: export SEXTANT_COLLECTOR_SECRET (64 hex digits)",
+        "# before sbatch, or SEXTANT_COLLECTOR_SECRET_FILE naming a file that holds it.",
         "set -euo pipefail",
         f"srun --kill-on-bad-exit=1 --wait=60 {join}",
         "",
@@ -171,9 +173,12 @@ def launcher(job: Job) -> Any:
                extra_env: dict[str, str] | None = None, **_: Any) -> list[dict[str, Any]]:
         layout = layout_of(strategy)
         plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s)
-        collector = Collector(_collector_bind(), plan, job.tasks,
+        secret = new_secret()
+        collector = Collector(_collector_bind(), plan, job.tasks, secret=secret,
                               join_timeout_s=collective_timeout_s + 60)
-        env = {**os.environ, **(extra_env or {}), ENV: collector.address}
+        # sbatch and srun pass this environment to every task (never the script's text).
+        env = {**os.environ, **(extra_env or {}), ENV: collector.address,
+               SECRET_ENV: secret.hex()}
         job_id: list[str] = []
         proc = _start(job, env, run_dir, job_id)
         try:
