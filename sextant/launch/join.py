@@ -184,14 +184,16 @@ def rank0_launcher(identity: Identity, *, bind: str, secret: bytes) -> Any:
     from sextant.launch.local import base_plan
 
     def launch(workload: Any, strategy: Any, run_dir: Path, *, timeout_s: float,
-               collective_timeout_s: float, on_event: Any = None, **_: Any) -> list[dict]:
+               collective_timeout_s: float, on_event: Any = None,
+               resume_step: int | None = None, **_: Any) -> list[dict]:
         layout = layout_of(strategy)
         if len(layout.roles) != identity.world:
             raise UserError(
                 f"{strategy.label} needs {len(layout.roles)} processes but the launcher "
                 f"started {identity.world} (WORLD_SIZE); start {len(layout.roles)} or change "
                 f"--workers")
-        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s)
+        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,
+                         resume_step)
         collector = Collector(bind, plan, identity.world, secret=secret,
                               port=identity.master_port + COLLECTOR_PORT_OFFSET,
                               join_timeout_s=collective_timeout_s)
