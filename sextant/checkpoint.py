@@ -410,6 +410,11 @@ def resume_point(ctx: WorkerContext, notes: list[str]) -> tuple[int, Path | None
     root = _checkpoint_dir(ctx)
     state_hash, trust = ctx.workload.state_hash(), ctx.strategy.trust_checkpoint
     if ctx.resume_step is not None:
+        for newer in candidates(root):  # why the launching process passed them over
+            if int(newer.name[5:]) > ctx.resume_step:
+                problem = verify(newer, state_hash=state_hash, trust=trust)
+                if problem is not None:
+                    notes.append(f"checkpoint {newer.name} refused: {problem}")
         if ctx.resume_step == 0:
             notes.append("no checkpoint when the run started: started from step 0")
             return 0, None
