@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from sextant.errors import UserError
 from sextant.launch.collector import (
     MAX_HELLO,
+    MAX_PENDING,
     SECRET_ENV,
     SECRET_FILE_ENV,
     Channel,
@@ -35,6 +36,7 @@ from sextant.launch.collector import (
     new_secret,
     secret_from_env,
 )
+from sextant.launch.join import connect
 from sextant.launch.local import free_port
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
@@ -200,6 +202,29 @@ def test_an_oversize_line_is_cut_at_the_limit() -> None:
     assert any("longer than 65536 bytes" in line for line in log), log
 
 
+def test_a_flood_of_silent_connections_costs_bounded_threads() -> None:
+    """Connections that never say hello hold at most MAX_PENDING threads (each for at most
+    HELLO_TIMEOUT_S); once they are gone, a rank joins."""
+    collector, secret, log = _collector(world=1)
+    host, port = collector.address.rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port)), timeout=10)
+              for _ in range(MAX_PENDING + 8)]
+    try:
+        deadline = time.monotonic() + 10
+        while not any("saying hello at once" in line for line in log):
+            assert time.monotonic() < deadline, log
+            time.sleep(0.05)
+        assert threading.active_count() < MAX_PENDING + 20
+    finally:
+        for s in silent:
+            s.close()
+    try:
+        ch = connect(collector.address, 0, 30, secret)  # retries while the slots free up
+        ch.close()
+    finally:
+        collector.close()
+
+
 def test_a_collector_without_the_secret_is_not_believed() -> None:
     """Mutual: a rank checks the welcome's signature before it uses the plan."""
     impostor, _, _ = _collector(world=1)
@@ -332,3 +357,14 @@ def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None
     warnings = [ln for ln in outs[0][1].splitlines() if "collector: dropped" in ln]
     for why in ("not a hello", "not signed", f"longer than {MAX_HELLO}", "already said hello"):
         assert any(why in ln for ln in warnings), (why, warnings)
+
+
+def test_join_without_the_secret_is_a_one_line_error() -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in (SECRET_ENV, SECRET_FILE_ENV) and not k.startswith("SLURM_")}
+    env.update({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29999"})
+    out = subprocess.run([sys.executable, "-m", "sextant.cli", "join"], capture_output=True,
+                         text=True, timeout=120, env=env, check=False)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and SECRET_ENV in out.stderr

@@ -56,6 +56,9 @@ MAX_HELLO = 4096
 """Bytes of an unauthenticated line (the hello): a stranger costs the collector no more."""
 MAX_LINE = 64 << 20
 """Bytes of one authenticated line (a rank's result with its per-step records)."""
+MAX_PENDING = 64
+"""Connections that may be proving the secret at once; more are closed at once (a flood
+costs no more than this many threads; a rank turned away retries)."""
 MAX_LOGGED = 20
 """Dropped messages logged one by one to stderr; later ones are counted."""
 
@@ -190,6 +193,7 @@ class Collector:
         """Why each refused connection or dropped message was refused, in order."""
         self._all_joined = threading.Event()
         self._join_lock = threading.Lock()
+        self._pending = threading.BoundedSemaphore(MAX_PENDING)
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self._sock = socket.create_server((bind, port))
         self._sock.settimeout(0.5)
@@ -219,6 +223,11 @@ class Collector:
                 conn, _ = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
+            if not self._pending.acquire(blocking=False):
+                self._drop("a connection", f"more than {MAX_PENDING} connections are "
+                                           f"saying hello at once; closed")
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -226,14 +235,19 @@ class Collector:
             name = conn.getpeername()
         except OSError:
             conn.close()
+            self._pending.release()
             return
         peer = f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name or "local")
         rank = None
         try:
             with conn, conn.makefile("rb") as lines:
-                rank = self._hello(conn, lines, peer)
-                if rank is None:
+                try:
+                    hello = self._hello(conn, lines, peer)
+                finally:
+                    self._pending.release()
+                if hello is None or not self._welcome(conn, hello):
                     return
+                rank = hello["rank"]
                 while True:
                     raw = _read_line(lines, self.max_line)
                     if raw is None:
@@ -254,9 +268,10 @@ class Collector:
             if rank is not None:
                 self.messages.put({"kind": "closed", "rank": rank})
 
-    def _hello(self, conn: socket.socket, lines: IO[bytes], peer: str) -> int | None:
-        """The rank of an authenticated hello, its welcome sent once every rank has said
-        hello; None (and the connection is to be closed) otherwise."""
+    def _hello(self, conn: socket.socket, lines: IO[bytes], peer: str
+               ) -> dict[str, Any] | None:
+        """The authenticated hello of a rank that had not said hello, now joined; None (and
+        the connection is to be closed) otherwise."""
         challenge = secrets.token_hex(32)
         conn.settimeout(HELLO_TIMEOUT_S)
         conn.sendall((json.dumps({"challenge": challenge}) + "\n").encode())
@@ -288,12 +303,16 @@ class Collector:
             self._drop(peer, problem)
             self._refuse(conn, problem)
             return None
-        rank: int = hello["rank"]
         conn.settimeout(None)
         self.messages.put({**{k: v for k, v in hello.items() if k != "digest"},
-                           "address": self.joined[rank][0]})
+                           "address": self.joined[hello["rank"]][0]})
+        return dict(hello)
+
+    def _welcome(self, conn: socket.socket, hello: dict[str, Any]) -> bool:
+        """Once every rank has said hello, send this one the plan and the addresses, signed
+        against its challenge; False if they did not all come in time."""
         if not self._all_joined.wait(self.join_timeout_s):
-            return None
+            return False
         reply: dict[str, Any] = {
             "plan": self.plan,
             "addresses": [self.joined[r][0] for r in range(self.world)],
@@ -301,7 +320,7 @@ class Collector:
             "hosts": [self.joined[r][2] for r in range(self.world)]}
         reply["digest"] = digest(self._secret, hello["challenge"], reply)
         conn.sendall((json.dumps(reply) + "\n").encode())
-        return rank
+        return True
 
     @staticmethod
     def _refuse(conn: socket.socket, why: str) -> None:
