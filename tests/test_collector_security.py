@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from sextant.errors import UserError
 from sextant.launch.collector import (
     MAX_HELLO,
+    MAX_LINE,
     MAX_PENDING,
     SECRET_ENV,
     SECRET_FILE_ENV,
@@ -223,6 +224,18 @@ def test_a_flood_of_silent_connections_costs_bounded_threads() -> None:
         ch.close()
     finally:
         collector.close()
+
+
+def test_the_line_limit_leaves_room_for_a_long_run_s_result() -> None:
+    """A result carries about 90 bytes per step: a run of millions of steps must not be
+    refused its own result by the limit meant for strangers' lines."""
+    secret = new_secret()
+    for steps, limit in ((100, MAX_LINE), (10**6, 256 * 10**6)):
+        collector = Collector("127.0.0.1", {"workload": {"steps": steps}}, 1, secret=secret)
+        try:
+            assert collector.max_line == limit
+        finally:
+            collector.close()
 
 
 def test_a_collector_without_the_secret_is_not_believed() -> None:

@@ -55,7 +55,10 @@ SECRET_BYTES = 32
 MAX_HELLO = 4096
 """Bytes of an unauthenticated line (the hello): a stranger costs the collector no more."""
 MAX_LINE = 64 << 20
-"""Bytes of one authenticated line (a rank's result with its per-step records)."""
+"""Bytes of one authenticated line (a rank's result with its per-step records), at least."""
+RESULT_BYTES_PER_STEP = 256
+"""Room per training step in a result line (its per-step records take about 90 bytes), so
+that a run of millions of steps is not refused its own result."""
 MAX_PENDING = 64
 """Connections that may be proving the secret at once; more are closed at once (a flood
 costs no more than this many threads; a rank turned away retries)."""
@@ -177,7 +180,7 @@ class Collector:
     for the `world` ranks of one run that share `secret`."""
 
     def __init__(self, bind: str, plan: dict[str, Any], world: int, *, secret: bytes,
-                 port: int = 0, join_timeout_s: float = 120.0, max_line: int = MAX_LINE,
+                 port: int = 0, join_timeout_s: float = 120.0, max_line: int | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         if len(secret) != SECRET_BYTES:
             raise ValueError(f"the collector's secret must be {SECRET_BYTES} bytes")
@@ -185,7 +188,10 @@ class Collector:
         self.world = world
         self.join_timeout_s = join_timeout_s
         self._secret = secret
-        self.max_line = max_line
+        steps = (plan.get("workload") or {}).get("steps")
+        self.max_line = max_line if max_line is not None else max(
+            MAX_LINE, RESULT_BYTES_PER_STEP * steps if type(steps) is int else 0)
+        """Bytes of a joined rank's line: MAX_LINE, or more for a run of many steps."""
         self._log = log if log is not None else _stderr
         self.joined: dict[int, tuple[str, int, str]] = {}
         """rank -> (address, port, hostname) of the ranks that said hello."""
