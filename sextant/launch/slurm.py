@@ -117,11 +117,11 @@ def batch_script(job: Job) -> str:
                   f"--output={OUTPUT.format(job_id='%j')}"]
     if job.partition:
         directives.append(f"--partition={job.partition}")
+    join = shlex.join([job.python, "-m", "sextant.cli", "join", *job.join_args])
     for value in (*directives, job.python, *job.join_args):
         if any(ord(c) < 32 or c == "\x7f" for c in value):  # a line of its own in the script
             raise UserError(f"a control character would reach the Slurm batch script: "
                             f"{value[:80]!r}")
-    join = shlex.join([job.python, "-m", "sextant.cli", "join", *job.join_args])
     return "\n".join([
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives),
