@@ -7,14 +7,26 @@ never import an ML framework. Each sub-command lives in its own module exposing
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import signal
 import sys
-from typing import NoReturn
 
-from sextant import __version__
-from sextant.errors import RunFailed, UserError
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    sys.stderr.write("sextant: interrupted\n")
+    raise SystemExit(130)
+
+
+# Ctrl-C while the command's modules load ends like Ctrl-C later, without a traceback. Only
+# when this module is the program (`sextant`, `python -m sextant.cli`), not when imported.
+if __name__ == "__main__" or sys.argv[0].rsplit("/", 1)[-1] == "sextant":
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402 - after the handler above
+import importlib  # noqa: E402
+from typing import NoReturn  # noqa: E402
+
+from sextant import __version__  # noqa: E402
+from sextant.errors import RunFailed, UserError  # noqa: E402
 
 # Sub-command modules, in the order `--help` lists them. Every one must import: a module that
 # fails to (a broken install, a syntax error, a missing dependency) is an error naming it,
@@ -101,6 +113,19 @@ def _stop(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
+    # Ctrl-C unwinds as KeyboardInterrupt from here on: the launcher's clean-up needs it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _dispatch(argv)
+    except Stopped as exc:
+        sys.stderr.write(f"sextant: stopped by {exc}\n")
+        return 128 + exc.signum
+    except KeyboardInterrupt:  # also while the sub-command's modules are imported
+        sys.stderr.write("sextant: interrupted\n")
+        return 130
+
+
+def _dispatch(argv: list[str] | None) -> int:
     try:
         parser = build_parser(_command_word(sys.argv[1:] if argv is None else argv))
     except CommandModuleError as exc:
@@ -118,12 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as exc:
         sys.stderr.write(f"sextant: run failed: {one_line(str(exc))}\n")
         return 1
-    except Stopped as exc:
-        sys.stderr.write(f"sextant: stopped by {exc}\n")
-        return 128 + exc.signum
-    except KeyboardInterrupt:
-        sys.stderr.write("sextant: interrupted\n")
-        return 130
 
 
 if __name__ == "__main__":

@@ -6,7 +6,28 @@ report never imports the CLI layer. Only rich is imported.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from rich.console import Console
+from rich.text import Text
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but tab and newline written as a visible escape
+    (`\x1b`), so a name cannot move the cursor, retitle the terminal or clear the screen."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class SafeConsole(Console):
+    """A rich Console that shows control characters in what it is given (names of runs and
+    workloads from files and the store), never sends them to the terminal. rich's own styles
+    are added after this, so colours still work."""
+
+    def render_str(self, text: str, *args: Any, **kwargs: Any) -> Text:
+        return super().render_str(printable(text), *args, **kwargs)
 
 # Off a terminal (CI logs, pipes) rich assumes 80 columns; the comparison tables need more.
 DEFAULT_MIN_WIDTH = 160
@@ -17,9 +38,9 @@ def console(min_width: int | None = DEFAULT_MIN_WIDTH, *, highlight: bool = Fals
     """The console every command prints through (stdout, or stderr with `stderr=True`). Off
     a terminal it is at least `min_width` columns wide (None: rich's own default, 80), so
     tables stay readable in logs and pipes."""
-    out = Console(highlight=highlight, stderr=stderr)
+    out = SafeConsole(highlight=highlight, stderr=stderr)
     if min_width is not None and not out.is_terminal and out.width < min_width:
-        out = Console(highlight=highlight, stderr=stderr, width=min_width)
+        out = SafeConsole(highlight=highlight, stderr=stderr, width=min_width)
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sextant.checkpoint import preflight
+from sextant.checkpoint import resume_plan
 from sextant.cluster import emulated
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_json
@@ -246,8 +246,12 @@ def execute(
     `workload_file` is the path the user gave (the report's reproduce commands name it). A
     run that diverges is stored with status 'diverged' before its RunFailed propagates."""
     check_layout(workload, strategy)
-    for warning in preflight(workload, strategy):
+    warnings, resume_step = resume_plan(workload, strategy)
+    for warning in warnings:
         sys.stderr.write(f"sextant: warning: {warning}\n")
+    if resume_step:
+        sys.stderr.write(f"sextant: resuming from checkpoint step-{resume_step:08d} in "
+                         f"{strategy.checkpoint_dir}\n")
     run_dir = runs_dir / run_dir_name(workload, strategy)
     identity = {
         "schema": RECORD_SCHEMA,
@@ -274,9 +278,11 @@ def execute(
         if sampler is not None:
             sampler.start()
         try:
+            # Only with --resume: a launcher of one's own need not know resume_step.
+            resumed = {"resume_step": resume_step} if resume_step is not None else {}
             ranks = start(workload, strategy, run_dir, timeout_s=timeout_s,
                           collective_timeout_s=collective_timeout_s, on_event=on_rank_event,
-                          extra_env=extra_env)
+                          extra_env=extra_env, **resumed)
         finally:
             if sampler is not None:
                 sampler.stop()

@@ -55,6 +55,8 @@ DEVICES = ("cpu", "gpu")
 """Where a run's ranks compute: 'cpu' cores, or one 'gpu' per rank (placed by local rank)."""
 # Gradient-communication compression: cast to 16 bits before the all-reduce, or PowerSGD
 # (low-rank, with error feedback).
+MAX_THREADS = 1024
+"""Threads per worker: above any machine's cores per process; a million crashed the worker."""
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
 
@@ -194,9 +196,11 @@ class Strategy:
                             f"Received: framework={self.framework!r}, "
                             f"keras_backend={self.keras_backend!r}")
         if self.threads is not None and (
-            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+            isinstance(self.threads, bool) or not isinstance(self.threads, int)
+            or not 1 <= self.threads <= MAX_THREADS
         ):
-            raise UserError(f"threads must be an integer >= 1. Received: {self.threads!r}")
+            raise UserError(f"threads must be an integer from 1 to {MAX_THREADS}. Received: "
+                            f"{self.threads!r}")
 
     def _check_model_parallel(self) -> None:
         for name in ("tp", "pp", "microbatches"):

@@ -31,6 +31,8 @@ workload that does not fit its data is refused here, not inside a worker."""
 # framework's integer types or fails late inside a worker.
 MAX_STEPS = 10_000_000
 MAX_GLOBAL_BATCH = 1 << 20
+MAX_DESCRIPTION = 4000
+"""Characters of a workload's free-text description (it is stored with every run)."""
 MAX_WIDTH = 1 << 16
 """Any layer width, d_model, d_ff or seq_len."""
 MAX_LAYERS = 1024
@@ -289,6 +291,10 @@ class Workload:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise UserError(f"name must be a non-empty string. Received: {self.name!r}")
+        if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION:
+            raise UserError(f"description must be a string of at most {MAX_DESCRIPTION} "
+                            f"characters. Received: {str(self.description)[:40]!r}... "
+                            f"({len(str(self.description))} characters)")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
             raise UserError(f"seed must be an integer in [0, 2**32). Received: {self.seed!r}")
         _positive_int("steps", self.steps, MAX_STEPS)

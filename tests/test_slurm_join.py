@@ -14,6 +14,7 @@ import pytest
 
 from sextant.cluster import emulated, slurm_lab
 from sextant.errors import UserError
+from sextant.launch.collector import SECRET_ENV, new_secret
 from sextant.launch.join import first_host, identity_from_env, tasks_per_node
 from sextant.launch.local import free_port
 from sextant.results.store import ResultsStore
@@ -119,7 +120,8 @@ def test_ranks_started_by_torchrun_store_one_run_on_rank_0(
          "2", "--master-port", str(free_port()), "--no-python", str(sextant), "join",
          "--workload", str(workload_file), "--parallel", "dp", "--db", str(tmp_path / "r.db"),
          "--collective-timeout", "60"],
-        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path,
+        env={**os.environ, SECRET_ENV: new_secret().hex()})
     assert out.returncode == 0, out.stderr[-2000:]
     with ResultsStore(tmp_path / "r.db", create=False) as store:
         (run,) = store.runs()  # one run, stored once, by rank 0

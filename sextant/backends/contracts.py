@@ -59,6 +59,9 @@ class WorkerContext:
     (sextant.backends.precision); None for a framework that runs on CPU cores only."""
     fault: str | None = None
     """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
+    resume_step: int | None = None
+    """With --resume: the checkpoint step the launching process accepted (0: none yet), which
+    every rank must load (sextant.checkpoint.resume_point); None when it did not say."""
     _events: TextIO | None = field(default=None, repr=False)
     channel: Channel | None = field(default=None, repr=False)
     """Connection to the run's collector when the ranks share no filesystem with it."""

@@ -28,6 +28,7 @@ functions: it runs the loop and reports each step to a `StepRecorder`
 from __future__ import annotations
 
 import io
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,10 +114,14 @@ def resume(ctx: WorkerContext, trainer: Trainer) -> int:
         return 0
     if trainer.restore is None:
         raise RuntimeError(f"{ctx.strategy.framework}: --resume without a restore function")
-    step, directory = ckpt.resume_point(ctx, trainer.notes)
-    if directory is not None:
-        trainer.restore(directory, step)
-    trainer.barrier()
+    step, copy = ckpt.resume_point(ctx, trainer.notes)
+    try:
+        if copy is not None:
+            trainer.restore(copy, step)  # the verified private copy, never the original
+        trainer.barrier()
+    finally:
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
     return step
 
 

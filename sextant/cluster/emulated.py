@@ -355,10 +355,15 @@ def load(name: str) -> Cluster:
     check_name(name)
     path = STATE_DIR / f"{name}.json"
     existing = names() if shutil.which("ip") and os.geteuid() == 0 else []
-    if name not in existing or not path.exists():
+    if name in existing and not path.exists():  # an `up` killed before it finished
+        raise UserError(f"emulated cluster {name!r} is incomplete (its namespaces exist but "
+                        f"its record does not: was 'sextant cluster up' interrupted?); "
+                        f"'sextant cluster down {name}' removes it, then 'sextant cluster up "
+                        f"{name}' creates it again")
+    if name not in existing:
         hint = f"existing: {', '.join(existing)}" if existing else "none exists"
         raise UserError(f"no emulated cluster {name!r} ({hint}); create it with "
-                        f"'sextant cluster up --name {name} --hosts 2 --link 10gbit'")
+                        f"'sextant cluster up {name} --hosts 2 --link 10gbit'")
     try:
         return Cluster.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -21,7 +21,7 @@ from rich.table import Table
 from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, db_path
 from sextant.display import console
 from sextant.errors import UserError
-from sextant.strategy import FRAMEWORKS
+from sextant.strategy import FRAMEWORKS, MAX_THREADS
 
 EXIT_FAILED = 3
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
@@ -175,8 +175,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         _fraction("--" + name.replace("_", "-"), getattr(args, name))
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1. Received: {args.workers}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be >= 1. Received: {args.threads}")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise UserError(f"--threads must be an integer from 1 to {MAX_THREADS}. Received: "
+                        f"{args.threads}")
     workload = resolve_workload(args.workload)
     db = db_path(args)
     opts = CheckOptions(

@@ -35,6 +35,19 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+MAX_COLLECTIVE_TIMEOUT_S = 86400.0
+"""A day: longer than any collective should wait, short of torch's timedelta overflow."""
+
+
+def collective_seconds(text: str) -> float:
+    """argparse type of --collective-timeout: seconds in (0, MAX_COLLECTIVE_TIMEOUT_S]."""
+    value = positive_seconds(text)
+    if value > MAX_COLLECTIVE_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_COLLECTIVE_TIMEOUT_S:g} seconds (a day). Received: {text!r}")
+    return value
+
+
 def add_store_args(p: argparse.ArgumentParser, *, purpose: str = "results database",
                    hidden: bool = False) -> None:
     """The one `--db` flag of every command that reads or writes the results store."""
@@ -62,7 +75,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
     p.add_argument("--timeout", type=positive_seconds, default=900.0,
                    help="seconds before a run's workers are killed (default: 900)")
-    p.add_argument("--collective-timeout", type=float, default=120.0,
+    p.add_argument("--collective-timeout", type=collective_seconds, default=120.0,
                    help="seconds a collective may wait for the other ranks (default: 120)")
     p.add_argument("--cluster", default=None, metavar="NAME",
                    help="run across the hosts of emulated cluster NAME (`sextant cluster up`): "

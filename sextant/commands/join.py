@@ -27,7 +27,9 @@ def register(sub: Any) -> None:
         "join", help="be one rank of a run started by torchrun, srun or another launcher",
         description="Be one rank of a run whose processes a cluster launcher started (it sets "
                     "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or Slurm's SLURM_* variables). "
-                    "Run the same command on every node; rank 0 stores the run.")
+                    "Run the same command on every node, each with the run's secret in "
+                    "SEXTANT_COLLECTOR_SECRET (or a file named by "
+                    "SEXTANT_COLLECTOR_SECRET_FILE); rank 0 stores the run.")
     add_run_args(p)
     add_strategy_args(p)
     p.set_defaults(func=cmd_join)
@@ -36,9 +38,11 @@ def register(sub: Any) -> None:
 def cmd_join(args: argparse.Namespace) -> int:
     identity = join.identity_from_env(dict(os.environ))
     address = join.collector_address(identity, dict(os.environ))
+    secret = join.run_secret(dict(os.environ))
     if address is not None:  # a rank that reports elsewhere: train, report, exit
-        return join.run_joined_rank(identity, address, args.collective_timeout)
+        return join.run_joined_rank(identity, address, args.collective_timeout, secret)
     workload = load_with_steps(args)
     strategy = strategy_from_args(args, default_workers=identity.world)
-    start = join.rank0_launcher(identity, bind=join.resolve(identity.master_addr))
+    start = join.rank0_launcher(identity, bind=join.resolve(identity.master_addr),
+                                secret=secret)
     return run_and_show(args, workload, strategy, launcher=start)

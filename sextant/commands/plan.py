@@ -317,6 +317,12 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_PLAN_GLOBAL_BATCH = 1 << 24
+"""Sequences per step: 16 times the largest published batches (2^63 made the search hang)."""
+MAX_PLAN_TOKENS = 1e17
+"""Tokens to train: a thousand times today's largest runs (1e308 printed a 300-digit time)."""
+
+
 def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import PlanOptions, resolve_hardware
@@ -341,8 +347,10 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(
             f"--price-per-hour must be a finite number >= 0. Received: {args.price_per_hour}"
         )
-    if args.tokens is not None and not (math.isfinite(args.tokens) and args.tokens > 0):
-        raise UserError(f"--tokens must be a finite number > 0. Received: {args.tokens}")
+    if args.tokens is not None and not (math.isfinite(args.tokens)
+                                        and 0 < args.tokens <= MAX_PLAN_TOKENS):
+        raise UserError(f"--tokens must be a number in (0, {MAX_PLAN_TOKENS:g}]. Received: "
+                        f"{args.tokens:g}")
     if args.oversubscription != 1.0 and args.nodes_per_leaf is None:
         raise UserError(
             "--oversubscription needs --nodes-per-leaf (how many nodes share a leaf switch). "
@@ -350,8 +358,13 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         )
     if not (math.isfinite(args.goodput) and 0 < args.goodput <= 1):
         raise UserError(f"--goodput must be in (0, 1]. Received: {args.goodput}")
-    if args.global_batch is not None and args.global_batch < 1:
-        raise UserError(f"--global-batch must be >= 1. Received: {args.global_batch}")
+    if args.global_batch is not None and not 1 <= args.global_batch <= MAX_PLAN_GLOBAL_BATCH:
+        raise UserError(f"--global-batch must be from 1 to {MAX_PLAN_GLOBAL_BATCH}. Received: "
+                        f"{args.global_batch}")
+    if args.workload:  # the validation `run` applies, before its shape is read
+        from sextant.workload import load_workload
+
+        load_workload(args.workload)
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     acc = cat.accelerator(args.accelerator)

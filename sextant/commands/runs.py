@@ -17,7 +17,7 @@ from sextant.commands.common import add_store_args, open_store
 from sextant.display import console, fmt_ms, fmt_rate
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
-from sextant.results.store import finite_json
+from sextant.results.store import RUN_STATUSES, finite_json
 from sextant.strategy import Strategy
 from sextant.workload import workload_from_dict
 
@@ -128,7 +128,14 @@ def cmd_import(args: argparse.Namespace) -> int:
             raise TypeError("metrics")
     except (UserError, TypeError, AttributeError) as exc:
         raise UserError(f"{path} is not a valid run record ({exc})") from None
+    status = record.get("status", "ok")
+    if status not in RUN_STATUSES:
+        raise UserError(f"{path}: status must be one of {', '.join(RUN_STATUSES)}. Received: "
+                        f"{str(status)[:40]!r}")
     with open_store(args) as store:
+        existing = store.find(record)
+        if existing is not None:
+            raise UserError(f"{path} is already stored as run {existing} in {store.path}")
         run_id = store.add({k: v for k, v in record.items() if k != "id"})
     console().print(f"stored as run {run_id} in {store.path}", markup=False)
     return 0

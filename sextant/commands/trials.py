@@ -21,14 +21,18 @@ the default compare (9 configurations, each pass dominated by process start and 
 near its 5-minute bound on the 2-core reference machine."""
 
 
+MAX_REPEATS = 1000
+
+
 def repeats(text: str) -> int:
-    """argparse type of --repeats: an integer >= 1."""
+    """argparse type of --repeats: an integer in 1..MAX_REPEATS."""
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1. Received: {text!r}")
+    if not 1 <= value <= MAX_REPEATS:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 1 to {MAX_REPEATS}. Received: {text[:40]!r}")
     return value
 
 

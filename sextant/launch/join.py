@@ -10,7 +10,8 @@ A rank's identity comes from the environment its launcher set:
 Where the run is stored: with SEXTANT_COLLECTOR=host:port (set by `sextant run --launcher
 slurm`), every rank reports to that collector and the host that submitted the job stores the
 run. Otherwise rank 0 hosts the collector itself, at MASTER_ADDR:MASTER_PORT+1, and stores the
-run in its own results database (--db). Either way no filesystem is shared: the plan reaches
+run in its own results database (--db). Every rank proves the run's secret to the collector
+(SEXTANT_COLLECTOR_SECRET or SEXTANT_COLLECTOR_SECRET_FILE, see collector.py). Either way no filesystem is shared: the plan reaches
 the ranks and their events and results come back over that one TCP connection per rank (see
 collector.py). The framework's own rendezvous (c10d store, JAX coordinator, TF_CONFIG) uses
 rank 0's address and a free port each rank reports.
@@ -27,7 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import RunFailed, UserError
-from sextant.launch.collector import ENV, Channel, Collector, gather
+from sextant.launch.collector import (
+    ENV,
+    SECRET_ENV,
+    SECRET_FILE_ENV,
+    Channel,
+    Collector,
+    CollectorRefused,
+    gather,
+    secret_from_env,
+)
 from sextant.launch.local import free_port
 
 DEFAULT_MASTER_PORT = 29500
@@ -103,12 +113,26 @@ def first_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
 
 
-def connect(address: str, rank: int, timeout_s: float) -> Channel:
-    """Connect to the collector, retrying while it starts (rank 0 may be slower to start)."""
+def run_secret(env: dict[str, str]) -> bytes:
+    """The run's collector secret, which every rank must be given (UserError saying how)."""
+    secret = secret_from_env(env)
+    if secret is None:
+        raise UserError(
+            f"sextant join needs the run's secret, the same on every node: set {SECRET_ENV} "
+            f"to 64 hex digits (`python -c 'import secrets; print(secrets.token_hex(32))'`) "
+            f"or {SECRET_FILE_ENV} to a file that holds them; see docs/multi-host.md")
+    return secret
+
+
+def connect(address: str, rank: int, timeout_s: float, secret: bytes) -> Channel:
+    """Connect to the collector, retrying while it starts (rank 0 may be slower to start);
+    a refused hello is not retried."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return Channel(address, rank, free_port(""))  # reached from other hosts
+            return Channel(address, rank, free_port(""), secret)  # reached from other hosts
+        except CollectorRefused:
+            raise
         except RunFailed:
             if time.monotonic() > deadline:
                 raise
@@ -139,11 +163,12 @@ def context_for(channel: Channel, identity: Identity) -> Any:
     return plan, ctx
 
 
-def run_joined_rank(identity: Identity, collector_address: str, timeout_s: float) -> int:
+def run_joined_rank(identity: Identity, collector_address: str, timeout_s: float,
+                    secret: bytes) -> int:
     """Train one rank that reports to a collector elsewhere; returns the exit code."""
     from sextant.launch.worker import run_rank
 
-    channel = connect(collector_address, identity.rank, timeout_s)
+    channel = connect(collector_address, identity.rank, timeout_s, secret)
     try:
         plan, ctx = context_for(channel, identity)
         Path(ctx.run_dir).mkdir(parents=True, exist_ok=True)
@@ -152,26 +177,28 @@ def run_joined_rank(identity: Identity, collector_address: str, timeout_s: float
         channel.close()
 
 
-def rank0_launcher(identity: Identity, *, bind: str) -> Any:
+def rank0_launcher(identity: Identity, *, bind: str, secret: bytes) -> Any:
     """A launcher (see runner.execute) for rank 0 of a torchrun-style start: host the
     collector, train rank 0 in this process, then gather every rank's result."""
     from sextant.backends.base import layout_of
     from sextant.launch.local import base_plan
 
     def launch(workload: Any, strategy: Any, run_dir: Path, *, timeout_s: float,
-               collective_timeout_s: float, on_event: Any = None, **_: Any) -> list[dict]:
+               collective_timeout_s: float, on_event: Any = None,
+               resume_step: int | None = None, **_: Any) -> list[dict]:
         layout = layout_of(strategy)
         if len(layout.roles) != identity.world:
             raise UserError(
                 f"{strategy.label} needs {len(layout.roles)} processes but the launcher "
                 f"started {identity.world} (WORLD_SIZE); start {len(layout.roles)} or change "
                 f"--workers")
-        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s)
-        collector = Collector(bind, plan, identity.world,
+        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,
+                         resume_step)
+        collector = Collector(bind, plan, identity.world, secret=secret,
                               port=identity.master_port + COLLECTOR_PORT_OFFSET,
                               join_timeout_s=collective_timeout_s)
         try:
-            code = run_joined_rank(identity, collector.address, collective_timeout_s)
+            code = run_joined_rank(identity, collector.address, collective_timeout_s, secret)
             if code != 0:
                 raise RunFailed(f"{strategy.label}: rank 0 failed (logs: {run_dir})")
             return gather(collector, layout.primary, label=strategy.label, on_event=on_event,

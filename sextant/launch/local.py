@@ -116,12 +116,13 @@ def _last_error_line(run_dir: Path, rank: int, *, killed: bool = False) -> str:
 
 
 def base_plan(workload: Workload, strategy: Strategy, run_dir: Path, roles: tuple[str, ...],
-              collective_timeout_s: float) -> dict[str, Any]:
+              collective_timeout_s: float, resume_step: int | None = None) -> dict[str, Any]:
     """What every rank of a run must know, however it is started. Launchers add threads,
-    core sets, ports and the placement."""
+    core sets, ports and the placement. `resume_step`: the checkpoint every rank resumes
+    from (sextant.checkpoint.resume_plan)."""
     return {"workload": workload.to_dict(), "strategy": strategy.to_dict(),
             "run_dir": str(run_dir), "collective_timeout_s": collective_timeout_s,
-            "roles": list(roles), "threads": None, "cpus": None}
+            "roles": list(roles), "threads": None, "cpus": None, "resume_step": resume_step}
 
 
 def launch(
@@ -134,6 +135,7 @@ def launch(
     on_event: EventHandler | None = None,
     extra_env: dict[str, str] | None = None,
     cluster: str | None = None,
+    resume_step: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run all ranks (on this machine, or across the hosts of emulated `cluster`); return
     each primary rank's result dict (rank order)."""
@@ -147,13 +149,13 @@ def launch(
     with hosts as placement:
         return _launch(workload, strategy, run_dir, layout, placement, timeout_s=timeout_s,
                        collective_timeout_s=collective_timeout_s, on_event=on_event,
-                       extra_env=extra_env)
+                       extra_env=extra_env, resume_step=resume_step)
 
 
 def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
             placement: Placement, *, timeout_s: float, collective_timeout_s: float,
-            on_event: EventHandler | None, extra_env: dict[str, str] | None
-            ) -> list[dict[str, Any]]:
+            on_event: EventHandler | None, extra_env: dict[str, str] | None,
+            resume_step: int | None = None) -> list[dict[str, Any]]:
     world = len(layout.roles)
     python = python_for(strategy.framework)  # this interpreter, or the framework's environment
     threads = strategy.threads or default_threads(len(layout.primary))
@@ -161,7 +163,8 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
     while len(ports) < world + 1:
         ports = sorted(set(ports) | {free_port()})
     plan = {
-        **base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s),
+        **base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,
+                    resume_step),
         "threads": threads,
         "cpus": core_sets(layout.primary, world, threads),
         # One free port per rank (for frameworks that want an address per process, such as

@@ -28,10 +28,11 @@ from typing import Any
 
 from sextant.envs import python_for
 from sextant.errors import RunFailed, UserError
-from sextant.launch.collector import ENV, Collector, gather
+from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
 from sextant.strategy import Strategy
 
 SUBMIT_TIMEOUT_S = 30.0
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64}){0,31}")
 OUTPUT = "/tmp/sextant-slurm-{job_id}.out"
 """The job's output file on its first node (the batch script's --output, %j its job id)."""
 
@@ -69,6 +70,10 @@ class Job:
             raise UserError(
                 f"{strategy.label} runs {world} processes: --nodes ({args.nodes}) x "
                 f"--tasks-per-node ({args.tasks_per_node}) must equal {world}")
+        if args.partition is not None and not _PARTITION.fullmatch(args.partition):
+            raise UserError(f"--partition must be a Slurm partition name or a comma-separated "
+                            f"list of them ({_PARTITION.pattern}). Received: "
+                            f"{args.partition[:80]!r}")
         return cls(nodes=nodes, tasks_per_node=per_node, partition=args.partition,
                    time_limit_s=args.timeout, join_args=tuple(join_args(args, strategy)),
                    label=strategy.label, python=python_for(strategy.framework),
@@ -120,6 +125,10 @@ def batch_script(job: Job) -> str:
     if job.gpus_per_node:
         directives.append(f"--gpus-per-node={job.gpus_per_node}")
     join = shlex.join([job.python, "-m", "sextant.cli", "join", *job.join_args])
+    for value in (*directives, job.python, *job.join_args):
+        if any(ord(c) < 32 or c == "\x7f" for c in value):  # a line of its own in the script
+            raise UserError(f"a control character would reach the Slurm batch script: "
+                            f"{value[:80]!r}")
     return "\n".join([
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives),
@@ -127,6 +136,8 @@ def batch_script(job: Job) -> str:
         "# SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST. With SEXTANT_COLLECTOR set (sextant",
         "# sets it when it submits) results go back to the submitting host; without it,",
         "# rank 0 stores the run on the first node (its --db, default ./sextant-results).",
+        "# Every task needs the run's secret: export SEXTANT_COLLECTOR_SECRET (64 hex digits)",
+        "# before sbatch, or SEXTANT_COLLECTOR_SECRET_FILE naming a file that holds it.",
         "set -euo pipefail",
         f"srun --kill-on-bad-exit=1 --wait=60 {join}",
         "",
@@ -175,12 +186,17 @@ def launcher(job: Job) -> Any:
 
     def launch(workload: Any, strategy: Strategy, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: Any = None,
-               extra_env: dict[str, str] | None = None, **_: Any) -> list[dict[str, Any]]:
+               extra_env: dict[str, str] | None = None, resume_step: int | None = None,
+               **_: Any) -> list[dict[str, Any]]:
         layout = layout_of(strategy)
-        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s)
-        collector = Collector(_collector_bind(), plan, job.tasks,
+        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,
+                         resume_step)
+        secret = new_secret()
+        collector = Collector(_collector_bind(), plan, job.tasks, secret=secret,
                               join_timeout_s=collective_timeout_s + 60)
-        env = {**os.environ, **(extra_env or {}), ENV: collector.address}
+        # sbatch and srun pass this environment to every task (never the script's text).
+        env = {**os.environ, **(extra_env or {}), ENV: collector.address,
+               SECRET_ENV: secret.hex()}
         job_id: list[str] = []
         proc = _start(job, env, run_dir, job_id)
         try:

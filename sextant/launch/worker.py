@@ -51,6 +51,7 @@ def context_from_plan(plan: dict[str, Any], env: dict[str, str]) -> WorkerContex
                         or (env["MASTER_ADDR"],) * int(env["WORLD_SIZE"])),
         local_world=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
         fault=env.get("SEXTANT_TEST_FAULT") or None,
+        resume_step=plan.get("resume_step"),
     )
 
 

@@ -10,6 +10,7 @@ change one price or add one accelerator without copying the rest. The "this mach
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -245,7 +246,11 @@ def load_catalogue(
     path = str(CATALOGUE_PATH)
     override = override or os.environ.get("SEXTANT_CATALOGUE")
     if override:
-        raw = _merge(raw, _read_toml(Path(override)))
+        user = _read_toml(Path(override))
+        if user.get("schema", raw.get("schema")) != raw.get("schema"):
+            raise UserError(f"catalogue {override}: schema must be {raw.get('schema')} (this "
+                            f"sextant's). Received: {str(user.get('schema'))[:20]!r}")
+        raw = _merge(raw, user)
         path = f"{CATALOGUE_PATH} + {override}"
     accs = {k: _accelerator(k, v) for k, v in raw.get("accelerators", {}).items()}
     defaults = raw.get("defaults", {})
@@ -291,9 +296,28 @@ def _number(where: str, raw: dict[str, Any], key: str) -> float | None:
     value = raw.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise UserError(f"{where}.{key} must be a number > 0. Received: {value!r}")
-    return float(value)
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not (math.isfinite(number) and 0 < number <= MAX_FIGURE):
+        raise UserError(f"{where}.{key} must be a finite number in (0, {MAX_FIGURE:g}]. "
+                        f"Received: {str(value)[:40]!r}")
+    return number
+
+
+MAX_FIGURE = 1e9
+"""Above any catalogue figure in its unit (TFLOP/s, GiB, GB/s, us)."""
+MAX_DEVICES_PER_NODE = 1 << 16
+"""A node, or a pod with one interconnect (TPU v5p: 8,960 chips), as the catalogue counts it."""
+
+
+def _count(where: str, raw: dict[str, Any], key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if type(value) is not int or not 1 <= value <= MAX_DEVICES_PER_NODE:
+        raise UserError(f"{where}.{key} must be an integer from 1 to {MAX_DEVICES_PER_NODE}. "
+                        f"Received: {str(value)[:40]!r}")
+    return value
 
 
 def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
@@ -321,7 +345,7 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
         peak_flops=peaks,
         memory_bytes=None if mem is None else mem * 2**30,
         memory_bw=None if bw is None else bw * 1e9,
-        devices_per_node=int(raw.get("devices_per_node", 8)),
+        devices_per_node=_count(where, raw, "devices_per_node", 8),
         intra_link=raw.get("intra_link") or None,
         inter_link=str(raw.get("inter_link", "ib-ndr")),
         host_link=str(raw.get("host_link", "pcie4")),

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,10 @@ _JSON_COLUMNS = {
     "ranks_json": "ranks",
     "fingerprint_json": "fingerprint",
 }
+
+
+RUN_STATUSES = ("ok", "failed", "interrupted", "diverged")
+"""What a stored run's `status` may be (sextant.runner writes each)."""
 
 
 class StoreLocked(UserError):
@@ -201,10 +206,36 @@ class ResultsStore:
         return int(row_id)
 
     def _decode(self, row: sqlite3.Row) -> dict[str, Any]:
+        """One run as a dict; UserError naming the row and the column when a cell is not
+        what sextant wrote (a hand-edited or damaged database)."""
         out = {k: row[k] for k in row.keys() if k not in _JSON_COLUMNS}
         for column, key in _JSON_COLUMNS.items():
-            out[key] = json.loads(row[column])
-        out["label"] = Strategy.from_dict(out["strategy"]).label
+            try:
+                out[key] = json.loads(row[column])
+            except (TypeError, ValueError, RecursionError):
+                raise UserError(f"run {row['id']} in {self.path} is unreadable: its {column} "
+                                f"is not valid JSON") from None
+        for key, kind in (("workload", dict), ("strategy", dict), ("metrics", dict),
+                          ("losses", list), ("grad_norms", list)):
+            if not isinstance(out[key], kind):
+                raise UserError(f"run {row['id']} in {self.path} is unreadable: its {key} is "
+                                f"not a JSON {'object' if kind is dict else 'array'}")
+        try:
+            out["label"] = Strategy.from_dict(out["strategy"]).label
+        except (UserError, KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"run {row['id']} in {self.path} is unreadable: its strategy is "
+                            f"not valid ({str(exc)[:200]})") from None
+        return out
+
+    def _decode_all(self, rows: Any) -> list[dict[str, Any]]:
+        """The readable runs; each unreadable one is named on stderr and left out, so one
+        damaged row does not hide the others."""
+        out = []
+        for row in rows:
+            try:
+                out.append(self._decode(row))
+            except UserError as exc:
+                sys.stderr.write(f"sextant: warning: {exc}; it is left out\n")
         return out
 
     def runs(self, *, workload_hash: str | None = None, group_id: str | None = None
@@ -220,13 +251,22 @@ class ResultsStore:
             args.append(group_id)
         if clauses:
             query += " WHERE " + " AND ".join(clauses)
-        return [self._decode(r) for r in self._conn.execute(query + " ORDER BY id", args)]
+        return self._decode_all(self._conn.execute(query + " ORDER BY id", args))
 
     def get(self, run_id: int) -> dict[str, Any]:
         row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise UserError(f"no run with id {run_id} in {self.path}")
         return self._decode(row)
+
+    def find(self, record: dict[str, Any]) -> int | None:
+        """The id of a stored run that is `record` (the same run directory, start time and
+        workload), or None."""
+        row = self._conn.execute(
+            "SELECT id FROM runs WHERE run_dir IS ? AND created_at IS ? AND workload_hash IS ?",
+            (record.get("run_dir"), record.get("created_at"), record.get("workload_hash")),
+        ).fetchone()
+        return None if row is None else int(row["id"])
 
     def latest_group(self) -> str | None:
         row = self._conn.execute(

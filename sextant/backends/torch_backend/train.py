@@ -430,6 +430,50 @@ class _Step:
         return torch.stack((total, self.update()))
 
 
+_METADATA_CLASSES = {
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"),
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+}
+"""What a distributed checkpoint's `.metadata` pickle may name: its own dataclasses, shapes,
+dtypes and layouts; nothing that runs code."""
+
+
+def metadata_only_reader(directory: Any) -> Any:
+    """A torch.distributed.checkpoint reader of `directory` whose `.metadata` is unpickled
+    with only checkpoint metadata allowed (the tensors themselves torch reads with
+    weights_only=True): a crafted pickle is refused, even under --trust-checkpoint."""
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            allowed = (module, name) in _METADATA_CLASSES or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+            if not allowed:
+                raise pickle.UnpicklingError(
+                    f"the checkpoint's .metadata names {module}.{name}, which is not "
+                    f"checkpoint metadata; refusing to load it")
+            return super().find_class(module, name)
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as stream:
+                metadata = Unpickler(stream).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(directory)
+
+
 def _checkpointing(net: torch.nn.Module, optimizer: torch.optim.Optimizer, step: _Step
                    ) -> tuple[Any, Any, Any]:
     """(save, restore, barrier) through torch.distributed.checkpoint (every rank writes its
@@ -444,7 +488,7 @@ def _checkpointing(net: torch.nn.Module, optimizer: torch.optim.Optimizer, step:
     def restore(directory: Any, step_found: int) -> None:
         model_sd, optim_sd = get_state_dict(net, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=directory)
+        dcp.load(state, storage_reader=metadata_only_reader(directory))
         set_state_dict(net, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
         step.updates = step_found
