@@ -60,7 +60,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--links", default="100mbit,1gbit,10gbit,25gbit")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--json", type=Path, default=Path("benchmarks/results/multi_host.json"))
+    p.add_argument("--json", type=Path, default=Path("docs/data/multi_host.json"))
     args = p.parse_args()
     workload = resolve_workload("gpt-tiny").replace(steps=args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="sextant-multihost-"))

@@ -88,13 +88,3 @@ def kill_then_resume(workload: Workload, make: object, tmp_path: Path) -> dict:
     assert resumed["ranks"][0]["details"]["notes"] == ["resumed from step-00000003"]
     assert resumed["metrics"]["resumed_from_step"] == 3
     return resumed
-
-
-def load_benchmark(name: str):
-    """A script of benchmarks/ imported as a module (its functions tested where a test ties
-    a planner figure to what the script measures or simulates)."""
-    path = REPO / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
