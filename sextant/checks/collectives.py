@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.errors import UserError
 from sextant.launch.hosts import Placement, private_loopback
 from sextant.launch.local import free_port
@@ -32,7 +33,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def measure_collective(op: str, *, world: int = 2, max_bytes: int = 64 * 2**20,
-                       min_bytes: int = 1024, timeout: float = 120.0,
+                       min_bytes: int = 1024, timeout: float = MEASUREMENT_TIMEOUT_S,
                        placement: Placement | None = None) -> dict[str, Any]:
     """Median times of `op` for message sizes min_bytes..max_bytes (x4 steps) between `world`
     gloo processes. A failing or hanging rank raises RunFailed naming it."""
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--sizes", default="1024")
     p.add_argument("--out", required=True)
-    p.add_argument("--timeout", type=int, default=120)
+    p.add_argument("--timeout", type=int, default=int(MEASUREMENT_TIMEOUT_S))
     return _worker(p.parse_args(argv))
 
 

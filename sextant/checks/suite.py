@@ -24,9 +24,10 @@ from typing import Any
 
 from sextant.checks import analyse
 from sextant.checks.result import CHECKS, SKIP, CheckResult
+from sextant.defaults import MEASUREMENT_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.monitor.metrics import merged_records, steps_by_rank, write_metrics
-from sextant.results.store import DEFAULT_DB
+from sextant.paths import DEFAULT_RUNS
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -49,10 +50,10 @@ class CheckOptions:
     loader_threshold: float = 0.10
     balance_threshold: float = 0.10
     scaling_tolerance: float = 0.10
-    timeout_s: float = 900.0
+    timeout_s: float = RUN_TIMEOUT_S
     cluster: str | None = None
     """Emulated cluster the runs and the interconnect measurement span."""
-    runs_dir: Path = DEFAULT_DB.parent / "runs"
+    runs_dir: Path = DEFAULT_RUNS
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment for the training workers (the tests set SEXTANT_TEST_FAULT here)."""
 
@@ -139,7 +140,7 @@ def strategies(opts: CheckOptions) -> tuple[Strategy, list[Strategy]]:
     return single, multi
 
 
-def measure_interconnect(world: int, max_bytes: int, timeout: float = 120.0,
+def measure_interconnect(world: int, max_bytes: int, timeout: float = MEASUREMENT_TIMEOUT_S,
                          cluster: str | None = None) -> dict[str, Any]:
     """All-reduce and all-gather timings between `world` gloo processes, on loopback or one
     per host of an emulated cluster."""

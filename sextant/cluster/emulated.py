@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
 from sextant.launch.hosts import NETNS_ETC, delete_netns, write_netns_hosts
@@ -396,7 +397,7 @@ def link_fit(name: str) -> dict[str, float] | None:
         return None
 
 
-def measure_link(cluster: Cluster, timeout: float = 120.0) -> dict[str, float]:
+def measure_link(cluster: Cluster, timeout: float = MEASUREMENT_TIMEOUT_S) -> dict[str, float]:
     """Measure (once per cluster) the all-reduce between two hosts, 1 KiB-16 MiB, and keep
     its alpha-beta fit: the link's latency and bandwidth as a collective sees them, which the
     planner uses in place of the nominal rate."""

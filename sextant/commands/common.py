@@ -12,9 +12,11 @@ from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.stats import max_loss_diff
-from sextant.results.store import DEFAULT_DB, ResultsStore, default_path
+from sextant.paths import DEFAULT_DB, default_db, runs_beside
+from sextant.results.store import ResultsStore
 
 DEFAULT_WORKLOAD = "gpt-tiny"
 
@@ -40,7 +42,7 @@ def add_store_args(p: argparse.ArgumentParser, *, purpose: str = "results databa
 
 def db_path(args: argparse.Namespace) -> Path:
     """The results database a command uses: `--db`, else $SEXTANT_RESULTS, else the default."""
-    return args.db if args.db is not None else default_path()
+    return args.db if args.db is not None else default_db()
 
 
 def deprecated(old: str, new: str) -> None:
@@ -54,10 +56,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="workload TOML file, or the name of a bundled one "
                         f"(default: {DEFAULT_WORKLOAD})")
     p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
-    p.add_argument("--timeout", type=positive_seconds, default=900.0,
-                   help="seconds before a run's workers are killed (default: 900)")
-    p.add_argument("--collective-timeout", type=float, default=120.0,
-                   help="seconds a collective may wait for the other ranks (default: 120)")
+    p.add_argument("--timeout", type=positive_seconds, default=RUN_TIMEOUT_S,
+                   help=f"seconds before a run's workers are killed (default: {RUN_TIMEOUT_S:g})")
+    p.add_argument("--collective-timeout", type=float, default=COLLECTIVE_TIMEOUT_S,
+                   help="seconds a collective may wait for the other ranks "
+                        f"(default: {COLLECTIVE_TIMEOUT_S:g})")
     p.add_argument("--cluster", default=None, metavar="NAME",
                    help="run across the hosts of emulated cluster NAME (`sextant cluster up`): "
                         "ranks spread over its hosts, talking over its shaped links")
@@ -102,7 +105,7 @@ def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore
 
 
 def runs_dir(store: ResultsStore) -> Path:
-    return store.path.parent / "runs"
+    return runs_beside(store.path)
 
 
 class RunProgress:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sextant.defaults import COLLECTIVE_TIMEOUT_S
 from sextant.errors import RunFailed
 
 CONNECT_TIMEOUT_S = 60.0
@@ -36,7 +37,7 @@ class Collector:
     for the `world` ranks of one run."""
 
     def __init__(self, bind: str, plan: dict[str, Any], world: int, *, port: int = 0,
-                 join_timeout_s: float = 120.0) -> None:
+                 join_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
         self.plan = plan
         self.world = world
         self.join_timeout_s = join_timeout_s

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.envs import python_for
 from sextant.errors import RunFailed
 from sextant.fsutil import atomic_write_json
@@ -129,8 +130,8 @@ def launch(
     strategy: Strategy,
     run_dir: Path,
     *,
-    timeout_s: float = 900.0,
-    collective_timeout_s: float = 120.0,
+    timeout_s: float = RUN_TIMEOUT_S,
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
     on_event: EventHandler | None = None,
     extra_env: dict[str, str] | None = None,
     cluster: str | None = None,
@@ -222,16 +223,16 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
                 where = f" on {placement.host_of(rank).name}" if placement.multi_host else ""
                 raise RunFailed(
                     f"{strategy.label}: rank {rank}{role}{where} {_describe_exit(code)}: "
-                    f"{_last_error_line(run_dir, rank, killed=code < 0)} (logs: {run_dir})"
-                )
+                    f"{_last_error_line(run_dir, rank, killed=code < 0)} (logs: {run_dir})",
+                    run_dir=run_dir)
             if all(codes[r] == 0 for r in layout.primary):
                 break
             if time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
                 raise RunFailed(
                     f"{strategy.label}: timed out after {timeout_s:.0f} s; rank(s) "
-                    f"{', '.join(map(str, running))} still running (logs: {run_dir})"
-                )
+                    f"{', '.join(map(str, running))} still running (logs: {run_dir})",
+                    run_dir=run_dir)
             time.sleep(0.05)
     finally:
         for p in procs:
@@ -253,6 +254,7 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
     for rank in layout.primary:
         path = run_dir / f"rank{rank}.result.json"
         if not path.exists():
-            raise RunFailed(f"{strategy.label}: rank {rank} exited without a result ({path})")
+            raise RunFailed(f"{strategy.label}: rank {rank} exited without a result ({path})",
+                            run_dir=run_dir)
         results.append(json.loads(path.read_text()))
     return results

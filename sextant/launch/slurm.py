@@ -29,6 +29,7 @@ from typing import Any
 from sextant.envs import python_for
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, Collector, gather
+from sextant.paths import RESULTS_DIR
 from sextant.strategy import Strategy
 
 SUBMIT_TIMEOUT_S = 30.0
@@ -119,7 +120,7 @@ def batch_script(job: Job) -> str:
         "# Written by sextant. Each task runs `sextant join`, which reads its rank from",
         "# SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST. With SEXTANT_COLLECTOR set (sextant",
         "# sets it when it submits) results go back to the submitting host; without it,",
-        "# rank 0 stores the run on the first node (its --db, default ./sextant-results).",
+        f"# rank 0 stores the run on the first node (its --db, default ./{RESULTS_DIR}).",
         "set -euo pipefail",
         f"srun --kill-on-bad-exit=1 --wait=60 {join}",
         "",

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_text
 from sextant.planner.catalogue import DEFAULT_CALIBRATION
@@ -174,7 +175,7 @@ def fit_alpha_beta(sizes, times) -> dict[str, float]:
 
 
 def measure_allreduce(
-    max_bytes: int = 64 * 2**20, timeout: float = 120.0, world: int = 2
+    max_bytes: int = 64 * 2**20, timeout: float = MEASUREMENT_TIMEOUT_S, world: int = 2
 ) -> dict[str, Any]:
     """All-reduce medians between `world` gloo worker processes on loopback, and the
     alpha-beta fit (the timer is sextant.checks.collectives, shared with `sextant check`)."""
@@ -189,7 +190,7 @@ def calibrate(
     *,
     out: str | Path | None = None,
     max_bytes: int = 64 * 2**20,
-    timeout: float = 120.0,
+    timeout: float = MEASUREMENT_TIMEOUT_S,
     progress=None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
