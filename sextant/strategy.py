@@ -58,6 +58,11 @@ DEVICES = ("cpu", "gpu")
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
 
+def flag_of(field_name: str) -> str:
+    """The command-line flag of a Strategy field: `grad_accum` -> `--grad-accum`."""
+    return "--" + field_name.replace("_", "-")
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Strategy:
     framework: str
@@ -267,6 +272,19 @@ class Strategy:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_flags(self) -> list[str]:
+        """The command-line flags that rebuild this strategy, every field spelled out (so the
+        result does not depend on the CLI's defaults): `--field-name VALUE`, a true boolean
+        as its bare flag, a false one and a None value left out. `sextant join` and the
+        Slurm batch script take these; tests/test_strategy_flags.py parses them back."""
+        flags: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or value is False:
+                continue
+            flags += [flag_of(f.name)] if value is True else [flag_of(f.name), str(value)]
+        return flags
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Strategy:

@@ -17,6 +17,7 @@ from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.stats import max_loss_diff
 from sextant.paths import DEFAULT_DB, default_db, runs_beside
 from sextant.results.store import ResultsStore
+from sextant.strategy import DEVICES
 
 DEFAULT_WORKLOAD = "gpt-tiny"
 
@@ -71,6 +72,8 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
     """The distributed-training levers (see `sextant capabilities` for who supports what)."""
     p.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (mixed: bf16 "
                    "compute, fp32 master weights)")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="where ranks compute: cpu cores (default) or one gpu per rank")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (global batch unchanged; default 1)")
     p.add_argument("--compress", default="none",
@@ -93,7 +96,8 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
-    return {"precision": args.precision, "grad_accum": args.grad_accum,
+    return {"precision": args.precision, "device": args.device,
+            "grad_accum": args.grad_accum,
             "compress": args.compress, "checkpoint_every": args.checkpoint_every,
             "activation_checkpointing": args.activation_checkpointing,
             "checkpoint_dir": args.checkpoint_dir, "resume": args.resume,

@@ -68,36 +68,23 @@ class Job:
                 f"{strategy.label} runs {world} processes: --nodes ({args.nodes}) x "
                 f"--tasks-per-node ({args.tasks_per_node}) must equal {world}")
         return cls(nodes=nodes, tasks_per_node=per_node, partition=args.partition,
-                   time_limit_s=args.timeout, join_args=tuple(join_args(args, strategy)),
+                   time_limit_s=args.timeout,
+                   join_args=tuple(join_args(strategy, workload=str(args.workload),
+                                             timeout_s=args.timeout,
+                                             collective_timeout_s=args.collective_timeout,
+                                             steps=args.steps)),
                    label=strategy.label, python=python_for(strategy.framework))
 
 
-def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
-    """The flags of `sextant join` for this run (the same run on every task)."""
-    out = ["--workload", str(args.workload), "--framework", strategy.framework,
-           "--mode", strategy.mode, "--parallel", strategy.parallel,
-           "--workers", str(strategy.workers), "--precision", strategy.precision,
-           "--grad-accum", str(strategy.grad_accum), "--compress", strategy.compress,
-           "--collective-timeout", f"{args.collective_timeout:g}",
-           "--timeout", f"{args.timeout:g}"]
-    if strategy.ps:
-        out += ["--ps", str(strategy.ps)]
-    if strategy.framework == "keras":
-        out += ["--keras-backend", strategy.keras_backend]
-    if strategy.tp > 1:
-        out += ["--tp", str(strategy.tp)]
-    if strategy.pp > 1:
-        out += ["--pp", str(strategy.pp), "--microbatches", str(strategy.microbatches),
-                "--schedule", strategy.schedule]
-    if strategy.sequence_parallel:
-        out += ["--sequence-parallel"]
-    if strategy.activation_checkpointing:
-        out += ["--activation-checkpointing"]
-    if args.steps is not None:
-        out += ["--steps", str(args.steps)]
-    if strategy.threads:
-        out += ["--threads", str(strategy.threads)]
-    return out
+def join_args(strategy: Strategy, *, workload: str, timeout_s: float,
+              collective_timeout_s: float, steps: int | None = None) -> list[str]:
+    """The flags of `sextant join` for this run (the same run on every task): the workload
+    and limits, then every field of the strategy (Strategy.to_flags)."""
+    out = ["--workload", workload, "--collective-timeout", f"{collective_timeout_s:g}",
+           "--timeout", f"{timeout_s:g}"]
+    if steps is not None:
+        out += ["--steps", str(steps)]
+    return out + strategy.to_flags()
 
 
 def _time(seconds: float) -> str:
