@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from sextant.checks.analyse import bandwidths
-from sextant.checks.collectives import measure_collective
+from sextant.launch.collectives import measure_collective
 from sextant.cluster import emulated
-from sextant.launch.hosts import on_emulated_cluster
 from sextant.planner.calibrate import calibrate, fit_alpha_beta
 from sextant.planner.local import load_machine, predict_scaling
 from sextant.results.store import ResultsStore
@@ -79,7 +78,7 @@ def main() -> int:
             link = emulated.Link(rate_bit_s=emulated.parse_rate(text))
             emulated.up(CLUSTER, 2, link)
             try:
-                ar = measure_collective("allreduce", placement=on_emulated_cluster(CLUSTER, 2))
+                ar = measure_collective("allreduce", placement=emulated.placement(CLUSTER, 2))
                 bus = bandwidths("allreduce", ar["sizes_bytes"], ar["times_s"], 2)
                 fit = fit_alpha_beta(ar["sizes_bytes"], ar["times_s"])
                 row: dict[str, Any] = {

@@ -246,7 +246,8 @@ def execute(
             on_event(event)
 
     try:
-        start = launcher or functools.partial(launch, cluster=cluster)
+        place = functools.partial(emulated.placement, cluster) if cluster else None
+        start = launcher or functools.partial(launch, place=place)
         if sampler is not None:
             sampler.start()
         try:

@@ -144,10 +144,11 @@ def measure_interconnect(world: int, max_bytes: int, timeout: float = MEASUREMEN
                          cluster: str | None = None) -> dict[str, Any]:
     """All-reduce and all-gather timings between `world` gloo processes, on loopback or one
     per host of an emulated cluster."""
-    from sextant.checks.collectives import measure_collective
-    from sextant.launch.hosts import on_emulated_cluster, single_host
+    from sextant.launch.collectives import measure_collective
+    from sextant.cluster import emulated
+    from sextant.launch.hosts import single_host
 
-    placement = on_emulated_cluster(cluster, world) if cluster else single_host(world)
+    placement = emulated.placement(cluster, world) if cluster else single_host(world)
     keys = ("sizes_bytes", "times_s", "p10_s", "p90_s")
     measured = {op: measure_collective(op, world=world, max_bytes=max_bytes, timeout=timeout,
                                        placement=placement)

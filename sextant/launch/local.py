@@ -22,11 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sextant.cores import default_threads, usable_cores
 from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
-from sextant.envs import python_for
 from sextant.errors import RunFailed
 from sextant.fsutil import atomic_write_json
-from sextant.launch.hosts import Placement, on_emulated_cluster, private_loopback
+from sextant.launch.hosts import Placement, private_loopback
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -38,16 +38,6 @@ def free_port(bind: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((bind, 0))
         return int(s.getsockname()[1])
-
-
-def usable_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def default_threads(workers: int) -> int:
-    return max(1, len(usable_cores()) // workers)
 
 
 def core_sets(layout_primary: tuple[int, ...], world: int, threads: int) -> list[list[int] | None]:
@@ -134,16 +124,17 @@ def launch(
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
     on_event: EventHandler | None = None,
     extra_env: dict[str, str] | None = None,
-    cluster: str | None = None,
+    place: Callable[[int], Placement] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run all ranks (on this machine, or across the hosts of emulated `cluster`); return
-    each primary rank's result dict (rank order)."""
+    """Run all ranks (on this machine, or where `place(world)` puts them: the hosts of an
+    emulated cluster, sextant.cluster.emulated.placement); return each primary rank's result
+    dict (rank order)."""
     from sextant.backends.base import layout_of
 
     run_dir.mkdir(parents=True, exist_ok=True)
     layout = layout_of(strategy)
     world = len(layout.roles)
-    hosts = (contextlib.nullcontext(on_emulated_cluster(cluster, world)) if cluster is not None
+    hosts = (contextlib.nullcontext(place(world)) if place is not None
              else private_loopback(world))
     with hosts as placement:
         return _launch(workload, strategy, run_dir, layout, placement, timeout_s=timeout_s,
@@ -156,6 +147,8 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
             on_event: EventHandler | None, extra_env: dict[str, str] | None
             ) -> list[dict[str, Any]]:
     world = len(layout.roles)
+    from sextant.backends.base import python_for
+
     python = python_for(strategy.framework)  # this interpreter, or the framework's environment
     threads = strategy.threads or default_threads(len(layout.primary))
     ports = sorted({free_port() for _ in range(world + 1)})

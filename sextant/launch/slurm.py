@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sextant.envs import python_for
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, Collector, gather
 from sextant.paths import RESULTS_DIR
@@ -56,7 +55,7 @@ class Job:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, strategy: Strategy) -> Job:
-        from sextant.backends.base import layout_of
+        from sextant.backends.base import layout_of, python_for
 
         world = len(layout_of(strategy).roles)
         nodes = args.nodes if args.nodes is not None else (

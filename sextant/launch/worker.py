@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from sextant.backends.contracts import EVENT_SCHEMA, WorkerContext
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json, remove_private_tempdirs
-from sextant.launch.allocator import keep_freed_memory
+from sextant.allocator import keep_freed_memory
 from sextant.launch.hosts import adopt_host
 from sextant.launch.local import default_threads
 from sextant.strategy import Strategy
@@ -64,7 +64,7 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
     cpus = (plan.get("cpus") or [None] * ctx.world)[ctx.rank]
     if cpus:
         os.sched_setaffinity(0, cpus)
-    keep_freed_memory()  # before any framework allocates (sextant.launch.allocator)
+    keep_freed_memory()  # before any framework allocates (sextant.allocator)
     if ctx.fault and f"no-rendezvous-rank-{ctx.rank}" in ctx.fault.split(","):
         # Test hook: a host that never joins the rendezvous (the launcher ends this process).
         time.sleep(3600)

@@ -1,4 +1,4 @@
-"""Collective timing between real worker processes: `python -m sextant.checks.collectives`.
+"""Collective timing between real worker processes: `python -m sextant.launch.collectives`.
 
 All-reduce and all-gather, with one method: gloo over TCP, 3 warm-up calls, a barrier, a
 probe call whose duration (broadcast from rank 0) fixes the repetitions for every rank (5 to
@@ -58,7 +58,7 @@ def _measure(op: str, world: int, placement: Placement, min_bytes: int, max_byte
     with tempfile.TemporaryDirectory(prefix=f"sextant-{op}-") as tmp:
         out = Path(tmp) / f"{op}.json"
         run_rank_processes(
-            lambda rank: ["sextant.checks.collectives", "--op", op, "--rank", str(rank),
+            lambda rank: ["sextant.launch.collectives", "--op", op, "--rank", str(rank),
                           "--world", str(world), "--addr", placement.master_addr,
                           "--port", str(port), "--sizes", ",".join(map(str, sizes)),
                           "--out", str(out), "--timeout", str(int(timeout))],
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from sextant.launch.hosts import adopt_host
 
     adopt_host()
-    p = argparse.ArgumentParser(prog="python -m sextant.checks.collectives")
+    p = argparse.ArgumentParser(prog="python -m sextant.launch.collectives")
     p.add_argument("--op", choices=OPS, default="allgather")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, default=2)
