@@ -12,7 +12,6 @@ on its own node (see join.py).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -54,24 +53,27 @@ class Job:
         return self.nodes * self.tasks_per_node
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, strategy: Strategy) -> Job:
+    def for_run(cls, strategy: Strategy, *, workload: str, timeout_s: float,
+                collective_timeout_s: float, steps: int | None = None,
+                nodes: int | None = None, tasks_per_node: int | None = None,
+                partition: str | None = None) -> Job:
+        """The job of one run: its ranks over `nodes` x `tasks_per_node` (by default one node
+        per rank, or the ranks spread evenly over the nodes given)."""
         from sextant.backends.base import layout_of, python_for
 
         world = len(layout_of(strategy).roles)
-        nodes = args.nodes if args.nodes is not None else (
-            world // args.tasks_per_node if args.tasks_per_node else world)
-        per_node = args.tasks_per_node or (world // nodes if nodes and world % nodes == 0
-                                           else 0)
-        if nodes < 1 or per_node < 1 or nodes * per_node != world:
+        n = nodes if nodes is not None else (
+            world // tasks_per_node if tasks_per_node else world)
+        per_node = tasks_per_node or (world // n if n and world % n == 0 else 0)
+        if n < 1 or per_node < 1 or n * per_node != world:
             raise UserError(
-                f"{strategy.label} runs {world} processes: --nodes ({args.nodes}) x "
-                f"--tasks-per-node ({args.tasks_per_node}) must equal {world}")
-        return cls(nodes=nodes, tasks_per_node=per_node, partition=args.partition,
-                   time_limit_s=args.timeout,
-                   join_args=tuple(join_args(strategy, workload=str(args.workload),
-                                             timeout_s=args.timeout,
-                                             collective_timeout_s=args.collective_timeout,
-                                             steps=args.steps)),
+                f"{strategy.label} runs {world} processes: --nodes ({nodes}) x "
+                f"--tasks-per-node ({tasks_per_node}) must equal {world}")
+        return cls(nodes=n, tasks_per_node=per_node, partition=partition,
+                   time_limit_s=timeout_s,
+                   join_args=tuple(join_args(strategy, workload=workload, timeout_s=timeout_s,
+                                             collective_timeout_s=collective_timeout_s,
+                                             steps=steps)),
                    label=strategy.label, python=python_for(strategy.framework))
 
 
