@@ -14,7 +14,7 @@ steps). We print the median over rounds of each and their ratio.
 The "hand" loop here imports sextant's own model, initial parameters, batches and schedule,
 so it measures the loop wrapper only. Whether sextant runs each framework as fast as an
 expert would is measured against loops that share no code with sextant:
-benchmarks/expert_ratio.py (issue #20, docs/benchmarks.md).
+benchmarks/expert_ratio.py (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from sextant.checks.analyse import bandwidths
-from sextant.checks.collectives import measure_collective
+from sextant.launch.collectives import measure_collective
 from sextant.cluster import emulated
-from sextant.launch.hosts import on_emulated_cluster
 from sextant.planner.calibrate import calibrate, fit_alpha_beta
 from sextant.planner.local import load_machine, predict_scaling
 from sextant.results.store import ResultsStore
@@ -60,7 +59,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--links", default="100mbit,1gbit,10gbit,25gbit")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--json", type=Path, default=Path("benchmarks/results/multi_host.json"))
+    p.add_argument("--json", type=Path, default=Path("docs/data/multi_host.json"))
     args = p.parse_args()
     workload = resolve_workload("gpt-tiny").replace(steps=args.steps)
     tmp = Path(tempfile.mkdtemp(prefix="sextant-multihost-"))
@@ -79,7 +78,7 @@ def main() -> int:
             link = emulated.Link(rate_bit_s=emulated.parse_rate(text))
             emulated.up(CLUSTER, 2, link)
             try:
-                ar = measure_collective("allreduce", placement=on_emulated_cluster(CLUSTER, 2))
+                ar = measure_collective("allreduce", placement=emulated.placement(CLUSTER, 2))
                 bus = bandwidths("allreduce", ar["sizes_bytes"], ar["times_s"], 2)
                 fit = fit_alpha_beta(ar["sizes_bytes"], ar["times_s"])
                 row: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Do verdicts survive a busy machine? (issue #17)
+"""Do verdicts survive a busy machine?
 
 Runs the default `sextant compare` twice into two fresh stores: once as the machine is, once
 while this script keeps a CPU-bound load of its own running, pinned to one core, for part

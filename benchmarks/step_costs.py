@@ -1,4 +1,4 @@
-"""What sextant's measurement itself costs per step, per framework (issue #20).
+"""What sextant's measurement itself costs per step, per framework.
 
 sextant's step does three things an expert's loop does not: it computes the global gradient
 norm (recorded beside the loss, so that the data-parallel parity check can fail: Adam hides

@@ -206,18 +206,11 @@ def remove(name: str) -> bool:
     return True
 
 
-def environment_of(framework: str) -> str | None:
-    """The environment a framework's workers run in (None: this interpreter's)."""
-    from sextant.backends.base import get_backend
-
-    return get_backend(framework).ENVIRONMENT
-
-
-def python_for(framework: str) -> str:
-    """The interpreter that runs `framework`'s workers: this one, or its environment's. A
-    missing, unfinished, broken or stale environment is a one-line UserError naming the
-    command that fixes it."""
-    name = environment_of(framework)
+def python_for(framework: str, name: str | None) -> str:
+    """The interpreter that runs `framework`'s workers: this one (`name` None), or that of
+    environment `name` (the backend says which: sextant.backends.base.python_for). A missing,
+    unfinished, broken or stale environment is a one-line UserError naming the command that
+    fixes it."""
     if name is None:
         return sys.executable
     record = load(name)

@@ -24,6 +24,7 @@ import numpy as np
 
 from sextant.checkpoint import resume_plan
 from sextant.cluster import emulated
+from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_json
 from sextant.init import count_params, flops_per_step
@@ -225,8 +226,8 @@ def execute(
     store: ResultsStore | None = None,
     group_id: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
-    timeout_s: float = 900.0,
-    collective_timeout_s: float = 120.0,
+    timeout_s: float = RUN_TIMEOUT_S,
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
     extra_env: dict[str, str] | None = None,
     cluster: str | None = None,
     launcher: Launcher | None = None,
@@ -274,7 +275,8 @@ def execute(
             on_event(event)
 
     try:
-        start = launcher or functools.partial(launch, cluster=cluster)
+        place = functools.partial(emulated.placement, cluster) if cluster else None
+        start = launcher or functools.partial(launch, place=place)
         if sampler is not None:
             sampler.start()
         try:
@@ -287,14 +289,16 @@ def execute(
             if sampler is not None:
                 sampler.stop()
     except RunFailed as exc:
+        if exc.run_dir is None:  # a launcher that did not say: the directory it was given
+            exc.run_dir = run_dir
         diverged = diverged_record(identity, workload, run_dir)
         if store is None:
             raise
         if diverged is None:
             keep(store, stopped_record(identity, workload, run_dir, "failed", str(exc)))
             raise
-        raise RunFailed(f"{exc}; stored as run {keep(store, diverged)} (status diverged)"
-                        ) from None
+        raise RunFailed(f"{exc}; stored as run {keep(store, diverged)} (status diverged)",
+                        run_dir=run_dir) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the workers are stopped
         if store is not None:
             keep(store, stopped_record(identity, workload, run_dir, "interrupted",

@@ -8,7 +8,8 @@ names what is supported, never a silent fallback.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sextant.errors import UserError
@@ -60,83 +61,118 @@ MAX_THREADS = 1024
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
 
+Check = Callable[[str, Any], None]
+"""A field validator: (field name, value) -> None, or a UserError that says what was wrong
+and what is allowed."""
+
+
+def one_of(choices: tuple[str, ...], what: str) -> Check:
+    """The value is one of `choices` ("unknown <what> 'x'; allowed: a, b")."""
+
+    def check(name: str, value: Any) -> None:
+        if value not in choices:
+            raise UserError(f"unknown {what} {value!r}; allowed: {', '.join(choices)}")
+
+    return check
+
+
+def int_at_least(low: int, *, optional: bool = False, at_most: int | None = None) -> Check:
+    """The value is an integer (not a bool) >= `low` (and <= `at_most`, when given); with
+    `optional`, None passes too."""
+
+    def check(name: str, value: Any) -> None:
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UserError(f"{name} must be an integer >= {low}. Received: {value!r}")
+        if at_most is not None and value > at_most:
+            raise UserError(f"{name} must be an integer from {low} to {at_most}. "
+                            f"Received: {value!r}")
+
+    return check
+
+
+def boolean(name: str, value: Any) -> None:
+    """The value is True or False (not 1, not "yes")."""
+    if not isinstance(value, bool):
+        raise UserError(f"{name} must be true or false. Received: {value!r}")
+
+
+def checked(default: Any, check: Check) -> Any:
+    """A Strategy field with its default and its validator (run by Strategy.__post_init__)."""
+    return field(default=default, metadata={"check": check})
+
+
+def flag_of(field_name: str) -> str:
+    """The command-line flag of a Strategy field: `grad_accum` -> `--grad-accum`."""
+    return "--" + field_name.replace("_", "-")
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Strategy:
-    framework: str
+    framework: str = field(metadata={"check": one_of(FRAMEWORKS, "framework")})
     """Which framework trains the workload."""
-    mode: str = "eager"
+    mode: str = checked("eager", one_of(MODES, "mode"))
     """'eager' or 'compiled' (torch.compile, jax.jit, tf.function(jit_compile=True))."""
-    parallel: str = "single"
+    parallel: str = checked("single", one_of(PARALLEL, "parallel strategy"))
     """'single' (one process) or 'dp' (data parallel, gradients all-reduced)."""
-    workers: int = 1
+    workers: int = checked(1, int_at_least(1))
     """Worker processes."""
-    precision: str = "fp32"
+    precision: str = checked("fp32", one_of(PRECISIONS, "precision"))
     """Numerical precision (PRECISIONS): what the framework is asked for; each run records
     the precision it actually used."""
-    device: str = "cpu"
+    device: str = checked("cpu", one_of(DEVICES, "device"))
     """'cpu', or 'gpu': one GPU per primary rank, the host's visible device at its local rank
     (the CLI's --device auto picks 'gpu' where the host has GPUs)."""
-    grad_accum: int = 1
+    grad_accum: int = checked(1, int_at_least(1))
     """Micro-batches per optimizer step; gradients are communicated once per step. The global
     batch is unchanged, so the losses must equal the grad_accum=1 run."""
-    compress: str = "none"
+    compress: str = checked("none", one_of(COMPRESSIONS, "compression"))
     """Gradient-communication compression (data-parallel strategies only)."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = checked(False, boolean)
     """Recompute each transformer block's activations in the backward pass instead of keeping
     them (less activation memory, about one more forward per step; numerics unchanged)."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = checked(0, int_at_least(0))
     """Save a checkpoint after every K steps (0: never)."""
     checkpoint_dir: str | None = None
     """Where checkpoints go (required with checkpoint_every or resume)."""
     resume: bool = False
     """Continue from the newest valid checkpoint in checkpoint_dir."""
-    trust_checkpoint: bool = False
+    trust_checkpoint: bool = checked(False, boolean)
     """Load checkpoints not signed with this user's key (sextant.checkpoint's trust model)."""
-    devices_per_worker: int = 1
+    devices_per_worker: int = checked(1, int_at_least(1))
     """Devices inside each worker process (jax: host devices of one CPU process;
     tensorflow: logical CPU devices under MirroredStrategy)."""
-    ps: int = 0
+    ps: int = checked(0, int_at_least(0))
     """Parameter-server processes (parallel 'ps' only)."""
-    threads: int | None = None
+    threads: int | None = checked(None, int_at_least(1, optional=True, at_most=MAX_THREADS))
     """Intra-op threads per worker; default: the machine's cores divided by the workers."""
-    tp: int = 1
+    tp: int = checked(1, int_at_least(1))
     """Tensor-parallel degree (parallel 'tp' / 'tp-manual'): devices that split each layer."""
-    pp: int = 1
+    pp: int = checked(1, int_at_least(1))
     """Pipeline stages (parallel 'pp')."""
-    microbatches: int = 1
+    microbatches: int = checked(1, int_at_least(1))
     """Micro-batches each batch is cut into for the pipeline (parallel 'pp')."""
-    schedule: str = "gpipe"
+    schedule: str = checked("gpipe", one_of(PIPELINE_SCHEDULES, "pipeline schedule"))
     """Pipeline schedule (parallel 'pp'): 'gpipe' (all forwards, then all backwards) or
     '1f1b' (one forward, one backward, interleaved once the pipeline is full)."""
-    sequence_parallel: bool = False
+    sequence_parallel: bool = checked(False, boolean)
     """With tensor parallelism: norms and residuals split along the sequence between the
     tensor-parallel regions (all-gather / reduce-scatter instead of all-reduce)."""
-    keras_backend: str = "jax"
+    keras_backend: str = checked("jax", one_of(KERAS_BACKENDS, "keras backend"))
     """Framework 'keras' only: the backend Keras 3 runs on (KERAS_BACKEND in the worker):
     'jax' (the default: the only one with keras.distribution on Keras 3.15, and Keras'
     fastest here, docs/keras.md), 'torch' or 'tensorflow'."""
 
     def __post_init__(self) -> None:
-        if self.framework not in FRAMEWORKS:
-            raise UserError(
-                f"unknown framework {self.framework!r}; allowed: {', '.join(FRAMEWORKS)}"
-            )
-        if self.mode not in MODES:
-            raise UserError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
-        if self.parallel not in PARALLEL:
-            raise UserError(
-                f"unknown parallel strategy {self.parallel!r}; allowed: {', '.join(PARALLEL)}"
-            )
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise UserError(f"workers must be an integer >= 1. Received: {self.workers!r}")
-        for name in ("devices_per_worker", "ps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise UserError(f"{name} must be an integer >= 0. Received: {value!r}")
-        if self.devices_per_worker < 1:
-            raise UserError(
-                f"devices_per_worker must be >= 1. Received: {self.devices_per_worker}"
-            )
+        for f in dataclasses.fields(self):
+            if "check" in f.metadata:
+                f.metadata["check"](f.name, getattr(self, f.name))
+        self._check_layout()
+        self._check_levers()
+        self._check_model_parallel()
+
+    def _check_layout(self) -> None:
         if self.parallel == "single" and (self.workers != 1 or self.devices_per_worker != 1):
             raise UserError(
                 f"parallel 'single' runs one worker on one device. Received: "
@@ -149,64 +185,27 @@ class Strategy:
             raise UserError(
                 f"--ps is only for parallel 'ps'. Received: parallel={self.parallel!r}, ps={self.ps}"
             )
-        if self.precision not in PRECISIONS:
-            raise UserError(
-                f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}"
-            )
-        if self.device not in DEVICES:
-            raise UserError(f"unknown device {self.device!r}; allowed: {', '.join(DEVICES)}")
         if self.device == "gpu" and self.devices_per_worker != 1:
             raise UserError("on GPUs each worker process drives one GPU: devices_per_worker "
                             f"must be 1. Received: {self.devices_per_worker}; use --workers "
                             f"{self.workers * self.devices_per_worker}")
-        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
-                or self.grad_accum < 1:
-            raise UserError(f"grad_accum must be an integer >= 1. Received: {self.grad_accum!r}")
-        if self.compress not in COMPRESSIONS:
-            raise UserError(
-                f"unknown compression {self.compress!r}; allowed: {', '.join(COMPRESSIONS)}"
-            )
+
+    def _check_levers(self) -> None:
         if self.compress != "none" and self.parallel in ("single", "ps"):
             raise UserError(
                 f"--compress applies to gradient all-reduces; parallel {self.parallel!r} has none"
-            )
-        if not isinstance(self.activation_checkpointing, bool):
-            raise UserError("activation_checkpointing must be true or false. "
-                            f"Received: {self.activation_checkpointing!r}")
-        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
-                or self.checkpoint_every < 0:
-            raise UserError(
-                f"checkpoint_every must be an integer >= 0. Received: {self.checkpoint_every!r}"
-            )
-        if not isinstance(self.trust_checkpoint, bool):
-            raise UserError(
-                f"trust_checkpoint must be true or false. Received: {self.trust_checkpoint!r}"
             )
         if self.trust_checkpoint and not self.resume:
             raise UserError("--trust-checkpoint applies to the checkpoints a --resume loads; "
                             "give --resume too")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise UserError("--checkpoint-every and --resume need --checkpoint-dir")
-        self._check_model_parallel()
-        if self.keras_backend not in KERAS_BACKENDS:
-            raise UserError(f"unknown keras backend {self.keras_backend!r}; allowed: "
-                            f"{', '.join(KERAS_BACKENDS)}")
         if self.framework != "keras" and self.keras_backend != "jax":
             raise UserError("--keras-backend is for framework 'keras'. "
                             f"Received: framework={self.framework!r}, "
                             f"keras_backend={self.keras_backend!r}")
-        if self.threads is not None and (
-            isinstance(self.threads, bool) or not isinstance(self.threads, int)
-            or not 1 <= self.threads <= MAX_THREADS
-        ):
-            raise UserError(f"threads must be an integer from 1 to {MAX_THREADS}. Received: "
-                            f"{self.threads!r}")
 
     def _check_model_parallel(self) -> None:
-        for name in ("tp", "pp", "microbatches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"{name} must be an integer >= 1. Received: {value!r}")
         devices = self.workers * self.devices_per_worker
         if self.parallel in TENSOR_PARALLEL:
             if self.tp < 2 or devices % self.tp:
@@ -216,17 +215,11 @@ class Strategy:
         elif self.tp != 1 or self.sequence_parallel:
             raise UserError("--tp and --sequence-parallel are for parallel 'tp' or 'tp-manual'. "
                             f"Received: parallel={self.parallel!r}")
-        if not isinstance(self.sequence_parallel, bool):
-            raise UserError("sequence_parallel must be true or false. "
-                            f"Received: {self.sequence_parallel!r}")
         if self.parallel == "pp":
             if self.pp < 2 or devices % self.pp:
                 raise UserError(
                     f"parallel 'pp' needs --pp N >= 2 dividing the {devices} devices (the "
                     f"rest is data parallel). Received: pp={self.pp}")
-            if self.schedule not in PIPELINE_SCHEDULES:
-                raise UserError(f"unknown pipeline schedule {self.schedule!r}; allowed: "
-                                f"{', '.join(PIPELINE_SCHEDULES)}")
         elif self.pp != 1 or self.microbatches != 1 or self.schedule != "gpipe":
             raise UserError("--pp, --microbatches and --schedule are for parallel 'pp'. "
                             f"Received: parallel={self.parallel!r}")
@@ -271,6 +264,19 @@ class Strategy:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_flags(self) -> list[str]:
+        """The command-line flags that rebuild this strategy, every field spelled out (so the
+        result does not depend on the CLI's defaults): `--field-name VALUE`, a true boolean
+        as its bare flag, a false one and a None value left out. `sextant join` and the
+        Slurm batch script take these; tests/test_strategy_flags.py parses them back."""
+        flags: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or value is False:
+                continue
+            flags += [flag_of(f.name)] if value is True else [flag_of(f.name), str(value)]
+        return flags
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Strategy:

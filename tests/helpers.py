@@ -52,8 +52,24 @@ def ensure_environment(name: str) -> None:
 
 # --- comparing run records -------------------------------------------------------------------
 
-LEVER_RTOL = 1e-5
-"""fp32 runs that differ only in summation order (see docs/methodology.md)."""
+PARITY_RTOL: dict[str, float] = {
+    "fp32": 1e-5,
+    "fp32-compiled": 1e-4,
+    "fp32-mlx": 2e-5,
+}
+"""Relative tolerance of loss and gradient-norm parity, by what differs between two fp32 runs
+(docs/methodology.md). Each is what the tests observed with margin, and each still fails a
+summed-instead-of-averaged gradient (the norm doubles):
+
+- "fp32": the same arithmetic in another order or another framework's kernels (single vs
+  dp, JAX/TensorFlow/Keras/Paddle/MindSpore vs PyTorch): observed <= 7e-7 over 10 steps.
+- "fp32-compiled": torch eager vs torch.compile (inductor fuses kernels and reorders
+  reductions): ~1e-6 after 10 Adam steps; a wrong gradient scale moves the loss by > 1e-2.
+- "fp32-mlx": MLX vs PyTorch: <= 5.6e-6 on the gradient norm over 10 steps (MLX keeps the
+  schedule's learning rate and the bias corrections in float32).
+"""
+LEVER_RTOL = PARITY_RTOL["fp32"]
+"""fp32 runs that differ only in summation order: a lever that must not change training."""
 
 
 def same_training(a: dict, b: dict, rtol: float = LEVER_RTOL) -> None:
@@ -88,13 +104,3 @@ def kill_then_resume(workload: Workload, make: object, tmp_path: Path) -> dict:
     assert resumed["ranks"][0]["details"]["notes"] == ["resumed from step-00000003"]
     assert resumed["metrics"]["resumed_from_step"] == 3
     return resumed
-
-
-def load_benchmark(name: str):
-    """A script of benchmarks/ imported as a module (its functions tested where a test ties
-    a planner figure to what the script measures or simulates)."""
-    path = REPO / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

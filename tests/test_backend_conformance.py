@@ -27,12 +27,10 @@ from sextant.backends.base import REGISTRY, available, get_backend, require
 from sextant.backends.contracts import RANK_RESULT_KEYS, missing_keys
 from sextant.errors import UserError
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS, Strategy
-from tests.helpers import LEVER_RTOL, ensure_environment, same_training, short
+from tests.helpers import PARITY_RTOL, ensure_environment, same_training, short
 
 BACKENDS = sorted(REGISTRY)
 STEPS = 3
-TOLERANCE = {"fp32": LEVER_RTOL}
-"""Loss and gradient-norm parity with torch single, by precision (every cell here is fp32)."""
 ASYNCHRONOUS = ("ps",)
 """Strategies whose updates are asynchronous: they train, but not the synchronous losses."""
 
@@ -245,4 +243,4 @@ def test_every_declared_strategy_trains(name: str, parallel: str, workload: Any,
     if parallel in ASYNCHRONOUS:
         assert record["losses"][-1] < record["losses"][0]  # it trains
     else:
-        same_training(record, reference, rtol=TOLERANCE[record["strategy"]["precision"]])
+        same_training(record, reference, rtol=PARITY_RTOL[record["strategy"]["precision"]])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sextant import envs
+from sextant.backends.base import get_backend, python_for
 from sextant.errors import UserError
 from tests.helpers import run_cli
 
@@ -22,8 +23,8 @@ def env_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_frameworks_without_an_environment_use_this_interpreter() -> None:
-    assert envs.environment_of("torch") is None
-    assert envs.python_for("torch") == sys.executable
+    assert get_backend("torch").ENVIRONMENT is None
+    assert python_for("torch") == sys.executable
 
 
 def test_root_follows_sextant_envs_then_xdg(monkeypatch: pytest.MonkeyPatch,

@@ -1,4 +1,4 @@
-"""The expert loops of issue #20 (benchmarks/expert/) must share no code with sextant: a
+"""The expert loops (benchmarks/expert/) must share no code with sextant: a
 comparison against a loop that imports sextant's model or batches measures sextant against
 itself (the flaw of benchmarks/harness_overhead.py's "hand" loop)."""
 

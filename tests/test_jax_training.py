@@ -8,13 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from sextant.errors import RunFailed
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import needs_torch, short
+from tests.helpers import PARITY_RTOL, needs_torch, same_training, short
 
 pytestmark = [
     needs_torch,
@@ -27,7 +26,7 @@ pytestmark = [
 # gradient norm after 10 AdamW steps. 1e-5 leaves 30x margin and still fails on any real
 # semantic difference (epsilon placement in Adam moves the loss by ~1e-4 within 10 steps,
 # a summed instead of averaged gradient doubles the gradient norm).
-RTOL = 1e-5
+RTOL = PARITY_RTOL["fp32"]
 STEPS = 10
 
 
@@ -35,11 +34,6 @@ def jax_strategy(parallel: str, workers: int = 2, devices: int = 1) -> Strategy:
     return Strategy(framework="jax", mode="compiled", parallel=parallel,
                     workers=1 if parallel == "single" else workers,
                     devices_per_worker=devices)
-
-
-def assert_same_training(a: dict, b: dict, rtol: float = RTOL) -> None:
-    np.testing.assert_allclose(a["losses"], b["losses"], rtol=rtol, atol=0)
-    np.testing.assert_allclose(a["grad_norms"], b["grad_norms"], rtol=rtol, atol=0)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +53,7 @@ def test_jax_matches_torch(tmp_path: Path, torch_reference: dict, workload: str,
     pairs = 2 if parallel in ("dp", "dp-manual") else 0  # exposed communication, checked below
     rec = execute(short(workload, STEPS, nosync_steps=pairs), jax_strategy(parallel),
                   runs_dir=tmp_path)
-    assert_same_training(rec, torch_reference[workload])
+    same_training(rec, torch_reference[workload])
     assert rec["fingerprint"]["framework"] == "jax"
     if parallel in ("dp", "dp-manual"):
         assert rec["metrics"]["exposed_comm_s"] is not None
@@ -71,7 +65,7 @@ def test_fsdp_shards_parameters_dp_replicates(tmp_path: Path) -> None:
     w = short("gpt-tiny", 3)
     dp = execute(w, jax_strategy("dp"), runs_dir=tmp_path)
     fsdp = execute(w, jax_strategy("fsdp"), runs_dir=tmp_path)
-    assert_same_training(fsdp, dp)
+    same_training(fsdp, dp)
     full = dp["ranks"][0]["details"]["local_param_bytes"]
     assert full == 4 * dp["metrics"]["params"]
     # Every gpt-tiny parameter has an even axis, so each of 2 processes holds exactly half.
@@ -82,7 +76,7 @@ def test_devices_inside_one_process(tmp_path: Path, torch_reference: dict) -> No
     rec = execute(short("gpt-tiny", STEPS), jax_strategy("dp", workers=1, devices=2),
                   runs_dir=tmp_path)
     assert rec["ranks"][0]["details"]["devices"] == 2 and len(rec["ranks"]) == 1
-    assert_same_training(rec, torch_reference["gpt-tiny"])
+    same_training(rec, torch_reference["gpt-tiny"])
 
 
 def test_recompilation_after_warmup_fails_loudly(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import ensure_environment, kill_then_resume, needs_torch, same_training, short
+from tests.helpers import PARITY_RTOL, ensure_environment, kill_then_resume, needs_torch, same_training, short
 
 pytestmark = [needs_torch, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ pytestmark = [needs_torch, pytest.mark.slow]
 # 10 steps of gpt-tiny (PyNative and jit) and 8 of digits-mlp (dp x2, grad_accum 4): <= 4.9e-7
 # relative on the loss and <= 6.7e-7 on the gradient norm. 1e-5 still fails a summed
 # gradient (the norm doubles).
-RTOL = 1e-5
+RTOL = PARITY_RTOL["fp32"]
 GPT = short("gpt-tiny", 10, nosync_steps=0)
 MLP = short("digits-mlp", 8, nosync_steps=2)
 

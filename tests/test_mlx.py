@@ -19,7 +19,7 @@ from sextant.display import console
 from sextant.errors import RunFailed
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import kill_then_resume, needs_torch, same_training, short
+from tests.helpers import PARITY_RTOL, kill_then_resume, needs_torch, same_training, short
 
 needs_mlx = pytest.mark.skipif(importlib.util.find_spec("mlx") is None,
                                reason="mlx not installed")
@@ -31,7 +31,7 @@ pytestmark = [needs_mlx, needs_torch, pytest.mark.slow]
 # relative on the loss and <= 5.6e-6 on the gradient norm, ten times TensorFlow's distance
 # from torch (the cause is not isolated: MLX keeps the schedule's learning rate and the bias
 # corrections in float32). 2e-5 still catches a summed gradient (the norm doubles).
-RTOL = 2e-5
+RTOL = PARITY_RTOL["fp32-mlx"]
 MLP = short("digits-mlp", 8, nosync_steps=2)
 
 

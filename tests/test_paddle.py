@@ -17,7 +17,7 @@ from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import ensure_environment, kill_then_resume, needs_torch, same_training, short
+from tests.helpers import PARITY_RTOL, ensure_environment, kill_then_resume, needs_torch, same_training, short
 
 pytestmark = [needs_torch, pytest.mark.slow]
 
@@ -26,7 +26,7 @@ pytestmark = [needs_torch, pytest.mark.slow]
 # <= 1.9e-7 relative on the loss and <= 3.8e-7 on the gradient norm (gpt-tiny eager,
 # compiled and dp x2; llama-tiny, tied or not), 1.7e-6 on digits-mlp's gradient norm. 1e-5
 # still catches a summed gradient (the norm doubles).
-RTOL = 1e-5
+RTOL = PARITY_RTOL["fp32"]
 GPT = short("gpt-tiny", 6, nosync_steps=2)
 
 

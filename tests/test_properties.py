@@ -101,7 +101,7 @@ def test_workload_tables(raw: dict[str, Any]) -> None:
         return
     workload.content_hash()
     workload.state_hash()
-    # What used to fail late, inside a worker: the first global batch of a valid workload.
+    # What would otherwise fail late, inside a worker: the first global batch of a valid workload.
     if workload.global_batch * workload.tokens_per_sample <= 1 << 16:
         from sextant.data import global_batch
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sextant.cluster import emulated, slurm_lab
@@ -21,7 +22,7 @@ from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from sextant.workload import resolve_workload
-from tests.helpers import needs_torch, run_cli, same_training
+from tests.helpers import PARITY_RTOL, needs_torch, run_cli, same_training
 
 WORKLOAD = """
 name = "tiny-join"
@@ -218,3 +219,35 @@ def test_slurm_down_leaves_no_daemon_and_no_namespace() -> None:
     assert emulated.namespaces() == before
     assert not any(emulated.running(int(pid)) for pid in pids)
     assert not (emulated.STATE_DIR / name).exists()
+
+
+@pytest.mark.slow
+@slurm_present
+@needs_torch
+def test_a_slurm_job_checkpoints_and_a_second_one_resumes(
+    slurm_cluster: emulated.Cluster, workload_file: Path, one_process: dict, tmp_path: Path
+) -> None:
+    """Checkpointing and resume travel to every task of a Slurm job (Strategy.to_flags): the
+    first job's rank 0 is killed after step 3, leaving the step-2 checkpoint sealed; a second
+    job with --resume trains steps 3-4 from it, as one process trains them."""
+    env = {"SLURM_CONF": str(slurm_lab.conf_path(slurm_cluster))}
+    db, ckpt = tmp_path / "r.db", tmp_path / "ckpt"
+    flags = ["run", "--launcher", "slurm", "--parallel", "dp", "--workers", "2", "--workload",
+             str(workload_file), "--db", str(db), "--timeout", "240", "--checkpoint-every",
+             "2", "--checkpoint-dir", str(ckpt)]
+    killed = run_cli(*flags, env={**env, "SEXTANT_TEST_FAULT": "kill-rank-0-at-3"},
+                     timeout=300)
+    assert killed.returncode != 0, killed.stdout
+    assert [p.name for p in sorted(ckpt.iterdir())] == ["step-00000002"], (
+        killed.stderr + daemon_logs(slurm_cluster))
+    resumed = run_cli(*flags, "--resume", env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr + daemon_logs(slurm_cluster)
+    with ResultsStore(db, create=False) as store:
+        (run,) = [r for r in store.runs() if r["status"] == "ok"]
+        stored = store.get(run["id"])
+    assert stored["strategy"]["resume"] and stored["metrics"]["resumed_from_step"] == 2
+    assert stored["ranks"][0]["details"]["notes"] == ["resumed from step-00000002"]
+    np.testing.assert_allclose(stored["losses"], one_process["losses"][2:],
+                               rtol=PARITY_RTOL["fp32"], atol=0)
+    np.testing.assert_allclose(stored["grad_norms"], one_process["grad_norms"][2:],
+                               rtol=PARITY_RTOL["fp32"], atol=0)

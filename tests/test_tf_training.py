@@ -14,7 +14,7 @@ from sextant.backends.base import get_backend, require
 from sextant.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import needs_torch, short
+from tests.helpers import PARITY_RTOL, needs_torch, same_training, short
 from tests.test_imports import FRAMEWORKS, imported_modules
 
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
@@ -28,7 +28,7 @@ pytestmark = [needs_tf, needs_torch, pytest.mark.slow]
 # with and without XLA, with and without oneDNN. 1e-5 leaves ~20x margin and still catches real
 # differences: summing instead of averaging doubles the gradient norm; Keras' eps placement
 # moves the digits-mlp loss by 1.6e-5 within 10 steps (gpt-tiny: 4.3e-6, not caught there).
-RTOL = 1e-5
+RTOL = PARITY_RTOL["fp32"]
 
 TORCH = Strategy(framework="torch")
 
@@ -69,11 +69,6 @@ def autograph_files() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("__autograph_generated_file*")}
 
 
-def assert_same_training(a: dict, b: dict, rtol: float = RTOL) -> None:
-    np.testing.assert_allclose(a["losses"], b["losses"], rtol=rtol, atol=0)
-    np.testing.assert_allclose(a["grad_norms"], b["grad_norms"], rtol=rtol, atol=0)
-
-
 # Both modes and both dp flavours are covered across the two workloads, one TF run each.
 CASES = {
     "gpt-tiny": (tf("compiled"), tf("eager", "dp", 2)),
@@ -89,8 +84,8 @@ def test_single_and_dp_match_torch(tmp_path: Path, workload: str) -> None:
     single, dp = (execute(w, s, runs_dir=tmp_path) for s in CASES[workload])
     assert autograph_files() <= before  # nothing left behind in /tmp by the TF workers
     assert len(single["losses"]) == len(dp["losses"]) == 10
-    assert_same_training(single, reference)
-    assert_same_training(dp, reference)
+    same_training(single, reference)
+    same_training(dp, reference)
     assert_quiet(single)
     assert_quiet(dp)
     assert reference["losses"][-1] < reference["losses"][0]

@@ -10,7 +10,7 @@ import pytest
 from sextant.errors import RunFailed
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import needs_torch, short
+from tests.helpers import PARITY_RTOL, needs_torch, same_training, short
 
 pytestmark = [needs_torch, pytest.mark.slow]
 
@@ -19,8 +19,8 @@ pytestmark = [needs_torch, pytest.mark.slow]
 # eager vs compiled: inductor fuses kernels and reorders reductions; over 10 Adam steps the
 # rounding differences grow to ~1e-6 relative, so 1e-4 leaves margin without hiding bugs
 # (a wrong gradient scale moves the loss by >1e-2 within 5 steps, see the fault test).
-RTOL_DP = 1e-5
-RTOL_COMPILED = 1e-4
+RTOL_DP = PARITY_RTOL["fp32"]
+RTOL_COMPILED = PARITY_RTOL["fp32-compiled"]
 
 SINGLE = Strategy(framework="torch")
 DP2 = Strategy(framework="torch", parallel="dp", workers=2)
@@ -30,19 +30,13 @@ def losses(record: dict) -> np.ndarray:
     return np.asarray(record["losses"])
 
 
-def assert_same_training(a: dict, b: dict, rtol: float) -> None:
-    """Loss and global gradient norm agree at every step."""
-    np.testing.assert_allclose(losses(a), losses(b), rtol=rtol, atol=0)
-    np.testing.assert_allclose(a["grad_norms"], b["grad_norms"], rtol=rtol, atol=0)
-
-
 @pytest.mark.parametrize("workload", ["gpt-tiny", "digits-mlp"])
 def test_single_and_dp_losses_agree(tmp_path: Path, workload: str) -> None:
     w = short(workload, 5)
     single = execute(w, SINGLE, runs_dir=tmp_path)
     dp = execute(w, DP2, runs_dir=tmp_path)
     assert len(single["losses"]) == 5
-    assert_same_training(dp, single, RTOL_DP)
+    same_training(dp, single, RTOL_DP)
     # It trained: the loss went down.
     assert single["losses"][-1] < single["losses"][0]
 
@@ -56,7 +50,7 @@ def test_parity_test_fails_when_gradients_are_summed(tmp_path: Path) -> None:
     single = execute(w, SINGLE, runs_dir=tmp_path)
     broken = execute(w, DP2, runs_dir=tmp_path, extra_env={"SEXTANT_TEST_FAULT": "sum-gradients"})
     with pytest.raises(AssertionError):
-        assert_same_training(broken, single, RTOL_DP)
+        same_training(broken, single, RTOL_DP)
     np.testing.assert_allclose(broken["grad_norms"], 2 * np.asarray(single["grad_norms"]),
                                rtol=1e-4)
 
@@ -65,7 +59,7 @@ def test_eager_and_compiled_agree(tmp_path: Path) -> None:
     w = short("gpt-tiny", 10)
     eager = execute(w, SINGLE, runs_dir=tmp_path)
     compiled = execute(w, Strategy(framework="torch", mode="compiled"), runs_dir=tmp_path)
-    assert_same_training(compiled, eager, RTOL_COMPILED)
+    same_training(compiled, eager, RTOL_COMPILED)
     # The first compiled step includes compilation, reported apart from the steady state.
     assert compiled["metrics"]["first_step_s"] > compiled["metrics"]["step_time_median_s"]
 
@@ -88,9 +82,11 @@ def test_dp_measurements_are_complete(tmp_path: Path) -> None:
 
 def test_dead_worker_is_named(tmp_path: Path) -> None:
     w = short("gpt-tiny", 6)
-    with pytest.raises(RunFailed, match=r"torch dp x2: rank 1 was killed by SIGKILL"):
+    with pytest.raises(RunFailed, match=r"torch dp x2: rank 1 was killed by SIGKILL") as info:
         execute(w, DP2, runs_dir=tmp_path, extra_env={"SEXTANT_TEST_FAULT": "kill-rank-1"},
                 timeout_s=180)
+    assert info.value.run_dir is not None and info.value.run_dir.parent == tmp_path
+    assert (info.value.run_dir / "rank1.events.jsonl").exists()
 
 
 def test_hung_run_times_out(tmp_path: Path) -> None:

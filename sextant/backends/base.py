@@ -185,13 +185,21 @@ def _supporting(flag: str) -> list[str]:
     return [name for name in REGISTRY if getattr(get_backend(name).capabilities(), flag)]
 
 
+def python_for(framework: str) -> str:
+    """The interpreter that runs `framework`'s workers: this one, or that of the environment
+    its backend declares (sextant.envs checks that it exists and is current)."""
+    from sextant import envs
+
+    return envs.python_for(framework, get_backend(framework).ENVIRONMENT)
+
+
 def require(strategy: Strategy) -> Backend:
     """The backend for a strategy, after checking it is installed and supports the strategy."""
     backend = get_backend(strategy.framework)
     if backend.ENVIRONMENT is not None:
         from sextant import envs
 
-        envs.python_for(backend.name)  # a missing or broken environment names its fix
+        envs.python_for(backend.name, backend.ENVIRONMENT)  # a broken one names its fix
     elif importlib.util.find_spec(backend.package) is None:
         raise UserError(not_installed(backend))
     caps = backend.capabilities()

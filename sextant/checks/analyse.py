@@ -322,7 +322,7 @@ def bandwidths(collective: str, sizes: list[int], times: list[float], world: int
                ) -> list[dict[str, float]]:
     """nccl-tests definitions: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all-reduce,
     algbw * (n-1)/n for all-gather (bytes = the gathered total)."""
-    from sextant.planner.comms import bus_factor
+    from sextant.measure.collective_table import bus_factor
 
     factor = float(bus_factor({"allreduce": "all_reduce", "allgather": "all_gather"}[collective],
                               world))

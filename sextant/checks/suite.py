@@ -25,9 +25,10 @@ from typing import Any
 
 from sextant.checks import analyse
 from sextant.checks.result import CHECKS, SKIP, CheckResult
+from sextant.defaults import MEASUREMENT_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.monitor.metrics import merged_records, steps_by_rank, write_metrics
-from sextant.results.store import DEFAULT_DB
+from sextant.paths import DEFAULT_RUNS
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -50,10 +51,10 @@ class CheckOptions:
     loader_threshold: float = 0.10
     balance_threshold: float = 0.10
     scaling_tolerance: float = 0.10
-    timeout_s: float = 900.0
+    timeout_s: float = RUN_TIMEOUT_S
     cluster: str | None = None
     """Emulated cluster the runs and the interconnect measurement span."""
-    runs_dir: Path = DEFAULT_DB.parent / "runs"
+    runs_dir: Path = DEFAULT_RUNS
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment for the training workers (the tests set SEXTANT_TEST_FAULT here)."""
 
@@ -154,14 +155,15 @@ def strategies(opts: CheckOptions) -> tuple[Strategy, list[Strategy]]:
     return single, multi
 
 
-def measure_interconnect(world: int, max_bytes: int, timeout: float = 120.0,
+def measure_interconnect(world: int, max_bytes: int, timeout: float = MEASUREMENT_TIMEOUT_S,
                          cluster: str | None = None) -> dict[str, Any]:
     """All-reduce and all-gather timings between `world` gloo processes, on loopback or one
     per host of an emulated cluster."""
-    from sextant.checks.collectives import measure_collective
-    from sextant.launch.hosts import on_emulated_cluster, single_host
+    from sextant.launch.collectives import measure_collective
+    from sextant.cluster import emulated
+    from sextant.launch.hosts import single_host
 
-    placement = on_emulated_cluster(cluster, world) if cluster else single_host(world)
+    placement = emulated.placement(cluster, world) if cluster else single_host(world)
     keys = ("sizes_bytes", "times_s", "p10_s", "p90_s")
     measured = {op: measure_collective(op, world=world, max_bytes=max_bytes, timeout=timeout,
                                        placement=placement)

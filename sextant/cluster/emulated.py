@@ -35,9 +35,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
-from sextant.launch.hosts import NETNS_ETC, delete_netns, write_netns_hosts
+from sextant.launch.hosts import (
+    NETNS_ETC,
+    HostSlot,
+    Placement,
+    blocks,
+    delete_netns,
+    write_netns_hosts,
+)
 
 PREFIX = "sextant-"
 SUBNET_BASE = "10.211"
@@ -401,19 +409,32 @@ def link_fit(name: str) -> dict[str, float] | None:
         return None
 
 
-def measure_link(cluster: Cluster, timeout: float = 120.0) -> dict[str, float]:
+def placement(name: str, world: int) -> Placement:
+    """Ranks spread over the hosts of emulated cluster `name` (as many hosts as there are
+    ranks, at most), each started in its host's namespace with the host's own hostname: the
+    Placement the launcher takes."""
+    cluster = load(name)
+    slots = tuple(
+        HostSlot(name=h.name, address=h.address,
+                 prefix=("ip", "netns", "exec", h.netns, "unshare", "--uts", "--"),
+                 hostname=h.name)
+        for h in cluster.hosts
+    )
+    return Placement(hosts=slots, rank_host=blocks(world, min(world, len(slots))), cluster=name)
+
+
+def measure_link(cluster: Cluster, timeout: float = MEASUREMENT_TIMEOUT_S) -> dict[str, float]:
     """Measure (once per cluster) the all-reduce between two hosts, 1 KiB-16 MiB, and keep
     its alpha-beta fit: the link's latency and bandwidth as a collective sees them, which the
     planner uses in place of the nominal rate."""
     found = link_fit(cluster.name)
     if found is not None:
         return found
-    from sextant.checks.collectives import measure_collective
-    from sextant.launch.hosts import on_emulated_cluster
-    from sextant.planner.calibrate import fit_alpha_beta
+    from sextant.launch.collectives import measure_collective
+    from sextant.measure.collectives import fit_alpha_beta
 
     data = measure_collective("allreduce", world=2, max_bytes=16 * 2**20, timeout=timeout,
-                              placement=on_emulated_cluster(cluster.name, 2))
+                              placement=placement(cluster.name, 2))
     fit = fit_alpha_beta(data["sizes_bytes"], data["times_s"])
     fit["sizes_bytes"], fit["times_s"] = data["sizes_bytes"], data["times_s"]
     atomic_write_json(STATE_DIR / cluster.name / "link.json", fit)

@@ -10,8 +10,10 @@ import json
 import sys
 from typing import Any
 
+from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.display import console
 from sextant.errors import UserError
+from sextant.paths import DEFAULT_CALIBRATION
 
 
 def register(subparsers: Any) -> None:
@@ -23,7 +25,7 @@ def register(subparsers: Any) -> None:
         "copy bandwidth, and all-reduce time between 2 gloo processes on 127.0.0.1 from 1 KB "
         "to 64 MB, fitted by least squares to t = alpha + beta * bytes.",
     )
-    c.add_argument("--out", metavar="PATH", help="default ./sextant-results/calibration.json")
+    c.add_argument("--out", metavar="PATH", help=f"default ./{DEFAULT_CALIBRATION.as_posix()}")
     c.add_argument(
         "--max-bytes",
         type=int,
@@ -33,8 +35,8 @@ def register(subparsers: Any) -> None:
     c.add_argument(
         "--timeout",
         type=float,
-        default=120.0,
-        help="seconds allowed for the worker processes (default 120)",
+        default=MEASUREMENT_TIMEOUT_S,
+        help=f"seconds allowed for the worker processes (default {MEASUREMENT_TIMEOUT_S:g})",
     )
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
     c.set_defaults(func=run_calibrate)

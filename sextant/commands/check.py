@@ -11,7 +11,6 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console, JustifyMethod
@@ -19,8 +18,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, db_path
+from sextant.defaults import RUN_TIMEOUT_S
 from sextant.display import console
 from sextant.errors import UserError
+from sextant.paths import runs_beside
 from sextant.strategy import FRAMEWORKS, MAX_THREADS
 
 EXIT_FAILED = 3
@@ -71,8 +72,9 @@ def register(sub: Any) -> None:
     p.add_argument("--cluster", default=None, metavar="NAME",
                    help="run the checks across the hosts of emulated cluster NAME (the "
                         "interconnect check then measures the links between hosts)")
-    p.add_argument("--timeout", type=float, default=900.0,
-                   help="seconds before a check run's workers are killed (default: 900)")
+    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
+                   help="seconds before a check run's workers are killed "
+                        f"(default: {RUN_TIMEOUT_S:g})")
     add_store_args(p)
     p.set_defaults(func=cmd_check)
 
@@ -186,7 +188,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         threshold_gbps=args.threshold_gbps, max_bytes=args.max_bytes,
         loader_threshold=args.loader_threshold, balance_threshold=args.balance_threshold,
         scaling_tolerance=args.scaling_tolerance, timeout_s=args.timeout, cluster=args.cluster,
-        runs_dir=Path(db).parent / "runs",
+        runs_dir=runs_beside(db),
     )
     err = console(None, stderr=True)
 

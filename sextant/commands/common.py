@@ -12,10 +12,12 @@ from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.devices import detect, resolve_device
 from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.stats import max_loss_diff
-from sextant.results.store import DEFAULT_DB, ResultsStore, default_path
+from sextant.paths import DEFAULT_DB, default_db, runs_beside
+from sextant.results.store import ResultsStore
 from sextant.strategy import DEVICES, PRECISIONS
 
 DEFAULT_WORKLOAD = "gpt-tiny"
@@ -58,7 +60,7 @@ def add_store_args(p: argparse.ArgumentParser, *, purpose: str = "results databa
 
 def db_path(args: argparse.Namespace) -> Path:
     """The results database a command uses: `--db`, else $SEXTANT_RESULTS, else the default."""
-    return args.db if args.db is not None else default_path()
+    return args.db if args.db is not None else default_db()
 
 
 def deprecated(old: str, new: str) -> None:
@@ -73,10 +75,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "config as hf:config.json[,scale=S,layers=L,width=W,seq_len=N] "
                         f"(default: {DEFAULT_WORKLOAD})")
     p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
-    p.add_argument("--timeout", type=positive_seconds, default=900.0,
-                   help="seconds before a run's workers are killed (default: 900)")
-    p.add_argument("--collective-timeout", type=collective_seconds, default=120.0,
-                   help="seconds a collective may wait for the other ranks (default: 120)")
+    p.add_argument("--timeout", type=positive_seconds, default=RUN_TIMEOUT_S,
+                   help=f"seconds before a run's workers are killed (default: {RUN_TIMEOUT_S:g})")
+    p.add_argument("--collective-timeout", type=collective_seconds, default=COLLECTIVE_TIMEOUT_S,
+                   help="seconds a collective may wait for the other ranks "
+                        f"(default: {COLLECTIVE_TIMEOUT_S:g})")
     p.add_argument("--cluster", default=None, metavar="NAME",
                    help="run across the hosts of emulated cluster NAME (`sextant cluster up`): "
                         "ranks spread over its hosts, talking over its shaped links")
@@ -138,7 +141,7 @@ def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore
 
 
 def runs_dir(store: ResultsStore) -> Path:
-    return store.path.parent / "runs"
+    return runs_beside(store.path)
 
 
 class RunProgress:

@@ -329,6 +329,26 @@ def compare_rows(frameworks: Sequence[str], device: str, inventory: Inventory, *
     return strategies, skipped
 
 
+def _chosen_strategies(args: argparse.Namespace, out: Any, device: str,
+                       inventory: Inventory) -> list[Strategy]:
+    """The runs of this comparison: the levers, the layouts, or every framework's rows."""
+    workers = args.workers or (inventory.count if device == "gpu" else 2)
+    if args.levers or args.layouts:
+        check_ranks_fit(device, workers, inventory)
+    if args.levers:
+        return lever_strategies(_frameworks(args.frameworks or "torch")[0], workers, device)
+    if args.layouts:
+        return layout_strategies(_frameworks(args.frameworks), workers, device,
+                                 inventory.count if device == "gpu" else None)
+    strategies = _framework_strategies(args, out, device, inventory)
+    if device == "gpu":
+        out.print(f"on {inventory.describe()}: one rank per GPU, "
+                  f"{strategies[0].precision if strategies else args.precision} "
+                  + ("(the GPU default; --precision fp32 for true fp32)"
+                     if args.precision is None else ""), markup=False)
+    return strategies
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     if args.layouts and args.levers:
         raise UserError("--layouts and --levers are two different comparisons; give one")
@@ -345,22 +365,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"--layouts splits a Llama-shaped model; workload {workload.name!r} is a "
                         f"{workload.model.family} model (try --workload llama-tiny)")
     out = console()
-    workers = args.workers or (inventory.count if device == "gpu" else 2)
-    if args.levers or args.layouts:
-        check_ranks_fit(device, workers, inventory)
-    if args.levers:
-        strategies = lever_strategies(_frameworks(args.frameworks or "torch")[0], workers,
-                                      device)
-    elif args.layouts:
-        strategies = layout_strategies(_frameworks(args.frameworks), workers, device,
-                                       inventory.count if device == "gpu" else None)
-    else:
-        strategies = _framework_strategies(args, out, device, inventory)
-        if device == "gpu":
-            out.print(f"on {inventory.describe()}: one rank per GPU, "
-                      f"{strategies[0].precision if strategies else args.precision} "
-                      + ("(the GPU default; --precision fp32 for true fp32)"
-                         if args.precision is None else ""), markup=False)
+    strategies = _chosen_strategies(args, out, device, inventory)
     if not strategies:
         raise UserError("no framework is installed; pip install 'sextant[torch]'")
 

@@ -23,6 +23,7 @@ from typing import Any
 from sextant.commands.common import add_store_args, db_path, deprecated
 from sextant.display import console
 from sextant.errors import UserError
+from sextant.paths import DEFAULT_CALIBRATION
 
 EPILOG = """examples:
   sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
@@ -44,7 +45,7 @@ def _add_catalogue_args(p: Any) -> None:
     p.add_argument(
         "--calibration",
         metavar="FILE",
-        help="calibration JSON (default ./sextant-results/calibration.json)",
+        help=f"calibration JSON (default ./{DEFAULT_CALIBRATION.as_posix()})",
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from sextant.commands.common import add_store_args, open_store
 from sextant.display import console
 from sextant.errors import UserError
+from sextant.paths import DEFAULT_CALIBRATION
 
 FORMATS = ("html", "md", "json")
 
@@ -40,7 +41,7 @@ def register(sub: Any) -> None:
     p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
                    help="this machine's calibration (sextant calibrate), for the planner's "
                         "prediction on the scaling chart (default: calibration.json next to "
-                        "the results database, then ./sextant-results/calibration.json)")
+                        f"the results database, then ./{DEFAULT_CALIBRATION.as_posix()})")
     add_store_args(p)
     p.set_defaults(func=cmd_report)
 

@@ -146,7 +146,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.launcher == "slurm":
         from sextant.launch import slurm
 
-        job = slurm.Job.from_args(args, strategy)
+        job = slurm.Job.for_run(
+            strategy, workload=str(args.workload), timeout_s=args.timeout,
+            collective_timeout_s=args.collective_timeout, steps=args.steps, nodes=args.nodes,
+            tasks_per_node=args.tasks_per_node, partition=args.partition)
         if args.dry_run:
             console().print(slurm.batch_script(job), markup=False, soft_wrap=True)
             return 0

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from sextant.defaults import COLLECTIVE_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 
 CONNECT_TIMEOUT_S = 60.0
@@ -180,7 +181,7 @@ class Collector:
     for the `world` ranks of one run that share `secret`."""
 
     def __init__(self, bind: str, plan: dict[str, Any], world: int, *, secret: bytes,
-                 port: int = 0, join_timeout_s: float = 120.0, max_line: int | None = None,
+                 port: int = 0, join_timeout_s: float = COLLECTIVE_TIMEOUT_S, max_line: int | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         if len(secret) != SECRET_BYTES:
             raise ValueError(f"the collector's secret must be {SECRET_BYTES} bytes")

@@ -152,21 +152,6 @@ def blocks(world: int, hosts: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def on_emulated_cluster(name: str, world: int) -> Placement:
-    """Ranks spread over the hosts of an emulated cluster (as many hosts as there are ranks,
-    at most), each started in its host's namespace with the host's own hostname."""
-    from sextant.cluster import emulated
-
-    cluster = emulated.load(name)
-    slots = tuple(
-        HostSlot(name=h.name, address=h.address,
-                 prefix=("ip", "netns", "exec", h.netns, "unshare", "--uts", "--"),
-                 hostname=h.name)
-        for h in cluster.hosts
-    )
-    return Placement(hosts=slots, rank_host=blocks(world, min(world, len(slots))), cluster=name)
-
-
 def adopt_host() -> None:
     """Called first thing in every rank process: become a process of the host the launcher
     placed it on, and never outlive the launcher.

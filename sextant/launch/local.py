@@ -22,10 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sextant.envs import python_for
+from sextant.cores import default_threads, usable_cores
+from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed
 from sextant.fsutil import atomic_write_json
-from sextant.launch.hosts import Placement, on_emulated_cluster, private_loopback
+from sextant.launch.hosts import Placement, private_loopback
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -37,16 +38,6 @@ def free_port(bind: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((bind, 0))
         return int(s.getsockname()[1])
-
-
-def usable_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def default_threads(workers: int) -> int:
-    return max(1, len(usable_cores()) // workers)
 
 
 def core_sets(layout_primary: tuple[int, ...], world: int, threads: int) -> list[list[int] | None]:
@@ -130,21 +121,22 @@ def launch(
     strategy: Strategy,
     run_dir: Path,
     *,
-    timeout_s: float = 900.0,
-    collective_timeout_s: float = 120.0,
+    timeout_s: float = RUN_TIMEOUT_S,
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
     on_event: EventHandler | None = None,
     extra_env: dict[str, str] | None = None,
-    cluster: str | None = None,
+    place: Callable[[int], Placement] | None = None,
     resume_step: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run all ranks (on this machine, or across the hosts of emulated `cluster`); return
-    each primary rank's result dict (rank order)."""
+    """Run all ranks (on this machine, or where `place(world)` puts them: the hosts of an
+    emulated cluster, sextant.cluster.emulated.placement); return each primary rank's result
+    dict (rank order)."""
     from sextant.backends.base import layout_of
 
     run_dir.mkdir(parents=True, exist_ok=True)
     layout = layout_of(strategy)
     world = len(layout.roles)
-    hosts = (contextlib.nullcontext(on_emulated_cluster(cluster, world)) if cluster is not None
+    hosts = (contextlib.nullcontext(place(world)) if place is not None
              else private_loopback(world))
     with hosts as placement:
         return _launch(workload, strategy, run_dir, layout, placement, timeout_s=timeout_s,
@@ -157,6 +149,8 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
             on_event: EventHandler | None, extra_env: dict[str, str] | None,
             resume_step: int | None = None) -> list[dict[str, Any]]:
     world = len(layout.roles)
+    from sextant.backends.base import python_for
+
     python = python_for(strategy.framework)  # this interpreter, or the framework's environment
     threads = strategy.threads or default_threads(len(layout.primary))
     ports = sorted({free_port() for _ in range(world + 1)})
@@ -225,16 +219,16 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
                 where = f" on {placement.host_of(rank).name}" if placement.multi_host else ""
                 raise RunFailed(
                     f"{strategy.label}: rank {rank}{role}{where} {_describe_exit(code)}: "
-                    f"{_last_error_line(run_dir, rank, killed=code < 0)} (logs: {run_dir})"
-                )
+                    f"{_last_error_line(run_dir, rank, killed=code < 0)} (logs: {run_dir})",
+                    run_dir=run_dir)
             if all(codes[r] == 0 for r in layout.primary):
                 break
             if time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
                 raise RunFailed(
                     f"{strategy.label}: timed out after {timeout_s:.0f} s; rank(s) "
-                    f"{', '.join(map(str, running))} still running (logs: {run_dir})"
-                )
+                    f"{', '.join(map(str, running))} still running (logs: {run_dir})",
+                    run_dir=run_dir)
             time.sleep(0.05)
     finally:
         for p in procs:
@@ -256,6 +250,7 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
     for rank in layout.primary:
         path = run_dir / f"rank{rank}.result.json"
         if not path.exists():
-            raise RunFailed(f"{strategy.label}: rank {rank} exited without a result ({path})")
+            raise RunFailed(f"{strategy.label}: rank {rank} exited without a result ({path})",
+                            run_dir=run_dir)
         results.append(json.loads(path.read_text()))
     return results

@@ -12,7 +12,6 @@ on its own node (see join.py).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -26,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sextant.envs import python_for
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
+from sextant.paths import RESULTS_DIR
 from sextant.strategy import Strategy
 
 SUBMIT_TIMEOUT_S = 30.0
@@ -58,55 +57,44 @@ class Job:
         return self.nodes * self.tasks_per_node
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, strategy: Strategy) -> Job:
-        from sextant.backends.base import layout_of
+    def for_run(cls, strategy: Strategy, *, workload: str, timeout_s: float,
+                collective_timeout_s: float, steps: int | None = None,
+                nodes: int | None = None, tasks_per_node: int | None = None,
+                partition: str | None = None) -> Job:
+        """The job of one run: its ranks over `nodes` x `tasks_per_node` (by default one node
+        per rank, or the ranks spread evenly over the nodes given)."""
+        from sextant.backends.base import layout_of, python_for
 
         world = len(layout_of(strategy).roles)
-        nodes = args.nodes if args.nodes is not None else (
-            world // args.tasks_per_node if args.tasks_per_node else world)
-        per_node = args.tasks_per_node or (world // nodes if nodes and world % nodes == 0
-                                           else 0)
-        if nodes < 1 or per_node < 1 or nodes * per_node != world:
+        n = nodes if nodes is not None else (
+            world // tasks_per_node if tasks_per_node else world)
+        per_node = tasks_per_node or (world // n if n and world % n == 0 else 0)
+        if n < 1 or per_node < 1 or n * per_node != world:
             raise UserError(
-                f"{strategy.label} runs {world} processes: --nodes ({args.nodes}) x "
-                f"--tasks-per-node ({args.tasks_per_node}) must equal {world}")
-        if args.partition is not None and not _PARTITION.fullmatch(args.partition):
+                f"{strategy.label} runs {world} processes: --nodes ({nodes}) x "
+                f"--tasks-per-node ({tasks_per_node}) must equal {world}")
+        if partition is not None and not _PARTITION.fullmatch(partition):
             raise UserError(f"--partition must be a Slurm partition name or a comma-separated "
                             f"list of them ({_PARTITION.pattern}). Received: "
-                            f"{args.partition[:80]!r}")
-        return cls(nodes=nodes, tasks_per_node=per_node, partition=args.partition,
-                   time_limit_s=args.timeout, join_args=tuple(join_args(args, strategy)),
+                            f"{partition[:80]!r}")
+        return cls(nodes=n, tasks_per_node=per_node, partition=partition,
+                   time_limit_s=timeout_s,
+                   join_args=tuple(join_args(strategy, workload=workload, timeout_s=timeout_s,
+                                             collective_timeout_s=collective_timeout_s,
+                                             steps=steps)),
                    label=strategy.label, python=python_for(strategy.framework),
                    gpus_per_node=per_node if strategy.device == "gpu" else 0)
 
 
-def join_args(args: argparse.Namespace, strategy: Strategy) -> list[str]:
-    """The flags of `sextant join` for this run (the same run on every task)."""
-    out = ["--workload", str(args.workload), "--framework", strategy.framework,
-           "--mode", strategy.mode, "--parallel", strategy.parallel,
-           "--workers", str(strategy.workers), "--precision", strategy.precision,
-           "--device", strategy.device,
-           "--grad-accum", str(strategy.grad_accum), "--compress", strategy.compress,
-           "--collective-timeout", f"{args.collective_timeout:g}",
-           "--timeout", f"{args.timeout:g}"]
-    if strategy.ps:
-        out += ["--ps", str(strategy.ps)]
-    if strategy.framework == "keras":
-        out += ["--keras-backend", strategy.keras_backend]
-    if strategy.tp > 1:
-        out += ["--tp", str(strategy.tp)]
-    if strategy.pp > 1:
-        out += ["--pp", str(strategy.pp), "--microbatches", str(strategy.microbatches),
-                "--schedule", strategy.schedule]
-    if strategy.sequence_parallel:
-        out += ["--sequence-parallel"]
-    if strategy.activation_checkpointing:
-        out += ["--activation-checkpointing"]
-    if args.steps is not None:
-        out += ["--steps", str(args.steps)]
-    if strategy.threads:
-        out += ["--threads", str(strategy.threads)]
-    return out
+def join_args(strategy: Strategy, *, workload: str, timeout_s: float,
+              collective_timeout_s: float, steps: int | None = None) -> list[str]:
+    """The flags of `sextant join` for this run (the same run on every task): the workload
+    and limits, then every field of the strategy (Strategy.to_flags)."""
+    out = ["--workload", workload, "--collective-timeout", f"{collective_timeout_s:g}",
+           "--timeout", f"{timeout_s:g}"]
+    if steps is not None:
+        out += ["--steps", str(steps)]
+    return out + strategy.to_flags()
 
 
 def _time(seconds: float) -> str:
@@ -135,7 +123,7 @@ def batch_script(job: Job) -> str:
         "# Written by sextant. Each task runs `sextant join`, which reads its rank from",
         "# SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST. With SEXTANT_COLLECTOR set (sextant",
         "# sets it when it submits) results go back to the submitting host; without it,",
-        "# rank 0 stores the run on the first node (its --db, default ./sextant-results).",
+        f"# rank 0 stores the run on the first node (its --db, default ./{RESULTS_DIR}).",
         "# Every task needs the run's secret: export SEXTANT_COLLECTOR_SECRET (64 hex digits)",
         "# before sbatch, or SEXTANT_COLLECTOR_SECRET_FILE naming a file that holds it.",
         "set -euo pipefail",

@@ -23,7 +23,7 @@ from sextant.backends.contracts import EVENT_SCHEMA, WorkerContext
 from sextant.devices import pin_rank
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json, remove_private_tempdirs
-from sextant.launch.allocator import keep_freed_memory
+from sextant.allocator import keep_freed_memory
 from sextant.launch.hosts import adopt_host
 from sextant.launch.local import default_threads
 from sextant.strategy import Strategy
@@ -66,7 +66,7 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
     cpus = (plan.get("cpus") or [None] * ctx.world)[ctx.rank]
     if cpus:
         os.sched_setaffinity(0, cpus)
-    keep_freed_memory()  # before any framework allocates (sextant.launch.allocator)
+    keep_freed_memory()  # before any framework allocates (sextant.allocator)
     # Before any framework is imported: this rank's own GPU only, or none on CPU ranks and
     # service ranks (parameter servers hold variables on the host).
     device = ctx.strategy.device if ctx.role == "worker" else "cpu"

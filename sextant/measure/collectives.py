@@ -1,10 +1,15 @@
 """Timing one collective at one message size, inside a torch.distributed worker (used by
-`sextant calibrate` for all-reduce and `sextant check` for all-gather)."""
+`sextant calibrate` for all-reduce and `sextant check` for all-gather), and the alpha-beta fit
+of the times against the message sizes (t = alpha + beta * bytes)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+import numpy as np
+
+from sextant.errors import UserError
 
 
 def time_collective(op: Callable[..., object]) -> tuple[float, float, float, int]:
@@ -31,3 +36,25 @@ def time_collective(op: Callable[..., object]) -> tuple[float, float, float, int
     times.sort()
     return (times[len(times) // 2], times[len(times) // 10],
             times[min(len(times) - 1, (9 * len(times)) // 10)], reps)
+
+
+def fit_alpha_beta(sizes, times) -> dict[str, float]:
+    """Least squares fit of t = alpha + beta * bytes, minimising relative residuals."""
+    m = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if len(m) < 2:
+        raise UserError("an alpha-beta fit needs at least 2 message sizes")
+    a = np.stack([1.0 / t, m / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    pred = alpha + beta * m
+    rel = (pred - t) / t
+    ss_res = float(((pred - t) ** 2).sum())
+    ss_tot = float(((t - t.mean()) ** 2).sum()) or 1.0
+    return {
+        "alpha_s": float(alpha),
+        "beta_s_per_byte": float(beta),
+        "bandwidth_bytes_per_s": float(1.0 / beta) if beta > 0 else 0.0,
+        "r2": 1.0 - ss_res / ss_tot,
+        "max_rel_residual": float(np.abs(rel).max()),
+        "median_rel_residual": float(np.median(np.abs(rel))),
+    }

@@ -1,8 +1,8 @@
 """Bytes each rank sends per step, from the strategy (ring algorithms).
 
 The collectives each strategy issues and their ring factors live in one place,
-`sextant.planner.comms.dp_collectives` / `dp_bytes_sent` (the planner uses the same table);
-this module only maps a run's strategy onto it. The payload is the gradient (or parameter)
+sextant.measure.collective_table (`dp_collectives` / `dp_bytes_sent`; the planner reads the
+same table); this module only maps a run's strategy onto it. The payload is the gradient (or parameter)
 bytes: 4 per fp32 parameter, 2 with 16-bit compression of the gradients.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sextant.planner.comms import STRATEGY_ZERO_STAGE as ZERO_STAGE
-from sextant.planner.comms import dp_bytes_sent, dp_collectives
+from sextant.measure.collective_table import STRATEGY_ZERO_STAGE as ZERO_STAGE
+from sextant.measure.collective_table import dp_bytes_sent, dp_collectives
 
 # The backends reduce once per step under accumulation (no_sync /
 # set_requires_gradient_sync(False)): the "torch-no-sync" schedule.

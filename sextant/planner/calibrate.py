@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_text
+from sextant.measure.collectives import fit_alpha_beta
 from sextant.planner.catalogue import DEFAULT_CALIBRATION
 
 GEMM_N = 1024
@@ -151,34 +153,12 @@ def message_sizes(max_bytes: int) -> list[int]:
     return sizes
 
 
-def fit_alpha_beta(sizes, times) -> dict[str, float]:
-    """Least squares fit of t = alpha + beta * bytes, minimising relative residuals."""
-    m = np.asarray(sizes, dtype=np.float64)
-    t = np.asarray(times, dtype=np.float64)
-    if len(m) < 2:
-        raise UserError("an alpha-beta fit needs at least 2 message sizes")
-    a = np.stack([1.0 / t, m / t], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    pred = alpha + beta * m
-    rel = (pred - t) / t
-    ss_res = float(((pred - t) ** 2).sum())
-    ss_tot = float(((t - t.mean()) ** 2).sum()) or 1.0
-    return {
-        "alpha_s": float(alpha),
-        "beta_s_per_byte": float(beta),
-        "bandwidth_bytes_per_s": float(1.0 / beta) if beta > 0 else 0.0,
-        "r2": 1.0 - ss_res / ss_tot,
-        "max_rel_residual": float(np.abs(rel).max()),
-        "median_rel_residual": float(np.median(np.abs(rel))),
-    }
-
-
 def measure_allreduce(
-    max_bytes: int = 64 * 2**20, timeout: float = 120.0, world: int = 2
+    max_bytes: int = 64 * 2**20, timeout: float = MEASUREMENT_TIMEOUT_S, world: int = 2
 ) -> dict[str, Any]:
     """All-reduce medians between `world` gloo worker processes on loopback, and the
-    alpha-beta fit (the timer is sextant.checks.collectives, shared with `sextant check`)."""
-    from sextant.checks.collectives import measure_collective
+    alpha-beta fit (the timer is sextant.launch.collectives, shared with `sextant check`)."""
+    from sextant.launch.collectives import measure_collective
 
     data = measure_collective("allreduce", world=world, max_bytes=max_bytes, timeout=timeout)
     data["fit"] = fit_alpha_beta(data["sizes_bytes"], data["times_s"])
@@ -189,7 +169,7 @@ def calibrate(
     *,
     out: str | Path | None = None,
     max_bytes: int = 64 * 2**20,
-    timeout: float = 120.0,
+    timeout: float = MEASUREMENT_TIMEOUT_S,
     progress=None,
 ) -> dict[str, Any]:
     started = time.perf_counter()

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
+from sextant.paths import DEFAULT_CALIBRATION
 from sextant.tomlfile import read_toml
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
-DEFAULT_CALIBRATION = Path("sextant-results") / "calibration.json"
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
 
 _ACC_KEYS = {

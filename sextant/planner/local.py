@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.paths import calibration_in
 from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
 from sextant.planner.comms import STRATEGY_ZERO_STAGE
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
@@ -34,7 +35,7 @@ def load_machine(calibration: str | Path | None = None,
     the machine was never calibrated."""
     if calibration is not None:
         return load_catalogue(None, calibration)
-    for path in ([Path(results_dir) / "calibration.json"] if results_dir else []) + [
+    for path in ([calibration_in(results_dir)] if results_dir else []) + [
             DEFAULT_CALIBRATION]:
         if path.is_file():
             return load_catalogue(None, path)

@@ -31,7 +31,7 @@ _HINT = "run 'sextant compare' (or 'sextant run') first to measure local runs"
 
 
 def load_runs(db: str | Path | None) -> list[dict[str, Any]]:
-    from sextant.results.store import default_path
+    from sextant.paths import default_db as default_path
 
     path = Path(db) if db else default_path()
     if not path.is_file():

@@ -1,7 +1,7 @@
 """SQLite results store: one row per run, written in one transaction.
 
-Default location `./sextant-results/results.db`; `--db PATH` or the SEXTANT_RESULTS
-environment variable override it. Scalar headline figures have their own columns (for
+Default location: sextant.paths.default_db() (`./sextant-results/results.db`; `--db PATH`
+or the SEXTANT_RESULTS environment variable override it). Scalar headline figures have their own columns (for
 queries and listing); everything else is JSON in the row, so that the schema does not have to
 change with every new metric. `schema_version` lets later versions migrate old stores.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sqlite3
 import sys
 import time
@@ -18,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.paths import default_db
 from sextant.strategy import Strategy
 
 SCHEMA_VERSION = 1
-DEFAULT_DB = Path("sextant-results") / "results.db"
 BUSY_TIMEOUT_S = 30.0
 """How long a write waits for another writer's lock before giving up."""
 
@@ -102,16 +101,12 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
 
-def default_path() -> Path:
-    return Path(os.environ.get("SEXTANT_RESULTS") or DEFAULT_DB)
-
-
 class ResultsStore:
     """Open (creating if needed) a results database."""
 
     def __init__(self, path: str | Path | None = None, *, create: bool = True,
                  busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
-        self.path = Path(path) if path is not None else default_path()
+        self.path = Path(path) if path is not None else default_db()
         self.busy_timeout_s = busy_timeout_s
         if not create and not self.path.exists():
             raise UserError(

@@ -1,14 +1,14 @@
-"""benchmarks/pipeline_schedule.py: DeepSpeed's TrainSchedule replayed with blocking sends."""
+"""sextant.measure.pipeline_schedule: DeepSpeed's TrainSchedule replayed with blocking sends."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import load_benchmark
+from sextant.measure import pipeline_schedule
 
 
 def _schedule():
-    return load_benchmark("pipeline_schedule")
+    return pipeline_schedule
 
 
 @pytest.mark.parametrize("stages, micro_batches", [(1, 4), (2, 2), (4, 8), (35, 240), (7, 3)])

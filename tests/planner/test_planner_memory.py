@@ -20,7 +20,6 @@ from sextant.planner.memory import (
 )
 from sextant.planner.models import TransformerShape, preset
 from sextant.planner.profiles import profile
-from tests.helpers import load_benchmark
 
 GB = 1e9
 
@@ -218,7 +217,7 @@ def test_torch_loss_under_tensor_parallelism_holds_its_shard_four_times():
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
 def test_pytorch_loss_parallel_holds_what_the_factor_says():
     # The real loss_parallel() on a one-rank gloo group, beside the plain loss, both from the
-    # profiler's memory timeline (benchmarks/loss_memory.py): the difference is the factor's.
+    # profiler's memory timeline (sextant/measure/loss_memory.py): the difference is the factor's.
     probe = _loss_probe()
     plain = probe.measure_timeline(False, tokens=512, vocab=4096)
     parallel = probe.measure_timeline(True, tokens=512, vocab=4096)
@@ -232,7 +231,7 @@ def test_pytorch_loss_parallel_holds_what_the_factor_says():
 @pytest.mark.parametrize("precision, forward", [("bf16", 10.0), ("fp32", 8.0)])
 def test_pytorch_holds_what_the_torch_loss_factor_says(precision, forward):
     # The real PyTorch loss, forward and backward, every tensor of at least a quarter of the
-    # logits followed from allocation to release (benchmarks/loss_memory.py).
+    # logits followed from allocation to release (sextant/measure/loss_memory.py).
     fwd, peak, at = _loss_probe().measure(precision, tokens=512, vocab=4096)
     assert fwd == pytest.approx(forward)
     assert peak == pytest.approx(4.0 * loss_bytes_factor("torch", precision))
@@ -240,7 +239,9 @@ def test_pytorch_holds_what_the_torch_loss_factor_says(precision, forward):
 
 
 def _loss_probe():
-    return load_benchmark("loss_memory")
+    from sextant.measure import loss_memory
+
+    return loss_memory
 
 
 def test_fsdp2_root_unit_is_whole_at_the_backward_start():

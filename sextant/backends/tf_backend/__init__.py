@@ -64,7 +64,7 @@ def import_tensorflow(ctx: WorkerContext, scratch: bool = True) -> Any:
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     # autograph's generated modules go to a directory of this rank's own in its run
-    # directory, deleted when the rank ends (they used to pile up in /tmp: ~11 files a run).
+    # directory, deleted when the rank ends (in /tmp they would pile up: ~11 files a run).
     # Not for a parameter-server service process (scratch=False): it traces nothing, and the
     # launcher ends it with SIGKILL, which would leave the directory behind.
     if scratch:

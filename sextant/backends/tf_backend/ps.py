@@ -47,7 +47,7 @@ from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
 from sextant.errors import UserError
 from sextant.init import init_params, param_shapes
-from sextant.launch.local import default_threads
+from sextant.cores import default_threads
 from sextant.measure.env import fingerprint
 from sextant.measure.guard import guard_recompiles
 from sextant.measure.loop import Faults
