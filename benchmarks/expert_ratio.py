@@ -66,7 +66,7 @@ CONFIGS: dict[str, tuple[list[str], str, list[str]]] = {
 def expert_shape_flags(workload: str, steps: int | None) -> tuple[list[str], int, int]:
     """The expert loop's flags for the workload's shapes and optimizer; (flags, steps,
     warm-up steps excluded)."""
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     w = resolve_workload(workload)
     if steps:
@@ -203,7 +203,7 @@ def sextant_inputs(workload: str, steps: int) -> Path:
     from sextant import data
     from sextant.backends.torch_backend import model as tm
     from sextant.init import init_params
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     w = resolve_workload(workload)
     net = tm.build(w.model)
@@ -264,7 +264,7 @@ def main() -> None:
         a.workload = str(Path(a.workload).resolve())
     shape_flags, steps, warm = expert_shape_flags(a.workload, a.steps)
     from sextant.init import count_params
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     n_params = count_params(resolve_workload(a.workload).model)
     cores = len(os.sched_getaffinity(0))

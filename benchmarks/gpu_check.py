@@ -124,7 +124,7 @@ def part_precision(a: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 
 def part_expert(a: argparse.Namespace, out: Path, compare: dict[str, Any]) -> list[dict]:
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     w = resolve_workload(a.workload)
     m, o = w.model, w.optimizer

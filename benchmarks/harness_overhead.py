@@ -37,7 +37,7 @@ def hand_loop(workload_name: str, steps: int, threads: int) -> list[float]:
     from sextant.backends.torch_backend import model as tm
     from sextant.init import init_params
     from sextant.schedule import lr_table
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     torch.set_num_threads(threads)
     w = resolve_workload(workload_name).replace(steps=steps)
@@ -76,7 +76,7 @@ def main() -> None:
 
     from sextant.runner import execute
     from sextant.strategy import Strategy
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     w = resolve_workload(args.workload).replace(steps=args.steps)
     warm = w.measure.warmup_steps

@@ -65,7 +65,7 @@ def main() -> None:
 
     from sextant.runner import execute
     from sextant.strategy import Strategy
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     w = resolve_workload(args.workload).replace(steps=args.steps)
     w = w.replace(measure=w.measure.__class__(warmup_steps=w.measure.warmup_steps,

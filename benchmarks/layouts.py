@@ -25,7 +25,7 @@ from pathlib import Path
 from sextant.report.model import layout_comm_bytes
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from sextant.workload import resolve_workload
+from sextant.sources import resolve_workload
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ from sextant.planner.local import load_machine, predict_scaling
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from sextant.workload import resolve_workload
+from sextant.sources import resolve_workload
 
 CLUSTER = "bench"
 RUNS = (

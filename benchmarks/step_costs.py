@@ -31,7 +31,7 @@ from sextant import data
 from sextant.init import decays, init_params
 from sextant.measure import memory
 from sextant.schedule import lr_table
-from sextant.workload import resolve_workload
+from sextant.sources import resolve_workload
 
 
 def alternate(a, b, reps: int) -> tuple[float, float]:  # noqa: ANN001

@@ -73,3 +73,13 @@ def fmt_share(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x * 100:.0f}%" if x >= 0 else f"{x * 100:.0f}% (noise)"
+
+
+def human_count(n: float) -> str:
+    """1.1B, 86.2M, 137K: a count with three significant digits and its unit."""
+    import math
+
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{max(0, 3 - int(math.log10(abs(n) / scale)) - 1)}f}{unit}"
+    return f"{n:.0f}"

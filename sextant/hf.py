@@ -233,7 +233,7 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
     """A workload (the TOML document, as a dict) for the model of `path`, trained on the
     bundled byte-level corpus until its [data] is pointed at your own files."""
     from sextant.init import count_params
-    from sextant.planner.models import human_count
+    from sextant.display import human_count
     from sextant.workload import GPTSpec, LlamaSpec
 
     path = Path(path)

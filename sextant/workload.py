@@ -505,41 +505,12 @@ def bundled_workloads() -> list[str]:
     return sorted(p.stem for p in BUNDLED_DIR.glob("*.toml"))
 
 
-def workload_source(spec: str | Path) -> str:
-    """How to name the workload `spec` in a command that reproduces a run: the bundled name
-    as given, an hf: spec with its config's absolute path, else the file's absolute path."""
-    if str(spec).startswith(HF_PREFIX):
-        from sextant.hf import normalise_spec
-
-        return normalise_spec(str(spec))
-    path = Path(spec)
-    if not path.exists() and (BUNDLED_DIR / f"{path}.toml").is_file():
-        return str(spec)
-    return str(path.resolve())
-
-
 HF_PREFIX = "hf:"
 """`--workload hf:path/config.json[,scale=0.01,...]`: a workload made from a Hugging Face
 config (sextant.hf)."""
 
 
-def resolve_workload(spec: str | Path) -> Workload:
-    """Load a workload from a path, by the name of a bundled one ('gpt-tiny'), or from a
-    Hugging Face config ('hf:path/config.json'); a workload over your own files has its
-    tokens made (or found in the cache) here, once, before any worker starts."""
-    if str(spec).startswith(HF_PREFIX):
-        from sextant.hf import workload_from_spec
-
-        return workload_from_spec(str(spec))
-    workload = _load_named(spec)
-    if workload.data.files:
-        from sextant.data.files import with_tokens
-
-        return with_tokens(workload)
-    return workload
-
-
-def _load_named(spec: str | Path) -> Workload:
+def load_named(spec: str | Path) -> Workload:
     path = Path(spec)
     if not path.exists() and path.suffix == "" and (BUNDLED_DIR / f"{path}.toml").is_file():
         path = BUNDLED_DIR / f"{path}.toml"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sextant.workload import Workload, resolve_workload
+from sextant.workload import Workload
+from sextant.sources import resolve_workload
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None

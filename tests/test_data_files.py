@@ -14,7 +14,8 @@ import pytest
 from sextant import data
 from sextant.data import files
 from sextant.errors import UserError
-from sextant.workload import Workload, resolve_workload
+from sextant.workload import Workload
+from sextant.sources import resolve_workload
 from tests.helpers import LEVER_RTOL, needs_torch, run_cli, same_training
 
 pa = pytest.importorskip("pyarrow")

@@ -14,14 +14,8 @@ import pytest
 from sextant.errors import UserError
 from sextant.hf import workload_from_hf, workload_from_spec
 from sextant.init import count_params
-from sextant.workload import (
-    GPTSpec,
-    LlamaSpec,
-    load_workload,
-    resolve_workload,
-    workload_from_dict,
-    workload_source,
-)
+from sextant.sources import resolve_workload, workload_source
+from sextant.workload import GPTSpec, LlamaSpec, load_workload, workload_from_dict
 from tests.helpers import LEVER_RTOL, REPO, needs_torch, run_cli, same_training
 
 HF = REPO / "tests" / "data" / "hf"

@@ -7,7 +7,7 @@ import numpy as np
 from sextant import data
 from sextant.init import count_params, flops_per_step, init_params, param_shapes
 from sextant.schedule import lr_table
-from sextant.workload import resolve_workload
+from sextant.sources import resolve_workload
 
 
 def test_params_deterministic_and_seeded() -> None:

@@ -15,7 +15,8 @@ from sextant.errors import UserError
 from sextant.init import count_params, init_params, matmul_params, param_shapes, rope_tables
 from sextant.runner import execute
 from sextant.strategy import FRAMEWORKS, Strategy
-from sextant.workload import LlamaSpec, resolve_workload, workload_from_dict
+from sextant.workload import LlamaSpec, workload_from_dict
+from sextant.sources import resolve_workload
 from tests.helpers import LEVER_RTOL, needs_torch, same_training, short
 
 HAS = {m: importlib.util.find_spec(m) is not None for m in FRAMEWORKS}

@@ -395,7 +395,8 @@ def test_bad_paths_and_values(tmp_path: Path, args: list[str], fragment: str) ->
 ])
 def test_values_that_used_to_fail_inside_a_worker(table: str, changes: dict, fragment: str
                                                   ) -> None:
-    from sextant.workload import resolve_workload, workload_from_dict
+    from sextant.workload import workload_from_dict
+    from sextant.sources import resolve_workload
 
     raw = resolve_workload("gpt-tiny").to_dict()
     (raw[table] if table else raw).update(changes)

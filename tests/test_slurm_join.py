@@ -21,7 +21,7 @@ from sextant.launch.local import free_port
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from sextant.workload import resolve_workload
+from sextant.sources import resolve_workload
 from tests.helpers import PARITY_RTOL, needs_torch, run_cli, same_training
 
 WORKLOAD = """

@@ -9,7 +9,7 @@ import pytest
 from sextant.errors import UserError
 from sextant.results.store import ResultsStore
 from sextant.strategy import Strategy
-from sextant.workload import resolve_workload
+from sextant.sources import resolve_workload
 
 
 def record(group: str = "g1", step: float = 0.02) -> dict:

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from sextant.errors import UserError
-from sextant.workload import GPTSpec, bundled_workloads, load_workload, resolve_workload
+from sextant.workload import GPTSpec, bundled_workloads, load_workload
+from sextant.sources import resolve_workload
 
 GOOD = """
 name = "w"

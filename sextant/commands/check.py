@@ -170,7 +170,7 @@ def render(results: list[Any], out: Console) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sextant.checks.suite import CheckOptions, parse_only, run_checks
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     only = parse_only(args.only)
     for name in ("loader_threshold", "balance_threshold", "scaling_tolerance", "threshold_gbps"):

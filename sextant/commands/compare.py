@@ -40,7 +40,7 @@ from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import MIXED_PRECISIONS, Strategy
-from sextant.workload import workload_source
+from sextant.sources import workload_source
 
 
 def register(sub: Any) -> None:

@@ -28,7 +28,8 @@ from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import FRAMEWORKS, TENSOR_PARALLEL, Strategy
-from sextant.workload import Workload, resolve_workload, workload_source
+from sextant.workload import Workload
+from sextant.sources import resolve_workload, workload_source
 
 
 def register(sub: Any) -> None:

@@ -155,7 +155,7 @@ def run_trials(args: argparse.Namespace, workload: Any, strategy: Any, *,
     from sextant.commands.common import RunProgress, open_store, runs_dir
     from sextant.display import console
     from sextant.runner import execute
-    from sextant.workload import workload_source
+    from sextant.sources import workload_source
 
     out = console()
     group = uuid.uuid4().hex[:12]

@@ -805,10 +805,3 @@ def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
         return shape_from_workload(workload_from_hf(config, **options), where=str(path))
     raw = read_toml(Path(path), "workload")
     return shape_from_workload(raw, where=str(path))
-
-
-def human_count(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.{max(0, 3 - int(math.log10(abs(n) / scale)) - 1)}f}{unit}"
-    return f"{n:.0f}"

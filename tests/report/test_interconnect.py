@@ -39,7 +39,7 @@ def test_the_planner_line_rises_with_the_link_rate_and_levels_off(tmp_path) -> N
     import json
 
     from sextant.planner.local import load_machine
-    from sextant.workload import resolve_workload
+    from sextant.sources import resolve_workload
 
     calibration = {
         "schema": 1, "created": "test", "host": {"cores": 2, "memory_bytes": 2**34},
