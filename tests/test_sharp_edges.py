@@ -209,15 +209,15 @@ def test_a_description_is_capped(tmp_path: Path) -> None:
 @pytest.mark.parametrize("delay", [0.15, 0.25, 0.4])
 def test_ctrl_c_while_starting_prints_no_traceback(delay: float) -> None:
     """Once the interpreter has started sextant (earlier, Python itself is still starting),
-    while the command's modules load or it works (a plan search takes seconds)."""
-    proc = subprocess.Popen([sys.executable, "-m", "sextant.cli", "plan", "--model",
-                             "llama-70b", "--gpus", "1024", "--accelerator", "h100-sxm"],
+    while the command's modules load or it works: `check --only quiet` samples the machine
+    for 3 s and writes nothing (a plan search, once used here, now ends within 0.4 s)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sextant.cli", "check", "--only", "quiet"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
-    assert (proc.returncode, err) == (130, "sextant: interrupted\n")
+    assert proc.returncode == 130 and err.endswith("sextant: interrupted\n"), err
 
 
 # --- the report's reproduce commands -----------------------------------------------------

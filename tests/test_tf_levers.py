@@ -67,7 +67,7 @@ def dp_ref(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_capabilities_and_refusals() -> None:
     caps = get_backend("tensorflow").capabilities()
     assert caps.parallel == ("single", "dp", "ps")  # no ZeRO/FSDP in tf.distribute
-    assert caps.precisions == ("fp32", "bf16") and caps.grad_accum
+    assert caps.precisions == ("fp32", "tf32", "bf16") and caps.grad_accum
     assert caps.compress == ("none", "bf16", "fp16")  # no PowerSGD in TensorFlow
     assert caps.checkpoint == ("single", "dp")
     require(tf("dp", compress="fp16", precision="bf16", grad_accum=2))

@@ -264,6 +264,21 @@ def register(subparsers: Any) -> None:
     ls.set_defaults(func=run_list)
 
 
+def _trainable(spec: str) -> bool:
+    """Whether --workload names a workload sextant can train (an hf: config, a bundled name,
+    or a TOML file of family gpt, llama or mlp), not a planner-only shape."""
+    from sextant.tomlfile import read_toml
+    from sextant.workload import BUNDLED_DIR, HF_PREFIX
+
+    if spec.startswith(HF_PREFIX) or (BUNDLED_DIR / f"{spec}.toml").is_file():
+        return True
+    try:
+        family = (read_toml(spec, "workload").get("model") or {}).get("family")
+    except (UserError, OSError):
+        return True  # unreadable: resolve_workload says why, in one line
+    return family in ("gpt", "llama", "mlp")
+
+
 def run_plan(args: argparse.Namespace) -> int:
     if args.list:
         deprecated("plan --list", "plan list")
@@ -362,10 +377,12 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.global_batch is not None and not 1 <= args.global_batch <= MAX_PLAN_GLOBAL_BATCH:
         raise UserError(f"--global-batch must be from 1 to {MAX_PLAN_GLOBAL_BATCH}. Received: "
                         f"{args.global_batch}")
-    if args.workload:  # the validation `run` applies, before its shape is read
-        from sextant.workload import load_workload
+    if args.workload and _trainable(args.workload):
+        # The validation `run` applies, before its shape is read (a planner-only shape,
+        # family 'transformer', is the planner's to validate).
+        from sextant.sources import resolve_workload
 
-        load_workload(args.workload)
+        resolve_workload(args.workload)
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     acc = cat.accelerator(args.accelerator)
