@@ -41,6 +41,11 @@ def test_bf16_agrees_within_the_band_and_the_broken_twins_do_not(tmp_path: Path)
     bf16_masters = mixed_agreement(_run(tmp_path, "torch", "bf16", "bf16-master-weights")
                                    ["losses"], *band)
     assert not loss_in_bf16.ok and not bf16_masters.ok, (loss_in_bf16, bf16_masters)
+    # fp16 with dynamic loss scaling (torch's GradScaler) trains the same thing: inside the
+    # band its own fp16 run would set is trivially true, so held to bf16's band here.
+    fp16 = _run(tmp_path, "torch", "fp16")
+    assert fp16["fingerprint"]["precision"]["effective"] == "fp16"
+    assert mixed_agreement(fp16["losses"], *band).ok
     # bf16 is really different from fp32 (a band of zero width would pass nothing).
     assert max(abs(a - b) for a, b in zip(*band)) > 1e-4
     assert MIXED_FACTOR >= 1
