@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from functools import cache
+from typing import Any
 
 from sextant.errors import UserError
 
@@ -113,22 +114,40 @@ def parse_nvidia_smi(text: str) -> tuple[tuple[Accelerator, ...], str | None]:
     return tuple(sorted(devices, key=lambda a: a.index)), driver
 
 
-class _Memory(ctypes.Structure):
+class NvmlMemory(ctypes.Structure):
+    """nvmlMemory_t: what nvmlDeviceGetMemoryInfo fills."""
+
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
                 ("used", ctypes.c_ulonglong)]
 
 
-def _nvml() -> Inventory | None:
+def open_nvml() -> tuple[Any, list[ctypes.c_void_p]] | None:
+    """(the initialised NVML library, a handle per device in NVML's order) through ctypes, or
+    None without a driver. The caller shuts the library down when done with it."""
     try:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    if lib.nvmlInit_v2() != 0:
-        return None
-    try:
-        count = ctypes.c_uint()
-        if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+        if lib.nvmlInit_v2() != 0:
             return None
+    except (OSError, AttributeError):
+        return None
+    count = ctypes.c_uint()
+    if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+        lib.nvmlShutdown()
+        return None
+    handles = []
+    for i in range(count.value):
+        handle = ctypes.c_void_p()
+        if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) == 0:
+            handles.append(handle)
+    return lib, handles
+
+
+def _nvml() -> Inventory | None:
+    opened = open_nvml()
+    if opened is None:
+        return None
+    lib, handles = opened
+    try:
         buf = ctypes.create_string_buffer(96)
         driver = (buf.value.decode() if lib.nvmlSystemGetDriverVersion(buf, 96) == 0
                   else None)
@@ -136,13 +155,10 @@ def _nvml() -> Inventory | None:
         cuda = (f"{version.value // 1000}.{version.value % 1000 // 10}"
                 if lib.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(version)) == 0 else None)
         devices = []
-        for i in range(count.value):
-            handle = ctypes.c_void_p()
-            if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
-                continue
+        for i, handle in enumerate(handles):
             name = ctypes.create_string_buffer(96)
             uuid = ctypes.create_string_buffer(96)
-            memory = _Memory()
+            memory = NvmlMemory()
             lib.nvmlDeviceGetName(handle, name, 96)
             lib.nvmlDeviceGetUUID(handle, uuid, 96)
             lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))

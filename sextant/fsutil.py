@@ -4,12 +4,14 @@ process's private scratch directory."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sextant.errors import UserError
 
@@ -31,11 +33,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    with atomic_output(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[BinaryIO]:
+    """A binary file that becomes `path` when the block ends without an exception (written
+    to a temporary file beside it, fsynced, renamed over it); on an exception the temporary
+    file is removed and `path` is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

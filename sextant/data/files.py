@@ -32,7 +32,6 @@ import glob
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.fsutil import atomic_write_text
+from sextant.fsutil import atomic_output, atomic_write_text
 from sextant.workload import Workload
 
 FORMAT_VERSION = 1
@@ -281,32 +280,21 @@ def token_file(data_files: list[Path], tokenizer: Tokenizer, text_field: str,
 def _tokenize(data_files: list[Path], tokenizer: Tokenizer, text_field: str, digest: str,
               root: Path) -> TokenFile:
     dtype = _token_dtype(tokenizer.vocab_size)
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{digest}.", suffix=".tmp")
     total = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for path in data_files:
-                in_file = 0
-                for chunk in documents(path, text_field):
-                    for ids in tokenizer.encode(chunk):
-                        if ids.size and int(ids.max()) >= tokenizer.vocab_size:
-                            raise UserError(f"{path}: the tokenizer produced id {ids.max()} "
-                                            f"beyond its vocabulary {tokenizer.vocab_size}")
-                        out.write(ids.astype(dtype).tobytes())
-                        in_file += int(ids.size)
-                if in_file == 0:
-                    raise UserError(f"data file {path} holds no text (no tokens): remove it "
-                                    f"or give it documents")
-                total += in_file
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, root / f"{digest}.bin")
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_output(root / f"{digest}.bin") as out:
+        for path in data_files:
+            in_file = 0
+            for chunk in documents(path, text_field):
+                for ids in tokenizer.encode(chunk):
+                    if ids.size and int(ids.max()) >= tokenizer.vocab_size:
+                        raise UserError(f"{path}: the tokenizer produced id {ids.max()} "
+                                        f"beyond its vocabulary {tokenizer.vocab_size}")
+                    out.write(ids.astype(dtype).tobytes())
+                    in_file += int(ids.size)
+            if in_file == 0:
+                raise UserError(f"data file {path} holds no text (no tokens): remove it "
+                                f"or give it documents")
+            total += in_file
     atomic_write_text(root / f"{digest}.json", json.dumps({
         "dtype": dtype.name, "tokens": total, "vocab_size": tokenizer.vocab_size,
         "tokenizer": tokenizer.spec, "text_field": text_field,

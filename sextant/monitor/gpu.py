@@ -10,14 +10,11 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from sextant.devices import NvmlMemory, open_nvml
+
 
 class _Utilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
-
-
-class _Memory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]
 
 
 class GpuSampler:
@@ -38,20 +35,10 @@ class GpuSampler:
             return
         except Exception:  # noqa: BLE001 - no pynvml, no driver: try the C library, or none
             self._nvml = None
-        try:
-            lib = ctypes.CDLL("libnvidia-ml.so.1")
-            if lib.nvmlInit_v2() != 0:
-                return
-            count = ctypes.c_uint()
-            if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-                return
-            for i in range(count.value):
-                handle = ctypes.c_void_p()
-                if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) == 0:
-                    self._handles.append(handle)
-            self._lib = lib
-        except (OSError, AttributeError):
-            self._handles = []
+        opened = open_nvml()
+        if opened is not None:
+            self._lib, handles = opened
+            self._handles = list(handles)
 
     @property
     def available(self) -> bool:
@@ -78,7 +65,7 @@ class GpuSampler:
                     mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
                     used, total = mem.used, mem.total
                 else:
-                    u, m = _Utilization(), _Memory()
+                    u, m = _Utilization(), NvmlMemory()
                     if (self._lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(u))
                             or self._lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(m))):
                         continue
