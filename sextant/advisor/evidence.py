@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.advisor.vocab import CANDIDATES, MEASURED, SOURCES
+from sextant.claims import compute_units, conditions
 from sextant.errors import UserError
 
 FRAMEWORK_CANDIDATES = {
@@ -133,11 +134,9 @@ def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
         value = _number(run["metrics"], key)
         if value is None:
             continue
-        metrics = run.get("metrics") or {}
-        # Never a ratio across precisions or devices (sextant.claims.conditions).
+        # Never a ratio across precisions or devices.
         config = (str(run["workload_hash"]), str(run["parallel"]), int(run["workers"]),
-                  str(metrics.get("effective_precision") or run.get("precision") or "fp32"),
-                  str(metrics.get("device") or "cpu"), str(metrics.get("accelerator") or ""))
+                  *conditions(run))
         per_fw = configs.setdefault(config, {})
         held = per_fw.get(run["framework"])
         better = held is None or (value > held[0] if best == "max" else value < held[0])
@@ -168,11 +167,10 @@ def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
 def hardware_class(run: Mapping[str, Any]) -> str:
     """The advisor's hardware family a run was measured on: 'cpu', or the GPU's vendor
     family ('nvidia', 'amd'), from the run's device and accelerator name."""
-    metrics = run.get("metrics") or {}
-    device = metrics.get("device") or (run.get("strategy") or {}).get("device") or "cpu"
+    _, device, accelerator = conditions(run)
     if device != "gpu":
         return "cpu"
-    name = str(metrics.get("accelerator") or "").lower()
+    name = accelerator.lower()
     return "amd" if ("amd" in name or "instinct" in name) else "nvidia"
 
 
@@ -271,17 +269,6 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
     return evidence
 
 
-def _compute_units(run: Mapping[str, Any]) -> int:
-    """The compute a run held: its devices on GPUs; on CPU its workers x threads each (two
-    one-thread workers hold what one two-thread worker does)."""
-    workers = int(run["workers"])
-    metrics = run.get("metrics") or {}
-    if metrics.get("device") == "gpu":
-        return workers
-    threads = metrics.get("threads_per_worker")
-    return workers * (int(threads) if isinstance(threads, int) and threads > 0 else 1)
-
-
 def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], list[str]]:
     """Scaling efficiency per (workload, mode) at the largest measured worker count: the
     throughput per unit of compute against the single process's (the same total compute
@@ -294,7 +281,8 @@ def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], 
             continue
         key = (str(run["workload_hash"]), str(run["mode"]))
         workers = int(run["workers"])
-        per_unit = tps / _compute_units(run)
+        per_unit = tps / compute_units(conditions(run)[1], workers,
+                                        run["metrics"].get("threads_per_worker"))
         if run["parallel"] == "single" or workers == 1:
             if key not in single or per_unit > single[key][0]:
                 single[key] = (per_unit, str(run["id"]))

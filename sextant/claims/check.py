@@ -157,6 +157,15 @@ def conditions(run: Mapping[str, Any]) -> tuple[str, str, str]:
             str(metrics.get("accelerator") or ""))
 
 
+def compute_units(device: str, workers: int, threads: Any) -> int:
+    """The compute a run held, for efficiency at equal compute: its devices on GPUs; on CPU
+    cores its workers x threads each (two one-thread workers hold what one two-thread worker
+    held; 1 thread when unrecorded)."""
+    if device == "gpu":
+        return workers
+    return workers * (threads if isinstance(threads, int) and threads > 0 else 1)
+
+
 def unequal(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     """Why two runs may not be ranked against each other, or None when they may."""
     ca, cb = conditions(a), conditions(b)

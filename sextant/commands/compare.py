@@ -282,6 +282,11 @@ GPU_SHARDED = ("fsdp",)
 """Sharded data parallelism `compare` adds on a host with several GPUs."""
 
 
+def default_workers(device: str, inventory: Inventory) -> int:
+    """The data-parallel rows' workers unless told: every visible GPU, or 2 on CPU cores."""
+    return inventory.count if device == "gpu" else 2
+
+
 def compare_rows(frameworks: Sequence[str], device: str, inventory: Inventory, *,
                  workers: int | None = None, precision: str | None = None
                  ) -> tuple[list[Strategy], list[str]]:
@@ -293,11 +298,8 @@ def compare_rows(frameworks: Sequence[str], device: str, inventory: Inventory, *
     told. A row that cannot run here is listed with its reason, never failed."""
     on_gpu = device == "gpu"
     precision = precision or (GPU_PRECISION if on_gpu else CPU_PRECISION)
-    if on_gpu:
-        n = workers or inventory.count
-        width = max(2, n)  # on one GPU the data-parallel rows are listed as not run
-    else:
-        n = width = workers or 2
+    n = workers or default_workers(device, inventory)
+    width = max(2, n) if on_gpu else n  # on one GPU the dp rows are listed as not run
     strategies: list[Strategy] = []
     skipped: list[str] = []
     for name in frameworks:
@@ -311,7 +313,6 @@ def compare_rows(frameworks: Sequence[str], device: str, inventory: Inventory, *
             fields = {**fields, "precision": precision, "device": device}
             try:
                 strategy = Strategy(framework=name, **fields)
-                label = strategy.label
                 if on_gpu and strategy.workers > inventory.count:
                     raise UserError(f"needs {strategy.workers} GPUs, one per rank; this host "
                                     f"has {inventory.describe()}")
@@ -332,7 +333,7 @@ def compare_rows(frameworks: Sequence[str], device: str, inventory: Inventory, *
 def _chosen_strategies(args: argparse.Namespace, out: Any, device: str,
                        inventory: Inventory) -> list[Strategy]:
     """The runs of this comparison: the levers, the layouts, or every framework's rows."""
-    workers = args.workers or (inventory.count if device == "gpu" else 2)
+    workers = args.workers or default_workers(device, inventory)
     if args.levers or args.layouts:
         check_ranks_fit(device, workers, inventory)
     if args.levers:

@@ -13,6 +13,7 @@ from sextant.claims import unequal
 from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.intervals import CONFIDENCE, speedup_interval
 from sextant.measure.stats import max_loss_diff
+from sextant.report.model import accelerator_cells
 
 DEFAULT_REPEATS = 2
 """Trials per configuration of `compare` (docs/methodology.md, "Repeated trials"): the
@@ -72,7 +73,7 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
              f"speed-up [{CONFIDENCE:.0%} CI]", "RSS MB/proc", "exposed comm",
              "final loss", "max |Δloss|"]
     if gpu:
-        names[7:7] = ["device MB", "MFU", "planner"]
+        names[7:7] = ["MFU", "device MB", "planner"]
     for name in names:
         table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
     groups = by_config(records)
@@ -113,16 +114,6 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
             cells[7:7] = accelerator_cells(m)
         table.add_row(*cells)
     return table
-
-
-def accelerator_cells(metrics: Mapping[str, Any]) -> list[str]:
-    """Device memory peak, MFU (blank where the device is not catalogued) and the planner's
-    predicted step against the measured one (one-device runs)."""
-    mfu, error = metrics.get("mfu"), metrics.get("planner_error")
-    return [fmt_bytes_mb(metrics.get("device_peak_bytes")),
-            fmt_share(mfu) if mfu is not None else "-",
-            f"{fmt_ms(metrics.get('planner_step_s'))} ({error:+.0%})" if error is not None
-            else "-"]
 
 
 def disturbed_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -25,7 +25,7 @@ from sextant.report.charts import (
     stacked_hbar_chart,
 )
 from sextant.measure.agreement import FP32_ATOL as PARITY_ATOL
-from sextant.report.model import build_report
+from sextant.report.model import ACCELERATOR_COLUMNS, accelerator_rows, build_report
 from sextant.results.store import ResultsStore, finite_json
 
 __all__ = ["FORMATS", "PARITY_ATOL", "load_advice", "render", "render_html", "write_report"]
@@ -308,8 +308,6 @@ def _speed(report: Mapping[str, Any]) -> str:
     table = _table(("run", "workers x thr", "tokens/s (range)", "step ms median (p10-p90)",
                     "n", "speed-up [95% CI]", "achieved", "data wait", "peak RSS MB/worker",
                     "final loss"), rows)
-    from sextant.report.model import ACCELERATOR_COLUMNS, accelerator_rows
-
     on_device = accelerator_rows(report)
     if on_device:
         table += ('<p class="small">On the accelerator: MFU against the planner catalogue\'s '

@@ -18,6 +18,7 @@ from sextant.claims import (
     NOT_HOLD,
     NOT_MEASURED,
     check_claims,
+    compute_units,
     conditions,
     run_field,
     run_label,
@@ -173,12 +174,13 @@ def _anchor(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any], precision
     return None
 
 
-def _parity_row(run: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
-                ref: Mapping[str, Any]) -> dict[str, Any]:
+def _parity_row(run: Mapping[str, Any], ref: Mapping[str, Any],
+                anchors: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
     """One run's agreement: fp32 runs within FP32_ATOL of the reference's fp32 curve;
-    mixed-precision runs within the band of sextant.measure.agreement."""
+    mixed-precision runs within the band of sextant.measure.agreement. `anchors`: the
+    reference configuration's run in each precision (_anchor)."""
     precision = conditions(run)[0]
-    fp32 = _anchor(runs, ref, "fp32")
+    fp32 = anchors["fp32"]
     row: dict[str, Any] = {"run": run_label(run), "id": run.get("id"), "precision": precision,
                            "max_diff": None, "held_to_parity": False, "rule": None,
                            "band_ratio": None, "agrees": None, "why_not": ""}
@@ -194,7 +196,7 @@ def _parity_row(run: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
         row.update(max_diff=diff, held_to_parity=True, rule=f"|Δloss| <= {FP32_ATOL:g}",
                    agrees=diff is None or diff <= FP32_ATOL)
         return row
-    mixed = _anchor(runs, ref, precision)
+    mixed = anchors[precision]
     if mixed is None or not losses:
         row["why_not"] = (f"no {precision} run of {run_label(fp32)} to set the band"
                           if losses else "no losses recorded")
@@ -210,7 +212,9 @@ def _parity_row(run: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
 
 
 def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[str, Any]:
-    per_run = [_parity_row(run, runs, ref) for run in runs]
+    precisions = {"fp32"} | {conditions(run)[0] for run in runs}
+    anchors = {p: _anchor(runs, ref, p) for p in precisions}
+    per_run = [_parity_row(run, ref, anchors) for run in runs]
     held = [p for p in per_run if p["held_to_parity"]]
     fp32_diffs = [p["max_diff"] for p in held
                   if p["precision"] == "fp32" and p["max_diff"] is not None]
@@ -225,14 +229,6 @@ def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[s
         "note": ("not held to parity: " + "; ".join(f"{p['run']} ({p['why_not']})"
                                                       for p in not_held) if not_held else ""),
     }
-
-
-def _compute_units(row: Mapping[str, Any]) -> int:
-    """Devices on GPUs; on CPU cores, workers x threads each (1 thread when unrecorded)."""
-    if row.get("device") == "gpu":
-        return int(row["replicas"])
-    threads = row.get("threads_per_worker")
-    return int(row["workers"]) * (threads if isinstance(threads, int) and threads > 0 else 1)
 
 
 def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -252,7 +248,9 @@ def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
             t = r["tokens_per_s"]
             points[r["replicas"]] = {"workers": r["replicas"], "tokens_per_s": t["median"],
                                      "low": t["low"], "high": t["high"], "run": r["label"],
-                                     "id": r["id"], "compute": _compute_units(r)}
+                                     "id": r["id"],
+                                     "compute": compute_units(str(r["device"]), r["replicas"],
+                                                              r["threads_per_worker"])}
         ordered = [points[k] for k in sorted(points)]
         base = ordered[0] if ordered and ordered[0]["workers"] == 1 else None
         for p in ordered:
@@ -632,23 +630,23 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
 MODEL_PARALLEL = ("tp", "tp-manual", "pp")
 
 
+def accelerator_cells(figures: Mapping[str, Any]) -> list[str]:
+    """MFU (blank where the device is not catalogued), device memory peak, and the planner's
+    predicted step with its error against the measured one (one-device runs), from a run's
+    metrics or its report row (the same keys)."""
+    from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
+
+    error = figures.get("planner_error")
+    return [fmt_share(figures.get("mfu")), fmt_bytes_mb(figures.get("device_peak_bytes")),
+            f"{fmt_ms(figures.get('planner_step_s'))} ({error:+.1%})" if error is not None
+            else "-"]
+
+
 def accelerator_rows(report: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """(run, device, precision, MFU, device MB, planner step (error)) for the runs on an
     accelerator; [] when none was."""
-    from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
-
-    out: list[tuple[Any, ...]] = []
-    for r in report["runs"]:
-        if r.get("device") != "gpu":
-            continue
-        error = r.get("planner_error")
-        out.append((r["label"], str(r.get("accelerator") or "GPU"),
-                    str(r.get("effective_precision")),
-                    fmt_share(r.get("mfu")) if r.get("mfu") is not None else "-",
-                    fmt_bytes_mb(r.get("device_peak_bytes")),
-                    f"{fmt_ms(r.get('planner_step_s'))} ({error:+.1%})" if error is not None
-                    else "-"))
-    return out
+    return [(r["label"], str(r.get("accelerator") or "GPU"), str(r.get("effective_precision")),
+             *accelerator_cells(r)) for r in report["runs"] if r.get("device") == "gpu"]
 
 
 ACCELERATOR_COLUMNS = ("run", "device", "precision", "MFU", "device peak MB",
