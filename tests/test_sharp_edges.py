@@ -210,7 +210,7 @@ def test_a_description_is_capped(tmp_path: Path) -> None:
 def test_ctrl_c_while_starting_prints_no_traceback(delay: float) -> None:
     """Once the interpreter has started sextant (earlier, Python itself is still starting),
     while the command's modules load or it works: `check --only quiet` samples the machine
-    for 3 s and writes nothing (a plan search, once used here, now ends within 0.4 s)."""
+    for 3 s and writes nothing (a plan search can end within 0.4 s, before the signal)."""
     proc = subprocess.Popen([sys.executable, "-m", "sextant.cli", "check", "--only", "quiet"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)

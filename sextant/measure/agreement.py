@@ -13,14 +13,13 @@ at every step k, a mixed-precision run stays within
 of the reference framework's fp32 curve, where L_refmix is the same reference framework's
 run in the same precision: the band is the reference's own bf16-vs-fp32 envelope so far.
 
-Measured on CPU (2 cores; docs/methodology.md, "Mixed-precision agreement") as the largest
-ratio of the left side to the band without its factor. On gpt-tiny (50 steps), where the
-factor was chosen: torch bf16 0.94 (itself), jax bf16 0.64, tensorflow bf16 0.78; the broken
-twins fail by far: jax with its loss taken on bf16 logits 15.6, torch updating bf16 master
-weights 20.1, and tensorflow with its norms, residual stream and activations in bf16 (a
-policy of its own) 4.8. On llama-tiny, not used to choose: jax 0.63, tensorflow 0.70, the
-twins 13.9 and 21.3. A factor of 3 leaves a correct run about 3x of room and fails every
-twin.
+Measured on CPU (2 cores; `python benchmarks/mixed_agreement.py`, docs/methodology.md
+"Mixed-precision agreement") as the largest ratio of the left side to the band without its
+factor. On gpt-tiny (50 steps), where the factor was chosen: torch bf16 0.94 (itself), jax
+bf16 0.64, tensorflow bf16 0.78; the broken twins fail by far: jax with its loss taken on
+bf16 logits 15.6, torch updating bf16 master weights 20.1. On llama-tiny, not used to
+choose: jax 0.63, tensorflow 0.70, the twins 13.9 and 21.3. A factor of 3 leaves a correct
+run about 3x of room and fails every twin.
 """
 
 from __future__ import annotations
