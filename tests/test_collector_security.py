@@ -323,8 +323,12 @@ def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None
                   runs_dir=tmp_path / "one")
     secret, master_port = new_secret(), free_port()
     address = f"127.0.0.1:{master_port + 1}"
+    # A 300 ms wait before every batch (the slow-loader test hook, which changes no value)
+    # keeps the run training for seconds, so every intrusion lands while it does: a tiny run
+    # could otherwise end before the last one is sent.
     env = {**os.environ, SECRET_ENV: secret.hex(), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+           "SEXTANT_TEST_FAULT": "slow-loader-300"}
     cmd = [sys.executable, "-m", "sextant.cli", "join", "--workload", str(workload_file),
            "--parallel", "dp", "--db", str(tmp_path / "r.db"), "--collective-timeout", "60"]
     ranks = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
