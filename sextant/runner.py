@@ -31,11 +31,11 @@ from sextant.init import count_params, flops_per_step
 from sextant.launch.local import launch
 from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
+from sextant.results.record import RECORD_VERSION, RunRecord
 from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
 from sextant.workload import LlamaSpec, Workload
 
-RECORD_SCHEMA = 1
 Launcher = Callable[..., list[dict[str, Any]]]
 """launch(workload, strategy, run_dir, *, timeout_s, collective_timeout_s, on_event,
 extra_env) -> each primary rank's result, as sextant.launch.local.launch."""
@@ -233,7 +233,7 @@ def execute(
     launcher: Launcher | None = None,
     workload_file: str | None = None,
     trial: tuple[int, int] | None = None,
-) -> dict[str, Any]:
+) -> RunRecord:
     """Launch, aggregate, store; returns the run record (with `id` when stored).
 
     `trial` = (index from 1, of how many) when the run is one of repeated trials (stored in
@@ -255,7 +255,7 @@ def execute(
                          f"{strategy.checkpoint_dir}\n")
     run_dir = runs_dir / run_dir_name(workload, strategy)
     identity = {
-        "schema": RECORD_SCHEMA,
+        "schema": RECORD_VERSION,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "group_id": group_id,
         "workload": workload.to_dict(),
@@ -304,7 +304,7 @@ def execute(
             keep(store, stopped_record(identity, workload, run_dir, "interrupted",
                                        f"stopped by {exc or 'SIGINT'}"))
         raise
-    record = {
+    raw = {
         **identity,
         "status": "ok",
         **aggregate(workload, strategy, ranks),
@@ -313,12 +313,13 @@ def execute(
     }
     if sampler is not None:
         window = (steps_seen[0], steps_seen[-1]) if len(steps_seen) >= 2 else None
-        record["fingerprint"]["interference"] = sampler.summary(window)
-        record["metrics"]["disturbed"] = record["fingerprint"]["interference"]["disturbed"]
+        raw["fingerprint"]["interference"] = sampler.summary(window)
+        raw["metrics"]["disturbed"] = raw["fingerprint"]["interference"]["disturbed"]
     if trial is not None:
-        record["metrics"]["trial"], record["metrics"]["trials"] = trial
+        raw["metrics"]["trial"], raw["metrics"]["trials"] = trial
+    record = RunRecord.from_dict(raw)
     if store is not None:
-        record["id"] = keep(store, record)
+        record = record.replace(id=keep(store, record))
     return record
 
 
@@ -336,29 +337,29 @@ def network(cluster: str | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def stopped_record(identity: dict[str, Any], workload: Workload, run_dir: Path, status: str,
-                   reason: str) -> dict[str, Any]:
+                   reason: str) -> RunRecord:
     """The record of a run that did not finish: why, and how far its slowest rank got."""
     steps = []
     for path in run_dir.glob("rank*.events.jsonl"):
         with open(path, errors="replace") as f:
             steps.append(sum(1 for line in f if '"event": "step"' in line))
-    return {
+    return RunRecord.from_dict({
         **identity,
         "status": status,
         "metrics": {"params": count_params(workload.model), "final_loss": None,
                     "error": reason, "steps_done": min(steps, default=0)},
-    }
+    })
 
 
 def diverged_record(identity: dict[str, Any], workload: Workload, run_dir: Path
-                    ) -> dict[str, Any] | None:
+                    ) -> RunRecord | None:
     """The record of a run stopped by a non-finite loss or gradient norm (the first rank's
     report, see measure.loop.check_finite), or None if no rank reported one."""
     reports = sorted(run_dir.glob("rank*.diverged.json"))
     if not reports:
         return None
     first = min((json.loads(p.read_text()) for p in reports), key=lambda r: r["step"])
-    return {
+    return RunRecord.from_dict({
         **identity,
         "status": "diverged",
         "metrics": {"params": count_params(workload.model), "final_loss": None,
@@ -366,16 +367,16 @@ def diverged_record(identity: dict[str, Any], workload: Workload, run_dir: Path
                     "diverged_value": first["what"]},
         "losses": first["losses"],
         "grad_norms": first["grad_norms"],
-    }
+    })
 
 
-def keep(store: ResultsStore, record: dict[str, Any]) -> int:
+def keep(store: ResultsStore, record: RunRecord) -> int:
     """Store the record; if the database stays locked, keep it beside the run's logs instead
     (`sextant runs import` adds it later) and say so in a one-line error."""
     try:
         return store.add(record)
     except StoreLocked as exc:
-        kept = Path(record["run_dir"]) / RECORD_FILE
-        atomic_write_json(kept, record)
+        kept = Path(record.run_dir or ".") / RECORD_FILE
+        atomic_write_json(kept, record.to_dict())
         raise UserError(f"{exc}; the finished run was kept in {kept}: add it with "
                         f"'sextant runs import {kept} --db {store.path}'") from None

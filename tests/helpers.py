@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sextant.results.record import RunRecord
 from sextant.workload import Workload
 from sextant.sources import resolve_workload
 
@@ -73,23 +74,23 @@ LEVER_RTOL = PARITY_RTOL["fp32"]
 """fp32 runs that differ only in summation order: a lever that must not change training."""
 
 
-def same_training(a: dict, b: dict, rtol: float = LEVER_RTOL) -> None:
+def same_training(a: RunRecord, b: RunRecord, rtol: float = LEVER_RTOL) -> None:
     """Two runs trained the same thing: losses and global gradient norms agree at every step
     (the norm catches a summed-instead-of-averaged gradient, which Adam hides in the loss)."""
     import numpy as np
 
-    np.testing.assert_allclose(a["losses"], b["losses"], rtol=rtol, atol=0)
-    np.testing.assert_allclose(a["grad_norms"], b["grad_norms"], rtol=rtol, atol=0)
+    np.testing.assert_allclose(a.losses, b.losses, rtol=rtol, atol=0)
+    np.testing.assert_allclose(a.grad_norms, b.grad_norms, rtol=rtol, atol=0)
 
 
-def loss_deviation(a: dict, b: dict) -> float:
+def loss_deviation(a: RunRecord, b: RunRecord) -> float:
     """Largest relative difference of a's losses from b's."""
     import numpy as np
 
-    return float(np.max(np.abs(np.subtract(a["losses"], b["losses"])) / np.asarray(b["losses"])))
+    return float(np.max(np.abs(np.subtract(a.losses, b.losses)) / np.asarray(b.losses)))
 
 
-def kill_then_resume(workload: Workload, make: object, tmp_path: Path) -> dict:
+def kill_then_resume(workload: Workload, make: object, tmp_path: Path) -> RunRecord:
     """Run `make(checkpoint_every=3, ...)` until rank 0 SIGKILLs itself after step 5, check
     that only the step-3 checkpoint was sealed, resume from it and return the resumed run."""
     from sextant.errors import RunFailed
@@ -102,6 +103,6 @@ def kill_then_resume(workload: Workload, make: object, tmp_path: Path) -> dict:
     assert [p.name for p in sorted(Path(d).iterdir())] == ["step-00000003"]
     resumed = execute(workload, make(checkpoint_every=3, checkpoint_dir=d, resume=True),
                       runs_dir=tmp_path / "c")
-    assert resumed["ranks"][0]["details"]["notes"] == ["resumed from step-00000003"]
-    assert resumed["metrics"]["resumed_from_step"] == 3
+    assert resumed.ranks[0].details["notes"] == ("resumed from step-00000003",)
+    assert resumed.metrics.resumed_from_step == 3
     return resumed

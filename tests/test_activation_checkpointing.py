@@ -111,7 +111,7 @@ def test_fp32_losses_and_grad_norms_unchanged(tmp_path: Path) -> None:
     for strategy in cells:
         record = execute(w, strategy, runs_dir=tmp_path)
         same_training(record, reference)
-        details = record["ranks"][0]["details"]
+        details = record.ranks[0].details
         # The run says what it did (torch: the wrapping list; jax: its own entry).
         said = f"{details.get('wrapping')} {details.get('activation_checkpointing')}"
         assert "checkpoint" in said, said

@@ -368,8 +368,8 @@ def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None
     assert b"already said hello" in answers["second hello 1"], answers
     with ResultsStore(tmp_path / "r.db", create=False) as store:
         (run,) = store.runs()
-        stored = store.get(run["id"])
-    assert stored["status"] == "ok"
+        stored = store.get(run.id)
+    assert stored.status == "ok"
     same_training(stored, one)
     warnings = [ln for ln in outs[0][1].splitlines() if "collector: dropped" in ln]
     for why in ("not a hello", "not signed", f"longer than {MAX_HELLO}", "already said hello"):

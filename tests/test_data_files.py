@@ -247,8 +247,8 @@ def test_torch_and_jax_train_alike_on_parquet_with_a_tokenizer(parquet_corpus: P
     run = lambda s: execute(w, s, runs_dir=Path(tempfile.mkdtemp()))  # noqa: E731
     torch_run = run(Strategy(framework="torch", mode="eager"))
     # Starts near ln(vocab) with 0.02-scaled weights, and learns.
-    assert torch_run["losses"][0] == pytest.approx(np.log(VOCAB), rel=0.03)
-    assert torch_run["losses"][-1] < torch_run["losses"][0]
+    assert torch_run.losses[0] == pytest.approx(np.log(VOCAB), rel=0.03)
+    assert torch_run.losses[-1] < torch_run.losses[0]
     same_training(run(Strategy(framework="torch", mode="eager", parallel="dp", workers=2)),
                   torch_run, LEVER_RTOL)
     if importlib.util.find_spec("jax") is not None:

@@ -114,7 +114,7 @@ def test_zero_stages_match_torch_dp(runs: Any, parallel: str) -> None:
     reference = runs("torch dp", Strategy(framework="torch", parallel="dp", workers=2))
     record = runs(parallel, ds(parallel))
     same_training(record, reference)  # fp32, the levers' tolerance (rtol 1e-5)
-    details = record["ranks"][0]["details"]
+    details = record.ranks[0].details
     assert details["deepspeed_config"]["zero_optimization"]["stage"] == int(parallel[-1])
     assert "client optimizer" in details["optimizer"]
     # The inference-only op DeepSpeed would build at start-up is skipped, and nothing else
@@ -137,7 +137,7 @@ def test_bf16_stays_close_to_fp32(runs: Any) -> None:
     # DeepSpeed's bf16 keeps bf16 weights and computes the loss in bf16 (spacing 2^-5 near
     # 5.5), unlike torch's autocast: the same bound as torch's bf16 lever still holds.
     assert 0 < loss_deviation(bf16, fp32) < 2e-2
-    assert bf16["losses"][-1] < bf16["losses"][0]
+    assert bf16.losses[-1] < bf16.losses[0]
 
 
 @pytest.mark.slow
@@ -145,7 +145,7 @@ def test_bf16_stays_close_to_fp32(runs: Any) -> None:
 def test_kill_and_resume_is_bit_identical(runs: Any, workload: Any, tmp_path: Path) -> None:
     uninterrupted = runs("zero2", ds())
     resumed = kill_then_resume(workload, lambda **kw: ds(**kw), tmp_path)
-    np.testing.assert_array_equal(resumed["losses"], uninterrupted["losses"][3:])
-    np.testing.assert_array_equal(resumed["grad_norms"], uninterrupted["grad_norms"][3:])
-    digest = resumed["ranks"][0]["final_params_sha256"]
-    assert digest is not None and digest == uninterrupted["ranks"][0]["final_params_sha256"]
+    np.testing.assert_array_equal(resumed.losses, uninterrupted.losses[3:])
+    np.testing.assert_array_equal(resumed.grad_norms, uninterrupted.grad_norms[3:])
+    digest = resumed.ranks[0].final_params_sha256
+    assert digest is not None and digest == uninterrupted.ranks[0].final_params_sha256

@@ -19,7 +19,8 @@ from sextant.errors import UserError
 from sextant.planner.accelerator_run import catalogue_key, mfu
 from sextant.report.model import build_report
 from sextant.strategy import Strategy
-from tests.report.runs import make_run
+from sextant.results.record import RunRecord
+from tests.report.runs import make_run, with_metrics
 
 SMI = """\
 0, NVIDIA H200, 143771, GPU-8f3a0c1e-aaaa-bbbb-cccc-000000000000, 580.65.06
@@ -144,11 +145,10 @@ def test_jax_and_tensorflow_switches_are_set_and_read_back(
     assert tf32["requested"] == "tf32"
 
 
-def _gpu_run(framework: str, mode: str, step: float, effective: str, **kw: object) -> dict:
-    run = make_run(framework, mode, step=step, **kw)  # type: ignore[arg-type]
-    run["metrics"].update(device="gpu", accelerator="NVIDIA H200",
-                          effective_precision=effective)
-    return run
+def _gpu_run(framework: str, mode: str, step: float, effective: str, **kw: object
+             ) -> RunRecord:
+    return make_run(framework, mode, step=step, device="gpu",  # type: ignore[arg-type]
+                    accelerator="NVIDIA H200", effective_precision=effective, **kw)
 
 
 def test_runs_of_another_effective_precision_are_never_ranked() -> None:
@@ -183,9 +183,8 @@ def test_mfu_needs_a_catalogued_device() -> None:
 def test_the_report_shows_the_accelerator_figures() -> None:
     from sextant.report.html import render
 
-    bf16 = _gpu_run("torch", "eager", 0.032, "bf16", precision="bf16")
-    bf16["metrics"].update(mfu=0.37, device_peak_bytes=9 * 2**30, planner_step_s=0.0254,
-                           planner_error=-0.2)
+    bf16 = _gpu_run("torch", "eager", 0.032, "bf16", precision="bf16", mfu=0.37,
+                    device_peak_bytes=9 * 2**30, planner_step_s=0.0254, planner_error=-0.2)
     fp32 = _gpu_run("torch", "eager", 0.218, "fp32")
     md = render([bf16, fp32], "md")
     assert "| torch eager bf16 | NVIDIA H200 | bf16 | 37% | 9,216 | 25.4 (-20.0%) |" in md
@@ -216,7 +215,7 @@ def test_report_scaling_efficiency_holds_the_total_compute_equal() -> None:
     point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
     assert point["speedup_vs_one"] == pytest.approx(0.8)
     assert point["efficiency"] == pytest.approx(0.8)  # the same 2 cores, not 0.8 / 2
-    for run in (single, dp):
-        run["metrics"].update(device="gpu", accelerator="NVIDIA H200")
+    single, dp = (with_metrics(run, device="gpu", accelerator="NVIDIA H200")
+                  for run in (single, dp))
     point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
     assert point["efficiency"] == pytest.approx(0.4)  # two GPUs against one

@@ -173,7 +173,7 @@ def test_a_scaled_tinyllama_trains_alike_on_every_framework() -> None:
             if importlib.util.find_spec(f) is not None}
     assert runs["torch"]["losses"][-1] < runs["torch"]["losses"][0]
     for f, record in runs.items():
-        np.testing.assert_allclose(record["losses"], runs["torch"]["losses"], rtol=LEVER_RTOL)
+        np.testing.assert_allclose(record.losses, runs["torch"]["losses"], rtol=LEVER_RTOL)
     if "tensorflow" in runs:
         same_training(runs["tensorflow"], runs["jax"], LEVER_RTOL)
     # torch reports its own gradient norm (torch.nn.utils.get_total_norm), and on CPU its

@@ -112,8 +112,8 @@ def test_a_run_next_to_a_busy_process_is_marked_disturbed(tmp_path: Path) -> Non
                          runs_dir=tmp_path)
     finally:
         os.kill(pid, signal.SIGKILL)
-    info = record["fingerprint"]["interference"]
-    assert record["metrics"]["disturbed"] is True, info
+    info = record.fingerprint.values["interference"]
+    assert record.metrics.disturbed is True, info
     # The busy process is counted outside the run, the run's own workers inside it.
     assert info["outside_cores_mean"] >= 0.5, info
     assert info["run_cores_mean"] >= 0.3, info

@@ -54,11 +54,11 @@ def test_jax_matches_torch(tmp_path: Path, torch_reference: dict, workload: str,
     rec = execute(short(workload, STEPS, nosync_steps=pairs), jax_strategy(parallel),
                   runs_dir=tmp_path)
     same_training(rec, torch_reference[workload])
-    assert rec["fingerprint"]["framework"] == "jax"
+    assert rec.fingerprint.values["framework"] == "jax"
     if parallel in ("dp", "dp-manual"):
-        assert rec["metrics"]["exposed_comm_s"] is not None
+        assert rec.metrics.exposed_comm_s is not None
     if parallel != "single":
-        assert all(r["details"]["devices"] == 2 for r in rec["ranks"])
+        assert all(r.details["devices"] == 2 for r in rec.ranks)
 
 
 def test_fsdp_shards_parameters_dp_replicates(tmp_path: Path) -> None:
@@ -66,16 +66,16 @@ def test_fsdp_shards_parameters_dp_replicates(tmp_path: Path) -> None:
     dp = execute(w, jax_strategy("dp"), runs_dir=tmp_path)
     fsdp = execute(w, jax_strategy("fsdp"), runs_dir=tmp_path)
     same_training(fsdp, dp)
-    full = dp["ranks"][0]["details"]["local_param_bytes"]
-    assert full == 4 * dp["metrics"]["params"]
+    full = dp.ranks[0].details["local_param_bytes"]
+    assert full == 4 * dp.metrics.params
     # Every gpt-tiny parameter has an even axis, so each of 2 processes holds exactly half.
-    assert fsdp["ranks"][0]["details"]["local_param_bytes"] == full // 2
+    assert fsdp.ranks[0].details["local_param_bytes"] == full // 2
 
 
 def test_devices_inside_one_process(tmp_path: Path, torch_reference: dict) -> None:
     rec = execute(short("gpt-tiny", STEPS), jax_strategy("dp", workers=1, devices=2),
                   runs_dir=tmp_path)
-    assert rec["ranks"][0]["details"]["devices"] == 2 and len(rec["ranks"]) == 1
+    assert rec.ranks[0].details["devices"] == 2 and len(rec.ranks) == 1
     same_training(rec, torch_reference["gpt-tiny"])
 
 

@@ -103,9 +103,9 @@ def reference(workload: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_fit_matches_torch_eager(backend: str, mode: str, workload: Any, reference: dict,
                                  tmp_path: Path) -> None:
     record = execute(workload, keras(backend, mode=mode), runs_dir=tmp_path)
-    assert record["status"] == "ok" and len(record["losses"]) == STEPS
+    assert record.status == "ok" and len(record.losses) == STEPS
     same_training(record, reference, rtol=RTOL)
-    assert record["fingerprint"]["keras_backend"] == backend
+    assert record.fingerprint.values["keras_backend"] == backend
 
 
 @needs_keras
@@ -122,7 +122,7 @@ def test_mlp_matches_and_the_tolerance_sees_keras_stock_adamw(
     same_training(execute(w, keras(mode="compiled"), runs_dir=tmp_path), reference, rtol=RTOL)
     monkeypatch.setenv("SEXTANT_TEST_FAULT", "keras-stock-adamw")
     stock = execute(w, keras(mode="compiled"), runs_dir=tmp_path)
-    assert stock["ranks"][0]["details"]["optimizer"].startswith("keras.optimizers.AdamW (stock")
+    assert stock.ranks[0].details["optimizer"].startswith("keras.optimizers.AdamW (stock")
     for key in ("losses", "grad_norms"):
         deviation = np.array(stock[key]) / np.array(reference[key]) - 1
         assert np.max(np.abs(deviation)) > RTOL, key
@@ -143,5 +143,5 @@ def test_kill_and_resume_is_bit_identical(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("SEXTANT_TEST_FAULT")
     resumed = execute(w, Strategy(**{**checkpointed.to_dict(), "resume": True}),
                       runs_dir=tmp_path)
-    assert resumed["metrics"]["resumed_from_step"] == 2
-    assert resumed["losses"] == full["losses"][2:]
+    assert resumed.metrics.resumed_from_step == 2
+    assert resumed.losses == full.losses[2:]

@@ -66,9 +66,9 @@ def test_no_worker_outlives_its_parent(tmp_path: Path, sig: signal.Signals) -> N
     assert f"stopped by {sig.name}" in err.decode()
     with ResultsStore(db, create=False) as store:
         (run,) = store.runs()
-    assert run["status"] == "interrupted"
-    assert run["metrics"]["error"] == f"stopped by {sig.name}"
-    assert run["metrics"]["steps_done"] >= 1
+    assert run.status == "interrupted"
+    assert run.metrics.error == f"stopped by {sig.name}"
+    assert run.metrics.steps_done >= 1
 
 
 

@@ -46,7 +46,7 @@ def test_torch_memory_accounting_shows_sharding(tmp_path: Path, dp_ref: dict) ->
     w = short("gpt-tiny", 3)
     acc = {p: execute(w, torch_s(p), runs_dir=tmp_path)["ranks"][0]["memory_accounting"]
            for p in ("zero1", "fsdp")}
-    acc["dp"] = dp_ref["ranks"][0]["memory_accounting"]
+    acc["dp"] = dp_ref.ranks[0].memory_accounting
     P = acc["dp"]["parameters"]
     # AdamW: two fp32 moments per parameter plus one step counter per tensor.
     assert acc["dp"]["params"] == acc["dp"]["grads"] == 4 * P
@@ -60,8 +60,8 @@ def test_torch_memory_accounting_shows_sharding(tmp_path: Path, dp_ref: dict) ->
 
 
 def test_ddp_gradient_payload_matches_the_formula(dp_ref: dict) -> None:
-    comm = dp_ref["ranks"][0]["comm"]
-    P = dp_ref["metrics"]["params"]
+    comm = dp_ref.ranks[0].comm
+    P = dp_ref.metrics.params
     assert comm["measured_grad_payload_bytes_per_step"] == 4 * P
     assert comm["planned_bytes_per_step"]["all_reduce"] == pytest.approx(2 * (2 - 1) / 2 * 4 * P)
 
@@ -81,7 +81,7 @@ def test_compression_runs_and_deviation_is_reported(tmp_path: Path, dp_ref: dict
     deviation = loss_deviation(rec, dp_ref)
     # It really compressed (the numbers moved) and stayed close to the uncompressed run.
     assert 0 < deviation < bound
-    assert rec["label"].endswith(f"compress={compress}")
+    assert rec.label.endswith(f"compress={compress}")
 
 
 def test_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
     # bf16 keeps 8 mantissa bits (relative rounding 2^-8 = 0.4%); with fp32 master weights
     # the loss after 20 steps stays within 2% of fp32.
     assert 0 < loss_deviation(bf16, fp32) < 2e-2
-    assert bf16["losses"][-1] < bf16["losses"][0]
+    assert bf16.losses[-1] < bf16.losses[0]
 
 
 def test_unsupported_lever_is_a_clear_error() -> None:
@@ -116,9 +116,9 @@ def test_kill_and_resume_is_bit_identical(tmp_path: Path, framework: str, parall
     make = torch_s if framework == "torch" else jax_s
     uninterrupted = execute(w, make(parallel), runs_dir=tmp_path / "a")
     resumed = kill_then_resume(w, lambda **kw: make(parallel, **kw), tmp_path)
-    np.testing.assert_array_equal(resumed["losses"], uninterrupted["losses"][3:])
-    digest = resumed["ranks"][0]["final_params_sha256"]
-    assert digest is not None and digest == uninterrupted["ranks"][0]["final_params_sha256"]
+    np.testing.assert_array_equal(resumed.losses, uninterrupted.losses[3:])
+    digest = resumed.ranks[0].final_params_sha256
+    assert digest is not None and digest == uninterrupted.ranks[0].final_params_sha256
 
 
 def test_corrupt_checkpoint_is_refused_and_previous_used(tmp_path: Path) -> None:
@@ -135,12 +135,12 @@ def test_corrupt_checkpoint_is_refused_and_previous_used(tmp_path: Path) -> None
     assert "truncated" in (ckpt.verify(d / "step-00000006") or "")
     resumed = execute(w.replace(steps=8), torch_s(checkpoint_every=0, checkpoint_dir=str(d),
                                                   resume=True), runs_dir=tmp_path)
-    notes = resumed["ranks"][0]["details"]["notes"]
+    notes = resumed.ranks[0].details["notes"]
     assert notes[0].startswith("checkpoint step-00000006 refused: ")
     assert "truncated" in notes[0]
     assert notes[1] == "checkpoint step-00000004 refused: no manifest (the save did not finish)"
     assert notes[2] == "resumed from step-00000002"
-    assert len(resumed["losses"]) == 6
+    assert len(resumed.losses) == 6
 
 
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
@@ -150,12 +150,12 @@ def test_jax_levers(tmp_path: Path, dp_ref: dict) -> None:
     accumulated = execute(w, jax_s("dp", grad_accum=2), runs_dir=tmp_path)
     same_training(accumulated, dp_ref)
     # One gradient all-reduce per optimizer step, not one per micro-batch inside the loop.
-    assert accumulated["ranks"][0]["details"]["hlo_collectives"]["all-reduce"][2] == 0
+    assert accumulated.ranks[0].details["hlo_collectives"]["all-reduce"][2] == 0
     for compress in ("bf16", "fp16"):
         compressed = execute(w, jax_s("dp-manual", compress=compress), runs_dir=tmp_path)
         assert 0 < loss_deviation(compressed, dp_ref) < 1e-3
         # One flat all-reduce of the 16-bit gradients (plus the loss).
-        assert compressed["ranks"][0]["details"]["hlo_collectives"]["all-reduce"][0] <= 2
+        assert compressed.ranks[0].details["hlo_collectives"]["all-reduce"][0] <= 2
 
 
 # The checkpointable strategies that test_kill_and_resume_is_bit_identical leaves out.
@@ -172,12 +172,12 @@ def test_resume_skips_an_unfinished_save(tmp_path: Path, dp_ref: dict, framework
     full = execute(w, make(parallel, checkpoint_every=3, checkpoint_dir=d), runs_dir=tmp_path)
     same_training({k: full[k][:5] for k in ("losses", "grad_norms")}, dp_ref)
     if framework == "jax":  # the collectives XLA chose, read from the compiled step
-        assert full["ranks"][0]["details"]["hlo_collectives"]["all-reduce"][0] >= 1
+        assert full.ranks[0].details["hlo_collectives"]["all-reduce"][0] >= 1
     (Path(d) / "step-00000006").rename(Path(d) / "step-00000006.partial")  # never finished
     resumed = execute(w, make(parallel, checkpoint_dir=d, resume=True), runs_dir=tmp_path)
-    assert resumed["ranks"][0]["details"]["notes"] == ["resumed from step-00000003"]
-    np.testing.assert_array_equal(resumed["losses"], full["losses"][3:])
-    assert resumed["ranks"][0]["final_params_sha256"] == full["ranks"][0]["final_params_sha256"]
+    assert resumed.ranks[0].details["notes"] == ("resumed from step-00000003",)
+    np.testing.assert_array_equal(resumed.losses, full.losses[3:])
+    assert resumed.ranks[0].final_params_sha256 == full.ranks[0].final_params_sha256
 
 
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
@@ -186,4 +186,4 @@ def test_jax_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
     fp32 = execute(w, jax_s(), runs_dir=tmp_path)
     bf16 = execute(w, jax_s(precision="bf16"), runs_dir=tmp_path)
     assert 0 < loss_deviation(bf16, fp32) < 2e-2  # the same bound as torch's autocast
-    assert bf16["losses"][-1] < bf16["losses"][0]
+    assert bf16.losses[-1] < bf16.losses[0]

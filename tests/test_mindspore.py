@@ -61,20 +61,20 @@ def test_gpt_pynative_and_graph_match_torch(tmp_path: Path) -> None:
                        ("compiled", "mindspore.jit(value_and_grad")):
         run = execute(GPT, mindspore(mode), runs_dir=tmp_path)
         same_training(run, reference, RTOL)
-        [rank] = run["ranks"]
-        assert rank["fingerprint"]["framework"] == "mindspore"
-        assert rank["details"]["step"].startswith(step)
+        [rank] = run.ranks
+        assert rank.fingerprint.values["framework"] == "mindspore"
+        assert rank.details["step"].startswith(step)
         assert rank["final_params_sha256"] is not None
 
 
 def test_dp_matches_torch(torch_mlp: dict, mindspore_dp: dict) -> None:
     same_training(mindspore_dp, torch_mlp, RTOL)
-    ranks = mindspore_dp["ranks"]
-    assert [r["rank"] for r in ranks] == [0, 1]  # the scheduler (rank 2) reports nothing
-    assert [r["details"]["collectives"] for r in ranks] == [
+    ranks = mindspore_dp.ranks
+    assert [r.rank for r in ranks] == [0, 1]  # the scheduler (rank 2) reports nothing
+    assert [r.details["collectives"] for r in ranks] == [
         "MindSpore dynamic cluster, mccl AllReduce (TCP)"] * 2
-    m = mindspore_dp["metrics"]  # exposed communication from the no-sync pairs
-    assert m["comm_pairs"] == 2 and m["exposed_comm_s"] is not None
+    m = mindspore_dp.metrics  # exposed communication from the no-sync pairs
+    assert m.comm_pairs == 2 and m.exposed_comm_s is not None
 
 
 def test_summed_gradients_fail_parity(tmp_path: Path, torch_mlp: dict) -> None:
@@ -83,16 +83,16 @@ def test_summed_gradients_fail_parity(tmp_path: Path, torch_mlp: dict) -> None:
     # the end.
     broken = execute(MLP, mindspore("compiled", "dp"), runs_dir=tmp_path,
                      extra_env={"SEXTANT_TEST_FAULT": "sum-gradients"})
-    assert broken["metrics"]["comm_pairs"] == 2
+    assert broken.metrics.comm_pairs == 2
     with pytest.raises(AssertionError):
         same_training(broken, torch_mlp, RTOL)
 
 
 def test_kill_and_resume_is_bit_identical(tmp_path: Path, mindspore_dp: dict) -> None:
     resumed = kill_then_resume(MLP, lambda **kw: mindspore("eager", "dp", **kw), tmp_path)
-    np.testing.assert_array_equal(resumed["losses"], mindspore_dp["losses"][3:])
-    assert (resumed["ranks"][0]["final_params_sha256"]
-            == mindspore_dp["ranks"][0]["final_params_sha256"])
+    np.testing.assert_array_equal(resumed.losses, mindspore_dp.losses[3:])
+    assert (resumed.ranks[0].final_params_sha256
+            == mindspore_dp.ranks[0].final_params_sha256)
 
 
 def test_dead_peer_fails_the_run_by_name(tmp_path: Path) -> None:

@@ -29,11 +29,11 @@ def _run(tmp_path: Path, framework: str, precision: str, fault: str | None = Non
 def test_bf16_agrees_within_the_band_and_the_broken_twins_do_not(tmp_path: Path) -> None:
     fp32 = _run(tmp_path, "torch", "fp32")
     torch_bf16 = _run(tmp_path, "torch", "bf16")
-    assert torch_bf16["fingerprint"]["precision"]["effective"] == "bf16"
-    band = (fp32["losses"], torch_bf16["losses"])
+    assert torch_bf16.fingerprint.values["precision"]["effective"] == "bf16"
+    band = (fp32.losses, torch_bf16.losses)
 
     jax_bf16 = _run(tmp_path, "jax", "bf16")
-    good = mixed_agreement(jax_bf16["losses"], *band)
+    good = mixed_agreement(jax_bf16.losses, *band)
     assert good.ok and good.worst_ratio < 1 / 1.5, good  # room left inside the band
 
     loss_in_bf16 = mixed_agreement(_run(tmp_path, "jax", "bf16", "loss-in-compute-dtype")
@@ -44,8 +44,8 @@ def test_bf16_agrees_within_the_band_and_the_broken_twins_do_not(tmp_path: Path)
     # fp16 with dynamic loss scaling (torch's GradScaler) trains the same thing: inside the
     # band its own fp16 run would set is trivially true, so held to bf16's band here.
     fp16 = _run(tmp_path, "torch", "fp16")
-    assert fp16["fingerprint"]["precision"]["effective"] == "fp16"
-    assert mixed_agreement(fp16["losses"], *band).ok
+    assert fp16.fingerprint.values["precision"]["effective"] == "fp16"
+    assert mixed_agreement(fp16.losses, *band).ok
     # bf16 is really different from fp32 (a band of zero width would pass nothing).
     assert max(abs(a - b) for a, b in zip(*band)) > 1e-4
     assert MIXED_FACTOR >= 1

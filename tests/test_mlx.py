@@ -55,19 +55,19 @@ def test_gpt_compiled_matches_torch(tmp_path: Path) -> None:
     reference = execute(w, Strategy(framework="torch"), runs_dir=tmp_path)
     run = execute(w, mlx("compiled"), runs_dir=tmp_path)
     same_training(run, reference, RTOL)
-    [rank] = run["ranks"]
-    assert rank["fingerprint"]["framework"] == "mlx"
-    assert rank["details"]["step"].startswith("mx.compile(")
+    [rank] = run.ranks
+    assert rank.fingerprint.values["framework"] == "mlx"
+    assert rank.details["step"].startswith("mx.compile(")
     assert rank["final_params_sha256"] is not None
 
 
 def test_single_and_dp_match_torch(tmp_path: Path, torch_mlp: dict, mlx_dp: dict) -> None:
     same_training(execute(MLP, mlx("compiled"), runs_dir=tmp_path), torch_mlp, RTOL)
     same_training(mlx_dp, torch_mlp, RTOL)
-    assert [r["details"]["collectives"] for r in mlx_dp["ranks"]] == [
+    assert [r.details["collectives"] for r in mlx_dp.ranks] == [
         "mx.distributed ring (TCP)"] * 2
-    m = mlx_dp["metrics"]  # exposed communication from the no-sync pairs
-    assert m["comm_pairs"] == 2 and m["exposed_comm_s"] is not None
+    m = mlx_dp.metrics  # exposed communication from the no-sync pairs
+    assert m.comm_pairs == 2 and m.exposed_comm_s is not None
 
 
 def test_summed_gradients_fail_parity(tmp_path: Path, torch_mlp: dict) -> None:
@@ -79,9 +79,9 @@ def test_summed_gradients_fail_parity(tmp_path: Path, torch_mlp: dict) -> None:
 
 def test_kill_and_resume_is_bit_identical(tmp_path: Path, mlx_dp: dict) -> None:
     resumed = kill_then_resume(MLP, lambda **kw: mlx("eager", "dp", **kw), tmp_path)
-    np.testing.assert_array_equal(resumed["losses"], mlx_dp["losses"][3:])
-    assert (resumed["ranks"][0]["final_params_sha256"]
-            == mlx_dp["ranks"][0]["final_params_sha256"])
+    np.testing.assert_array_equal(resumed.losses, mlx_dp.losses[3:])
+    assert (resumed.ranks[0].final_params_sha256
+            == mlx_dp.ranks[0].final_params_sha256)
 
 
 def test_compare_runs_mlx_only_when_named() -> None:

@@ -38,8 +38,8 @@ def single() -> dict:
 def _broken(run: dict, single: dict) -> None:
     """The run did not train what one process trains: some step's loss or gradient norm is
     off by far more than the parity tolerance."""
-    norms = np.max(np.abs(np.subtract(run["grad_norms"], single["grad_norms"]))
-                   / np.asarray(single["grad_norms"]))
+    norms = np.max(np.abs(np.subtract(run.grad_norms, single.grad_norms))
+                   / np.asarray(single.grad_norms))
     assert max(loss_deviation(run, single), norms) > 100 * LEVER_RTOL
 
 
@@ -53,12 +53,12 @@ def _broken(run: dict, single: dict) -> None:
 def test_torch_model_parallel_matches_single(fields: dict, single: dict) -> None:
     run = _run(Strategy(framework="torch", **fields))
     same_training(run, single)
-    assert any(w in run["ranks"][0]["details"]["wrapping"] for w in ("tensor", "pipeline"))
+    assert any(w in run.ranks[0].details["wrapping"] for w in ("tensor", "pipeline"))
     if fields["parallel"] == "tp":  # the same step without its collectives, alternated
-        assert run["metrics"]["comm_pairs"] >= 1 and "exposed_comm_s" in run["metrics"]
-        assert run["ranks"][0]["details"]["tp_collectives_bytes_per_step"]
+        assert run.metrics.comm_pairs >= 1 and run.metrics.exposed_comm_s is not None
+        assert run.ranks[0].details["tp_collectives_bytes_per_step"]
     else:
-        assert all(r["details"]["pipeline"]["step_s"] > 0 for r in run["ranks"])
+        assert all(r.details["pipeline"]["step_s"] > 0 for r in run.ranks)
 
 
 @needs_torch
@@ -97,11 +97,11 @@ def test_torch_broken_model_parallel_fails_parity(fields: dict, fault: str,
 def test_jax_model_parallel_matches_single(fields: dict, single: dict) -> None:
     run = _run(Strategy(framework="jax", mode="compiled", **fields))
     same_training(run, single)
-    hlo = run["ranks"][0]["details"]["hlo_collectives"]
+    hlo = run.ranks[0].details["hlo_collectives"]
     # XLA's (tp) or Megatron's (tp-manual) all-reduces; the pipeline's hand-offs.
     assert hlo and ("collective-permute" if fields["parallel"] == "pp" else "all-reduce") in hlo
     if fields["parallel"] == "tp-manual":  # timed against its own copy without collectives
-        assert run["metrics"]["comm_pairs"] >= 1 and "exposed_comm_s" in run["metrics"]
+        assert run.metrics.comm_pairs >= 1 and run.metrics.exposed_comm_s is not None
 
 
 @needs_torch

@@ -147,12 +147,12 @@ def test_runs_across_hosts_train_like_one_process(
                          cluster=cluster.name)
         stored = store.get(remote["id"])
     same_training(remote, one_process)
-    assert [r["fingerprint"]["hostname"] for r in remote["ranks"]] == [
+    assert [r.fingerprint["hostname"] for r in remote.ranks] == [
         h.name for h in cluster.hosts]
-    network = stored["fingerprint"]["network"]
+    network = stored.fingerprint.values["network"]
     assert network["kind"] == "emulated" and network["link_bit_s"] == 10e9
     assert network["hosts"] == [h.name for h in cluster.hosts]
-    assert _bytes_sent(cluster.hosts[1]) - sent > remote["metrics"]["params"] * 4
+    assert _bytes_sent(cluster.hosts[1]) - sent > remote.metrics.params * 4
 
 
 @needs_torch

@@ -54,25 +54,25 @@ def paddle_dp(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_single_matches_torch(mode: str, tmp_path: Path, torch_gpt: dict) -> None:
     run = execute(GPT, paddle(mode), runs_dir=tmp_path)
     same_training(run, torch_gpt, RTOL)
-    [rank] = run["ranks"]
-    assert rank["fingerprint"]["framework"] == "paddle"
-    assert rank["fingerprint"]["framework_version"] == "3.3.1"
+    [rank] = run.ranks
+    assert rank.fingerprint.values["framework"] == "paddle"
+    assert rank.fingerprint.values["framework_version"] == "3.3.1"
     assert rank["final_params_sha256"] is not None
     if mode == "compiled":  # the forward ran as one static program, converted once
-        assert rank["details"]["step"].startswith("paddle.jit.to_static(")
-        assert rank["details"]["static_programs"] == 1
+        assert rank.details["step"].startswith("paddle.jit.to_static(")
+        assert rank.details["static_programs"] == 1
     else:
-        assert rank["details"]["step"] == "dygraph"
+        assert rank.details["step"] == "dygraph"
 
 
 def test_dp_matches_torch_dp(tmp_path: Path, paddle_dp: dict) -> None:
     reference = execute(GPT, Strategy(framework="torch", parallel="dp", workers=2),
                         runs_dir=tmp_path)
     same_training(paddle_dp, reference, RTOL)
-    assert [r["details"]["collectives"] for r in paddle_dp["ranks"]] == [
+    assert [r.details["collectives"] for r in paddle_dp.ranks] == [
         "gloo (paddle.distributed)"] * 2
-    m = paddle_dp["metrics"]  # exposed communication from the no-sync pairs
-    assert m["comm_pairs"] == 2 and m["exposed_comm_s"] is not None
+    m = paddle_dp.metrics  # exposed communication from the no-sync pairs
+    assert m.comm_pairs == 2 and m.exposed_comm_s is not None
 
 
 def test_summed_gradients_fail_parity(tmp_path: Path, torch_gpt: dict) -> None:
@@ -80,7 +80,7 @@ def test_summed_gradients_fail_parity(tmp_path: Path, torch_gpt: dict) -> None:
                      extra_env={"SEXTANT_TEST_FAULT": "sum-gradients"})
     with pytest.raises(AssertionError):
         same_training(broken, torch_gpt, RTOL)
-    np.testing.assert_allclose(broken["grad_norms"][0], 2 * torch_gpt["grad_norms"][0],
+    np.testing.assert_allclose(broken.grad_norms[0], 2 * torch_gpt.grad_norms[0],
                                rtol=RTOL)
 
 
@@ -94,10 +94,10 @@ def test_llama_tied_compiled_matches_torch(tmp_path: Path) -> None:
 
 def test_kill_and_resume_is_bit_identical(tmp_path: Path, paddle_dp: dict) -> None:
     resumed = kill_then_resume(GPT, lambda **kw: paddle("eager", "dp", **kw), tmp_path)
-    np.testing.assert_array_equal(resumed["losses"], paddle_dp["losses"][3:])
-    np.testing.assert_array_equal(resumed["grad_norms"], paddle_dp["grad_norms"][3:])
-    assert (resumed["ranks"][0]["final_params_sha256"]
-            == paddle_dp["ranks"][0]["final_params_sha256"])
+    np.testing.assert_array_equal(resumed.losses, paddle_dp.losses[3:])
+    np.testing.assert_array_equal(resumed.grad_norms, paddle_dp.grad_norms[3:])
+    assert (resumed.ranks[0].final_params_sha256
+            == paddle_dp.ranks[0].final_params_sha256)
 
 
 def test_bf16_is_refused_in_one_line() -> None:

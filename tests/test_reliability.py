@@ -22,10 +22,12 @@ import pytest
 
 from sextant import checkpoint as ckpt
 from sextant.errors import UserError
+from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 from sextant.runner import RECORD_FILE, execute, keep
 from sextant.strategy import Strategy
 from tests.helpers import needs_torch, run_cli, short
+from tests.report.runs import with_metrics
 from tests.test_cli import assert_one_line_error
 
 STEPS = 6
@@ -161,13 +163,13 @@ def test_resume_at_and_near_the_end_is_stored(tmp_path: Path, saved: Path) -> No
 
     with ResultsStore(tmp_path / "x.db") as store:
         near, at_end = store.runs()
-    assert near["metrics"]["resumed_from_step"] == STEPS - 1
-    assert near["metrics"]["steps_timed"] == 0 and near["metrics"]["step_time_median_s"] is None
-    assert len(near["losses"]) == 1 and near["metrics"]["final_loss"] is not None
-    assert at_end["metrics"]["resumed_from_step"] == STEPS and at_end["losses"] == []
+    assert near.metrics.resumed_from_step == STEPS - 1
+    assert near.metrics.steps_timed == 0 and near.metrics.step_time_median_s is None
+    assert len(near.losses) == 1 and near.metrics.final_loss is not None
+    assert at_end.metrics.resumed_from_step == STEPS and at_end.losses == ()
     runs = tmp_path / "runs"
     for run in (near, at_end):
-        run_dir = Path(run["run_dir"])
+        run_dir = Path(run.run_dir)
         assert run_dir.parent == runs and run_dir.is_dir() and len(run_dir.name) < 120
     listing = run_cli("runs", "list", "--db", str(tmp_path / "x.db"), timeout=TIMEOUT)
     assert listing.returncode == 0, listing.stderr
@@ -261,7 +263,7 @@ def test_diverged_run_stops_named_and_is_stored(tmp_path: Path) -> None:
     assert "nan" in line and "(status diverged)" in line
     with ResultsStore(tmp_path / "x.db") as store:
         (run,) = store.runs()
-    assert run["status"] == "diverged" and run["metrics"]["diverged_at_step"] <= STEPS
+    assert run.status == "diverged" and run.metrics.diverged_at_step <= STEPS
     export = run_cli("runs", "export", "--format", "json", "--db", str(tmp_path / "x.db"),
                      timeout=TIMEOUT)
     json.loads(export.stdout, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
@@ -281,8 +283,8 @@ def test_nan_loss_is_a_disagreement() -> None:
     assert max_loss_diff([1.0, nan], [1.0, 1.0]) == float("inf")
     assert max_loss_diff([nan, nan], [nan, nan]) == float("inf")
     assert max_loss_diff([1.0, None], [1.0, 2.0]) == float("inf")  # a diverged run's record
-    ref = {"losses": [1.0, nan], "strategy": {"precision": "fp32"}, "label": "a"}
-    same = {"losses": [1.0, nan], "strategy": {"precision": "fp32"}, "label": "b"}
+    ref = RunRecord.from_dict({"losses": [1.0, nan], "strategy": {"framework": "torch"}})
+    same = RunRecord.from_dict({"losses": [1.0, nan], "strategy": {"framework": "jax"}})
     assert _parity([ref], ref)["ok"] is False
     assert _parity([ref, same], ref)["ok"] is False
 
@@ -290,15 +292,15 @@ def test_nan_loss_is_a_disagreement() -> None:
 # --- the results database -------------------------------------------------------------------
 
 
-def finished_record(tmp_path: Path) -> dict:
+def finished_record(tmp_path: Path) -> RunRecord:
     """A finished run's record (figures constructed; workload and strategy real)."""
     from tests.report.runs import make_run
 
     workload = short("digits-mlp", STEPS)
-    run = {**make_run(), "workload": workload.to_dict(), "workload_hash": workload.content_hash(),
-           "strategy": torch_single().to_dict(), "run_dir": str(tmp_path / "runs" / "r1")}
-    del run["id"]
-    Path(run["run_dir"]).mkdir(parents=True)
+    run = make_run().replace(id=None, workload=workload.to_dict(),
+                             workload_hash=workload.content_hash(), strategy=torch_single(),
+                             run_dir=str(tmp_path / "runs" / "r1"))
+    Path(str(run.run_dir)).mkdir(parents=True)
     return run
 
 
@@ -319,11 +321,11 @@ def test_locked_database_keeps_the_run(tmp_path: Path) -> None:
         holder.execute("ROLLBACK")
         holder.close()
         store.close()
-    kept = Path(record["run_dir"]) / RECORD_FILE
+    kept = Path(record.run_dir) / RECORD_FILE
     proc = run_cli("runs", "import", str(kept), "--db", str(db), timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr
     with ResultsStore(db) as reopened:
-        assert [r["label"] for r in reopened.runs()] == [record["label"]]
+        assert [r.label for r in reopened.runs()] == [record.label]
 
 
 def test_kill_during_the_results_write_keeps_the_store(tmp_path: Path) -> None:
@@ -331,28 +333,29 @@ def test_kill_during_the_results_write_keeps_the_store(tmp_path: Path) -> None:
     the next run (SQLite's journal rolls the transaction back)."""
     db = tmp_path / "x.db"
     record = tmp_path / "record.json"
-    record.write_text(json.dumps(finished_record(tmp_path)))
+    record.write_text(json.dumps(finished_record(tmp_path).to_dict()))
     child = f"""
 import json, os, signal
+from sextant.results.record import RunRecord
+from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 store = ResultsStore({str(db)!r})
 store._conn.set_trace_callback(
     lambda sql: os.kill(os.getpid(), signal.SIGKILL) if sql.startswith("COMMIT") else None)
-store.add(json.load(open({str(record)!r})))
+store.add(RunRecord.from_dict(json.load(open({str(record)!r}))))
 """
     proc = subprocess.run([sys.executable, "-c", child], timeout=TIMEOUT, capture_output=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     with ResultsStore(db) as store:
         assert store.runs() == []
         assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        store.add(json.loads(record.read_text()))
+        store.add(RunRecord.from_dict(json.loads(record.read_text())))
         assert len(store.runs()) == 1
 
 
 def test_nan_metrics_export_as_valid_json(tmp_path: Path) -> None:
-    record = finished_record(tmp_path)
-    record["metrics"]["exposed_comm_share"] = float("nan")
-    record["metrics"]["data_wait_share"] = float("inf")
+    record = with_metrics(finished_record(tmp_path), exposed_comm_share=float("nan"),
+                          data_wait_share=float("inf"))
     with ResultsStore(tmp_path / "x.db") as store:
         store.add(record)
     for fmt in ("json", "csv"):
@@ -433,8 +436,7 @@ def test_reproduce_command_names_the_workload_file() -> None:
     from sextant.claims import check_claims
     from tests.report.runs import make_run
 
-    runs = [make_run(), make_run(mode="compiled")]
-    for run in runs:
-        run["workload_file"] = "/home/me/my workload.toml"
+    runs = [make_run().replace(workload_file="/home/me/my workload.toml"),
+            make_run(mode="compiled").replace(workload_file="/home/me/my workload.toml")]
     commands = [c.command for c in check_claims(runs) if "compare" in c.command]
     assert commands and all("--workload '/home/me/my workload.toml'" in c for c in commands)

@@ -23,6 +23,7 @@ from sextant.commands.common import MAX_COLLECTIVE_TIMEOUT_S, collective_seconds
 from sextant.commands.trials import MAX_REPEATS, repeats
 from sextant.display import console, printable
 from sextant.errors import UserError
+from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 from sextant.strategy import MAX_THREADS, Strategy
 from sextant.workload import MAX_DESCRIPTION
@@ -33,12 +34,13 @@ ESC = "\x1b"
 HOSTILE_NAME = f"probe{ESC}]0;owned{chr(7)}{ESC}[2J"
 
 
-def _record(name: str = "digits", run_dir: str = "/tmp/r1", status: str = "ok") -> dict:
+def _record(name: str = "digits", run_dir: str = "/tmp/r1", status: str = "ok") -> RunRecord:
     w = short("digits-mlp", 4, warmup_steps=1, nosync_steps=0).replace(name=name)
-    return {"workload": w.to_dict(), "workload_hash": w.content_hash(),
-            "strategy": Strategy(framework="torch").to_dict(), "metrics": {"final_loss": 1.0},
-            "losses": [2.0, 1.0], "grad_norms": [1.0, 1.0], "run_dir": run_dir,
-            "created_at": "2026-12-04T10:00:00+0000", "status": status}
+    return RunRecord.from_dict({
+        "workload": w.to_dict(), "workload_hash": w.content_hash(),
+        "strategy": Strategy(framework="torch").to_dict(), "metrics": {"final_loss": 1.0},
+        "losses": [2.0, 1.0], "grad_norms": [1.0, 1.0], "run_dir": run_dir,
+        "created_at": "2026-12-04T10:00:00+0000", "status": status})
 
 
 # --- plan -------------------------------------------------------------------------------
@@ -108,11 +110,11 @@ def test_one_malformed_cell_hides_no_other_run(tmp_path: Path) -> None:
 
 def test_runs_import_refuses_a_duplicate_and_a_bad_status(tmp_path: Path) -> None:
     db, record = tmp_path / "r.db", tmp_path / "record.json"
-    record.write_text(json.dumps(_record()))
+    record.write_text(json.dumps(_record().to_dict()))
     assert run_cli("runs", "import", str(record), "--db", str(db), timeout=60).returncode == 0
     assert_one_line_error(run_cli("runs", "import", str(record), "--db", str(db), timeout=60),
                           "is already stored as run 1")
-    record.write_text(json.dumps(_record(run_dir="/tmp/other", status="bogus")))
+    record.write_text(json.dumps({**_record(run_dir="/tmp/other").to_dict(), "status": "bogus"}))
     assert_one_line_error(run_cli("runs", "import", str(record), "--db", str(db), timeout=60),
                           "status must be one of ok, failed, interrupted, diverged")
     with ResultsStore(db, create=False) as store:
@@ -225,7 +227,7 @@ def test_ctrl_c_while_starting_prints_no_traceback(delay: float) -> None:
 def test_reproduce_commands_name_the_workload_file() -> None:
     from sextant.claims.check import check_claims
 
-    runs = [{**_record(), "id": 1, "workload_file": "/data/my workload.toml"}]
+    runs = [_record().replace(id=1, workload_file="/data/my workload.toml")]
     commands = [c.command for c in check_claims(runs) if c.command]
     assert commands and all("--workload '/data/my workload.toml'" in c for c in commands
                             if "--workload" in c)

@@ -126,7 +126,7 @@ def test_ranks_started_by_torchrun_store_one_run_on_rank_0(
     assert out.returncode == 0, out.stderr[-2000:]
     with ResultsStore(tmp_path / "r.db", create=False) as store:
         (run,) = store.runs()  # one run, stored once, by rank 0
-        stored = store.get(run["id"])
+        stored = store.get(run.id)
     same_training(stored, one_process)
 
 
@@ -159,11 +159,11 @@ def test_a_slurm_job_across_two_hosts_trains_like_one_process(
     assert out.returncode == 0, out.stderr + daemon_logs(slurm_cluster)
     with ResultsStore(db, create=False) as store:
         (run,) = store.runs()
-        stored = store.get(run["id"])
+        stored = store.get(run.id)
     same_training(stored, one_process)
-    assert [r["fingerprint"]["hostname"] for r in stored["ranks"]] == [
+    assert [r.fingerprint["hostname"] for r in stored.ranks] == [
         h.name for h in slurm_cluster.hosts]
-    assert stored["fingerprint"]["network"]["kind"] == "hosts"
+    assert stored.fingerprint.values["network"]["kind"] == "hosts"
 
 
 def daemon_logs(cluster: emulated.Cluster, lines: int = 15) -> str:
@@ -197,7 +197,7 @@ def test_a_job_that_cannot_start_is_reported_with_its_slurm_state(
         assert "never joined the run" in out.stderr and "PENDING, reason " in out.stderr, (
             out.stderr + daemon_logs(slurm_cluster))
         with ResultsStore(db, create=False) as store:
-            assert [run["status"] for run in store.runs()] == ["failed"]
+            assert [run.status for run in store.runs()] == ["failed"]
     finally:
         subprocess.run(["scancel", blocker], check=False, timeout=30, env=env)
         slurm_lab.wait_idle(slurm_cluster)
@@ -244,10 +244,10 @@ def test_a_slurm_job_checkpoints_and_a_second_one_resumes(
     assert resumed.returncode == 0, resumed.stderr + daemon_logs(slurm_cluster)
     with ResultsStore(db, create=False) as store:
         (run,) = [r for r in store.runs() if r["status"] == "ok"]
-        stored = store.get(run["id"])
-    assert stored["strategy"]["resume"] and stored["metrics"]["resumed_from_step"] == 2
-    assert stored["ranks"][0]["details"]["notes"] == ["resumed from step-00000002"]
-    np.testing.assert_allclose(stored["losses"], one_process["losses"][2:],
+        stored = store.get(run.id)
+    assert stored.strategy.resume and stored.metrics.resumed_from_step == 2
+    assert stored.ranks[0].details["notes"] == ("resumed from step-00000002",)
+    np.testing.assert_allclose(stored.losses, one_process.losses[2:],
                                rtol=PARITY_RTOL["fp32"], atol=0)
-    np.testing.assert_allclose(stored["grad_norms"], one_process["grad_norms"][2:],
+    np.testing.assert_allclose(stored.grad_norms, one_process.grad_norms[2:],
                                rtol=PARITY_RTOL["fp32"], atol=0)

@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 
 from sextant.errors import UserError
+from sextant.results.record import RankSummary, RunRecord
 from sextant.results.store import ResultsStore
 from sextant.strategy import Strategy
 from sextant.sources import resolve_workload
 
 
-def record(group: str = "g1", step: float = 0.02) -> dict:
+def record(group: str = "g1", step: float = 0.02) -> RunRecord:
     w = resolve_workload("gpt-tiny")
-    return {
+    return RunRecord.from_dict({
         "group_id": group,
         "workload": w.to_dict(),
         "workload_hash": w.content_hash(),
@@ -23,20 +24,21 @@ def record(group: str = "g1", step: float = 0.02) -> dict:
         "losses": [5.5, 4.0, 2.5],
         "ranks": [{"rank": 0}, {"rank": 1}],
         "fingerprint": {"python": "3.11"},
-    }
+    })
 
 
 def test_round_trip(db: Path) -> None:
     with ResultsStore(db) as store:
         run_id = store.add(record())
         got = store.get(run_id)
-    assert got["metrics"]["tokens_per_s"] == pytest.approx(1024 / 0.02)
-    assert got["losses"] == [5.5, 4.0, 2.5]
-    assert got["framework"] == "torch" and got["workers"] == 2
-    assert got["label"] == "torch dp x2"
+    assert got.metrics.tokens_per_s == pytest.approx(1024 / 0.02)
+    assert got.losses == (5.5, 4.0, 2.5)
+    assert got.strategy.framework == "torch" and got.strategy.workers == 2
+    assert got.label == "torch dp x2" and got.id == run_id
+    assert got == record().replace(id=run_id, created_at=got.created_at)
     # Reopening sees the same data (it was committed).
     with ResultsStore(db) as again:
-        assert [r["id"] for r in again.runs()] == [run_id]
+        assert [r.id for r in again.runs()] == [run_id]
         assert again.latest_group() == "g1"
 
 
@@ -53,8 +55,8 @@ def test_filters_by_group_and_workload(db: Path) -> None:
 def test_failed_insert_leaves_store_unchanged(db: Path) -> None:
     with ResultsStore(db) as store:
         store.add(record())
-        bad = record()
-        bad["losses"] = {1, 2}  # not JSON-serialisable: the insert must fail as a whole
+        # A rank detail that is not JSON: the insert must fail as a whole.
+        bad = record().replace(ranks=(RankSummary(rank=0, details={"x": {1, 2}}),))
         with pytest.raises(TypeError):
             store.add(bad)
         assert len(store.runs()) == 1

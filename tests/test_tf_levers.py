@@ -35,7 +35,7 @@ def tf(parallel: str = "single", mode: str = "eager", **kw) -> Strategy:
 
 
 def sha(record: dict) -> str:
-    digest = record["ranks"][0]["final_params_sha256"]  # rank 0 exports the final parameters
+    digest = record.ranks[0].final_params_sha256  # rank 0 exports the final parameters
     assert digest is not None
     return digest
 
@@ -43,10 +43,10 @@ def sha(record: dict) -> str:
 def assert_quiet(record: dict) -> None:
     """No worker log lines, 16-bit runs included: TensorFlow's one-time ERROR-level notice
     that oneDNN has no 16-bit kernels on a CPU without AVX-512 is captured into the record."""
-    logs = sorted(Path(record["run_dir"]).glob("rank*.std*.log"))
+    logs = sorted(Path(record.run_dir).glob("rank*.std*.log"))
     assert logs and {log.name: log.read_text() for log in logs} == {log.name: "" for log in logs}
-    for rank in record["ranks"]:
-        assert all("oneDNN supports DT_" in n for n in rank["details"]["tensorflow_notices"])
+    for rank in record.ranks:
+        assert all("oneDNN supports DT_" in n for n in rank.details["tensorflow_notices"])
 
 
 # gpt-tiny, 8 steps, no exposed-communication pairs (they train on after the export of the
@@ -98,10 +98,10 @@ def test_compression_moves_the_loss_a_little(tmp_path: Path, dp_ref: dict) -> No
                      tf("dp", workers=1, devices_per_worker=2, compress="fp16")):
         rec = execute(W, strategy, runs_dir=tmp_path)
         assert 0 < loss_deviation(rec, dp_ref) < 1e-3, strategy.label
-        assert rec["label"].endswith(f"compress={strategy.compress}")
+        assert rec.label.endswith(f"compress={strategy.compress}")
         assert_quiet(rec)
-        planned = rec["ranks"][0]["comm"]["planned_bytes_per_step"]["all_reduce"]
-        assert planned == pytest.approx(2 * rec["metrics"]["params"])  # 2 bytes, ring 2(n-1)/n
+        planned = rec.ranks[0].comm["planned_bytes_per_step"]["all_reduce"]
+        assert planned == pytest.approx(2 * rec.metrics.params)  # 2 bytes, ring 2(n-1)/n
 
 
 def test_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_bf16_stays_close_to_fp32(tmp_path: Path) -> None:
         # bf16 keeps 8 mantissa bits; with fp32 master weights and an fp32 loss the loss
         # after 20 steps stays within 2% of fp32.
         assert 0 < loss_deviation(bf16, fp32) < 2e-2, strategy.label
-        assert bf16["losses"][-1] < bf16["losses"][0]
+        assert bf16.losses[-1] < bf16.losses[0]
         assert_quiet(bf16)
 
 
@@ -124,7 +124,7 @@ def test_kill_and_resume_is_bit_identical(tmp_path: Path, single_ref: dict, dp_r
     resumed = kill_then_resume(W, lambda **kw: tf(parallel, **kw), tmp_path)
     # TensorFlow on CPU is deterministic here (fixed thread counts; XLA or TF graph), and the
     # checkpoint holds everything the step reads: parameters, Adam moments, update counter.
-    np.testing.assert_array_equal(resumed["losses"], uninterrupted["losses"][3:])
+    np.testing.assert_array_equal(resumed.losses, uninterrupted.losses[3:])
     assert sha(resumed) == sha(uninterrupted)
 
 
@@ -142,9 +142,9 @@ def test_corrupt_checkpoint_is_refused_and_previous_used(tmp_path: Path, dp_ref:
     (d / "step-00000010.partial").mkdir()  # a crash in the middle of a save
     assert "truncated" in (ckpt.verify(d / "step-00000008") or "")
     resumed = execute(W, replace(mirrored, checkpoint_every=0, resume=True), runs_dir=tmp_path)
-    notes = resumed["ranks"][0]["details"]["notes"]
+    notes = resumed.ranks[0].details["notes"]
     assert notes[0].startswith("checkpoint step-00000008 refused: ") and "truncated" in notes[0]
     assert notes[1] == "checkpoint step-00000006 refused: no manifest (the save did not finish)"
     assert notes[2:] == ["resumed from step-00000004"]
-    np.testing.assert_array_equal(resumed["losses"], saved["losses"][4:])
+    np.testing.assert_array_equal(resumed.losses, saved.losses[4:])
     assert sha(resumed) == sha(saved)

@@ -59,9 +59,9 @@ def test_backend_contract_without_importing_tensorflow() -> None:
 def assert_quiet(record: dict) -> None:
     """TensorFlow's start-up lines never reach a worker's stderr (nor, so, the terminal), and
     a rank's scratch directory (autograph's generated modules) is gone when it ends."""
-    logs = sorted(Path(record["run_dir"]).glob("rank*.std*.log"))
+    logs = sorted(Path(record.run_dir).glob("rank*.std*.log"))
     assert logs and {log.name: log.read_text() for log in logs} == {log.name: "" for log in logs}
-    assert not list(Path(record["run_dir"]).glob("rank*.tmp-*"))
+    assert not list(Path(record.run_dir).glob("rank*.tmp-*"))
 
 
 def autograph_files() -> set[str]:
@@ -83,36 +83,36 @@ def test_single_and_dp_match_torch(tmp_path: Path, workload: str) -> None:
     before = autograph_files()
     single, dp = (execute(w, s, runs_dir=tmp_path) for s in CASES[workload])
     assert autograph_files() <= before  # nothing left behind in /tmp by the TF workers
-    assert len(single["losses"]) == len(dp["losses"]) == 10
+    assert len(single.losses) == len(dp.losses) == 10
     same_training(single, reference)
     same_training(dp, reference)
     assert_quiet(single)
     assert_quiet(dp)
-    assert reference["losses"][-1] < reference["losses"][0]
+    assert reference.losses[-1] < reference.losses[0]
     # Data-parallel measurements are complete: exposed communication from no-sync pairs.
-    m = dp["metrics"]
-    assert m["comm_pairs"] == 2 and m["exposed_comm_s"] is not None
-    for r in dp["ranks"]:
-        assert r["fingerprint"]["framework"] == "tensorflow"
-        assert r["fingerprint"]["threads"] >= 1
-        assert r["details"]["collectives"].startswith("ring all-reduce over gRPC")
+    m = dp.metrics
+    assert m.comm_pairs == 2 and m.exposed_comm_s is not None
+    for r in dp.ranks:
+        assert r.fingerprint["framework"] == "tensorflow"
+        assert r.fingerprint["threads"] >= 1
+        assert r.details["collectives"].startswith("ring all-reduce over gRPC")
     # The first step of a compiled run holds the XLA compilation, reported apart.
-    compiled = single if single["strategy"]["mode"] == "compiled" else dp
-    assert compiled["metrics"]["first_step_s"] > compiled["metrics"]["step_time_median_s"]
+    compiled = single if single.strategy.mode == "compiled" else dp
+    assert compiled.metrics.first_step_s > compiled.metrics.step_time_median_s
 
 
 def test_parameter_servers_train_and_report_throughput(tmp_path: Path) -> None:
     w = short("gpt-tiny", 12)
     rec = execute(w, tf("eager", "ps", 2, ps=1), runs_dir=tmp_path)
-    losses = rec["losses"]
+    losses = rec.losses
     assert len(losses) == 12 and np.all(np.isfinite(losses))
     assert np.mean(losses[-3:]) < losses[0] - 0.5  # it trains (2 async updates per step)
-    m = rec["metrics"]
-    assert m["samples_per_s"] > 0 and m["tokens_per_s"] > 0
-    assert m["exposed_comm_s"] is None
-    [chief] = rec["ranks"]  # only the coordinator reports; servers and workers serve
-    assert "asynchronous" in chief["details"]["note"]
-    assert chief["details"]["parameter_servers"] == 1
+    m = rec.metrics
+    assert m.samples_per_s > 0 and m.tokens_per_s > 0
+    assert m.exposed_comm_s is None
+    [chief] = rec.ranks  # only the coordinator reports; servers and workers serve
+    assert "asynchronous" in chief.details["note"]
+    assert chief.details["parameter_servers"] == 1
     assert_quiet(rec)
 
 

@@ -27,7 +27,7 @@ DP2 = Strategy(framework="torch", parallel="dp", workers=2)
 
 
 def losses(record: dict) -> np.ndarray:
-    return np.asarray(record["losses"])
+    return np.asarray(record.losses)
 
 
 @pytest.mark.parametrize("workload", ["gpt-tiny", "digits-mlp"])
@@ -35,10 +35,10 @@ def test_single_and_dp_losses_agree(tmp_path: Path, workload: str) -> None:
     w = short(workload, 5)
     single = execute(w, SINGLE, runs_dir=tmp_path)
     dp = execute(w, DP2, runs_dir=tmp_path)
-    assert len(single["losses"]) == 5
+    assert len(single.losses) == 5
     same_training(dp, single, RTOL_DP)
     # It trained: the loss went down.
-    assert single["losses"][-1] < single["losses"][0]
+    assert single.losses[-1] < single.losses[0]
 
 
 def test_parity_test_fails_when_gradients_are_summed(tmp_path: Path) -> None:
@@ -51,7 +51,7 @@ def test_parity_test_fails_when_gradients_are_summed(tmp_path: Path) -> None:
     broken = execute(w, DP2, runs_dir=tmp_path, extra_env={"SEXTANT_TEST_FAULT": "sum-gradients"})
     with pytest.raises(AssertionError):
         same_training(broken, single, RTOL_DP)
-    np.testing.assert_allclose(broken["grad_norms"], 2 * np.asarray(single["grad_norms"]),
+    np.testing.assert_allclose(broken.grad_norms, 2 * np.asarray(single.grad_norms),
                                rtol=1e-4)
 
 
@@ -61,23 +61,23 @@ def test_eager_and_compiled_agree(tmp_path: Path) -> None:
     compiled = execute(w, Strategy(framework="torch", mode="compiled"), runs_dir=tmp_path)
     same_training(compiled, eager, RTOL_COMPILED)
     # The first compiled step includes compilation, reported apart from the steady state.
-    assert compiled["metrics"]["first_step_s"] > compiled["metrics"]["step_time_median_s"]
+    assert compiled.metrics.first_step_s > compiled.metrics.step_time_median_s
 
 
 def test_dp_measurements_are_complete(tmp_path: Path) -> None:
     w = short("gpt-tiny", 6, nosync_steps=4)
     rec = execute(w, DP2, runs_dir=tmp_path)
-    m = rec["metrics"]
-    assert m["steps_timed"] == 5
-    assert m["step_time_p10_s"] <= m["step_time_median_s"] <= m["step_time_p90_s"]
-    assert m["tokens_per_s"] == pytest.approx(16 * 64 / m["step_time_median_s"])
-    assert m["comm_pairs"] == 4 and m["exposed_comm_s"] is not None
-    assert m["peak_rss_bytes"] > 50 * 2**20
-    assert [r["rank"] for r in rec["ranks"]] == [0, 1]
-    for r in rec["ranks"]:
-        assert r["fingerprint"]["framework_version"].startswith("2.")
-        assert r["fingerprint"]["threads"] >= 1
-        assert r["details"]["collectives"] == "gloo"
+    m = rec.metrics
+    assert m.steps_timed == 5
+    assert m.step_time_p10_s <= m.step_time_median_s <= m.step_time_p90_s
+    assert m.tokens_per_s == pytest.approx(16 * 64 / m.step_time_median_s)
+    assert m.comm_pairs == 4 and m.exposed_comm_s is not None
+    assert m.peak_rss_bytes > 50 * 2**20
+    assert [r.rank for r in rec.ranks] == [0, 1]
+    for r in rec.ranks:
+        assert r.fingerprint["framework_version"].startswith("2.")
+        assert r.fingerprint["threads"] >= 1
+        assert r.details["collectives"] == "gloo"
 
 
 def test_dead_worker_is_named(tmp_path: Path) -> None:

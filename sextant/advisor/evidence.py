@@ -8,10 +8,9 @@ execution mode (eager or compiled), the one a user would pick.
 
 from __future__ import annotations
 
-import importlib
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from sextant.advisor.vocab import CANDIDATES, MEASURED, SOURCES
 from sextant.claims import compute_units, conditions
 from sextant.errors import UserError
+from sextant.results.record import RunRecord
 
 FRAMEWORK_CANDIDATES = {
     # DeepSpeed runs on PyTorch: without a measured DeepSpeed run, a PyTorch number is the
@@ -53,7 +53,6 @@ METRIC_ORDER = (
     "exposed_comm_share",
     "compile_time_s",
 )
-REQUIRED_RUN_KEYS = ("id", "framework", "mode", "parallel", "workers", "workload_hash", "metrics")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -96,33 +95,18 @@ class Evidence:
         }
 
 
-def _number(metrics: Mapping[str, Any], key: str, *, positive: bool = True) -> float | None:
-    value = metrics.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+def _number(value: float | None, *, positive: bool = True) -> float | None:
+    """A figure fit for evidence: present, not negative (and not zero when `positive`)."""
+    if value is None or value < 0 or (positive and value == 0):
         return None
-    if value < 0 or (positive and value == 0):
-        return None
-    return float(value)
-
-
-def _check_run(run: Any) -> None:
-    if not isinstance(run, Mapping):
-        raise UserError(f"a run record must be a table/dict; got {type(run).__name__}")
-    missing = [key for key in REQUIRED_RUN_KEYS if key not in run]
-    if missing:
-        raise UserError(
-            f"run {run.get('id', '?')!r} lacks key(s) {', '.join(missing)}; the results "
-            f"store must give {', '.join(REQUIRED_RUN_KEYS)}"
-        )
-    if not isinstance(run["metrics"], Mapping):
-        raise UserError(f"run {run['id']!r}: metrics must be a table; got {run['metrics']!r}")
+    return value
 
 
 def _geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
+def _ratios(runs: Sequence[RunRecord], key: str, *, best: str
             ) -> dict[str, tuple[float, tuple[str, ...], int]]:
     """Per framework: geometric-mean ratio of `key` to the best framework at matched configs.
 
@@ -131,17 +115,17 @@ def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
     """
     configs: dict[tuple[Any, ...], dict[str, tuple[float, str]]] = {}
     for run in runs:
-        value = _number(run["metrics"], key)
+        value = _number(getattr(run.metrics, key))
         if value is None:
             continue
         # Never a ratio across precisions or devices.
-        config = (str(run["workload_hash"]), str(run["parallel"]), int(run["workers"]),
+        config = (run.workload_hash, run.strategy.parallel, run.strategy.workers,
                   *conditions(run))
         per_fw = configs.setdefault(config, {})
-        held = per_fw.get(run["framework"])
+        held = per_fw.get(run.strategy.framework)
         better = held is None or (value > held[0] if best == "max" else value < held[0])
         if better:
-            per_fw[run["framework"]] = (value, str(run["id"]))
+            per_fw[run.strategy.framework] = (value, str(run.id))
     collected: dict[str, list[float]] = {}
     ids: dict[str, set[str]] = {}
     for config in sorted(configs):
@@ -164,7 +148,7 @@ def _ratios(runs: Sequence[Mapping[str, Any]], key: str, *, best: str
     }
 
 
-def hardware_class(run: Mapping[str, Any]) -> str:
+def hardware_class(run: RunRecord) -> str:
     """The advisor's hardware family a run was measured on: 'cpu', or the GPU's vendor
     family ('nvidia', 'amd'), from the run's device and accelerator name."""
     _, device, accelerator = conditions(run)
@@ -174,11 +158,12 @@ def hardware_class(run: Mapping[str, Any]) -> str:
     return "amd" if ("amd" in name or "instinct" in name) else "nvidia"
 
 
-def applicable(runs: list[dict], hardware: str | None) -> tuple[list[dict], str | None]:
+def applicable(runs: Sequence[RunRecord], hardware: str | None
+               ) -> tuple[list[RunRecord], str | None]:
     """(the runs measured on the target's hardware family, a note about the others): a
     measurement is evidence only for the hardware class it was taken on."""
     if hardware is None:
-        return runs, None
+        return list(runs), None
     kept = [r for r in runs if hardware_class(r) == hardware]
     others = sorted({hardware_class(r) for r in runs} - {hardware})
     if not others:
@@ -189,27 +174,22 @@ def applicable(runs: list[dict], hardware: str | None) -> tuple[list[dict], str 
                   "stands in (sextant advise --plan, from sextant plan --json)")
 
 
-def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
-    """Measured evidence per candidate stack from results-store run records.
-
-    Each run is a dict with id, framework ('torch' | 'deepspeed' | 'jax' | ...), mode, parallel,
-    workers, workload_name, workload_hash and metrics (step_time_*_s, tokens_per_s, the
-    run's total throughput over all workers; peak_rss_bytes, per rank; compile_s (as compile_time_s);
-    exposed_comm_share, may be None). Runs of frameworks sextant has no candidate for are
-    ignored; missing or None metrics are skipped. The result is sorted (candidate, metric),
-    so the same runs always give the same evidence.
+def evidence_from_runs(runs: Sequence[RunRecord]) -> list[Evidence]:
+    """Measured evidence per candidate stack from results-store run records: throughput
+    (tokens/s, the run's total over all workers), peak RSS per rank, compile time (as
+    compile_time_s) and exposed communication share. Runs of frameworks sextant has no
+    candidate for are ignored; missing figures are skipped. The result is sorted (candidate,
+    metric), so the same runs always give the same evidence.
     """
-    for run in runs:
-        _check_run(run)
     # Failed runs carry no trustworthy figures; unknown frameworks have no candidate.
-    runs = [run for run in runs if run["framework"] in FRAMEWORK_CANDIDATES
-            and run.get("status", "ok") == "ok"]
+    runs = [run for run in runs if run.strategy.framework in FRAMEWORK_CANDIDATES
+            and run.status == "ok"]
     found: list[tuple[str, str, float, str, tuple[str, ...]]] = []
 
     # Speed is judged on undisturbed runs only (another program shared the CPU during a
     # disturbed one: sextant.measure.interference), as the report's verdicts are; memory is
     # not a matter of CPU time, so every run counts for it.
-    timed = [run for run in runs if not run["metrics"].get("disturbed")]
+    timed = [run for run in runs if not run.metrics.disturbed]
     for fw, (ratio, ids, n) in _ratios(timed, "tokens_per_s", best="max").items():
         found.append((fw, "throughput_ratio", ratio,
                       f"{ratio:.2f}x the fastest measured stack's tokens/s "
@@ -219,20 +199,20 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                       f"{ratio:.2f}x the leanest measured stack's peak memory per rank "
                       f"({n} matched configuration{'s' if n != 1 else ''})", ids))
 
-    by_fw: dict[str, list[Mapping[str, Any]]] = {}
+    by_fw: dict[str, list[RunRecord]] = {}
     for run in runs:
-        by_fw.setdefault(run["framework"], []).append(run)
+        by_fw.setdefault(run.strategy.framework, []).append(run)
     for fw in sorted(by_fw):
         fw_runs = by_fw[fw]
-        rss = [(v, str(r["id"])) for r in fw_runs
-               if (v := _number(r["metrics"], "peak_rss_bytes")) is not None]
+        rss = [(v, str(r.id)) for r in fw_runs
+               if (v := _number(r.metrics.peak_rss_bytes)) is not None]
         if rss:
             value, run_id = max(rss)
             found.append((fw, "peak_rss_bytes", value,
                           f"largest per-rank peak RSS over {len(rss)} run(s): "
                           f"{value / 2**20:.0f} MiB", (run_id,)))
 
-        fw_timed = [r for r in fw_runs if not r["metrics"].get("disturbed")]
+        fw_timed = [r for r in fw_runs if not r.metrics.disturbed]
         efficiencies, eff_ids, eff_text = _scaling(fw_timed)
         if efficiencies:
             value = statistics.median(efficiencies)
@@ -240,8 +220,8 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                           f"data-parallel scaling {value:.0%} ({'; '.join(eff_text)})",
                           tuple(sorted(eff_ids))))
 
-        shares = [(v, str(r["id"])) for r in fw_timed if r["parallel"] != "single"
-                  and (v := _number(r["metrics"], "exposed_comm_share", positive=False))
+        shares = [(v, str(r.id)) for r in fw_timed if r.strategy.parallel != "single"
+                  and (v := _number(r.metrics.exposed_comm_share, positive=False))
                   is not None]
         if shares:
             value = statistics.median(v for v, _ in shares)
@@ -249,8 +229,8 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                           f"median exposed communication share {value:.0%} over "
                           f"{len(shares)} parallel run(s)", tuple(sorted(i for _, i in shares))))
 
-        compiles = [(v, str(r["id"])) for r in fw_timed if r["mode"] == "compiled"
-                    and (v := _number(r["metrics"], "compile_s", positive=False))
+        compiles = [(v, str(r.id)) for r in fw_timed if r.strategy.mode == "compiled"
+                    and (v := _number(r.metrics.compile_s, positive=False))
                     is not None]
         if compiles:
             value = statistics.median(v for v, _ in compiles)
@@ -258,7 +238,7 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
                           f"median compile time {value:.1f} s over {len(compiles)} compiled "
                           f"run(s)", tuple(sorted(i for _, i in compiles))))
 
-    measured = {run["framework"] for run in runs}
+    measured = {run.strategy.framework for run in runs}
     evidence = [
         Evidence(candidate=cand, metric=metric, value=value, source=MEASURED, detail=detail,
                  run_ids=ids)
@@ -269,27 +249,27 @@ def evidence_from_runs(runs: list[dict]) -> list[Evidence]:
     return evidence
 
 
-def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], list[str]]:
+def _scaling(runs: Sequence[RunRecord]) -> tuple[list[float], set[str], list[str]]:
     """Scaling efficiency per (workload, mode) at the largest measured worker count: the
     throughput per unit of compute against the single process's (the same total compute
     gives 100 % when nothing is lost), never N workers against one holding all the cores."""
     single: dict[tuple[str, str], tuple[float, str]] = {}
     parallel: dict[tuple[str, str], tuple[int, float, str]] = {}
     for run in runs:
-        tps = _number(run["metrics"], "tokens_per_s")
+        tps = _number(run.metrics.tokens_per_s)
         if tps is None:
             continue
-        key = (str(run["workload_hash"]), str(run["mode"]))
-        workers = int(run["workers"])
+        key = (run.workload_hash, run.strategy.mode)
+        workers = run.strategy.workers
         per_unit = tps / compute_units(conditions(run)[1], workers,
-                                        run["metrics"].get("threads_per_worker"))
-        if run["parallel"] == "single" or workers == 1:
+                                        run.metrics.threads_per_worker)
+        if run.strategy.parallel == "single" or workers == 1:
             if key not in single or per_unit > single[key][0]:
-                single[key] = (per_unit, str(run["id"]))
+                single[key] = (per_unit, str(run.id))
         else:
             held = parallel.get(key)
             if held is None or (workers, per_unit) > held[:2]:
-                parallel[key] = (workers, per_unit, str(run["id"]))
+                parallel[key] = (workers, per_unit, str(run.id))
     values: list[float] = []
     ids: set[str] = set()
     text: list[str] = []
@@ -303,25 +283,16 @@ def _scaling(runs: Sequence[Mapping[str, Any]]) -> tuple[list[float], set[str], 
     return values, ids, text
 
 
-def load_measured_runs(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+def load_measured_runs(path: Path) -> tuple[list[RunRecord], str | None]:
     """Runs of the results store at `path`, or ([], one-line reason) when there are none to
-    read. The store module is looked up at call time (tests replace it)."""
+    read."""
+    from sextant.results.store import ResultsStore
+
     if not path.is_file():
         return [], (f"No measured evidence: no results store at {path}; advice rests on rules "
                     "of thumb.")
-    try:
-        store_module = importlib.import_module("sextant.results.store")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("sextant.results", "sextant.results.store"):
-            raise
-        return [], "No measured evidence: this sextant has no results store module."
-    store = store_module.ResultsStore(path)
-    try:
-        runs = list(store.runs())
-    finally:
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()
+    with ResultsStore(path) as store:
+        runs = store.runs()
     if not runs:
         return [], f"No measured evidence: {path} holds no runs yet."
     return runs, None

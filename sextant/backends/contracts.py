@@ -28,7 +28,7 @@ EVENT_SCHEMA = 1
 
 RANK_RESULT_SCHEMA = 1
 """Version of the RankResult shape below. Rank results are not stored as they are: the run
-record (sextant.runner.RECORD_SCHEMA) is assembled from them, so a change here that keeps the
+record (sextant.results.record.RunRecord) is assembled from them, so a change here that keeps the
 keys the runner reads keeps every stored record readable."""
 
 

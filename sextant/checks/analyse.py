@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from sextant.checks.result import FAIL, PASS, SKIP, WARN, CheckResult
+from sextant.results.record import RunRecord
 
 # Fingerprint fields that legitimately differ between the ranks of one healthy job.
 PER_RANK_FIELDS = frozenset({"cpu_affinity", "hostname", "pid", "local_rank"})
@@ -31,7 +33,7 @@ def _ms(x: float | None) -> str:
 
 # --- MVP ---------------------------------------------------------------------------------
 
-def check_mvp(record: dict[str, Any] | None, error: str | None = None,
+def check_mvp(record: RunRecord | None, error: str | None = None,
               label: str = "single-device run") -> CheckResult:
     """The single-device run completes and its loss decreases (mean of the last half of the
     steps below the first step's loss)."""
@@ -40,7 +42,7 @@ def check_mvp(record: dict[str, Any] | None, error: str | None = None,
     if record is None:
         return CheckResult(check="mvp", status=FAIL, summary=f"{label} failed: {error}",
                            hint=hint_run)
-    losses = [float(x) for x in record["losses"]]
+    losses = record.finite_losses
     bad = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
     if bad is not None:
         return CheckResult(
@@ -55,11 +57,10 @@ def check_mvp(record: dict[str, Any] | None, error: str | None = None,
     first = losses[0]
     tail = float(np.mean(losses[len(losses) // 2:]))
     decrease = (first - tail) / abs(first) if first else first - tail
-    m = record["metrics"]
     figures = (f"{len(losses)} steps, loss {first:.4f} -> {losses[-1]:.4f} "
                f"(last-half mean {tail:.4f}, {decrease * 100:+.1f}%), "
-               f"{_ms(m['step_time_median_s'])}/step")
-    details = {"losses": losses, "steps": len(losses), "run_dir": record.get("run_dir")}
+               f"{_ms(record.metrics.step_time_median_s)}/step")
+    details = {"losses": losses, "steps": len(losses), "run_dir": record.run_dir}
     if tail < first:
         return CheckResult(check="mvp", status=PASS, summary=f"{label} trains: {figures}",
                            measured=decrease, threshold=0.0, unit="relative loss decrease",
@@ -82,14 +83,13 @@ def _normalise_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_versions(record: dict[str, Any] | None, error: str | None = None) -> CheckResult:
+def check_versions(record: RunRecord | None, error: str | None = None) -> CheckResult:
     """Every rank's environment fingerprint equals the majority's (per-rank fields aside)."""
     if record is None:
         return CheckResult(check="versions", status=FAIL,
                            summary=f"not measured: the multi-worker run failed: {error}",
                            hint="fix the run first (see the mvp check and the rank logs)")
-    prints = {r["rank"]: _normalise_fingerprint(r.get("fingerprint") or {})
-              for r in record["ranks"]}
+    prints = {r.rank: _normalise_fingerprint(dict(r.fingerprint)) for r in record.ranks}
     fields = sorted({k for fp in prints.values() for k in fp})
     diffs: list[dict[str, Any]] = []
     for name in fields:
@@ -125,7 +125,7 @@ def check_versions(record: dict[str, Any] | None, error: str | None = None) -> C
 
 # --- data loader ---------------------------------------------------------------------------
 
-def check_loader(record: dict[str, Any] | None, threshold: float = 0.10,
+def check_loader(record: RunRecord | None, threshold: float = 0.10,
                  error: str | None = None, pipeline: dict[str, Any] | None = None
                  ) -> CheckResult:
     """Share of the step spent waiting for the next batch (each rank's median data wait over
@@ -136,11 +136,15 @@ def check_loader(record: dict[str, Any] | None, threshold: float = 0.10,
         return CheckResult(check="loader", status=FAIL,
                            summary=f"not measured: the run failed: {error}",
                            hint="fix the run first (see the mvp check and the rank logs)")
-    step = record["metrics"]["step_time_median_s"]
-    shares = {r["rank"]: r["data_wait_median_s"] / step for r in record["ranks"]}
+    step = record.metrics.step_time_median_s
+    if not step:
+        return CheckResult(check="loader", status=SKIP,
+                           summary="not measured: the run has no steady-state step time",
+                           hint="run more steps than the warm-up (--steps)")
+    waits = {r.rank: r.data_wait_median_s or 0.0 for r in record.ranks}
+    shares = {r: w / step for r, w in waits.items()}
     rank = max(shares, key=shares.__getitem__)
-    share = shares[rank]
-    wait = record["ranks"][[r["rank"] for r in record["ranks"]].index(rank)]["data_wait_median_s"]
+    share, wait = shares[rank], waits[rank]
     figures = (f"waiting for data {_pct(share)} of each step (rank {rank}: {_ms(wait)} of "
                f"{_ms(step)}), threshold {_pct(threshold)}")
     details: dict[str, Any] = {"share_by_rank": {str(k): v for k, v in shares.items()},
@@ -149,7 +153,8 @@ def check_loader(record: dict[str, Any] | None, threshold: float = 0.10,
     if pipeline is not None:
         from sextant.data.probe import needed_throughput
 
-        need = needed_throughput(record, pipeline["tokens_per_batch"])
+        need = needed_throughput(step, record.metrics.data_wait_median_s,
+                                 pipeline["tokens_per_batch"])
         have = pipeline["tokens_per_s"]
         details["pipeline"] = {**pipeline, "needed_tokens_per_s": need}
         if need is not None:
@@ -178,11 +183,11 @@ def _median_others(values: dict[int, float], rank: int) -> float:
     return float(np.median(others)) if others else values[rank]
 
 
-def balance_figures(record: dict[str, Any],
+def balance_figures(record: RunRecord,
                     steps: dict[int, list[dict[str, Any]]]) -> dict[int, dict[str, float]]:
     """Per rank: rows per step, median step / data wait / compute time, and the median lag
     (how long after the first rank this rank finishes each step, from the step events)."""
-    warm = record["workload"]["measure"]["warmup_steps"]
+    warm = int(record.workload["measure"]["warmup_steps"])
     figures: dict[int, dict[str, float]] = {}
     # Steps every rank reported, past warm-up (at least 3 if the run is that short).
     common = set.intersection(*(set(e["step"] for e in ev) for ev in steps.values())) \
@@ -192,12 +197,12 @@ def balance_figures(record: dict[str, Any],
         chosen = sorted(s for s in common if s > 1) or sorted(common)
     ends = {rank: {e["step"]: e["time"] for e in ev} for rank, ev in steps.items()}
     first_end = {s: min(ends[r][s] for r in ends) for s in chosen}
-    for r in record["ranks"]:
-        rank = r["rank"]
-        times = r["step_times_s"][warm:] or r["step_times_s"]
-        rows = [x for x in (r.get("rows_per_step") or []) if x is not None]
-        step = float(np.median(times))
-        data = float(r["data_wait_median_s"])
+    for r in record.ranks:
+        rank = r.rank
+        times = r.step_times_s[warm:] or r.step_times_s
+        rows = [x for x in r.rows_per_step if x is not None]
+        step = float(np.median(np.asarray(times, dtype=float)))
+        data = float(r.data_wait_median_s or 0.0)
         lag = (float(np.median([ends[rank][s] - first_end[s] for s in chosen]))
                if rank in ends and chosen else 0.0)
         figures[rank] = {"rows": float(np.median(rows)) if rows else float("nan"),
@@ -206,7 +211,7 @@ def balance_figures(record: dict[str, Any],
     return figures
 
 
-def check_balance(record: dict[str, Any] | None, steps: dict[int, list[dict[str, Any]]],
+def check_balance(record: RunRecord | None, steps: dict[int, list[dict[str, Any]]],
                   threshold: float = 0.10, error: str | None = None) -> CheckResult:
     """Data skew (a rank gets more rows per step than the median of the others) and slow
     ranks (same rows, but finishing its steps later, or waiting longer for its batches, than
@@ -215,11 +220,11 @@ def check_balance(record: dict[str, Any] | None, steps: dict[int, list[dict[str,
         return CheckResult(check="balance", status=FAIL,
                            summary=f"not measured: the multi-worker run failed: {error}",
                            hint="fix the run first (see the mvp check and the rank logs)")
-    if len(record["ranks"]) < 2:
+    if len(record.ranks) < 2:
         return CheckResult(check="balance", status=SKIP,
                            summary="not run: needs at least 2 workers (--workers)")
     fig = balance_figures(record, steps)
-    job = record["metrics"]["step_time_median_s"]
+    job = record.metrics.step_time_median_s or math.nan
     rows = {r: f["rows"] for r, f in fig.items()}
     skewed, slow = [], []
     worst_excess = 0.0
@@ -271,12 +276,13 @@ def check_balance(record: dict[str, Any] | None, steps: dict[int, list[dict[str,
 
 # --- scaling -------------------------------------------------------------------------------
 
-def check_scaling(points: list[tuple[int, dict[str, Any] | None, str | None]],
+def check_scaling(points: list[tuple[int, RunRecord | None, str | None]],
                   tolerance: float = 0.10) -> CheckResult:
     """Throughput (samples/s) at each worker count; warn where adding workers lowers it by
     more than `tolerance` (measurement noise). Efficiency = X(n) / (n X(1))."""
     failed = [(n, err) for n, rec, err in points if rec is None]
-    ok = sorted((n, rec["metrics"]["samples_per_s"]) for n, rec, _ in points if rec is not None)
+    ok = sorted((n, rec.metrics.samples_per_s or 0.0) for n, rec, _ in points
+                if rec is not None)
     if failed:
         n, err = failed[0]
         return CheckResult(check="scaling", status=FAIL,
@@ -369,8 +375,8 @@ def check_interconnect(measured: dict[str, Any] | None, threshold_gbps: float = 
 
 # --- checkpoint / resume -------------------------------------------------------------------
 
-def check_checkpoint(reference: dict[str, Any] | None, saved: dict[str, Any] | None,
-                     resumed: dict[str, Any] | None, saved_step: int, *,
+def check_checkpoint(reference: RunRecord | None, saved: RunRecord | None,
+                     resumed: RunRecord | None, saved_step: int, *,
                      problem: str | None = None, error: str | None = None,
                      rtol: float = 1e-5) -> CheckResult:
     """Save at `saved_step`, restore, continue: the resumed run starts at `saved_step` and its
@@ -382,14 +388,14 @@ def check_checkpoint(reference: dict[str, Any] | None, saved: dict[str, Any] | N
         extra = f" ({problem})" if problem else ""
         return CheckResult(check="checkpoint", status=FAIL,
                            summary=f"save/resume failed: {error}{extra}", hint=fail_hint)
-    steps = saved["workload"]["steps"]
-    start = steps - len(resumed["losses"])
-    notes = [n for r in resumed.get("ranks", []) for n in (r.get("details") or {}).get("notes", [])]
+    steps = int(saved.workload["steps"])
+    start = steps - len(resumed.losses)
+    notes = [n for r in resumed.ranks for n in r.details.get("notes", ())]
     refusals = [n for n in notes if "refused" in n]
     details: dict[str, Any] = {"saved_step": saved_step, "resumed_step": start,
                                "notes": notes, "problem": problem}
 
-    def rel(a: list[float], b: list[float]) -> float:
+    def rel(a: Sequence[float | None], b: Sequence[float | None]) -> float:
         a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
         return float(np.max(np.abs(a_ - b_) / np.maximum(np.abs(b_), 1e-12))) if len(a_) else 0.0
 
@@ -404,9 +410,9 @@ def check_checkpoint(reference: dict[str, Any] | None, saved: dict[str, Any] | N
         return CheckResult(check="checkpoint", status=FAIL,
                            summary=f"the saved checkpoint is damaged: {problem}",
                            hint=fail_hint, details=details)
-    continued = rel(resumed["losses"], saved["losses"][saved_step:])
+    continued = rel(resumed.losses, saved.losses[saved_step:])
     details["max_rel_diff_resumed"] = continued
-    perturbed = rel(saved["losses"], reference["losses"]) if reference is not None else 0.0
+    perturbed = rel(saved.losses, reference.losses) if reference is not None else 0.0
     details["max_rel_diff_saving_vs_reference"] = perturbed
     if continued > rtol:
         return CheckResult(

@@ -29,6 +29,7 @@ from sextant.defaults import MEASUREMENT_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.monitor.metrics import merged_records, steps_by_rank, write_metrics
 from sextant.paths import DEFAULT_RUNS
+from sextant.results.record import RunRecord
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
@@ -67,7 +68,7 @@ def _pipeline(workload: Workload, top: Outcome, opts: CheckOptions,
 
     if top.record is None:
         return None
-    world = len(top.record["ranks"]) or opts.workers
+    world = len(top.record.ranks) or opts.workers
     fault = opts.extra_env.get("SEXTANT_TEST_FAULT", os.environ.get("SEXTANT_TEST_FAULT"))
     say(f"loader: the batch pipeline alone, rank 0 of {world}")
     return pipeline_throughput(workload, world, fault=fault)
@@ -97,7 +98,7 @@ def check_steps(workload: Workload, steps: int | None = None) -> int:
 
 @dataclass
 class Outcome:
-    record: dict[str, Any] | None
+    record: RunRecord | None
     error: str | None = None
 
 
@@ -117,7 +118,8 @@ def run_once(workload: Workload, strategy: Strategy, opts: CheckOptions,
     except RunFailed as exc:
         _metrics_of_latest(opts.runs_dir, strategy)
         return Outcome(None, str(exc))
-    write_metrics(record["run_dir"])
+    if record.run_dir is not None:  # execute always names it
+        write_metrics(record.run_dir)
     return Outcome(record)
 
 
@@ -131,8 +133,8 @@ def _metrics_of_latest(runs_dir: Path, strategy: Strategy) -> None:
             pass
 
 
-def rank_steps(record: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
-    return steps_by_rank(merged_records(record["run_dir"]))
+def rank_steps(record: RunRecord) -> dict[int, list[dict[str, Any]]]:
+    return steps_by_rank(merged_records(record.run_dir)) if record.run_dir else {}
 
 
 def default_mode(framework: str) -> str:

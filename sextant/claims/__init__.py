@@ -1,6 +1,6 @@
 """The claims check: what articles say about training stacks, next to what was measured here.
 
-Pure functions over results-store run records (plain dicts); importing this package imports
+Pure functions over results-store run records (RunRecord); importing this package imports
 no ML framework. Rules, thresholds and the runs each claim compares: docs/report.md.
 """
 
@@ -14,8 +14,6 @@ from sextant.claims.check import (
     check_claims,
     compute_units,
     conditions,
-    run_field,
-    run_label,
     speedup,
     unequal,
 )
@@ -30,8 +28,6 @@ __all__ = [
     "check_claims",
     "compute_units",
     "conditions",
-    "run_field",
-    "run_label",
     "speedup",
     "unequal",
 ]

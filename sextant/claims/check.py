@@ -1,8 +1,7 @@
 """Check the articles' claims against stored runs of one workload.
 
-Every check is a pure function of run records (the dicts of `ResultsStore.runs()`; fields
-may sit at the top level or, in constructed records, only in `strategy`). A check compares
-runs of the *same workload* (same workload_hash), picks "plain" runs (fp32, no gradient
+Every check is a pure function of run records (sextant.results.record.RunRecord). A check
+compares runs of the *same workload* (same workload_hash), picks "plain" runs (fp32, no gradient
 compression, no gradient accumulation) unless the claim is about precision or compression,
 and returns a `Claim` with the measured figure, its spread, a verdict and the command that
 reproduces the measurement.
@@ -21,13 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sextant.errors import UserError
 from sextant.measure.intervals import (
     CONFIDENCE,
     HOLDS,
@@ -38,7 +35,7 @@ from sextant.measure.intervals import (
     verdict_at_least,
     verdict_below,
 )
-from sextant.strategy import Strategy
+from sextant.results.record import RunRecord
 
 NOT_MEASURED = "not measured"
 VERDICTS = (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED)
@@ -57,12 +54,6 @@ LESS_MEMORY_BELOW = 0.95
 
 _EPS = 1e-9
 """Ratios at a threshold count as reaching it (0.22 / 0.20 is 1.0999999999999999)."""
-
-_DEFAULTS: dict[str, Any] = {
-    "mode": "eager", "parallel": "single", "workers": 1, "precision": "fp32",
-    "compress": "none", "grad_accum": 1, "devices_per_worker": 1, "device": "cpu",
-}
-
 
 @dataclass(kw_only=True, frozen=True)
 class Claim:
@@ -111,50 +102,18 @@ class Claim:
 
 # -- run access -------------------------------------------------------------------------
 
-def run_field(run: Mapping[str, Any], key: str) -> Any:
-    """A strategy field of a run: top-level column first, then `strategy`, then default."""
-    value = run.get(key)
-    if value is None:
-        value = (run.get("strategy") or {}).get(key)
-    return _DEFAULTS.get(key) if value is None else value
+def _workload_key(run: RunRecord) -> str:
+    return str(run.workload_hash
+               or json.dumps(run.workload, sort_keys=True))
 
 
-def _metric(run: Mapping[str, Any], key: str) -> float | None:
-    value = (run.get("metrics") or {}).get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _workload_key(run: Mapping[str, Any]) -> str:
-    return str(run.get("workload_hash")
-               or json.dumps(run.get("workload") or {}, sort_keys=True))
-
-
-def run_label(run: Mapping[str, Any]) -> str:
-    """A run's short name: its stored `label`, else `Strategy.label` (the one definition) of
-    its strategy fields; only a record too incomplete to be a strategy falls back to its
-    framework and mode."""
-    if run.get("label"):
-        return str(run["label"])
-    names = {f.name for f in dataclasses.fields(Strategy)}
-    fields = {k: v for k, v in (run.get("strategy") or {}).items() if k in names}
-    fields.update({k: run[k] for k in names if run.get(k) is not None})
-    try:
-        return Strategy.from_dict(fields).label
-    except (TypeError, ValueError, UserError):
-        return f"{run_field(run, 'framework')} {run_field(run, 'mode')}"
-
-
-
-def conditions(run: Mapping[str, Any]) -> tuple[str, str, str]:
+def conditions(run: RunRecord) -> tuple[str, str, str]:
     """(effective precision, device, accelerator): what must be equal before two runs are
     ranked. The precision is the one the framework reported using (XLA's fp32 on a GPU is
     TF32 unless told otherwise); records from before it was read back count as asked."""
-    metrics = run.get("metrics") or {}
-    return (str(metrics.get("effective_precision") or run_field(run, "precision")),
-            str(metrics.get("device") or run_field(run, "device")),
-            str(metrics.get("accelerator") or ""))
+    return (run.metrics.effective_precision or run.strategy.precision,
+            run.metrics.device or run.strategy.device,
+            run.metrics.accelerator or "")
 
 
 def compute_units(device: str, workers: int, threads: Any) -> int:
@@ -166,7 +125,7 @@ def compute_units(device: str, workers: int, threads: Any) -> int:
     return workers * (threads if isinstance(threads, int) and threads > 0 else 1)
 
 
-def unequal(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+def unequal(a: RunRecord, b: RunRecord) -> str | None:
     """Why two runs may not be ranked against each other, or None when they may."""
     ca, cb = conditions(a), conditions(b)
     if ca == cb:
@@ -175,57 +134,57 @@ def unequal(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     return "; ".join(f"{w} {x or '-'} vs {y or '-'}" for w, x, y in zip(what, ca, cb) if x != y)
 
 
-def _plain(run: Mapping[str, Any]) -> bool:
+def _plain(run: RunRecord) -> bool:
     """Full precision (fp32 or tf32), no compression, no accumulation: a framework's own
     speed, not a lever's."""
-    return (run_field(run, "precision") in ("fp32", "tf32")
-            and run_field(run, "compress") == "none"
-            and int(run_field(run, "grad_accum")) == 1)
+    return (run.strategy.precision in ("fp32", "tf32")
+            and run.strategy.compress == "none"
+            and int(run.strategy.grad_accum) == 1)
 
 
-def _single(run: Mapping[str, Any]) -> bool:
-    return run_field(run, "parallel") == "single"
+def _single(run: RunRecord) -> bool:
+    return run.strategy.parallel == "single"
 
 
-def _multi(run: Mapping[str, Any]) -> bool:
+def _multi(run: RunRecord) -> bool:
     return (not _single(run)
-            and int(run_field(run, "workers")) * int(run_field(run, "devices_per_worker")) > 1)
+            and int(run.strategy.workers) * int(run.strategy.devices_per_worker) > 1)
 
 
-def _config(run: Mapping[str, Any], *skip: str) -> tuple[Any, ...]:
+def _config(run: RunRecord, *skip: str) -> tuple[Any, ...]:
     keys = ("framework", "mode", "parallel", "workers", "devices_per_worker", "precision",
             "compress", "grad_accum")
-    return tuple(run_field(run, k) for k in keys if k not in skip)
+    return tuple(getattr(run.strategy, k) for k in keys if k not in skip)
 
 
-def _pick(runs: Sequence[Mapping[str, Any]], cond: Callable[[Mapping[str, Any]], bool]
-          ) -> Mapping[str, Any] | None:
+def _pick(runs: Sequence[RunRecord], cond: Callable[[RunRecord], bool]
+          ) -> RunRecord | None:
     """The latest run (last in store order) satisfying cond that has a step time."""
-    found = [r for r in runs if cond(r) and _metric(r, "step_time_median_s")]
+    found = [r for r in runs if cond(r) and r.metrics.step_time_median_s]
     return found[-1] if found else None
 
 
-def trials_of(runs: Sequence[Mapping[str, Any]] | None, run: Mapping[str, Any]
-              ) -> list[Mapping[str, Any]]:
+def trials_of(runs: Sequence[RunRecord] | None, run: RunRecord
+              ) -> list[RunRecord]:
     """`run` and the other trials of its configuration: same configuration, same workload,
     same compare group."""
     if runs is None:
         return [run]
-    key, group, wl = _config(run), run.get("group_id"), _workload_key(run)
-    same = [r for r in runs if _config(r) == key and r.get("group_id") == group
+    key, group, wl = _config(run), run.group_id, _workload_key(run)
+    same = [r for r in runs if _config(r) == key and r.group_id == group
             and _workload_key(r) == wl]
     return same if any(r is run for r in same) else [run, *same]
 
 
 # -- ratios -----------------------------------------------------------------------------
 
-def speedup(base: Mapping[str, Any], new: Mapping[str, Any],
-            runs: Sequence[Mapping[str, Any]] | None = None
+def speedup(base: RunRecord, new: RunRecord,
+            runs: Sequence[RunRecord] | None = None
             ) -> tuple[float, float | None, float | None] | None:
     """How many times faster `new` steps than `base`, over the trials of each in `runs`
     (default: the two runs alone), with its confidence interval (None, None when it cannot
     be computed). None without both step times."""
-    if not _metric(base, "step_time_median_s") or not _metric(new, "step_time_median_s"):
+    if not base.metrics.step_time_median_s or not new.metrics.step_time_median_s:
         return None
     return speedup_interval(trials_of(runs, base), trials_of(runs, new))
 
@@ -272,13 +231,13 @@ def _show_cmd(ids: Sequence[Any]) -> str:
     return "; ".join(f"sextant runs show {i}" for i in ids)
 
 
-def _ids(*runs: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple(r.get("id") for r in runs if r.get("id") is not None)
+def _ids(*runs: RunRecord) -> tuple[Any, ...]:
+    return tuple(r.id for r in runs if r.id is not None)
 
 
 # -- the claims -------------------------------------------------------------------------
 
-def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
+def claim_compile(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
     base: dict[str, Any] = dict(
         id="compile", claim="torch.compile gives a 10-30% speed-up",
         compared="torch compiled vs torch eager, one process each",
@@ -286,10 +245,10 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
              f"{COMPILE_MIN_SPEEDUP:.2f}x",
         unit="speed-up (x)", command=_compare_cmd(workload, ["torch"]),
     )
-    eager = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
-                  and run_field(r, "mode") == "eager" and _plain(r))
-    compiled = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
-                     and run_field(r, "mode") == "compiled" and _plain(r)
+    eager = _pick(runs, lambda r: r.strategy.framework == "torch" and _single(r)
+                  and r.strategy.mode == "eager" and _plain(r))
+    compiled = _pick(runs, lambda r: r.strategy.framework == "torch" and _single(r)
+                     and r.strategy.mode == "compiled" and _plain(r)
                      and (eager is None or unequal(r, eager) is None))
     ratio = speedup(eager, compiled, runs) if eager and compiled else None
     if eager is None or compiled is None or ratio is None:
@@ -298,14 +257,14 @@ def claim_compile(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                      reason=f"no one-process {missing} run of this workload")
     value, low, high = ratio
     figure = f"{_x(value)}: {_faster('compiled', value)}{_span(low, high)}"
-    detail = (f"{run_label(eager)} {_ms(eager)} ms vs {run_label(compiled)} {_ms(compiled)} ms "
+    detail = (f"{eager.label} {_ms(eager)} ms vs {compiled.label} {_ms(compiled)} ms "
               "median step")
     return Claim(**base, verdict=verdict_at_least(low, high, COMPILE_MIN_SPEEDUP),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(eager, compiled))
 
 
-def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
+def claim_jax(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
     base: dict[str, Any] = dict(
         id="jax-vs-eager",
         claim="JAX (XLA) is faster than eager PyTorch and saves ~20% compute",
@@ -314,10 +273,10 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
              f"interval (speed-up >= {1 / (1 - JAX_MIN_SAVING):.2f}x)",
         unit="speed-up (x)", command=_compare_cmd(workload, ["torch", "jax"]),
     )
-    torch = _pick(runs, lambda r: run_field(r, "framework") == "torch" and _single(r)
-                  and run_field(r, "mode") == "eager" and _plain(r))
-    def one_jax(r: Mapping[str, Any]) -> bool:
-        return run_field(r, "framework") == "jax" and _single(r) and _plain(r)
+    torch = _pick(runs, lambda r: r.strategy.framework == "torch" and _single(r)
+                  and r.strategy.mode == "eager" and _plain(r))
+    def one_jax(r: RunRecord) -> bool:
+        return r.strategy.framework == "jax" and _single(r) and _plain(r)
 
     jax = _pick(runs, lambda r: one_jax(r) and (torch is None or unequal(r, torch) is None))
     ratio = speedup(torch, jax, runs) if torch and jax else None
@@ -325,7 +284,7 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
         other = _pick(runs, one_jax)
         if torch is not None and other is not None:
             return Claim(**base, verdict=NOT_MEASURED, figure="-",
-                         reason=f"not ranked: {run_label(other)} and {run_label(torch)} ran "
+                         reason=f"not ranked: {other.label} and {torch.label} ran "
                                 f"under different conditions ({unequal(other, torch)})")
         missing = "torch eager" if torch is None else "jax"
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
@@ -334,13 +293,13 @@ def claim_jax(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) ->
     saving = 1 - 1 / value
     figure = (f"{_x(value)}: JAX's step takes {abs(saving) * 100:.0f}% "
               f"{'less' if saving >= 0 else 'more'} time{_span(low, high)}")
-    detail = f"{run_label(torch)} {_ms(torch)} ms vs {run_label(jax)} {_ms(jax)} ms median step"
+    detail = f"{torch.label} {_ms(torch)} ms vs {jax.label} {_ms(jax)} ms median step"
     return Claim(**base, verdict=verdict_at_least(low, high, 1 / (1 - JAX_MIN_SAVING)),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(torch, jax))
 
 
-def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
+def claim_mixed_precision(runs: Sequence[RunRecord], workload: Mapping[str, Any]
                           ) -> Claim:
     base: dict[str, Any] = dict(
         id="mixed-precision", claim="Mixed precision (bf16) roughly doubles training speed",
@@ -351,7 +310,7 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
     )
     pairs: list[tuple[Any, ...]] = []
     for low_p in runs:
-        if conditions(low_p)[0] != "bf16" or run_field(low_p, "compress") != "none":
+        if conditions(low_p)[0] != "bf16" or low_p.strategy.compress != "none":
             continue
         key = _config(low_p, "precision")
         full = _pick(runs, lambda r: _config(r, "precision") == key
@@ -364,7 +323,7 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
                      reason="no bf16 run with a matching fp32 run of this workload")
     full, low_p, (value, low, high) = _median_item(pairs, key=lambda p: p[2][0])
-    details = tuple(f"{run_label(f)} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
+    details = tuple(f"{f.label} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
                     for f, b, r in pairs)
     return Claim(**base, verdict=verdict_at_least(low, high, MIXED_MIN_SPEEDUP),
                  figure=f"{_x(value)} faster in bf16{_span(low, high)}", value=value, low=low,
@@ -372,20 +331,20 @@ def claim_mixed_precision(runs: Sequence[Mapping[str, Any]], workload: Mapping[s
                  run_ids=tuple(i for f, b, _ in pairs for i in _ids(f, b)))
 
 
-def _compute_s(run: Mapping[str, Any]) -> float | None:
-    step = _metric(run, "sync_step_median_s") or _metric(run, "step_time_median_s")
-    comm = _metric(run, "exposed_comm_s")
+def _compute_s(run: RunRecord) -> float | None:
+    step = run.metrics.sync_step_median_s or run.metrics.step_time_median_s
+    comm = run.metrics.exposed_comm_s
     if step is None or comm is None:
         return None
     return step - max(comm, 0.0)
 
 
-def _with_compress(run: Mapping[str, Any]) -> str:
-    label, compress = run_label(run), str(run_field(run, "compress"))
+def _with_compress(run: RunRecord) -> str:
+    label, compress = run.label, str(run.strategy.compress)
     return label if compress in label else f"{label} ({compress})"
 
 
-def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
+def claim_compression(runs: Sequence[RunRecord], workload: Mapping[str, Any]
                       ) -> Claim:
     base: dict[str, Any] = dict(
         id="compression",
@@ -397,16 +356,16 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
     )
     pairs: list[tuple[Any, ...]] = []
     for comp in runs:
-        if run_field(comp, "compress") == "none" or _single(comp):
+        if comp.strategy.compress == "none" or _single(comp):
             continue
         if any(_config(c) == _config(comp) for _, c, *_ in pairs):
             continue  # another trial of a configuration already paired
         key = _config(comp, "compress")
         plain = _pick(runs, lambda r: _config(r, "compress") == key
-                      and run_field(r, "compress") == "none")
+                      and r.strategy.compress == "none")
         if plain is None:
             continue
-        comm_c, comm_p = _metric(comp, "exposed_comm_s"), _metric(plain, "exposed_comm_s")
+        comm_c, comm_p = comp.metrics.exposed_comm_s, plain.metrics.exposed_comm_s
         work_c, work_p = _compute_s(comp), _compute_s(plain)
         if (comm_c is None or comm_p is None or work_c is None or work_p is None
                 or comm_p <= 0 or work_p <= 0):
@@ -421,12 +380,12 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
     figure = (f"exposed communication {_x(comm_ratio)}, compute {_x(work_ratio)}"
               + (f"; step {_x(step[0])} faster{_span(step[1], step[2])}" if step else ""))
     details = tuple(
-        f"{_with_compress(c)} vs {run_label(p)}: exposed comm "
-        f"{_ms_of(_metric(p, 'exposed_comm_s'))} -> {_ms_of(_metric(c, 'exposed_comm_s'))} ms, "
+        f"{_with_compress(c)} vs {p.label}: exposed comm "
+        f"{_ms_of(p.metrics.exposed_comm_s)} -> {_ms_of(c.metrics.exposed_comm_s)} ms, "
         f"compute {_ms_of(_compute_s(p))} -> {_ms_of(_compute_s(c))} ms"
         for p, c, _, _ in pairs
     )
-    comm_iv = _trial_ratio(runs, comp, plain, lambda r: _metric(r, "exposed_comm_s"))
+    comm_iv = _trial_ratio(runs, comp, plain, lambda r: r.metrics.exposed_comm_s)
     work_iv = _trial_ratio(runs, comp, plain, _compute_s)
     figure += (f"; {CONFIDENCE:.0%} CI of exposed communication {_ci(comm_iv)}, of compute "
                f"{_ci(work_iv)}")
@@ -445,8 +404,8 @@ def claim_compression(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, 
                  run_ids=tuple(i for p, c, _, _ in pairs for i in _ids(p, c)))
 
 
-def _trial_ratio(runs: Sequence[Mapping[str, Any]], num: Mapping[str, Any],
-                 den: Mapping[str, Any], figure: Callable[[Mapping[str, Any]], float | None]
+def _trial_ratio(runs: Sequence[RunRecord], num: RunRecord,
+                 den: RunRecord, figure: Callable[[RunRecord], float | None]
                  ) -> tuple[float, float | None, float | None] | None:
     """Ratio of a per-run figure, num's trials over den's, with its bootstrap interval."""
     a = [v for v in (figure(r) for r in trials_of(runs, num)) if v is not None]
@@ -460,10 +419,10 @@ def _ci(iv: tuple[float, float | None, float | None] | None) -> str:
     return f"{iv[1]:.2f}-{iv[2]:.2f}x"
 
 
-def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
-    multi = [r for r in runs if _multi(r) and _plain(r) and _metric(r, "step_time_median_s")]
-    frameworks = list(dict.fromkeys(str(run_field(r, "framework")) for r in multi)) or ["torch"]
-    workers = max((int(run_field(r, "workers")) for r in multi), default=2)
+def claim_workers(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
+    multi = [r for r in runs if _multi(r) and _plain(r) and r.metrics.step_time_median_s]
+    frameworks = list(dict.fromkeys(str(r.strategy.framework) for r in multi)) or ["torch"]
+    workers = max((int(r.strategy.workers) for r in multi), default=2)
     base: dict[str, Any] = dict(
         id="workers-slower", claim="Adding workers can make training slower",
         compared="throughput of each multi-worker run vs one process, same framework and "
@@ -478,8 +437,8 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
         if any(_config(r) == _config(run) for _, r, _ in pairs):
             continue  # another trial of a configuration already paired
         single = _pick(runs, lambda r: _single(r) and _plain(r)
-                       and run_field(r, "framework") == run_field(run, "framework")
-                       and run_field(r, "mode") == run_field(run, "mode")
+                       and r.strategy.framework == run.strategy.framework
+                       and r.strategy.mode == run.strategy.mode
                        and unequal(r, run) is None)
         ratio = speedup(single, run, runs) if single else None
         if ratio is not None:
@@ -489,9 +448,9 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                      reason="no multi-worker run with a one-process run of the same framework "
                             "and mode")
     single, run, (value, low, high) = min(pairs, key=lambda p: p[2][0])
-    details = tuple(f"{run_label(r)}: {_x(v)} the throughput of {run_label(s)}{_span(lo, hi)}"
+    details = tuple(f"{r.label}: {_x(v)} the throughput of {s.label}{_span(lo, hi)}"
                     for s, r, (v, lo, hi) in pairs)
-    figure = (f"{run_label(run)}: {_x(value)} the throughput of {run_label(single)}"
+    figure = (f"{run.label}: {_x(value)} the throughput of {single.label}"
               f"{_span(low, high)}")
     each = [verdict_below(lo, hi, SLOWER_BELOW) for _, _, (_, lo, hi) in pairs]
     verdict = (HOLDS if HOLDS in each else NOT_HOLD if all(v == NOT_HOLD for v in each)
@@ -501,17 +460,16 @@ def claim_workers(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]
                  run_ids=tuple(i for s, r, _ in pairs for i in _ids(s, r)))
 
 
-def _rss_range(run: Mapping[str, Any]) -> tuple[float, float] | None:
-    peak = _metric(run, "peak_rss_bytes")
-    ranks = [float(r["peak_rss_bytes"]) for r in run.get("ranks") or []
-             if isinstance(r, Mapping) and isinstance(r.get("peak_rss_bytes"), int | float)
-             and r["peak_rss_bytes"] > 0]
+def _rss_range(run: RunRecord) -> tuple[float, float] | None:
+    peak = run.metrics.peak_rss_bytes
+    ranks = [r.peak_rss_bytes for r in run.ranks
+             if r.peak_rss_bytes is not None and r.peak_rss_bytes > 0]
     if ranks:
         return min(ranks), max(ranks)
     return (peak, peak) if peak else None
 
 
-def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, Any]) -> Claim:
+def claim_tf_memory(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
     base: dict[str, Any] = dict(
         id="tf-memory", claim="TensorFlow uses less memory than PyTorch and JAX",
         compared="peak RSS per worker, same parallel strategy and workers, each framework "
@@ -522,16 +480,16 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
         unit="peak RSS TensorFlow / other (x)",
         command=_compare_cmd(workload, ["tensorflow", "torch", "jax"]),
     )
-    leanest: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
+    leanest: dict[tuple[Any, ...], dict[str, RunRecord]] = {}
     for run in runs:
-        peak = _metric(run, "peak_rss_bytes")
+        peak = run.metrics.peak_rss_bytes
         if not _plain(run) or not peak:
             continue
-        config = (run_field(run, "parallel"), int(run_field(run, "workers")),
-                  int(run_field(run, "devices_per_worker")), conditions(run))
+        config = (run.strategy.parallel, int(run.strategy.workers),
+                  int(run.strategy.devices_per_worker), conditions(run))
         per_fw = leanest.setdefault(config, {})
-        fw = str(run_field(run, "framework"))
-        best = _metric(per_fw[fw], "peak_rss_bytes") if fw in per_fw else None
+        fw = str(run.strategy.framework)
+        best = per_fw[fw].metrics.peak_rss_bytes if fw in per_fw else None
         if best is None or peak < best:
             per_fw[fw] = run
     pairs: list[tuple[Any, ...]] = []
@@ -544,11 +502,11 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
             if fw == "tensorflow":
                 continue
             other = per_fw[fw]
-            iv = _trial_ratio(runs, tf, other, lambda r: _metric(r, "peak_rss_bytes"))
+            iv = _trial_ratio(runs, tf, other, lambda r: r.metrics.peak_rss_bytes)
             if iv is not None and iv[1] is not None:
                 value, low, high = iv
             else:  # one trial a side: the range over ranks stands in for the interval
-                t_peak, o_peak = _metric(tf, "peak_rss_bytes"), _metric(other, "peak_rss_bytes")
+                t_peak, o_peak = tf.metrics.peak_rss_bytes, other.metrics.peak_rss_bytes
                 t_range, o_range = _rss_range(tf), _rss_range(other)
                 if t_peak is None or o_peak is None or t_range is None or o_range is None:
                     continue  # not reached: `leanest` holds runs with a peak RSS only
@@ -557,15 +515,15 @@ def claim_tf_memory(runs: Sequence[Mapping[str, Any]], workload: Mapping[str, An
                 low, high = t_lo / o_hi, t_hi / o_lo
             pairs.append((tf, other, value, low, high))
     if not pairs:
-        has_tf = any(run_field(r, "framework") == "tensorflow" for r in runs)
+        has_tf = any(r.strategy.framework == "tensorflow" for r in runs)
         reason = ("no torch or jax run with the same parallel strategy and workers as a "
                   "TensorFlow run" if has_tf else
                   "no TensorFlow run of this workload (pip install 'sextant[tensorflow]')")
         return Claim(**base, verdict=NOT_MEASURED, figure="-", reason=reason)
     tf, other, value, low, high = max(pairs, key=lambda p: p[2])
-    details = tuple(f"{run_label(t)} {_mb(t)} MB vs {run_label(o)} {_mb(o)} MB: {_x(v)}"
+    details = tuple(f"{t.label} {_mb(t)} MB vs {o.label} {_mb(o)} MB: {_x(v)}"
                     for t, o, v, _, _ in pairs)
-    figure = (f"{run_label(tf)} {_mb(tf)} MB vs {run_label(other)} {_mb(other)} MB: {_x(value)}"
+    figure = (f"{tf.label} {_mb(tf)} MB vs {other.label} {_mb(other)} MB: {_x(value)}"
               + (f" (interval {low:.2f}-{high:.2f}x)" if high - low > 1e-9 else ""))
     each = [verdict_below(lo, hi, LESS_MEMORY_BELOW) for _, _, _, lo, hi in pairs]
     verdict = (HOLDS if all(v == HOLDS for v in each) else NOT_HOLD if NOT_HOLD in each
@@ -579,18 +537,18 @@ CHECKS = (claim_compile, claim_jax, claim_mixed_precision, claim_compression, cl
           claim_tf_memory)
 
 
-def check_claims(runs: Sequence[Mapping[str, Any]], *, workload_hash: str | None = None
+def check_claims(runs: Sequence[RunRecord], *, workload_hash: str | None = None
                  ) -> list[Claim]:
     """Every claim, in a fixed order, over the successful runs of one workload (default:
     the workload of the last run)."""
-    ok = [r for r in runs if r.get("status", "ok") == "ok"]
+    ok = [r for r in runs if r.status == "ok"]
     if not ok:
-        workload: Mapping[str, Any] = runs[-1].get("workload") or {} if runs else {}
+        workload: Mapping[str, Any] = runs[-1].workload if runs else {}
         return [check([], workload) for check in CHECKS]
     key = workload_hash or _workload_key(ok[-1])
-    same = [r for r in ok if _workload_key(r) == key or r.get("workload_hash") == key]
+    same = [r for r in ok if _workload_key(r) == key or r.workload_hash == key]
     last = same[-1] if same else ok[-1]
-    workload = {**(last.get("workload") or {}), "file": last.get("workload_file")}
+    workload = {**(last.workload), "file": last.workload_file}
     quiet = [r for r in same if not _disturbed(r)]
     out = []
     for check in CHECKS:
@@ -616,10 +574,10 @@ def check_claims(runs: Sequence[Mapping[str, Any]], *, workload_hash: str | None
     return out
 
 
-def _lost_trials(claim: Claim, same: Sequence[Mapping[str, Any]],
-                 quiet: Sequence[Mapping[str, Any]]) -> bool:
+def _lost_trials(claim: Claim, same: Sequence[RunRecord],
+                 quiet: Sequence[RunRecord]) -> bool:
     """Whether a run the claim compares has fewer quiet trials than trials."""
-    by_id = {r.get("id"): r for r in quiet if r.get("id") is not None}
+    by_id = {r.id: r for r in quiet if r.id is not None}
     for run_id in claim.run_ids:
         run = by_id.get(run_id)
         if run is not None and len(trials_of(quiet, run)) < len(trials_of(same, run)):
@@ -627,8 +585,8 @@ def _lost_trials(claim: Claim, same: Sequence[Mapping[str, Any]],
     return False
 
 
-def _disturbed(run: Mapping[str, Any]) -> bool:
-    return bool((run.get("metrics") or {}).get("disturbed"))
+def _disturbed(run: RunRecord) -> bool:
+    return run.metrics.disturbed
 
 
 # -- small formatters (no import from sextant.commands: this package stays standalone) ---
@@ -637,10 +595,10 @@ def _ms_of(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
-def _ms(run: Mapping[str, Any]) -> str:
-    return _ms_of(_metric(run, "step_time_median_s"))
+def _ms(run: RunRecord) -> str:
+    return _ms_of(run.metrics.step_time_median_s)
 
 
-def _mb(run: Mapping[str, Any]) -> str:
-    value = _metric(run, "peak_rss_bytes")
+def _mb(run: RunRecord) -> str:
+    value = run.metrics.peak_rss_bytes
     return "-" if value is None else f"{value / 2**20:,.0f}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from sextant.devices import detect, resolve_device
 from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.stats import max_loss_diff
 from sextant.paths import DEFAULT_DB, default_db, runs_beside
+from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 from sextant.strategy import DEVICES, PRECISIONS
 
@@ -213,12 +215,12 @@ class RunProgress:
             fields["status"] = f"resumed at step {event['step']}"
         self.progress.update(self.task, **fields)
 
-    def finish(self, label: str, record: dict[str, Any] | None, error: str | None = None) -> None:
+    def finish(self, label: str, record: RunRecord | None, error: str | None = None) -> None:
         stats = self.stats
         if record is not None:
             self._write_metrics(label, record)
             if stats is not None:
-                stats.exposed_comm = record["metrics"].get("exposed_comm_share")
+                stats.exposed_comm = record.metrics.exposed_comm_share
         if self.task is not None:
             status = "[red]failed[/red]" if error else "[green]done[/green]"
             update: dict[str, Any] = {"status": status}
@@ -229,21 +231,20 @@ class RunProgress:
             if error:
                 self.console.print(f"{label}: failed: {error}", markup=False)
             elif record is not None:
-                m = record["metrics"]
-                ranks = record.get("ranks") or []
-                rss = "|".join(fmt_bytes_mb(r.get("peak_rss_bytes")) for r in ranks)
-                comm = m.get("exposed_comm_share")
+                m = record.metrics
+                rss = "|".join(fmt_bytes_mb(r.peak_rss_bytes) for r in record.ranks)
+                comm = m.exposed_comm_share
                 self.console.print(
-                    f"{label}: done, {fmt_ms(m['step_time_median_s'])} ms/step median, "
-                    f"{fmt_rate(m['tokens_per_s'])} tokens/s, "
-                    f"final loss {fmt_loss(m['final_loss'])}"
+                    f"{label}: done, {fmt_ms(m.step_time_median_s)} ms/step median, "
+                    f"{fmt_rate(m.tokens_per_s)} tokens/s, "
+                    f"final loss {fmt_loss(m.final_loss)}"
                     + (f", exposed comm {fmt_share(comm)}" if comm is not None else "")
                     + (f", peak RSS {rss} MB" if rss else ""), markup=False)
         self.task = None
         self.stats = None
 
-    def _write_metrics(self, label: str, record: dict[str, Any]) -> None:
-        run_dir = record.get("run_dir")
+    def _write_metrics(self, label: str, record: RunRecord) -> None:
+        run_dir = record.run_dir
         if not run_dir:
             return
         from sextant.monitor.metrics import merged_records, write_metrics
@@ -252,11 +253,11 @@ class RunProgress:
         if self.tensorboard is not None:
             from sextant.monitor.tensorboard import write_tensorboard
 
-            name = f"{record.get('id', '')}-{label}".strip("-").replace(" ", "-")
+            name = f"{record.id or ''}-{label}".strip("-").replace(" ", "-")
             write_tensorboard(merged_records(run_dir), self.tensorboard, name=name)
 
 
-def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
+def comparison_table(records: Sequence[RunRecord], title: str) -> Table:
     """Medians and spreads side by side; speed-up and loss difference against the first row."""
     table = Table(title=title, title_justify="left", header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
@@ -271,22 +272,21 @@ def comparison_table(records: list[dict[str, Any]], title: str) -> Table:
         return table
     ref = records[0]
     for rec in records:
-        m = rec["metrics"]
-        s = rec["strategy"]
-        ref_median = ref["metrics"]["step_time_median_s"]
-        median = m["step_time_median_s"]
-        diff = max_loss_diff(rec["losses"], ref["losses"])
+        m = rec.metrics
+        ref_median = ref.metrics.step_time_median_s
+        median = m.step_time_median_s
+        diff = max_loss_diff(rec.finite_losses, ref.finite_losses)
         table.add_row(
-            rec["label"],
-            f"{s['workers']} x {m.get('threads_per_worker') or '?'}",
-            fmt_ms(m["step_time_median_s"]),
-            f"{fmt_ms(m['step_time_p10_s'])}-{fmt_ms(m['step_time_p90_s'])}",
-            fmt_rate(m["tokens_per_s"]),
+            rec.label,
+            f"{rec.strategy.workers} x {m.threads_per_worker or '?'}",
+            fmt_ms(m.step_time_median_s),
+            f"{fmt_ms(m.step_time_p10_s)}-{fmt_ms(m.step_time_p90_s)}",
+            fmt_rate(m.tokens_per_s),
             f"{ref_median / median:.2f}x" if ref_median and median else "-",
-            "-" if m["first_step_s"] is None else f"{m['first_step_s']:.2f}",
-            fmt_bytes_mb(m["peak_rss_bytes"]),
-            fmt_share(m.get("exposed_comm_share")),
-            fmt_loss(m["final_loss"]),
+            "-" if m.first_step_s is None else f"{m.first_step_s:.2f}",
+            fmt_bytes_mb(m.peak_rss_bytes),
+            fmt_share(m.exposed_comm_share),
+            fmt_loss(m.final_loss),
             "ref" if rec is ref else (f"{diff:.1e}" if diff is not None else "-"),
         )
     return table

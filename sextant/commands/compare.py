@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import uuid
 from pathlib import Path
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rich.markup import escape
@@ -38,6 +38,7 @@ from sextant.devices import Inventory, check_ranks_fit, detect, resolve_device
 from sextant.display import console
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
+from sextant.results.record import RunRecord
 from sextant.runner import execute
 from sextant.strategy import MIXED_PRECISIONS, Strategy
 from sextant.sources import workload_source
@@ -176,12 +177,12 @@ def layouts_not_run(frameworks: list[str]) -> list[str]:
     return out
 
 
-def layout_table(records: Sequence[Mapping[str, Any]]) -> Any:
+def layout_table(records: Sequence[RunRecord]) -> Any:
     """The parallelism spectrum: per layout, what it cost and what it needed (the figures of
     the report's section, sextant.report.model.layout_rows), beside its speed and loss."""
     from rich.table import Table
 
-    from sextant.display import fmt_ms, fmt_share
+    from sextant.display import fmt_loss, fmt_ms, fmt_share
     from sextant.report.model import layout_rows
 
     table = Table(title="parallel layouts (per rank; comm: payload bytes of the collectives one "
@@ -194,35 +195,39 @@ def layout_table(records: Sequence[Mapping[str, Any]]) -> Any:
     rows = layout_rows(records)
     singles = {row["framework"]: row["step_time_s"] for row in rows
                if row["parallel"] == "single"}
-    base = records[0]["metrics"]["final_loss"]
+    base = records[0].metrics.final_loss
     for rec, row in zip(records, rows):
-        m = rec["metrics"]
+        m = rec.metrics
         single = singles.get(row["framework"])
         comm, params, opt = (row[k] for k in ("comm_bytes_per_step", "param_bytes",
                                                 "optimizer_bytes"))
         table.add_row(
-            rec["label"], fmt_ms(row["step_time_s"]),
+            rec.label, fmt_ms(row["step_time_s"]),
             "-" if not single else f"{row['step_time_s'] / single:.2f}x",
-            fmt_share(m.get("exposed_comm_share")),
+            fmt_share(m.exposed_comm_share),
             "-" if comm is None else f"{comm / 2**20:.2f}",
             "-" if params is None else f"{params / 2**20:.3f}",
             f"{opt / 2**20:.3f}" if opt else "-",
             "-" if row["stage_idle_share"] is None else f"{row['stage_idle_share']:.0%}",
             "-" if row["code_lines"] is None else str(row["code_lines"]),
-            f"{m['final_loss']:.4f}",
-            "base" if rec is records[0] else f"{m['final_loss'] - base:+.1e}",
+            fmt_loss(m.final_loss),
+            "base" if rec is records[0] else _delta(m.final_loss, base),
         )
     return table
 
 
-def lever_table(records: Sequence[Mapping[str, Any]]) -> Any:
+def _delta(value: float | None, base: float | None) -> str:
+    return "-" if value is None or base is None else f"{value - base:+.1e}"
+
+
+def lever_table(records: Sequence[RunRecord]) -> Any:
     """What each lever changed against the first (baseline) record."""
     from rich.table import Table
 
-    from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
+    from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_share
 
     base = records[0]
-    table = Table(title=f"levers against {base['label']}", title_justify="left",
+    table = Table(title=f"levers against {base.label}", title_justify="left",
                   header_style="bold")
     # Per rank: MB sent per step (planned, ring algorithms), parameter and optimizer-state
     # bytes held (read from the framework's objects), peak RSS of the largest worker.
@@ -230,20 +235,20 @@ def lever_table(records: Sequence[Mapping[str, Any]]) -> Any:
                 "RSS MB", "final loss", "Δ loss"):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for rec in records:
-        m, r0 = rec["metrics"], rec["ranks"][0]
-        acc = r0.get("memory_accounting") or {}
-        planned = ((r0.get("comm") or {}).get("planned_bytes_per_step") or {}).get("total")
-        delta_t = m["step_time_median_s"] / base["metrics"]["step_time_median_s"] - 1
-        delta_l = m["final_loss"] - base["metrics"]["final_loss"]
+        m, r0 = rec.metrics, rec.ranks[0]
+        acc = r0.memory_accounting
+        planned = (r0.comm.get("planned_bytes_per_step") or {}).get("total")
+        step, base_step = m.step_time_median_s, base.metrics.step_time_median_s
         table.add_row(
-            rec["label"], fmt_ms(m["step_time_median_s"]),
-            "base" if rec is base else f"{delta_t:+.0%}",
-            fmt_share(m.get("exposed_comm_share")),
+            rec.label, fmt_ms(step),
+            "base" if rec is base else (f"{step / base_step - 1:+.0%}" if step and base_step
+                                        else "-"),
+            fmt_share(m.exposed_comm_share),
             "-" if planned is None or planned != planned else f"{planned / 2**20:.2f}",
             f"{acc['params'] / 2**20:.2f}" if acc.get("params") is not None else "-",
             f"{acc['optimizer_state'] / 2**20:.2f}" if acc.get("optimizer_state") else "-",
-            fmt_bytes_mb(m["peak_rss_bytes"]), f"{m['final_loss']:.4f}",
-            "base" if rec is base else f"{delta_l:+.1e}",
+            fmt_bytes_mb(m.peak_rss_bytes), fmt_loss(m.final_loss),
+            "base" if rec is base else _delta(m.final_loss, base.metrics.final_loss),
         )
     return table
 
@@ -377,7 +382,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                       f"15 s, once)", markup=False)
             emulated.measure_link(cluster)
     group = uuid.uuid4().hex[:12]
-    records: list[dict[str, Any]] = []
+    records: list[RunRecord] = []
     failures: list[str] = []
     with open_store(args) as store:
         n = args.repeats
@@ -413,18 +418,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         elif records:
             out.print(trials_table(
                 records, f"{escape(workload.name)} - speed-up and max |Δloss| against "
-                         f"{records[0]['label']}"
+                         f"{records[0].label}"
             ))
             _print_headline(records, out)
         for line in disturbed_lines(records):
             out.print(Text(line, style="yellow"))
         if records:
-            out.print(f"stored runs {records[0]['id']}-{records[-1]['id']} (group {group}) "
+            out.print(f"stored runs {records[0].id}-{records[-1].id} (group {group}) "
                       f"in {store.path}")
         if records and not args.no_report:
             from sextant.report import write_report
 
-            if not args.no_calibrate and any(r["strategy"]["workers"] > 1 for r in records):
+            if not args.no_calibrate and any(r.strategy.workers > 1 for r in records):
                 ensure_calibration(store.path.parent, out)
 
             path = args.report or store.path.parent / "report.html"
@@ -435,7 +440,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _print_headline(records: list[dict[str, Any]], out: Any) -> None:
+def _print_headline(records: list[RunRecord], out: Any) -> None:
     """The report's headline and claim verdicts, in the terminal."""
     from sextant.report.model import build_report, headline_text
 

@@ -196,6 +196,6 @@ def run_and_show(args: argparse.Namespace, workload: Workload, strategy: Strateg
             progress.finish(strategy.label, None, error=str(exc))
             raise
         progress.finish(strategy.label, record)
-    out.print(comparison_table([record], f"{escape(workload.name)}: run {record['id']}"))
-    out.print(f"stored as run {record['id']} in {store.path}", markup=False)
+    out.print(comparison_table([record], f"{escape(workload.name)}: run {record.id}"))
+    out.print(f"stored as run {record.id} in {store.path}", markup=False)
     return 0

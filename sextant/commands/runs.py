@@ -17,8 +17,8 @@ from sextant.commands.common import add_store_args, open_store
 from sextant.display import console, fmt_ms, fmt_rate
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
-from sextant.results.store import RUN_STATUSES, finite_json
-from sextant.strategy import Strategy
+from sextant.results.record import RUN_STATUSES, RunRecord
+from sextant.results.store import finite_json
 from sextant.workload import workload_from_dict
 
 # Flat columns of a CSV export: run identity, then every scalar metric.
@@ -58,13 +58,12 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "final loss", "group"):
         table.add_column(col)
     for r in runs:
-        m = r["metrics"]
-        table.add_row(str(r["id"]), r["created_at"][:19], escape(r["workload_name"]),
-                      escape(r["label"]),
-                      escape(r["status"]) + (" (disturbed)" if m.get("disturbed") else ""),
-                      fmt_ms(m.get("step_time_median_s")), fmt_rate(m.get("tokens_per_s")),
-                      f"{m['final_loss']:.4f}" if m.get("final_loss") is not None else "-",
-                      r["group_id"] or "-")
+        m = r.metrics
+        table.add_row(str(r.id), r.created_at[:19], escape(r.workload_name),
+                      escape(r.label), escape(r.status) + (" (disturbed)" if m.disturbed else ""),
+                      fmt_ms(m.step_time_median_s), fmt_rate(m.tokens_per_s),
+                      f"{m.final_loss:.4f}" if m.final_loss is not None else "-",
+                      r.group_id or "-")
     console().print(table)
     return 0
 
@@ -72,13 +71,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     with open_store(args, create=False) as store:
         record = store.get(args.id)
-    sys.stdout.write(json.dumps(finite_json(record), indent=2, sort_keys=True) + "\n")
+    sys.stdout.write(json.dumps(finite_json(record.to_dict()), indent=2, sort_keys=True) + "\n")
     return 0
 
 
-def flat_row(run: dict[str, Any]) -> dict[str, Any]:
-    row = {k: run[k] for k in _IDENTITY}
-    for key, value in sorted(run["metrics"].items()):
+def flat_row(run: RunRecord) -> dict[str, Any]:
+    doc = run.to_dict()
+    row = {k: doc[k] for k in _IDENTITY}
+    for key, value in sorted(doc["metrics"].items()):
         if value is None or isinstance(value, (int, float, str)):
             row[key] = value
     return row
@@ -90,7 +90,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     with open_store(args, create=False) as store:
         runs = store.runs()
     if args.format == "json":
-        text = json.dumps(finite_json(runs), indent=1, sort_keys=True, allow_nan=False) + "\n"
+        text = json.dumps(finite_json([r.to_dict() for r in runs]), indent=1, sort_keys=True,
+                          allow_nan=False) + "\n"
     else:
         rows = [finite_json(flat_row(r)) for r in runs]
         fields = list(dict.fromkeys(k for row in rows for k in row)) or list(_IDENTITY)
@@ -121,21 +122,19 @@ def cmd_import(args: argparse.Namespace) -> int:
     if not isinstance(record, dict) or any(k not in record for k in RECORD_KEYS):
         raise UserError(f"{path} is not a run record: it needs the keys "
                         f"{', '.join(RECORD_KEYS)}")
-    try:
-        Strategy.from_dict(record["strategy"])
-        workload_from_dict(record["workload"])
-        if not isinstance(record["metrics"], dict):
-            raise TypeError("metrics")
-    except (UserError, TypeError, AttributeError) as exc:
-        raise UserError(f"{path} is not a valid run record ({exc})") from None
     status = record.get("status", "ok")
     if status not in RUN_STATUSES:
         raise UserError(f"{path}: status must be one of {', '.join(RUN_STATUSES)}. Received: "
                         f"{str(status)[:40]!r}")
+    try:
+        workload_from_dict(record["workload"])
+        run = RunRecord.from_dict({**record, "id": None}, name=f"{path}:")
+    except (UserError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path} is not a valid run record ({exc})") from None
     with open_store(args) as store:
-        existing = store.find(record)
+        existing = store.find(run)
         if existing is not None:
             raise UserError(f"{path} is already stored as run {existing} in {store.path}")
-        run_id = store.add({k: v for k, v in record.items() if k != "id"})
+        run_id = store.add(run)
     console().print(f"stored as run {run_id} in {store.path}", markup=False)
     return 0

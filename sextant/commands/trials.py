@@ -4,7 +4,7 @@ configurations with confidence intervals, and the disturbed runs to re-run."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rich.table import Table
@@ -14,6 +14,7 @@ from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.intervals import CONFIDENCE, speedup_interval
 from sextant.measure.stats import max_loss_diff
 from sextant.report.model import accelerator_cells
+from sextant.results.record import RunRecord
 
 DEFAULT_REPEATS = 2
 """Trials per configuration of `compare` (docs/methodology.md, "Repeated trials"): the
@@ -46,29 +47,24 @@ def add_repeats_arg(p: argparse.ArgumentParser, default: int) -> None:
                         f"{default})")
 
 
-def disturbed(run: Mapping[str, Any]) -> bool:
-    return bool((run.get("metrics") or {}).get("disturbed"))
+def _usable(trials: Sequence[RunRecord]) -> list[RunRecord]:
+    return [t for t in trials if not t.disturbed and t.metrics.step_time_median_s]
 
 
-def _usable(trials: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [t for t in trials if not disturbed(t)
-            and (t.get("metrics") or {}).get("step_time_median_s")]
-
-
-def by_config(records: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+def by_config(records: Sequence[RunRecord]) -> list[list[RunRecord]]:
+    groups: dict[str, list[RunRecord]] = {}
     for rec in records:
-        groups.setdefault(str(rec["label"]), []).append(rec)
+        groups.setdefault(rec.label, []).append(rec)
     return list(groups.values())
 
 
-def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
+def trials_table(records: Sequence[RunRecord], title: str) -> Table:
     """One row per configuration: its trials, the mean of their median steps, the range of
     those medians, and the speed-up against the first configuration with its interval.
     Disturbed trials are counted and shown, never used."""
     table = Table(title=title, title_justify="left", header_style="bold")
     # Accelerator columns only where a run used one: a CPU comparison prints as it always did.
-    gpu = any((r.get("metrics") or {}).get("device") == "gpu" for r in records)
+    gpu = any(r.metrics.device == "gpu" for r in records)
     names = ["run", "trials", "step ms", "trial medians", "tokens/s",
              f"speed-up [{CONFIDENCE:.0%} CI]", "RSS MB/proc", "exposed comm",
              "final loss", "max |Δloss|"]
@@ -83,10 +79,10 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
         n_bad = len(trials) - len(usable)
         counted = f"{len(usable)}" + (f" (+{n_bad} disturbed)" if n_bad else "")
         shown = usable[-1] if usable else trials[-1]
-        m = shown["metrics"]
+        m = shown.metrics
         # With no quiet trial the disturbed ones' figures are still shown, marked as such.
-        pool = usable or [t for t in trials if t["metrics"].get("step_time_median_s")]
-        medians = [t["metrics"]["step_time_median_s"] for t in pool]
+        pool = usable or [t for t in trials if t.metrics.step_time_median_s]
+        medians = [t.metrics.step_time_median_s or 0.0 for t in pool]
         mean = sum(medians) / len(medians) if medians else None
         apart = unequal(shown, groups[0][-1]) if i else None
         if i == 0:
@@ -94,38 +90,43 @@ def trials_table(records: Sequence[Mapping[str, Any]], title: str) -> Table:
         elif apart:
             speed = "not ranked: " + apart.split(";")[0]
         elif usable and ref:
-            value, low, high = speedup_interval(ref, usable)  # type: ignore[misc]
-            speed = f"{value:.2f}x" + (f" [{low:.2f}-{high:.2f}]" if low is not None
-                                       else " [no interval]")
+            interval = speedup_interval(ref, usable)
+            if interval is None:
+                speed = "-"
+            else:
+                value, low, high = interval
+                speed = f"{value:.2f}x" + (f" [{low:.2f}-{high:.2f}]" if low is not None
+                                           else " [no interval]")
         else:
             speed = "no quiet trial" if not usable else "-"
-        tokens = m["tokens_per_step"] / mean if mean and m.get("tokens_per_step") else None
-        diff = max_loss_diff(shown.get("losses") or [], groups[0][-1].get("losses") or [])
+        tokens = m.tokens_per_step / mean if mean and m.tokens_per_step else None
+        diff = max_loss_diff(shown.finite_losses, groups[0][-1].finite_losses)
         cells = [
-            str(shown["label"]), counted,
+            shown.label, counted,
             fmt_ms(mean) + (" (disturbed)" if pool and not usable else ""),
             f"{fmt_ms(min(medians))}-{fmt_ms(max(medians))}" if len(medians) > 1 else "-",
-            fmt_rate(tokens if tokens is not None else m.get("tokens_per_s")), speed,
-            fmt_bytes_mb(m.get("peak_rss_bytes")), fmt_share(m.get("exposed_comm_share")),
-            fmt_loss(m.get("final_loss")),
+            fmt_rate(tokens if tokens is not None else m.tokens_per_s), speed,
+            fmt_bytes_mb(m.peak_rss_bytes), fmt_share(m.exposed_comm_share),
+            fmt_loss(m.final_loss),
             "ref" if i == 0 else (f"{diff:.1e}" if diff is not None else "-"),
         ]
         if gpu:
-            cells[7:7] = accelerator_cells(m)
+            cells[7:7] = accelerator_cells(m.mfu, m.device_peak_bytes, m.planner_step_s,
+                                           m.planner_error)
         table.add_row(*cells)
     return table
 
 
-def disturbed_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def disturbed_lines(records: Sequence[RunRecord]) -> list[str]:
     """One line per disturbed run: which, why, and that it should be re-run."""
     out = []
     for rec in records:
-        if not disturbed(rec):
+        if not rec.disturbed:
             continue
-        info = (rec.get("fingerprint") or {}).get("interference") or {}
-        m = rec.get("metrics") or {}
-        trial = f" trial {m['trial']}/{m['trials']}" if m.get("trial") else ""
-        out.append(f"disturbed: run {rec.get('id', '?')} ({rec['label']}{trial}): "
+        info = rec.fingerprint.interference
+        m = rec.metrics
+        trial = f" trial {m.trial}/{m.trials}" if m.trial else ""
+        out.append(f"disturbed: run {rec.id or '?'} ({rec.label}{trial}): "
                    f"{info.get('reason') or 'over the interference thresholds'}; left out of "
                    "the verdicts")
     if out:
@@ -173,6 +174,6 @@ def run_trials(args: argparse.Namespace, workload: Any, strategy: Any, *,
         out.print(trials_table(records, f"{escape(workload.name)}: {n} trials"))
         for line in disturbed_lines(records):
             out.print(Text(line, style="yellow"))
-        out.print(f"stored as runs {records[0]['id']}-{records[-1]['id']} (group {group}) in "
+        out.print(f"stored as runs {records[0].id}-{records[-1].id} (group {group}) in "
                   f"{store.path}", markup=False)
     return 0

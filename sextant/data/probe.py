@@ -32,13 +32,11 @@ def pipeline_throughput(workload: Workload, world: int, *, rank: int = 0, batche
             "batches": batches, "world": world}
 
 
-def needed_throughput(record: dict[str, Any], tokens_per_batch: int) -> float | None:
+def needed_throughput(step_s: float | None, data_wait_s: float | None,
+                      tokens_per_batch: int) -> float | None:
     """Tokens per second a rank's reader must deliver so that the run's step never waits:
     its batch in the compute time of a step (median step time less median data wait)."""
-    metrics = record.get("metrics", {})
-    step = metrics.get("step_time_median_s")
-    wait = metrics.get("data_wait_median_s") or 0.0
-    if not step:
+    if not step_s:
         return None
-    compute = max(step - wait, 1e-9)
+    compute = max(step_s - (data_wait_s or 0.0), 1e-9)
     return tokens_per_batch / compute

@@ -224,9 +224,3 @@ def summarize(samples: list[dict[str, Any]], window: tuple[float, float] | None,
         "reason": "; ".join(reasons),
         "thresholds": thresholds,
     }
-
-
-def is_disturbed(run: Any) -> bool:
-    """Whether a run record was marked disturbed (records from before sampling: no)."""
-    metrics = run.get("metrics") if hasattr(run, "get") else None
-    return bool((metrics or {}).get("disturbed"))

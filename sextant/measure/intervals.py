@@ -17,10 +17,11 @@ two sides at CONFIDENCE. Seeded: the same runs give the same interval.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
+
+from sextant.results.record import RunRecord
 
 CONFIDENCE = 0.95
 N_BOOT = 2000
@@ -31,18 +32,18 @@ NOT_HOLD = "does not hold here"
 INCONCLUSIVE = "inconclusive"
 
 
-def steady_step_times(run: Mapping[str, Any]) -> np.ndarray | None:
+def steady_step_times(run: RunRecord) -> np.ndarray | None:
     """The job's steady-state step times (slowest rank per step, after warm-up), or None
     when the record has no per-step times."""
-    ranks = [r for r in run.get("ranks") or []
-             if isinstance(r, Mapping) and r.get("step_times_s")]
-    timed = (run.get("metrics") or {}).get("steps_timed")
-    if not ranks or not isinstance(timed, int) or timed < 1:
+    ranks = [r for r in run.ranks if r.step_times_s]
+    timed = run.metrics.steps_timed
+    if not ranks or timed is None or timed < 1:
         return None
-    n = min(len(r["step_times_s"]) for r in ranks)
+    n = min(len(r.step_times_s) for r in ranks)
     if n < timed:
         return None
-    job = np.max([np.asarray(r["step_times_s"][:n], dtype=np.float64) for r in ranks], axis=0)
+    job = np.max([np.asarray([math.nan if t is None else t for t in r.step_times_s[:n]],
+                             dtype=np.float64) for r in ranks], axis=0)
     steady = job[n - timed:]
     return steady if np.all(np.isfinite(steady)) and np.all(steady > 0) else None
 
@@ -79,7 +80,7 @@ def step_time_replicates(trials: Sequence[np.ndarray | float], rng: np.random.Ge
     return float(np.mean(point)), reps
 
 
-def _trial_inputs(runs: Sequence[Mapping[str, Any]]) -> tuple[list[np.ndarray | float], bool]:
+def _trial_inputs(runs: Sequence[RunRecord]) -> tuple[list[np.ndarray | float], bool]:
     """Each trial's steps (or median) and whether the spread is known (per-step times in
     every trial, or at least two trials)."""
     out: list[np.ndarray | float] = []
@@ -89,14 +90,14 @@ def _trial_inputs(runs: Sequence[Mapping[str, Any]]) -> tuple[list[np.ndarray | 
         if steps is not None:
             out.append(steps)
             continue
-        median = (run.get("metrics") or {}).get("step_time_median_s")
-        if isinstance(median, int | float) and median > 0:
+        median = run.metrics.step_time_median_s
+        if median is not None and median > 0:
             out.append(float(median))
             have_steps = False
     return out, bool(out) and (have_steps or len(out) >= 2)
 
 
-def speedup_interval(base: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]],
+def speedup_interval(base: Sequence[RunRecord], new: Sequence[RunRecord],
                      confidence: float = CONFIDENCE
                      ) -> tuple[float, float | None, float | None] | None:
     """How many times faster `new`'s trials step than `base`'s: (point, low, high). low and

@@ -10,9 +10,8 @@ the batch is split and the cores are shared, how all-reduce time grows) is predi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.errors import UserError
 from sextant.paths import calibration_in
@@ -20,6 +19,9 @@ from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catal
 from sextant.planner.comms import STRATEGY_ZERO_STAGE
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.models import MLPShape, TransformerShape, shape_from_workload
+
+if TYPE_CHECKING:
+    from sextant.results.record import RunRecord
 
 DEFAULT_EFFICIENCY = 0.5
 """Compute efficiency assumed when no single-process run is there to fit it."""
@@ -53,14 +55,14 @@ def layout_for(parallel: str, workers: int, global_batch: int) -> Layout | None:
     return Layout(dp=workers, zero=zero, mbs=global_batch // workers)
 
 
-def precision_of(run: Mapping[str, Any]) -> str:
-    p = run.get("precision") or (run.get("strategy") or {}).get("precision") or "fp32"
+def precision_of(run: RunRecord) -> str:
+    p = run.strategy.precision
     return p if p in ("bf16", "fp16", "fp32") else "fp32"
 
 
-def shape_of(run: Mapping[str, Any]) -> TransformerShape | MLPShape:
+def shape_of(run: RunRecord) -> TransformerShape | MLPShape:
     """The planner shape of a stored run's workload (UserError when it has none)."""
-    return shape_from_workload(dict(run.get("workload") or {}), where=f"run {run.get('id')}")
+    return shape_from_workload(run.workload_dict(), where=f"run {run.id}")
 
 
 def figures(cat: Catalogue, framework: str, shape: TransformerShape | MLPShape, layout: Layout,
@@ -88,21 +90,21 @@ def fit_efficiency(cat: Catalogue, framework: str, shape: TransformerShape | MLP
     return None
 
 
-def predict_scaling(cat: Catalogue, single_run: Mapping[str, Any], parallel: str,
+def predict_scaling(cat: Catalogue, single_run: RunRecord, parallel: str,
                     workers: list[int]) -> dict[str, Any] | None:
     """Predicted tokens/s of `parallel` at each worker count, with the compute efficiency
     fitted on `single_run` (a stored single-process run). None when the planner cannot model
     the workload or the strategy."""
     from sextant.errors import UserError
 
-    measured = (single_run.get("metrics") or {}).get("step_time_median_s")
+    measured = single_run.metrics.step_time_median_s
     if not measured:
         return None
     try:
         shape = shape_of(single_run)
     except UserError:
         return None
-    framework, precision = str(single_run.get("framework")), precision_of(single_run)
+    framework, precision = single_run.strategy.framework, precision_of(single_run)
     efficiency = fit_efficiency(cat, framework, shape, precision, float(measured))
     if efficiency is None:
         return None
@@ -118,4 +120,4 @@ def predict_scaling(cat: Catalogue, single_run: Mapping[str, Any], parallel: str
                        "exposed_share": f["dp_exposed"] / f["step"]})
     if not points:
         return None
-    return {"efficiency": efficiency, "fitted_on": single_run.get("id"), "points": points}
+    return {"efficiency": efficiency, "fitted_on": single_run.id, "points": points}

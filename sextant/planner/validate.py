@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sextant.claims.check import run_label
 from sextant.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.local import (
@@ -26,27 +25,21 @@ from sextant.planner.local import (
     precision_of,
     shape_of,
 )
+from sextant.results.record import RunRecord
 
 _HINT = "run 'sextant compare' (or 'sextant run') first to measure local runs"
 
 
-def load_runs(db: str | Path | None) -> list[dict[str, Any]]:
+def load_runs(db: str | Path | None) -> list[RunRecord]:
     from sextant.paths import default_db as default_path
 
     path = Path(db) if db else default_path()
     if not path.is_file():
         raise UserError(f"no results store at {path}; {_HINT}")
-    try:
-        from sextant.results.store import ResultsStore
-    except ImportError:
-        raise UserError(f"the results store (sextant.results) is not available; {_HINT}") from None
-    store = ResultsStore(path)
-    try:
+    from sextant.results.store import ResultsStore
+
+    with ResultsStore(path) as store:
         runs = store.runs()
-    finally:
-        close = getattr(store, "close", None)
-        if close:
-            close()
     if not runs:
         raise UserError(f"the results store {path} has no runs; {_HINT}")
     return runs
@@ -68,18 +61,17 @@ def validate(
     rows: list[dict[str, Any]] = []
     prepared = []
     for run in runs:
+        strategy = run.strategy
         base = {
-            "id": run.get("id"),
-            "label": run_label(run),
-            "framework": run.get("framework"),
-            "mode": run.get("mode"),
-            "parallel": run.get("parallel"),
-            "workers": run.get("workers"),
+            "id": run.id,
+            "label": run.label,
+            "framework": strategy.framework,
+            "mode": strategy.mode,
+            "parallel": strategy.parallel,
+            "workers": strategy.workers,
         }
-        metrics = run.get("metrics") or {}
-        measured = metrics.get("step_time_median_s")
-        workload = run.get("workload") or {}
-        if not measured or not isinstance(workload, dict) or "model" not in workload:
+        measured = run.metrics.step_time_median_s
+        if not measured or "model" not in run.workload:
             rows.append({**base, "skipped": "no step time or workload recorded"})
             continue
         try:
@@ -87,37 +79,31 @@ def validate(
         except UserError as exc:
             rows.append({**base, "skipped": str(exc)})
             continue
-        layout = layout_for(str(run.get("parallel", "single")), int(run.get("workers") or 1),
-                            shape.global_batch)
+        layout = layout_for(strategy.parallel, strategy.workers, shape.global_batch)
         if layout is None:
             rows.append(
                 {
                     **base,
-                    "skipped": f"parallel strategy {run.get('parallel')!r} "
+                    "skipped": f"parallel strategy {strategy.parallel!r} "
                     "is not modelled by --validate",
                 }
             )
             continue
-        prepared.append((run, base, shape, layout, float(measured), metrics))
+        prepared.append((run, base, shape, layout, float(measured)))
 
-    def group(run):
-        return (
-            (run.get("workload") or {}).get("name"),
-            run.get("workload_hash"),
-            run.get("framework"),
-            run.get("mode"),
-            precision_of(run),
-        )
+    def group(run: RunRecord) -> tuple[str, ...]:
+        return (run.workload_name, run.workload_hash, run.strategy.framework,
+                run.strategy.mode, precision_of(run))
 
     fitted: dict[Any, float] = {}
-    for run, _, shape, layout, measured, _ in prepared:
+    for run, _, shape, layout, measured in prepared:
         if layout.devices == 1 and group(run) not in fitted:
-            eff = fit_efficiency(cat, str(run.get("framework")), shape, precision_of(run),
+            eff = fit_efficiency(cat, run.strategy.framework, shape, precision_of(run),
                                  measured)
             if eff is not None:
                 fitted[group(run)] = eff
 
-    for run, base, shape, layout, measured, metrics in prepared:
+    for run, base, shape, layout, measured in prepared:
         eff = fitted.get(group(run))
         source = (
             "fit"
@@ -125,9 +111,9 @@ def validate(
             else ("from single run" if eff is not None else "assumed")
         )
         efficiency = eff or DEFAULT_EFFICIENCY
-        f = figures(cat, str(run.get("framework")), shape, layout, precision_of(run), efficiency)
+        f = figures(cat, run.strategy.framework, shape, layout, precision_of(run), efficiency)
         pred, worst = f["step"], f["step_no_overlap"]
-        p10, p90 = metrics.get("step_time_p10_s"), metrics.get("step_time_p90_s")
+        p10, p90 = run.metrics.step_time_p10_s, run.metrics.step_time_p90_s
         rows.append(
             {
                 **base,
@@ -143,7 +129,7 @@ def validate(
                 "efficiency": efficiency,
                 "efficiency_source": source,
                 "predicted_exposed_share": f["dp_exposed"] / pred,
-                "measured_exposed_share": metrics.get("exposed_comm_share"),
+                "measured_exposed_share": run.metrics.exposed_comm_share,
             }
         )
     return rows

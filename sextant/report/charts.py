@@ -177,9 +177,10 @@ def line_chart(series: Sequence[dict[str, Any]], *, label: str, xlabel: str, yla
     pts = [(x, y) for s in series for x, y in s["points"] if y is not None]
     if not pts:
         return "<p class=\"muted\">No data.</p>"
-    xs = [p[0] for p in pts]
-    ys = [p[1] for p in pts] + [v for s in series for _, lo, hi in s.get("ranges", ())
-                                for v in (lo, hi) if v is not None]
+    xs = [float(p[0]) for p in pts]
+    ys = [float(p[1]) for p in pts] + [float(v) for s in series
+                                       for _, lo, hi in s.get("ranges", ())
+                                       for v in (lo, hi) if v is not None]
     x_lo, x_hi = min(xs), max(xs)
     pad = 0.0
     if integer_x:

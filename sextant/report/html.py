@@ -26,6 +26,7 @@ from sextant.report.charts import (
 )
 from sextant.measure.agreement import FP32_ATOL as PARITY_ATOL
 from sextant.report.model import ACCELERATOR_COLUMNS, accelerator_rows, build_report
+from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore, finite_json
 
 __all__ = ["FORMATS", "PARITY_ATOL", "load_advice", "render", "render_html", "write_report"]
@@ -621,7 +622,7 @@ docs/methodology.md · how to read this page: docs/report.md</footer>
 """
 
 
-def render_html(runs: list[dict[str, Any]], *, advice: Any = None,
+def render_html(runs: Sequence[RunRecord], *, advice: Any = None,
                 profile_path: str | None = None, group_id: str | None = None,
                 machine: Any = None) -> str:
     """The HTML page of `runs` (one compare group; the first run is the reference)."""
@@ -629,9 +630,9 @@ def render_html(runs: list[dict[str, Any]], *, advice: Any = None,
                   machine=machine)
 
 
-def render(runs: list[dict[str, Any]], fmt: str = "html", *, advice: Any = None,
+def render(runs: Sequence[RunRecord], fmt: str = "html", *, advice: Any = None,
            profile_path: str | None = None, group_id: str | None = None,
-           machine: Any = None, related: list[dict[str, Any]] | None = None) -> str:
+           machine: Any = None, related: Sequence[RunRecord] | None = None) -> str:
     """The report of `runs` in one of FORMATS (`machine`: see build_report)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
@@ -646,7 +647,7 @@ def render(runs: list[dict[str, Any]], fmt: str = "html", *, advice: Any = None,
     return html_from_report(report)
 
 
-def load_advice(profile: str | Path, runs: list[dict[str, Any]],
+def load_advice(profile: str | Path, runs: Sequence[RunRecord],
                 plan: str | Path | None = None) -> Any:
     """The advisor's Advice for a team profile, with these runs as measured evidence (and a
     planner result for the training hours, when given)."""
@@ -687,7 +688,7 @@ def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = 
     return render(runs, fmt, advice=advice,
                   profile_path=str(profile) if profile is not None else None, group_id=group,
                   machine=load_machine(calibration, Path(store.path).parent),
-                  related=store.runs(workload_hash=runs[0].get("workload_hash")))
+                  related=store.runs(workload_hash=runs[0].workload_hash))
 
 
 def write_report(store: ResultsStore, path: str | Path, **options: Any) -> Path:

@@ -12,72 +12,67 @@ link of the same latency).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from sextant.claims import run_field
+from sextant.results.record import RunRecord
 
 LINK_GBITS = (0.1, 1.0, 10.0, 25.0, 100.0, 400.0)
 """Link rates the planner's line covers (Gbit/s), besides the measured ones."""
 
 
-def _network(run: Mapping[str, Any]) -> dict[str, Any]:
-    return dict((run.get("fingerprint") or {}).get("network") or {})
+def _tps(run: RunRecord) -> float | None:
+    v = run.metrics.tokens_per_s
+    return v if v is not None and v > 0 else None
 
 
-def _tps(run: Mapping[str, Any]) -> float | None:
-    v = (run.get("metrics") or {}).get("tokens_per_s")
-    return float(v) if isinstance(v, int | float) and math.isfinite(v) and v > 0 else None
-
-
-def interconnect(runs: Sequence[Mapping[str, Any]], machine: Any = None) -> dict[str, Any]:
+def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> dict[str, Any]:
     """Series of multi-host runs by link rate (see the module docstring); `runs` are all
     stored runs of the report's workload."""
-    ok = [r for r in runs if r.get("status", "ok") == "ok" and _tps(r) is not None]
+    ok = [r for r in runs if r.status == "ok" and _tps(r) is not None]
     singles = {}
     for r in ok:  # the latest one-process, one-host run of each framework and mode
-        if run_field(r, "parallel") == "single" and int(run_field(r, "workers")) == 1:
-            singles[(run_field(r, "framework"), run_field(r, "mode"))] = r
+        if r.strategy.parallel == "single" and int(r.strategy.workers) == 1:
+            singles[(r.strategy.framework, r.strategy.mode)] = r
     series: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in ok:
-        net = _network(r)
+        net = r.fingerprint.network
         if net.get("kind") != "emulated" or not net.get("link_bit_s") or len(
                 net.get("hosts") or []) < 2:
             continue
-        fw, mode = run_field(r, "framework"), run_field(r, "mode")
-        workers = int(run_field(r, "workers"))
-        key = (fw, mode, run_field(r, "parallel"), run_field(r, "compress"), workers)
+        fw, mode = r.strategy.framework, r.strategy.mode
+        workers = int(r.strategy.workers)
+        key = (fw, mode, r.strategy.parallel, r.strategy.compress, workers)
         single = singles.get((fw, mode))
         s = series.setdefault(key, {
             "name": _name(r, workers), "framework": fw, "parallel": key[2], "workers": workers,
-            "single_id": single.get("id") if single else None, "points": {}, "fit": None})
+            "single_id": single.id if single else None, "points": {}, "fit": None})
         base = _tps(single) if single else None
         tps = _tps(r)
         s["points"][float(net["link_bit_s"])] = {
             "link_gbit": float(net["link_bit_s"]) / 1e9, "hosts": len(net["hosts"]),
-            "tokens_per_s": _tps(r), "id": r.get("id"),
-            "exposed_share": (r.get("metrics") or {}).get("exposed_comm_share"),
+            "tokens_per_s": _tps(r), "id": r.id,
+            "exposed_share": r.metrics.exposed_comm_share,
             "efficiency": tps / (workers * base) if base and tps is not None else None}
         if s["fit"] is None and net.get("allreduce_fit"):
             s["fit"] = {**net["allreduce_fit"], "link_bit_s": float(net["link_bit_s"])}
     out = []
     for s in series.values():
         s["points"] = [s["points"][k] for k in sorted(s["points"])]
-        single = next((r for r in ok if r.get("id") == s["single_id"]), None)
+        single = next((r for r in ok if r.id == s["single_id"]), None)
         s["prediction"] = _predict(s, single, machine)
         out.append(s)
     return {"series": out, "note": _note(out, machine)}
 
 
-def _name(run: Mapping[str, Any], workers: int) -> str:
-    parts = [str(run_field(run, "framework")), str(run_field(run, "parallel")), f"x{workers}"]
-    if run_field(run, "compress") not in (None, "none"):
-        parts.append(f"{run_field(run, 'compress')} gradients")
+def _name(run: RunRecord, workers: int) -> str:
+    parts = [str(run.strategy.framework), str(run.strategy.parallel), f"x{workers}"]
+    if run.strategy.compress not in (None, "none"):
+        parts.append(f"{run.strategy.compress} gradients")
     return " ".join(parts)
 
 
-def _predict(s: dict[str, Any], single: Mapping[str, Any] | None, machine: Any
+def _predict(s: dict[str, Any], single: RunRecord | None, machine: Any
              ) -> list[dict[str, Any]] | None:
     """The planner's efficiency at every rate (None without calibration, fit or baseline)."""
     if machine is None or machine.calibration is None or single is None or not s["fit"]:

@@ -20,8 +20,6 @@ from sextant.claims import (
     check_claims,
     compute_units,
     conditions,
-    run_field,
-    run_label,
     unequal,
 )
 from sextant.measure.intervals import (
@@ -32,6 +30,7 @@ from sextant.measure.intervals import (
 )
 from sextant.measure.agreement import FP32_ATOL, MIXED_FACTOR, mixed_agreement
 from sextant.measure.stats import max_loss_diff
+from sextant.results.record import RankSummary, RunRecord
 
 MODEL_STATE_BYTES_PER_PARAM = 16
 """fp32 weights, gradients and Adam's two moments: 4 x 4 bytes per parameter."""
@@ -40,104 +39,94 @@ NO_CALIBRATION_NOTE = ("The planner's prediction is not drawn: this machine is n
                        "(run 'sextant calibrate', then 'sextant report').")
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _m(run: Mapping[str, Any], key: str) -> float | None:
-    return _num((run.get("metrics") or {}).get(key))
-
-
-def _throughput(run: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
+def _throughput(run: RunRecord) -> tuple[float | None, float | None, float | None]:
     """tokens/s median and its range from the step-time p90 (low) and p10 (high)."""
-    tps, med = _m(run, "tokens_per_s"), _m(run, "step_time_median_s")
-    p10, p90 = _m(run, "step_time_p10_s"), _m(run, "step_time_p90_s")
+    tps, med = run.metrics.tokens_per_s, run.metrics.step_time_median_s
+    p10, p90 = run.metrics.step_time_p10_s, run.metrics.step_time_p90_s
     if tps is None or not med:
         return tps, None, None
     return tps, (tps * med / p90 if p90 else None), (tps * med / p10 if p10 else None)
 
 
-def _run_row(run: Mapping[str, Any], ref: Mapping[str, Any], index: int) -> dict[str, Any]:
+def _run_row(run: RunRecord, ref: RunRecord, index: int) -> dict[str, Any]:
     tps, tps_lo, tps_hi = _throughput(run)
-    med = _m(run, "step_time_median_s")
-    ref_med = _m(ref, "step_time_median_s")
-    ref_losses = list(ref.get("losses") or [])
-    diff = max_loss_diff(list(run.get("losses") or []), ref_losses)
+    med = run.metrics.step_time_median_s
+    ref_med = ref.metrics.step_time_median_s
+    ref_losses = ref.finite_losses
+    diff = max_loss_diff(run.finite_losses, ref_losses)
     # Never ranked against the reference under other conditions (precision, device).
     not_ranked = None if run is ref else unequal(run, ref)
     precision, device, accelerator = conditions(run)
     return {
-        "id": run.get("id"),
+        "id": run.id,
         "not_ranked": not_ranked,
         "effective_precision": precision,
         "device": device,
         "accelerator": accelerator or None,
-        "mfu": _m(run, "mfu"),
-        "planner_step_s": _m(run, "planner_step_s"),
-        "planner_error": _m(run, "planner_error"),
-        "device_peak_bytes": _m(run, "device_peak_bytes"),
+        "mfu": run.metrics.mfu,
+        "planner_step_s": run.metrics.planner_step_s,
+        "planner_error": run.metrics.planner_error,
+        "device_peak_bytes": run.metrics.device_peak_bytes,
         "index": index,
-        "label": run_label(run),
-        "framework": str(run_field(run, "framework")),
-        "mode": run_field(run, "mode"),
-        "parallel": run_field(run, "parallel"),
-        "workers": int(run_field(run, "workers")),
-        "replicas": int(run_field(run, "workers")) * int(run_field(run, "devices_per_worker")),
-        "precision": run_field(run, "precision"),
-        "compress": run_field(run, "compress"),
-        "threads_per_worker": (run.get("metrics") or {}).get("threads_per_worker"),
-        "status": run.get("status", "ok"),
-        "step_time_s": {"median": med, "p10": _m(run, "step_time_p10_s"),
-                        "p90": _m(run, "step_time_p90_s"),
-                        "n": (run.get("metrics") or {}).get("steps_timed")},
+        "label": run.label,
+        "framework": str(run.strategy.framework),
+        "mode": run.strategy.mode,
+        "parallel": run.strategy.parallel,
+        "workers": int(run.strategy.workers),
+        "replicas": int(run.strategy.workers) * int(run.strategy.devices_per_worker),
+        "precision": run.strategy.precision,
+        "compress": run.strategy.compress,
+        "threads_per_worker": run.metrics.threads_per_worker,
+        "status": run.status,
+        "step_time_s": {"median": med, "p10": run.metrics.step_time_p10_s,
+                        "p90": run.metrics.step_time_p90_s,
+                        "n": run.metrics.steps_timed},
         "tokens_per_s": {"median": tps, "low": tps_lo, "high": tps_hi},
         "speedup_vs_reference": (ref_med / med) if med and ref_med and not not_ranked else None,
-        "first_step_s": _m(run, "first_step_s"),
-        "compile_s": _m(run, "compile_s"),
-        "achieved_flops_per_s": _m(run, "achieved_flops_per_s"),
-        "peak_rss_bytes": _m(run, "peak_rss_bytes"),
-        "peak_rss_total_bytes": _m(run, "peak_rss_total_bytes"),
-        "data_wait_share": _m(run, "data_wait_share"),
-        "exposed_comm_s": _m(run, "exposed_comm_s"),
-        "exposed_comm_share": _m(run, "exposed_comm_share"),
-        "final_loss": _m(run, "final_loss"),
+        "first_step_s": run.metrics.first_step_s,
+        "compile_s": run.metrics.compile_s,
+        "achieved_flops_per_s": run.metrics.achieved_flops_per_s,
+        "peak_rss_bytes": run.metrics.peak_rss_bytes,
+        "peak_rss_total_bytes": run.metrics.peak_rss_total_bytes,
+        "data_wait_share": run.metrics.data_wait_share,
+        "exposed_comm_s": run.metrics.exposed_comm_s,
+        "exposed_comm_share": run.metrics.exposed_comm_share,
+        "final_loss": run.metrics.final_loss,
         "max_loss_diff": None if run is ref else diff,
     }
 
 
-def _disturbed(run: Mapping[str, Any]) -> bool:
-    return bool((run.get("metrics") or {}).get("disturbed"))
+def _disturbed(run: RunRecord) -> bool:
+    return bool(run.metrics.disturbed)
 
 
-def trial_groups(runs: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+def trial_groups(runs: Sequence[RunRecord]) -> list[list[RunRecord]]:
     """The runs grouped by configuration (label), in order of first appearance: each group
     holds a configuration's repeated trials."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
+    groups: dict[str, list[RunRecord]] = {}
     for run in runs:
-        groups.setdefault(run_label(run), []).append(run)
+        groups.setdefault(run.label, []).append(run)
     return list(groups.values())
 
 
-def representative(trials: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+def representative(trials: Sequence[RunRecord]) -> RunRecord:
     """The trial that stands for its configuration in per-run sections: the undisturbed
     trial with the median step time (the latest trial when all were disturbed)."""
-    quiet = [t for t in trials if not _disturbed(t) and t.get("status", "ok") == "ok"
-             and _m(t, "step_time_median_s") is not None]
+    quiet = [t for t in trials if not _disturbed(t) and t.status == "ok"
+             and t.metrics.step_time_median_s is not None]
     if not quiet:
         return trials[-1]
-    ordered = sorted(quiet, key=lambda t: _m(t, "step_time_median_s") or 0.0)
+    ordered = sorted(quiet, key=lambda t: t.metrics.step_time_median_s or 0.0)
     return ordered[(len(ordered) - 1) // 2]
 
 
-def _usable(trials: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [t for t in trials if not _disturbed(t) and t.get("status", "ok") == "ok"
-            and _m(t, "step_time_median_s")]
+def _usable(trials: Sequence[RunRecord]) -> list[RunRecord]:
+    return [t for t in trials if not _disturbed(t) and t.status == "ok"
+            and t.metrics.step_time_median_s]
 
 
-def _trial_fields(row: dict[str, Any], trials: Sequence[Mapping[str, Any]],
-                  ref_trials: Sequence[Mapping[str, Any]]) -> None:
+def _trial_fields(row: dict[str, Any], trials: Sequence[RunRecord],
+                  ref_trials: Sequence[RunRecord]) -> None:
     """Add a configuration's trial counts and its speed-up interval against the reference
     (undisturbed trials only) to its row."""
     usable, ref_usable = _usable(trials), _usable(ref_trials)
@@ -145,9 +134,9 @@ def _trial_fields(row: dict[str, Any], trials: Sequence[Mapping[str, Any]],
           if usable and ref_usable and not row.get("not_ranked") else None)
     row["trials"] = len(trials)
     row["disturbed_trials"] = sum(1 for t in trials if _disturbed(t))
-    row["disturbed_ids"] = [t.get("id") for t in trials if _disturbed(t)]
-    row["interference"] = [((t.get("fingerprint") or {}).get("interference") or {})
-                           .get("outside_cores_mean") for t in trials]
+    row["disturbed_ids"] = [t.id for t in trials if _disturbed(t)]
+    row["interference"] = [t.fingerprint.interference.get("outside_cores_mean")
+                           for t in trials]
     if iv is not None:
         row["speedup_vs_reference"] = iv[0]
     row["speedup_ci"] = {"low": iv[1] if iv else None, "high": iv[2] if iv else None,
@@ -161,34 +150,34 @@ def _colour_index(rows: list[dict[str, Any]]) -> None:
         seen[row["framework"]] = row["shade"] + 1
 
 
-def _anchor(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any], precision: str
-            ) -> Mapping[str, Any] | None:
+def _anchor(runs: Sequence[RunRecord], ref: RunRecord, precision: str
+            ) -> RunRecord | None:
     """The reference configuration's run in `precision` (same framework, mode, strategy and
     device), the mixed-precision rule's anchors."""
     keys = ("framework", "mode", "parallel", "workers", "devices_per_worker", "compress",
             "grad_accum")
     for run in runs:
-        if (all(run_field(run, k) == run_field(ref, k) for k in keys)
+        if (all(getattr(run.strategy, k) == getattr(ref.strategy, k) for k in keys)
                 and conditions(run) == (precision, *conditions(ref)[1:])):
             return run
     return None
 
 
-def _parity_row(run: Mapping[str, Any], ref: Mapping[str, Any],
-                anchors: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+def _parity_row(run: RunRecord, ref: RunRecord,
+                anchors: Mapping[str, RunRecord | None]) -> dict[str, Any]:
     """One run's agreement: fp32 runs within FP32_ATOL of the reference's fp32 curve;
     mixed-precision runs within the band of sextant.measure.agreement. `anchors`: the
     reference configuration's run in each precision (_anchor)."""
     precision = conditions(run)[0]
     fp32 = anchors["fp32"]
-    row: dict[str, Any] = {"run": run_label(run), "id": run.get("id"), "precision": precision,
+    row: dict[str, Any] = {"run": run.label, "id": run.id, "precision": precision,
                            "max_diff": None, "held_to_parity": False, "rule": None,
                            "band_ratio": None, "agrees": None, "why_not": ""}
-    losses = list(run.get("losses") or [])
+    losses = run.finite_losses
     if fp32 is None:
-        row["why_not"] = f"no fp32 run of {run_label(ref)} to compare with"
+        row["why_not"] = f"no fp32 run of {ref.label} to compare with"
         return row
-    fp32_losses = list(fp32.get("losses") or [])
+    fp32_losses = fp32.finite_losses
     if precision == "fp32":
         diff = max_loss_diff(losses, fp32_losses)
         if run is fp32:  # compared with itself: only a NaN (a disagreement) is worth a figure
@@ -198,20 +187,20 @@ def _parity_row(run: Mapping[str, Any], ref: Mapping[str, Any],
         return row
     mixed = anchors[precision]
     if mixed is None or not losses:
-        row["why_not"] = (f"no {precision} run of {run_label(fp32)} to set the band"
+        row["why_not"] = (f"no {precision} run of {fp32.label} to set the band"
                           if losses else "no losses recorded")
         return row
     if mixed is run:
         row["why_not"] = f"the reference's {precision} run: it sets the band"
         return row
-    result = mixed_agreement(losses, fp32_losses, list(mixed.get("losses") or []))
+    result = mixed_agreement(losses, fp32_losses, mixed.finite_losses)
     row.update(max_diff=result.max_diff, held_to_parity=True, band_ratio=result.worst_ratio,
-               rule=f"within {MIXED_FACTOR:g}x {run_label(mixed)}'s own {precision}-vs-fp32 "
+               rule=f"within {MIXED_FACTOR:g}x {mixed.label}'s own {precision}-vs-fp32 "
                     "envelope", agrees=result.ok)
     return row
 
 
-def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[str, Any]:
+def _parity(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
     precisions = {"fp32"} | {conditions(run)[0] for run in runs}
     anchors = {p: _anchor(runs, ref, p) for p in precisions}
     per_run = [_parity_row(run, ref, anchors) for run in runs]
@@ -220,12 +209,12 @@ def _parity(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[s
                   if p["precision"] == "fp32" and p["max_diff"] is not None]
     not_held = [p for p in per_run if not p["held_to_parity"]]
     return {
-        "reference": run_label(ref),
+        "reference": ref.label,
         "atol": FP32_ATOL,
         "max_diff": max(fp32_diffs, default=0.0),
         "ok": all(p["agrees"] for p in held),
         "per_run": per_run,
-        "curves": [{"run": run_label(r), "losses": list(r.get("losses") or [])} for r in runs],
+        "curves": [{"run": r.label, "losses": r.finite_losses} for r in runs],
         "note": ("not held to parity: " + "; ".join(f"{p['run']} ({p['why_not']})"
                                                       for p in not_held) if not_held else ""),
     }
@@ -269,7 +258,7 @@ def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "prediction_note": NO_CALIBRATION_NOTE}
 
 
-def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine: Any) -> None:
+def _predict(scaling: dict[str, Any], runs: Sequence[RunRecord], machine: Any) -> None:
     """Add the planner's prediction to each scaling series: compute efficiency fitted on the
     series' single-process run, then tokens/s at the measured worker counts and at every
     power of two up to this machine's cores (sextant/planner/local.py)."""
@@ -281,7 +270,7 @@ def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine
     problem = "no one-worker run to fit"
     calibration = machine.calibration
     cores = int((calibration.get("host") or {}).get("cores") or 1)
-    by_id = {run.get("id"): run for run in runs}
+    by_id = {run.id: run for run in runs}
     drawn = 0
     for s in scaling["series"]:
         base = s["points"][0] if s["points"] and s["points"][0]["workers"] == 1 else None
@@ -326,27 +315,25 @@ def _predict(scaling: dict[str, Any], runs: Sequence[Mapping[str, Any]], machine
         if drawn else f"The planner could not predict these series ({problem}).")
 
 
-def _memory(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _memory(runs: Sequence[RunRecord]) -> dict[str, Any]:
     rows = []
     params = None
     for run in runs:
-        params = params or _m(run, "params")
-        ranks = [r for r in run.get("ranks") or [] if isinstance(r, Mapping)]
-        for rank in ranks:
-            peak = _num(rank.get("peak_rss_bytes"))
-            start = _num(rank.get("rss_start_bytes"))
+        params = params or run.metrics.params
+        for rank in run.ranks:
+            peak, start = rank.peak_rss_bytes, rank.rss_start_bytes
             rows.append({
-                "run": run_label(run), "id": run.get("id"), "rank": rank.get("rank"),
+                "run": run.label, "id": run.id, "rank": rank.rank,
                 "rss_start_bytes": start, "peak_rss_bytes": peak,
                 "growth_bytes": (peak - start) if peak is not None and start is not None
                 else None,
-                "data_wait_median_s": _num(rank.get("data_wait_median_s")),
-                "step_time_median_s": _num((rank.get("step_time") or {}).get("median")),
-                "threads": (rank.get("fingerprint") or {}).get("threads"),
+                "data_wait_median_s": rank.data_wait_median_s,
+                "step_time_median_s": rank.step_time.median,
+                "threads": rank.fingerprint.get("threads"),
             })
-        if not ranks and _m(run, "peak_rss_bytes") is not None:
-            rows.append({"run": run_label(run), "id": run.get("id"), "rank": None,
-                         "rss_start_bytes": None, "peak_rss_bytes": _m(run, "peak_rss_bytes"),
+        if not run.ranks and run.metrics.peak_rss_bytes is not None:
+            rows.append({"run": run.label, "id": run.id, "rank": None,
+                         "rss_start_bytes": None, "peak_rss_bytes": run.metrics.peak_rss_bytes,
                          "growth_bytes": None, "data_wait_median_s": None,
                          "step_time_median_s": None, "threads": None})
     return {
@@ -356,22 +343,22 @@ def _memory(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _communication(rows: list[dict[str, Any]], runs: Sequence[Mapping[str, Any]]
+def _communication(rows: list[dict[str, Any]], runs: Sequence[RunRecord]
                    ) -> list[dict[str, Any]]:
     out = []
     for row, run in zip(rows, runs):
-        comm = _m(run, "exposed_comm_s")
+        comm = run.metrics.exposed_comm_s
         if comm is None:
             continue
-        step = _m(run, "sync_step_median_s") or _m(run, "step_time_median_s")
+        step = run.metrics.sync_step_median_s or run.metrics.step_time_median_s
         if step is None:
             continue
         shown = max(comm, 0.0)
         out.append({
             "run": row["label"], "id": row["id"], "step_s": step,
             "compute_s": step - shown, "exposed_comm_s": comm,
-            "exposed_comm_share": _m(run, "exposed_comm_share"),
-            "nosync_step_s": _m(run, "nosync_step_median_s"),
+            "exposed_comm_share": run.metrics.exposed_comm_share,
+            "nosync_step_s": run.metrics.nosync_step_median_s,
             "noise": comm < 0,
         })
     return out
@@ -391,21 +378,20 @@ def _compile(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _environment(runs: Sequence[Mapping[str, Any]], ref: Mapping[str, Any]) -> dict[str, Any]:
-    fp = dict(ref.get("fingerprint") or {})
+def _environment(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
+    fp = ref.fingerprint.to_dict()
     versions: dict[str, str] = {}
     for run in runs:
-        f = run.get("fingerprint") or {}
-        name = f.get("framework") or run_field(run, "framework")
-        if f.get("framework_version"):
-            versions.setdefault(str(name), str(f["framework_version"]))
+        name = run.fingerprint.framework or run.strategy.framework
+        if run.fingerprint.framework_version:
+            versions.setdefault(name, run.fingerprint.framework_version)
     common = {k: v for k, v in fp.items() if k not in ("framework", "framework_version",
                                                        "threads", "cpu_affinity",
                                                        "omp_num_threads")}
     return {"fingerprint": common, "framework_versions": versions}
 
 
-def _headline(rows: list[dict[str, Any]], groups: Sequence[Sequence[Mapping[str, Any]]]
+def _headline(rows: list[dict[str, Any]], groups: Sequence[Sequence[RunRecord]]
               ) -> dict[str, Any] | None:
     """The fastest configuration by its speed-up point estimate, and whether its interval
     against the runner-up excludes 1. If not, the headline says they are tied."""
@@ -440,7 +426,7 @@ def _headline(rows: list[dict[str, Any]], groups: Sequence[Sequence[Mapping[str,
     return out
 
 
-def _lost_trials(trials: Sequence[Mapping[str, Any]]) -> bool:
+def _lost_trials(trials: Sequence[RunRecord]) -> bool:
     return len(_usable(trials)) < len(trials)
 
 
@@ -503,7 +489,7 @@ def _headline_sentence(summary: Mapping[str, Any]) -> tuple[str, str]:
 
 def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
              claims: list[dict[str, Any]], scaling: dict[str, Any],
-             groups: Sequence[Sequence[Mapping[str, Any]]] = ()) -> dict[str, Any]:
+             groups: Sequence[Sequence[RunRecord]] = ()) -> dict[str, Any]:
     timed = [r for r in rows if r["tokens_per_s"]["median"] is not None and r["status"] == "ok"
              and not r.get("not_ranked")]
     head = _headline(rows, groups) if groups else None
@@ -579,9 +565,9 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
     }
 
 
-def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
+def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
                  profile_path: str | None = None, group_id: str | None = None,
-                 machine: Any = None, related: Sequence[Mapping[str, Any]] | None = None
+                 machine: Any = None, related: Sequence[RunRecord] | None = None
                  ) -> dict[str, Any]:
     """The report of `runs` (one compare group, oldest first; the first is the reference).
     `machine`: a planner Catalogue with this machine's calibration, for the scaling
@@ -604,14 +590,14 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
     claims = [c.to_dict() for c in check_claims(every_run)]
     scaling = _scaling(rows)
     _predict(scaling, runs, machine)
-    workload = dict(ref.get("workload") or {})
+    workload = ref.workload_dict()
     return {
         "sextant": __version__,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "group_id": group_id or ref.get("group_id"),
-        "created_at": ref.get("created_at"),
+        "group_id": group_id or ref.group_id,
+        "created_at": ref.created_at,
         "workload": workload,
-        "workload_hash": ref.get("workload_hash"),
+        "workload_hash": ref.workload_hash,
         "recommendation": _recommendation(advice, profile_path),
         "summary": _summary(rows, parity, claims, scaling, groups),
         "claims": claims,
@@ -630,15 +616,14 @@ def build_report(runs: Sequence[Mapping[str, Any]], *, advice: Any = None,
 MODEL_PARALLEL = ("tp", "tp-manual", "pp")
 
 
-def accelerator_cells(figures: Mapping[str, Any]) -> list[str]:
+def accelerator_cells(mfu: float | None, device_peak_bytes: float | None,
+                      planner_step_s: float | None, planner_error: float | None) -> list[str]:
     """MFU (blank where the device is not catalogued), device memory peak, and the planner's
-    predicted step with its error against the measured one (one-device runs), from a run's
-    metrics or its report row (the same keys)."""
+    predicted step with its error against the measured one (one-device runs)."""
     from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
 
-    error = figures.get("planner_error")
-    return [fmt_share(figures.get("mfu")), fmt_bytes_mb(figures.get("device_peak_bytes")),
-            f"{fmt_ms(figures.get('planner_step_s'))} ({error:+.1%})" if error is not None
+    return [fmt_share(mfu), fmt_bytes_mb(device_peak_bytes),
+            f"{fmt_ms(planner_step_s)} ({planner_error:+.1%})" if planner_error is not None
             else "-"]
 
 
@@ -646,36 +631,38 @@ def accelerator_rows(report: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """(run, device, precision, MFU, device MB, planner step (error)) for the runs on an
     accelerator; [] when none was."""
     return [(r["label"], str(r.get("accelerator") or "GPU"), str(r.get("effective_precision")),
-             *accelerator_cells(r)) for r in report["runs"] if r.get("device") == "gpu"]
+             *accelerator_cells(r.get("mfu"), r.get("device_peak_bytes"),
+                                r.get("planner_step_s"), r.get("planner_error")))
+            for r in report["runs"] if r.get("device") == "gpu"]
 
 
 ACCELERATOR_COLUMNS = ("run", "device", "precision", "MFU", "device peak MB",
                        "planner step ms (error)")
 
 
-def layout_comm_bytes(rank: Mapping[str, Any]) -> float | None:
+def layout_comm_bytes(rank: RankSummary) -> float | None:
     """Payload bytes of one step's collectives on this rank: counted (torch tp), the
     pipeline hand-off (torch pp), the compiled step's (jax), or the planned gradient
     traffic of a data-parallel torch run."""
-    details = rank.get("details") or {}
+    details = rank.details
     for key in ("tp_collectives_bytes_per_step", "hlo_collective_bytes"):
         if details.get(key):
             return float(sum(details[key].values()))
     if details.get("pipeline"):
         return float(details["pipeline"]["handoff_bytes_per_step"])
-    planned = ((rank.get("comm") or {}).get("planned_bytes_per_step") or {}).get("total")
+    planned = (rank.comm.get("planned_bytes_per_step") or {}).get("total")
     return float(planned) if planned is not None else None
 
 
-def _layouts(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+def _layouts(runs: Sequence[RunRecord]) -> list[dict[str, Any]] | None:
     """The report's parallel-layouts section; None without a tensor- or pipeline-parallel
     run."""
-    if not any(run_field(r, "parallel") in MODEL_PARALLEL for r in runs):
+    if not any(r.strategy.parallel in MODEL_PARALLEL for r in runs):
         return None
     return layout_rows(runs)
 
 
-def layout_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def layout_rows(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """The parallelism spectrum (compare --layouts, the report): per run, what its layout
     cost and how much sextant code it needed."""
     from sextant.backends import get_backend
@@ -683,15 +670,15 @@ def layout_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
     rows = []
     for run in runs:
-        ranks = run.get("ranks") or [{}]
-        acc = ranks[0].get("memory_accounting") or {}
-        idle = [(r.get("details") or {}).get("pipeline", {}).get("idle_share") for r in ranks]
-        framework, parallel = run_field(run, "framework"), run_field(run, "parallel")
+        ranks = run.ranks or (RankSummary(),)
+        acc = ranks[0].memory_accounting
+        idle = [(r.details.get("pipeline") or {}).get("idle_share") for r in ranks]
+        framework, parallel = run.strategy.framework, run.strategy.parallel
         rows.append({
-            "label": run_label(run),
+            "label": run.label,
             "framework": framework,
             "parallel": parallel,
-            "step_time_s": (run.get("metrics") or {}).get("step_time_median_s"),
+            "step_time_s": run.metrics.step_time_median_s,
             "comm_bytes_per_step": layout_comm_bytes(ranks[0]),
             "param_bytes": acc.get("params"),
             "optimizer_bytes": acc.get("optimizer_state"),

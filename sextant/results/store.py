@@ -18,7 +18,7 @@ from typing import Any
 
 from sextant.errors import UserError
 from sextant.paths import default_db
-from sextant.strategy import Strategy
+from sextant.results.record import RUN_STATUSES, RunRecord
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
@@ -65,9 +65,7 @@ _JSON_COLUMNS = {
     "fingerprint_json": "fingerprint",
 }
 
-
-RUN_STATUSES = ("ok", "failed", "interrupted", "diverged")
-"""What a stored run's `status` may be (sextant.runner writes each)."""
+__all__ = ["RUN_STATUSES", "ResultsStore", "StoreLocked", "finite_json"]
 
 
 class StoreLocked(UserError):
@@ -159,31 +157,29 @@ class ResultsStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add(self, record: dict[str, Any]) -> int:
-        """Insert one run record (see runner.run_record); returns its id."""
-        metrics = record["metrics"]
-        strategy = record["strategy"]
+    def add(self, record: RunRecord) -> int:
+        """Insert one run record; returns its id."""
+        doc = record.to_dict()
+        strategy = record.strategy
         values = {
-            "created_at": record.get("created_at") or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "group_id": record.get("group_id"),
-            "status": record.get("status", "ok"),
-            "workload_name": record["workload"]["name"],
-            "workload_hash": record["workload_hash"],
-            "framework": strategy["framework"],
-            "mode": strategy["mode"],
-            "parallel": strategy["parallel"],
-            "workers": strategy["workers"],
-            "precision": strategy["precision"],
-            "step_time_median_s": metrics.get("step_time_median_s"),
-            "tokens_per_s": metrics.get("tokens_per_s"),
-            "final_loss": metrics.get("final_loss"),
-            "run_dir": record.get("run_dir"),
-            "workload_file": record.get("workload_file"),
+            "created_at": record.created_at or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "group_id": record.group_id,
+            "status": record.status,
+            "workload_name": record.workload_name,
+            "workload_hash": record.workload_hash,
+            "framework": strategy.framework,
+            "mode": strategy.mode,
+            "parallel": strategy.parallel,
+            "workers": strategy.workers,
+            "precision": strategy.precision,
+            "step_time_median_s": record.metrics.step_time_median_s,
+            "tokens_per_s": record.metrics.tokens_per_s,
+            "final_loss": record.metrics.final_loss,
+            "run_dir": record.run_dir,
+            "workload_file": record.workload_file,
         }
-        values = finite_json(values)  # NaN and infinity are stored as NULL
         for column, key in _JSON_COLUMNS.items():
-            default: Any = [] if key in ("losses", "grad_norms") else {}
-            values[column] = json.dumps(finite_json(record.get(key, default)), allow_nan=False)
+            values[column] = json.dumps(finite_json(doc[key]), allow_nan=False)
         columns = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         try:
@@ -200,29 +196,25 @@ class ResultsStore:
             raise RuntimeError("the results store did not report the new row's id")
         return int(row_id)
 
-    def _decode(self, row: sqlite3.Row) -> dict[str, Any]:
-        """One run as a dict; UserError naming the row and the column when a cell is not
-        what sextant wrote (a hand-edited or damaged database)."""
-        out = {k: row[k] for k in row.keys() if k not in _JSON_COLUMNS}
+    def _decode(self, row: sqlite3.Row) -> RunRecord:
+        """One run; UserError naming the row and the column or field when a cell is not what
+        sextant wrote (a hand-edited or damaged database)."""
+        doc: dict[str, Any] = {k: row[k] for k in row.keys() if k not in _JSON_COLUMNS}
         for column, key in _JSON_COLUMNS.items():
             try:
-                out[key] = json.loads(row[column])
+                doc[key] = json.loads(row[column])
             except (TypeError, ValueError, RecursionError):
                 raise UserError(f"run {row['id']} in {self.path} is unreadable: its {column} "
                                 f"is not valid JSON") from None
         for key, kind in (("workload", dict), ("strategy", dict), ("metrics", dict),
                           ("losses", list), ("grad_norms", list)):
-            if not isinstance(out[key], kind):
+            if not isinstance(doc[key], kind):
                 raise UserError(f"run {row['id']} in {self.path} is unreadable: its {key} is "
                                 f"not a JSON {'object' if kind is dict else 'array'}")
-        try:
-            out["label"] = Strategy.from_dict(out["strategy"]).label
-        except (UserError, KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"run {row['id']} in {self.path} is unreadable: its strategy is "
-                            f"not valid ({str(exc)[:200]})") from None
-        return out
+        doc["schema"] = 1  # the store's rows are schema 1 (SCHEMA_VERSION), whatever they say
+        return RunRecord.from_dict(doc, name=f"run {row['id']} in {self.path} is unreadable:")
 
-    def _decode_all(self, rows: Any) -> list[dict[str, Any]]:
+    def _decode_all(self, rows: Any) -> list[RunRecord]:
         """The readable runs; each unreadable one is named on stderr and left out, so one
         damaged row does not hide the others."""
         out = []
@@ -234,7 +226,7 @@ class ResultsStore:
         return out
 
     def runs(self, *, workload_hash: str | None = None, group_id: str | None = None
-             ) -> list[dict[str, Any]]:
+             ) -> list[RunRecord]:
         """All runs (oldest first), optionally of one workload or one compare group."""
         query, args = "SELECT * FROM runs", []
         clauses = []
@@ -248,18 +240,18 @@ class ResultsStore:
             query += " WHERE " + " AND ".join(clauses)
         return self._decode_all(self._conn.execute(query + " ORDER BY id", args))
 
-    def get(self, run_id: int) -> dict[str, Any]:
+    def get(self, run_id: int) -> RunRecord:
         row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise UserError(f"no run with id {run_id} in {self.path}")
         return self._decode(row)
 
-    def find(self, record: dict[str, Any]) -> int | None:
+    def find(self, record: RunRecord) -> int | None:
         """The id of a stored run that is `record` (the same run directory, start time and
         workload), or None."""
         row = self._conn.execute(
             "SELECT id FROM runs WHERE run_dir IS ? AND created_at IS ? AND workload_hash IS ?",
-            (record.get("run_dir"), record.get("created_at"), record.get("workload_hash")),
+            (record.run_dir, record.created_at, record.workload_hash),
         ).fetchone()
         return None if row is None else int(row["id"])
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
-import sys
 import types
+import sys
 from pathlib import Path
 
 import pytest
 
 from sextant.advisor.profile import TEMPLATE
 from sextant.cli import main
+from sextant.results.record import RunRecord
+from sextant.results.store import ResultsStore
 from tests.advisor.util import EXAMPLES, REPO, run
 
 STARTUP = str(EXAMPLES / "startup-nvidia-pytorch.toml")
@@ -23,23 +26,12 @@ def _no_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEXTANT_RESULTS", str(tmp_path / "absent" / "results.db"))
 
 
-def _fake_store(monkeypatch: pytest.MonkeyPatch, runs: list[dict]) -> list[str]:
-    opened: list[str] = []
-
-    class ResultsStore:
-        def __init__(self, path):
-            opened.append(str(path))
-
-        def runs(self):
-            return runs
-
-        def close(self):
-            pass
-
-    module = types.ModuleType("sextant.results.store")
-    module.ResultsStore = ResultsStore  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sextant.results.store", module)
-    return opened
+def _store(db: Path, runs: list[RunRecord]) -> Path:
+    """A real results store at `db` holding `runs`."""
+    with ResultsStore(db) as store:
+        for r in runs:
+            store.add(r.replace(id=None))
+    return db
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,18 +59,16 @@ def test_markdown_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "**Recommendation: tensorflow.**" in out and "`deploy.mobile-edge`" in out
 
 
-def _on_gpu(record: dict) -> dict:
+def _on_gpu(record: RunRecord) -> RunRecord:
     """A run measured on the startup profile's hardware (an NVIDIA GPU): evidence for it."""
-    record["metrics"].update(device="gpu", accelerator="NVIDIA H100 80GB HBM3")
-    return record
+    return record.replace(metrics=dataclasses.replace(
+        record.metrics, device="gpu", accelerator="NVIDIA H100 80GB HBM3"))
 
 
 def test_cpu_runs_are_not_evidence_for_a_gpu_team(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    db = tmp_path / "results.db"
-    db.write_bytes(b"")
-    _fake_store(monkeypatch, [run(1, "torch", 1000.0), run(2, "jax", 4000.0)])
+    db = _store(tmp_path / "results.db", [run(1, "torch", 1000.0), run(2, "jax", 4000.0)])
     assert main(["advise", "--profile", STARTUP, "--db", str(db), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     pytorch = next(r for r in data["ranking"] if r["candidate"] == "pytorch")
@@ -88,13 +78,10 @@ def test_cpu_runs_are_not_evidence_for_a_gpu_team(
 
 def test_measured_runs_from_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    db = tmp_path / "results.db"
-    db.write_bytes(b"")  # the fake store reads nothing; the file only has to exist
-    opened = _fake_store(monkeypatch, [_on_gpu(run(1, "torch", 1000.0)),
-                                       _on_gpu(run(2, "jax", 4000.0))])
+    db = _store(tmp_path / "results.db", [_on_gpu(run(1, "torch", 1000.0)),
+                                          _on_gpu(run(2, "jax", 4000.0))])
     assert main(["advise", "--profile", STARTUP, "--db", str(db), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert opened == [str(db)]
     pytorch = next(r for r in data["ranking"] if r["candidate"] == "pytorch")
     assert pytorch["cost"]["throughput_factor"] == pytest.approx(0.25)
     assert pytorch["cost"]["throughput_source"] == "measured"
@@ -103,12 +90,9 @@ def test_measured_runs_from_the_store(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_env_overrides_the_default_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    db = tmp_path / "env.db"
-    db.write_bytes(b"")
+    db = _store(tmp_path / "env.db", [_on_gpu(run(1, "torch", 1000.0))])
     monkeypatch.setenv("SEXTANT_RESULTS", str(db))
-    opened = _fake_store(monkeypatch, [_on_gpu(run(1, "torch", 1000.0))])
     assert main(["advise", "--profile", STARTUP, "--json"]) == 0
-    assert opened == [str(db)]
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert notes and "no two frameworks" in notes[0]
 

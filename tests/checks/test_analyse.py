@@ -9,6 +9,7 @@ import pytest
 
 from sextant.checks import analyse
 from sextant.checks.result import CHECKS, CheckResult, worst
+from sextant.results.record import RunRecord
 from sextant.commands.check import exit_code
 
 
@@ -19,18 +20,20 @@ def fingerprint(**over):
     return {**fp, **over}
 
 
-def rank(r, *, rows=8, step=0.1, data=0.001, fp=None, steps=10):
+def rank(r, *, rows=8, step=0.1, data=0.001, fp=None, steps=10, details=None):
     return {"rank": r, "step_times_s": [step] * steps, "data_wait_median_s": data,
             "rows_per_step": [rows] * steps, "fingerprint": fp or fingerprint(cpu_affinity=[r]),
-            "details": {}}
+            "details": details or {}}
 
 
 def record(ranks, *, step=0.1, losses=None, warm=1, steps=10, samples_per_s=160.0):
-    return {"metrics": {"step_time_median_s": step, "samples_per_s": samples_per_s},
-            "workload": {"steps": steps, "measure": {"warmup_steps": warm}},
-            "ranks": ranks,
-            "losses": losses if losses is not None else [5.0 - 0.1 * i for i in range(steps)],
-            "run_dir": "/nowhere"}
+    return RunRecord.from_dict({
+        "strategy": {"framework": "torch"},
+        "metrics": {"step_time_median_s": step, "samples_per_s": samples_per_s},
+        "workload": {"steps": steps, "measure": {"warmup_steps": warm}},
+        "ranks": ranks,
+        "losses": losses if losses is not None else [5.0 - 0.1 * i for i in range(steps)],
+        "run_dir": "/nowhere"})
 
 
 def step_events(ends_by_rank):
@@ -164,13 +167,13 @@ def test_interconnect_threshold_names_the_slower_collective() -> None:
 
 def test_checkpoint_judgement() -> None:
     full = record([rank(0)])
-    resumed = record([rank(0)], losses=full["losses"][5:])
+    resumed = record([rank(0)], losses=full.losses[5:])
     assert analyse.check_checkpoint(full, full, resumed, 5).status == "pass"
-    off = record([rank(0)], losses=[x + 1e-3 for x in full["losses"][5:]])
+    off = record([rank(0)], losses=[x + 1e-3 for x in full.losses[5:]])
     assert analyse.check_checkpoint(full, full, off, 5).status == "fail"
-    restarted = record([rank(0)], losses=full["losses"])
-    restarted["ranks"][0]["details"] = {"notes": [
-        "checkpoint step-00000005 refused: x.distcp does not match its checksum (corrupted)"]}
+    restarted = record([rank(0, details={"notes": [
+        "checkpoint step-00000005 refused: x.distcp does not match its checksum (corrupted)"]})],
+        losses=full.losses)
     res = analyse.check_checkpoint(full, full, restarted, 5)
     assert res.status == "fail" and "step 0" in res.summary and "corrupted" in res.summary
     assert analyse.check_checkpoint(full, None, None, 5, error="saving run: boom").status == "fail"

@@ -63,7 +63,7 @@ def healthy(opts):
 def straggler(opts, single):
     # Rank 1 sleeps 2.5x the single-device step in every step: a clear straggler, and enough
     # to make 2 workers slower than 1 (the throttled sweep).
-    base = single[0].record["metrics"]["step_time_median_s"]
+    base = single[0].record.metrics.step_time_median_s
     ms = max(300, int(2500 * base))
     return run(opts, f"slow-rank-1-{ms}"), ms / 1e3
 
@@ -89,7 +89,7 @@ def test_healthy_run_passes_every_check(opts, single, healthy) -> None:
     assert scaling.status in ("pass", "warn"), scaling.summary
     assert "efficiency at 2" in scaling.summary or scaling.status == "pass", scaling.summary
     # metrics.jsonl: every rank's every step, schema-valid.
-    records = list(read_metrics(Path(healthy["run_dir"]) / "metrics.jsonl"))
+    records = list(read_metrics(Path(str(healthy.run_dir)) / "metrics.jsonl"))
     assert records[0]["event"] == "run" and records[0]["world"] == 2
     steps = [r for r in records if r["event"] == "step"]
     assert sorted((r["rank"], r["step"]) for r in steps) == [
@@ -111,7 +111,7 @@ def test_a_slow_rank_is_named_as_a_straggler(straggler) -> None:
     assert "rank 1 is slow: same rows" in res.summary and "rank 0" not in res.summary
     # Why the finish lag and not the step time: at the all-reduce rank 0 waits for rank 1,
     # so rank 0's own step time grows by the sleep too.
-    r0 = record["ranks"][0]["step_time"]["median"]
+    r0 = record.ranks[0].step_time.median
     assert r0 > 0.7 * sleep_s
     assert res.details["per_rank"]["1"]["lag_s"] > 0.7 * sleep_s
 

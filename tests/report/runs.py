@@ -1,14 +1,15 @@
-"""Constructed run records (plain dicts shaped like ResultsStore.runs() rows) for the report
-and claims tests: no training, no store needed."""
+"""Constructed run records (RunRecord, built by its own constructor from the JSON form the
+store keeps) for the report and claims tests: no training, no store needed."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
 from typing import Any
 
-from sextant.strategy import Strategy
+from sextant.results.record import Fingerprint, RunRecord
 
 WORKLOAD = {"name": "gpt-tiny", "description": "a test workload", "seed": 0, "steps": 20,
             "global_batch": 16,
@@ -35,8 +36,9 @@ def make_run(framework: str = "torch", mode: str = "eager", parallel: str = "sin
              comm: float | None = None, sync_step: float | None = None,
              first_step: float | None = None, losses: list[float] | None = None,
              workload_hash: str = "w1", status: str = "ok", ranks: int | None = None,
-             label: str | None = None) -> dict[str, Any]:
-    """One run; step is the median step time, p10/p90 = step x (1 -/+ spread)."""
+             **metrics_over: Any) -> RunRecord:
+    """One run; step is the median step time, p10/p90 = step x (1 -/+ spread);
+    `metrics_over` sets any other metric."""
     run_id = next(_ids)
     tokens = WORKLOAD["global_batch"] * WORKLOAD["model"]["seq_len"]
     n_ranks = ranks if ranks is not None else workers
@@ -54,19 +56,16 @@ def make_run(framework: str = "torch", mode: str = "eager", parallel: str = "sin
         "exposed_comm_share": (comm / (sync_step or step)) if comm is not None else None,
         "sync_step_median_s": sync_step, "nosync_step_median_s":
             (sync_step - comm) if sync_step is not None and comm is not None else None,
+        **metrics_over,
     }
     strategy = {"framework": framework, "mode": mode, "parallel": parallel,
                 "workers": workers, "precision": precision, "compress": compress,
                 "devices_per_worker": 1, "ps": 0, "threads": None}
-    if label is None:
-        # The store's label (Strategy.label), not a copy of it: a copy here once drifted
-        # ("compress bf16" where the store says "compress=bf16").
-        label = Strategy.from_dict(strategy).label
-    return {
+    return RunRecord.from_dict({
         "id": run_id, "created_at": "2026-11-30T10:00:00+0000", "group_id": "g1",
         "status": status, "workload_name": WORKLOAD["name"], "workload_hash": workload_hash,
         "framework": framework, "mode": mode, "parallel": parallel, "workers": workers,
-        "precision": precision, "label": label,
+        "precision": precision,
         "workload": dict(WORKLOAD), "strategy": strategy, "metrics": metrics,
         "losses": list(losses or [5.5, 4.0, 3.0]), "grad_norms": [1.0, 1.0, 1.0],
         "ranks": [{"rank": r, "step_time": {"median": step, "p10": step * 0.9,
@@ -78,10 +77,10 @@ def make_run(framework: str = "torch", mode: str = "eager", parallel: str = "sin
                         "framework_version": {"torch": "2.4", "jax": "0.5",
                                               "tensorflow": "2.16"}.get(framework, "1"),
                         "python": "3.11", "gpu": None, "device": "cpu"},
-    }
+    })
 
 
-def compare_group() -> list[dict[str, Any]]:
+def compare_group() -> list[RunRecord]:
     """What `sextant compare --frameworks torch,jax` stores, with chosen figures."""
     return [
         make_run("torch", "eager", step=0.20),
@@ -107,3 +106,19 @@ def calibrated_machine(directory: Path, cores: int = 2) -> Any:
         "allreduce": {"alpha_s": 400e-6, "beta_s_per_byte": 1e-9},
     }))
     return load_machine(path)
+
+
+def with_metrics(run: RunRecord, **figures: Any) -> RunRecord:
+    """`run` with some metrics changed (a record is immutable: this is a new one)."""
+    return run.replace(metrics=dataclasses.replace(run.metrics, **figures))
+
+
+def with_ranks(run: RunRecord, **fields: Any) -> RunRecord:
+    """`run` with the same fields changed on every rank."""
+    return run.replace(ranks=tuple(dataclasses.replace(r, **fields) for r in run.ranks))
+
+
+def with_fingerprint(run: RunRecord, **values: Any) -> RunRecord:
+    """`run` with some fingerprint values changed (its environment, as the store keeps it)."""
+    return run.replace(fingerprint=Fingerprint.from_dict({**run.fingerprint.to_dict(),
+                                                          **values}))

@@ -16,7 +16,7 @@ from sextant.claims.check import (
     claim_workers,
     speedup,
 )
-from tests.report.runs import WORKLOAD, compare_group, make_run
+from tests.report.runs import WORKLOAD, compare_group, make_run, with_metrics, with_ranks
 
 MB = 2**20
 
@@ -63,9 +63,8 @@ def test_compile_straddling_the_threshold_is_inconclusive() -> None:
 
 def test_one_trial_without_step_times_is_inconclusive() -> None:
     eager, compiled = make_run(step=0.30), make_run(mode="compiled", step=0.10)
-    for run in (eager, compiled):  # an older record: medians only
-        for rank in run["ranks"]:
-            rank["step_times_s"] = []
+    # An older record: medians only.
+    eager, compiled = (with_ranks(run, step_times_s=()) for run in (eager, compiled))
     c = claim_compile([eager, compiled], WORKLOAD)
     assert c.value == pytest.approx(3.0) and c.verdict == INCONCLUSIVE and c.low is None
 
@@ -118,7 +117,7 @@ def test_mixed_precision_holds() -> None:
     c = claim_mixed_precision(runs, WORKLOAD)
     assert c.verdict == HOLDS and c.value == pytest.approx(2.0)
     assert c.command == "sextant runs show {}; sextant runs show {}".format(
-        runs[0]["id"], runs[1]["id"])
+        runs[0].id, runs[1].id)
 
 
 def test_mixed_precision_does_not_hold() -> None:
@@ -263,7 +262,7 @@ def test_failed_runs_and_other_workloads_are_ignored() -> None:
             make_run(mode="compiled", step=0.19)]
     compile_claim = check_claims(runs, workload_hash="w1")[0]
     assert compile_claim.value == pytest.approx(0.2 / 0.19) and compile_claim.run_ids == (
-        runs[0]["id"], runs[3]["id"])
+        runs[0].id, runs[3].id)
 
 
 def test_default_workload_is_the_last_runs() -> None:
@@ -287,7 +286,7 @@ def test_no_runs_gives_not_measured_everywhere() -> None:
 # -- repeated trials and disturbed runs ------------------------------------------------
 
 def _trials(step: float, n: int, mode: str = "eager", group: str = "g1", **kw):
-    return [dict(make_run(mode=mode, step=step * (1 + 0.02 * i), **kw), group_id=group)
+    return [make_run(mode=mode, step=step * (1 + 0.02 * i), **kw).replace(group_id=group)
             for i in range(n)]
 
 
@@ -314,14 +313,14 @@ def test_disturbed_runs_are_left_out_of_verdicts() -> None:
     eager = make_run(step=0.20, spread=0.01)
     quiet = make_run(mode="compiled", step=0.21, spread=0.01)
     burst = make_run(mode="compiled", step=0.10, spread=0.01)  # a lucky, disturbed trial
-    burst["metrics"]["disturbed"] = True
+    burst = with_metrics(burst, disturbed=True)
     c = check_claims([eager, quiet, burst])[0]
-    assert burst["id"] not in c.run_ids and quiet["id"] in c.run_ids
+    assert burst.id not in c.run_ids and quiet.id in c.run_ids
     # compiled lost one of its two trials: its interval covers one run only, no verdict.
     assert c.verdict == INCONCLUSIVE and "lost a trial" in c.reason
     # The disturbed run belonged to an earlier compare: nothing lost here, a verdict.
-    c = check_claims([dict(burst, group_id="earlier"), eager, quiet])[0]
-    assert c.verdict == NOT_HOLD and burst["id"] not in c.run_ids
+    c = check_claims([burst.replace(group_id="earlier"), eager, quiet])[0]
+    assert c.verdict == NOT_HOLD and burst.id not in c.run_ids
     # Only disturbed runs of compiled: measured, but no verdict.
     c = check_claims([eager, burst])[0]
     assert c.verdict == INCONCLUSIVE and "disturbed" in c.reason

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sextant.report.interconnect import interconnect
+from sextant.results.record import RunRecord
 
 
 def _run(run_id: int, parallel: str, workers: int, tps: float, link: float | None,
-         status: str = "ok") -> dict:
+         status: str = "ok", workload: dict[str, Any] | None = None) -> RunRecord:
     network = ({"kind": "emulated", "hosts": ["sx-h0", "sx-h1"], "link_bit_s": link,
                 "allreduce_fit": {"alpha_s": 1e-4, "beta_s_per_byte": 8 / link}}
                if link else {"kind": "loopback", "hosts": ["box"]})
-    return {"id": run_id, "status": status, "framework": "torch", "mode": "eager",
-            "parallel": parallel, "workers": workers, "compress": "none",
-            "metrics": {"tokens_per_s": tps, "exposed_comm_share": 0.2},
-            "fingerprint": {"network": network}}
+    return RunRecord.from_dict({
+        "id": run_id, "status": status, "workload": workload or {"name": "w"},
+        "strategy": {"framework": "torch", "parallel": parallel, "workers": workers},
+        "metrics": {"tokens_per_s": tps, "exposed_comm_share": 0.2,
+                    "step_time_median_s": 16 * 64 / tps},
+        "fingerprint": {"network": network}})
 
 
 def test_efficiency_by_link_rate_against_one_process() -> None:
@@ -50,10 +55,8 @@ def test_the_planner_line_rises_with_the_link_rate_and_levels_off(tmp_path) -> N
     (tmp_path / "calibration.json").write_text(json.dumps(calibration))
     machine = load_machine(tmp_path / "calibration.json")
     workload = resolve_workload("gpt-tiny").to_dict()
-    runs = [_run(1, "single", 1, 40000.0, None), _run(2, "dp", 2, 30000.0, 1e9)]
-    for run in runs:
-        run["workload"] = workload
-        run["metrics"]["step_time_median_s"] = 16 * 64 / run["metrics"]["tokens_per_s"]
+    runs = [_run(1, "single", 1, 40000.0, None, workload=workload),
+            _run(2, "dp", 2, 30000.0, 1e9, workload=workload)]
     (s,) = interconnect(runs, machine)["series"]
     line = [q["efficiency"] for q in s["prediction"]]
     assert [q["link_gbit"] for q in s["prediction"]] == [0.1, 1.0, 10.0, 25.0, 100.0, 400.0]

@@ -16,7 +16,13 @@ from sextant.report import build_report, load_advice, render, render_html, write
 from sextant.results.store import ResultsStore
 from sextant.report.html import html_from_report
 from sextant.report.markdown import markdown_from_report
-from tests.report.runs import calibrated_machine, compare_group, make_run
+from tests.report.runs import (
+    calibrated_machine,
+    compare_group,
+    make_run,
+    with_fingerprint,
+    with_metrics,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "examples" / "profiles" / "startup-nvidia-pytorch.toml"
@@ -111,19 +117,18 @@ def test_html_shows_sections_and_is_self_contained() -> None:
 
 def test_html_flags_runs_that_did_not_train_the_same_thing() -> None:
     runs = compare_group()
-    runs[2]["losses"] = [5.5, 4.5, 3.5]
+    runs[2] = runs[2].replace(losses=(5.5, 4.5, 3.5))
     page = render_html(runs)
     assert "losses disagree" in page and "did not train the same thing" in page
     assert "identical data flow" not in page
 
 
 def test_user_strings_are_escaped_in_every_format() -> None:
-    runs = compare_group()
-    for run in runs:
-        run["workload"]["name"] = EVIL
-        run["workload"]["description"] = EVIL
-        run["fingerprint"]["cpu"] = EVIL
-    runs[0]["label"] = EVIL
+    # A run's label is its strategy's, from a fixed vocabulary; the workload and the machine
+    # are the user's strings.
+    runs = [with_fingerprint(run.replace(workload={**run.workload, "name": EVIL,
+                                                   "description": EVIL}), cpu=EVIL)
+            for run in compare_group()]
     page = render(runs, "html")
     assert "<script>alert" not in page and "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -137,9 +142,7 @@ def test_legacy_minimal_record_renders() -> None:
     """A record with only what the store's own test writes (no spreads, no rank data)."""
     from tests.test_store import record
 
-    rec = record()
-    rec.update(label="torch dp x2", created_at="2026-11-30T00:00:00", id=1)
-    rec["ranks"] = []
+    rec = record().replace(created_at="2026-11-30T00:00:00", id=1, ranks=())
     for fmt in ("html", "md", "json"):
         assert render([rec], fmt)
 
@@ -186,8 +189,7 @@ def test_profile_puts_the_recommendation_on_top() -> None:
     assert not any(x["source"] == "measured" for x in evidence)
     assert any("not your target (nvidia)" in n for n in data["recommendation"]["notes"])
     # Measured on the target's hardware, they enter as evidence.
-    for run in runs:
-        run["metrics"].update(device="gpu", accelerator="NVIDIA H200")
+    runs = [with_metrics(run, device="gpu", accelerator="NVIDIA H200") for run in runs]
     gpu_advice = load_advice(PROFILE, runs)
     assert any(e.source == "measured" for e in gpu_advice.evidence)
 
@@ -207,7 +209,7 @@ def store_db(tmp_path: Path) -> Path:
     with ResultsStore(db) as store:
         for run in compare_group():
             store.add(run)
-        store.add(make_run(step=0.5) | {"group_id": "g2"})
+        store.add(make_run(step=0.5).replace(group_id="g2"))
     return db
 
 

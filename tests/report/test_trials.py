@@ -10,23 +10,24 @@ from rich.console import Console
 from sextant.commands.trials import disturbed_lines, trials_table
 from sextant.measure.intervals import distinguishable, verdict_at_least, verdict_below
 from sextant.report.model import build_report, headline_text
-from tests.report.runs import make_run
+from sextant.results.record import RunRecord
+from tests.report.runs import make_run, with_fingerprint
 
 
 def _trials(framework: str, mode: str, steps: list[float], spread: float = 0.05,
-            disturbed: tuple[int, ...] = ()) -> list[dict]:
+            disturbed: tuple[int, ...] = ()) -> list[RunRecord]:
     runs = []
     for i, step in enumerate(steps):
-        run = make_run(framework, mode, step=step, spread=spread)
-        run["metrics"].update(trial=i + 1, trials=len(steps), disturbed=i in disturbed)
+        run = make_run(framework, mode, step=step, spread=spread, trial=i + 1,
+                       trials=len(steps), disturbed=i in disturbed)
         if i in disturbed:
-            run["fingerprint"]["interference"] = {"reason": "1.00 cores used outside the run",
-                                                  "outside_cores_mean": 1.0}
+            run = with_fingerprint(run, interference={
+                "reason": "1.00 cores used outside the run", "outside_cores_mean": 1.0})
         runs.append(run)
     return runs
 
 
-def _interleave(*configs: list[dict]) -> list[dict]:
+def _interleave(*configs: list[RunRecord]) -> list[RunRecord]:
     return [run for trial in zip(*configs) for run in trial]
 
 
@@ -77,11 +78,11 @@ def test_disturbed_trials_are_counted_apart_and_not_used() -> None:
     assert jax["disturbed_trials"] == 1 and jax["speedup_vs_reference"] < 1
     assert report["summary"]["fastest"]["run"] == "torch eager"
     assert report["summary"]["disturbed"] == [{"run": "jax compiled",
-                                               "ids": [runs[1]["id"]]}]
+                                               "ids": [runs[1].id]}]
     text = _text(trials_table(runs, "t"))
     assert "2 (+1 disturbed)" in text and "0.67x [" in text
     lines = disturbed_lines(runs)
-    assert f"run {runs[1]['id']} (jax compiled trial 1/3)" in lines[0]
+    assert f"run {runs[1].id} (jax compiled trial 1/3)" in lines[0]
     assert "re-run" in lines[-1]
 
 
