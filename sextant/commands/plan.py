@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 from sextant.commands.common import add_store_args, db_path
@@ -334,10 +335,16 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         resolve_workload(args.workload)
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
-    options = _options(args, cat.accelerator(args.accelerator), shape.global_batch)
+    measured = _measured(args, cat)
+    options = _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured)
     hw = resolve_hardware(
         cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
     )
+    if measured and measured.get("allreduce") and args.intra_link is None:
+        # The all-reduce bus bandwidth measured between this host's devices replaces the
+        # catalogue's plateau of the intra-node link (its ramp over message sizes stays).
+        plateau = float(measured["allreduce"]["plateau_busbw_bytes_per_s"])
+        hw = replace(hw, intra=replace(hw.intra, bus_bandwidth=plateau))
     req = PlanRequest(
         shape=shape,
         devices=args.gpus,
@@ -352,8 +359,17 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         threshold=args.threshold,
         top=args.top if args.search else 0,
         curve=not args.no_curve,
+        calibrated=measured,
     )
     return make_plan(req, cat, hw)
+
+
+def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:
+    """The calibration's device section when it was measured on the planned accelerator
+    (`sextant calibrate --device gpu`)."""
+    from sextant.planner.device_calibration import measured_for
+
+    return measured_for(cat.calibration, args.accelerator)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -394,8 +410,10 @@ def _check_args(args: argparse.Namespace) -> None:
             raise UserError(message)
 
 
-def _options(args: argparse.Namespace, acc: Any, model_batch: int) -> Any:
-    """PlanOptions from the flags: the user's knobs over the chosen stack's profile."""
+def _options(args: argparse.Namespace, acc: Any, model_batch: int,
+             measured: dict[str, Any] | None = None) -> Any:
+    """PlanOptions from the flags: the user's knobs over the chosen stack's profile; the
+    kernel efficiency measured on this accelerator (`measured`) unless one is asked for."""
     from sextant.planner.estimate import PlanOptions
     from sextant.planner.profiles import profile
 
@@ -410,6 +428,8 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int) -> Any:
     efficiency = {} if args.kernel_efficiency is None else {
         "compute_efficiency": args.kernel_efficiency
     }
+    if measured and args.kernel_efficiency is None and args.mfu is None:
+        efficiency = {"compute_efficiency": min(float(measured["kernel_efficiency"]), 1.0)}
     return PlanOptions(
         precision=precision,
         optimizer=args.optimizer,

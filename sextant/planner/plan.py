@@ -50,6 +50,9 @@ class PlanRequest:
     top: int = 0
     """Rows of the ranked search to include (0: none)."""
     curve: bool = True
+    calibrated: dict[str, Any] | None = None
+    """The calibration's device section whose kernel efficiency and bus bandwidth the plan
+    uses (`sextant calibrate --device gpu` on this accelerator); None: the catalogue's."""
 
 
 _PIN_TO_KNOB = {
@@ -183,6 +186,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         },
         "assumptions": {
             "kernel_efficiency": opts.compute_efficiency,
+            "calibrated_on": None if req.calibrated is None else req.calibrated["device_name"],
             "target_mfu": req.options.target_mfu,
             "stack": opts.stack.name,
             "memory_model": opts.stack.memory_model,
@@ -530,6 +534,16 @@ def _efficiency_note(
             f"kernel efficiency {opts.compute_efficiency:.2f} of peak was solved so "
             f"that this layout reaches the requested end-to-end MFU "
             f"{opts.target_mfu:.0%} (--mfu)"
+        )
+    cal = req.calibrated
+    if cal and opts.compute_efficiency == min(float(cal["kernel_efficiency"]), 1.0):
+        bus = (f"; intra-node all-reduce bus bandwidth "
+               f"{cal['allreduce']['plateau_busbw_bytes_per_s'] / 1e9:.0f} GB/s measured "
+               f"between {cal['allreduce']['world']} devices" if cal.get("allreduce") else "")
+        return (
+            f"kernel efficiency {opts.compute_efficiency:.2f} of peak measured by sextant "
+            f"calibrate on {cal['device_name']} over the GEMMs of {cal['workload']} at "
+            f"{cal['tokens']} tokens{bus}"
         )
     return (
         f"kernel efficiency {opts.compute_efficiency:.2f} of peak is an "
