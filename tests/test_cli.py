@@ -170,7 +170,7 @@ def test_a_named_command_loads_its_module_only() -> None:
 
 def test_one_db_flag_for_every_command() -> None:
     """Every command that takes --db takes it from add_store_args: same type, same default,
-    same documented fallback (plan's hidden one serves the deprecated `plan --validate`)."""
+    same documented fallback."""
     import argparse
 
     from sextant import cli

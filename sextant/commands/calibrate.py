@@ -39,6 +39,19 @@ def register(subparsers: Any) -> None:
         help=f"seconds allowed for the worker processes (default {MEASUREMENT_TIMEOUT_S:g})",
     )
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    dev = c.add_argument_group(
+        "device (--device gpu): the kernel efficiency over a workload's GEMM shapes and the "
+        "all-reduce bus bandwidth between this host's GPUs, for 'sextant plan'")
+    dev.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                     help="cpu (default: the host only) or gpu (also its GPUs)")
+    dev.add_argument("--model", help="planner preset whose GEMMs to time (see 'sextant plan "
+                     "list')")
+    dev.add_argument("--workload", metavar="FILE", help="a workload TOML instead of --model")
+    dev.add_argument("--accelerator", help="catalogue key of the GPU (default: from its name)")
+    dev.add_argument("--mbs", type=int, default=1, help="micro-batch in sequences (default 1)")
+    dev.add_argument("--tp", type=int, default=1, help="tensor-parallel split (default 1)")
+    dev.add_argument("--device-max-bytes", type=int, default=1 << 30,
+                     help="largest GPU all-reduce message (default 1 GiB)")
     c.set_defaults(func=run_calibrate)
 
 
@@ -50,14 +63,42 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UserError(f"--timeout must be > 0. Received: {args.timeout}")
     out = args.out or default_out()
+    progress = None if args.json else sys.stderr
     doc = calibrate(
         out=out,
         max_bytes=args.max_bytes,
         timeout=args.timeout,
-        progress=None if args.json else sys.stderr,
+        progress=progress,
+        device=_device_section(args, progress) if args.device == "gpu" else None,
     )
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         render_calibration(doc, console(None, highlight=True), out)
     return 0
+
+
+def _device_section(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.device_calibration import calibrate_device
+    from sextant.planner.models import load_workload_shape, preset
+
+    if bool(args.model) == bool(args.workload):
+        raise UserError("--device gpu times a workload's GEMMs: give exactly one of --model "
+                        "PRESET or --workload FILE")
+    for flag, value in (("--mbs", args.mbs), ("--tp", args.tp)):
+        if value < 1:
+            raise UserError(f"{flag} must be >= 1. Received: {value}")
+    shape = preset(args.model) if args.model else load_workload_shape(args.workload)
+    cost = shape.cost()
+    acc = load_catalogue(calibration=None).accelerator(args.accelerator) \
+        if args.accelerator else None
+
+    def say(msg: str) -> None:
+        if progress is not None:
+            progress.write(f"calibrate: {msg}\n")
+            progress.flush()
+
+    return calibrate_device(cost=cost, tokens=args.mbs * cost.tokens_per_sample, tp=args.tp,
+                            device="gpu", accelerator=acc, max_bytes=args.device_max_bytes,
+                            timeout=args.timeout, say=say)

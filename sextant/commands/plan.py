@@ -8,9 +8,6 @@ command line: arguments, dispatch and the `list` tables.
     sextant plan validate [--db PATH]         predicted vs measured step time of local runs
     sextant plan references [--only ID]       the planner against published figures
     sextant plan list                         presets, accelerators, networks
-
-The mode flags `--validate`, `--references` and `--list` still work for one release, with a
-deprecation message on stderr.
 """
 
 from __future__ import annotations
@@ -18,9 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
-from sextant.commands.common import add_store_args, db_path, deprecated
+from sextant.commands.common import add_store_args, db_path
 from sextant.display import console
 from sextant.errors import UserError
 from sextant.paths import DEFAULT_CALIBRATION
@@ -219,17 +217,9 @@ def register(subparsers: Any) -> None:
     )
     out.add_argument("--no-curve", action="store_true", help="skip the scaling curve")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    # The mode flags these verbs replace, kept for one release (hidden from --help).
-    old = p.add_argument_group("deprecated mode flags")
-    old.add_argument("--validate", action="store_true", help=argparse.SUPPRESS)
-    old.add_argument("--references", action="store_true", help=argparse.SUPPRESS)
-    old.add_argument("--list", action="store_true", help=argparse.SUPPRESS)
-    old.add_argument("--only", metavar="ID", help=argparse.SUPPRESS)
-    old.add_argument("--markdown", action="store_true", help=argparse.SUPPRESS)
-    add_store_args(p, hidden=True)
     p.set_defaults(func=run_plan)
 
-    verbs = p.add_subparsers(dest="plan_verb", metavar="VERB", title="verbs",
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", title="verbs",
                              description="optional; without one, plan the run the options "
                              "describe")
     v = verbs.add_parser(
@@ -280,15 +270,6 @@ def _trainable(spec: str) -> bool:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    if args.list:
-        deprecated("plan --list", "plan list")
-        return run_list(args)
-    if args.references:
-        deprecated("plan --references", "plan references")
-        return run_references_cmd(args)
-    if args.validate:
-        deprecated("plan --validate", "plan validate")
-        return run_validate(args)
     doc = plan_from_args(args)
     if args.json:
         print(json.dumps(doc, indent=2, default=float))
@@ -312,7 +293,7 @@ def run_references_cmd(args: argparse.Namespace) -> int:
         run_references,
     )
 
-    rows = run_references(only=args.only, split=getattr(args, "split", None))
+    rows = run_references(only=args.only, split=args.split)
     if args.markdown:
         print(references_markdown(rows))
     elif args.json:
@@ -341,11 +322,58 @@ MAX_PLAN_TOKENS = 1e17
 
 def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from sextant.planner.catalogue import load_catalogue
-    from sextant.planner.estimate import PlanOptions, resolve_hardware
-    from sextant.planner.profiles import profile
+    from sextant.planner.estimate import resolve_hardware
     from sextant.planner.models import load_workload_shape, preset
     from sextant.planner.plan import PlanRequest, make_plan
 
+    _check_args(args)
+    if args.workload and _trainable(args.workload):
+        # The validation `run` applies, before its shape is read (a planner-only shape,
+        # family 'transformer', is the planner's to validate).
+        from sextant.sources import resolve_workload
+
+        resolve_workload(args.workload)
+    shape = preset(args.model) if args.model else load_workload_shape(args.workload)
+    cat = load_catalogue(args.catalogue, args.calibration)
+    measured = _measured(args, cat)
+    options = _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured)
+    hw = resolve_hardware(
+        cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
+    )
+    if measured and measured.get("allreduce") and args.intra_link is None:
+        # The all-reduce bus bandwidth measured between this host's devices replaces the
+        # catalogue's plateau of the intra-node link (its ramp over message sizes stays).
+        plateau = float(measured["allreduce"]["plateau_busbw_bytes_per_s"])
+        hw = replace(hw, intra=replace(hw.intra, bus_bandwidth=plateau))
+    req = PlanRequest(
+        shape=shape,
+        devices=args.gpus,
+        accelerator=args.accelerator,
+        network=args.network,
+        intra_link=args.intra_link,
+        options=options,
+        pinned=_pinned(args),
+        tokens=args.tokens,
+        price_per_hour=args.price_per_hour,
+        goodput=args.goodput,
+        threshold=args.threshold,
+        top=args.top if args.search else 0,
+        curve=not args.no_curve,
+        calibrated=measured,
+    )
+    return make_plan(req, cat, hw)
+
+
+def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:
+    """The calibration's device section when it was measured on the planned accelerator
+    (`sextant calibrate --device gpu`)."""
+    from sextant.planner.device_calibration import measured_for
+
+    return measured_for(cat.calibration, args.accelerator)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """The flags' own ranges and the combinations the plan needs, each one clear error."""
     if bool(args.model) == bool(args.workload):
         raise UserError(
             "give exactly one of --model PRESET or --workload FILE (see 'sextant plan list')"
@@ -357,35 +385,38 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
             "give --mfu (end-to-end, the kernel efficiency is solved) or --kernel-efficiency, "
             f"not both. Received: --mfu {args.mfu}, --kernel-efficiency {args.kernel_efficiency}"
         )
-    if args.price_per_hour is not None and not (
-        math.isfinite(args.price_per_hour) and args.price_per_hour >= 0
-    ):
-        raise UserError(
-            f"--price-per-hour must be a finite number >= 0. Received: {args.price_per_hour}"
-        )
-    if args.tokens is not None and not (math.isfinite(args.tokens)
-                                        and 0 < args.tokens <= MAX_PLAN_TOKENS):
-        raise UserError(f"--tokens must be a number in (0, {MAX_PLAN_TOKENS:g}]. Received: "
-                        f"{args.tokens:g}")
     if args.oversubscription != 1.0 and args.nodes_per_leaf is None:
         raise UserError(
             "--oversubscription needs --nodes-per-leaf (how many nodes share a leaf switch). "
             f"Received: --oversubscription {args.oversubscription}"
         )
-    if not (math.isfinite(args.goodput) and 0 < args.goodput <= 1):
-        raise UserError(f"--goodput must be in (0, 1]. Received: {args.goodput}")
-    if args.global_batch is not None and not 1 <= args.global_batch <= MAX_PLAN_GLOBAL_BATCH:
-        raise UserError(f"--global-batch must be from 1 to {MAX_PLAN_GLOBAL_BATCH}. Received: "
-                        f"{args.global_batch}")
-    if args.workload and _trainable(args.workload):
-        # The validation `run` applies, before its shape is read (a planner-only shape,
-        # family 'transformer', is the planner's to validate).
-        from sextant.sources import resolve_workload
+    for ok, message in (
+        (args.price_per_hour is None
+         or (math.isfinite(args.price_per_hour) and args.price_per_hour >= 0),
+         f"--price-per-hour must be a finite number >= 0. Received: {args.price_per_hour}"),
+        (args.tokens is None or (math.isfinite(args.tokens)
+                                 and 0 < args.tokens <= MAX_PLAN_TOKENS),
+         f"--tokens must be a number in (0, {MAX_PLAN_TOKENS:g}]. Received: "
+         f"{args.tokens if args.tokens is None else format(args.tokens, 'g')}"),
+        (math.isfinite(args.goodput) and 0 < args.goodput <= 1,
+         f"--goodput must be in (0, 1]. Received: {args.goodput}"),
+        (args.global_batch is None or 1 <= args.global_batch <= MAX_PLAN_GLOBAL_BATCH,
+         f"--global-batch must be from 1 to {MAX_PLAN_GLOBAL_BATCH}. Received: "
+         f"{args.global_batch}"),
+        (args.top >= 0, f"--top must be >= 0. Received: {args.top}"),
+        (0 < args.threshold <= 1, f"--threshold must be in (0, 1]. Received: {args.threshold}"),
+    ):
+        if not ok:
+            raise UserError(message)
 
-        resolve_workload(args.workload)
-    shape = preset(args.model) if args.model else load_workload_shape(args.workload)
-    cat = load_catalogue(args.catalogue, args.calibration)
-    acc = cat.accelerator(args.accelerator)
+
+def _options(args: argparse.Namespace, acc: Any, model_batch: int,
+             measured: dict[str, Any] | None = None) -> Any:
+    """PlanOptions from the flags: the user's knobs over the chosen stack's profile; the
+    kernel efficiency measured on this accelerator (`measured`) unless one is asked for."""
+    from sextant.planner.estimate import PlanOptions
+    from sextant.planner.profiles import profile
+
     precision = args.precision or next(
         (p for p in ("bf16", "fp16", "fp32") if p in acc.peak_flops), "fp32"
     )
@@ -394,15 +425,16 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     overhead = args.overhead_gb
     if overhead is None:
         overhead = 0.3 if acc.measured else 1.0
-    options = PlanOptions(
+    efficiency = {} if args.kernel_efficiency is None else {
+        "compute_efficiency": args.kernel_efficiency
+    }
+    if measured and args.kernel_efficiency is None and args.mfu is None:
+        efficiency = {"compute_efficiency": min(float(measured["kernel_efficiency"]), 1.0)}
+    return PlanOptions(
         precision=precision,
         optimizer=args.optimizer,
-        global_batch=shape.global_batch if args.global_batch is None else args.global_batch,
-        **(
-            {}
-            if args.kernel_efficiency is None
-            else {"compute_efficiency": args.kernel_efficiency}
-        ),
+        global_batch=model_batch if args.global_batch is None else args.global_batch,
+        **efficiency,
         target_mfu=args.mfu,
         stack=profile(args.stack).with_overrides(
             memory_model=args.memory_model,
@@ -423,41 +455,23 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         devices_per_node=args.gpus_per_node,
         nics_per_node=args.nics_per_node,
     )
-    hw = resolve_hardware(
-        cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
-    )
-    pinned: dict[str, Any] = {}
-    for key in ("dp", "tp", "pp", "zero", "mbs", "recompute", "offload", "interleave", "cp", "ep"):
-        value = getattr(args, key)
-        if value is not None:
-            pinned[key] = value
-    if args.sp is not None:
-        pinned["sp"] = args.sp == "on"
-    if args.hsdp is not None:
-        pinned["hsdp"] = args.hsdp == "on"
+
+
+def _pinned(args: argparse.Namespace) -> dict[str, Any]:
+    """The layout knobs given on the command line (the search varies the rest)."""
+    pinned: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in ("dp", "tp", "pp", "zero", "mbs", "recompute", "offload", "interleave",
+                    "cp", "ep")
+        if getattr(args, key) is not None
+    }
+    for key, flag in (("sp", args.sp), ("hsdp", args.hsdp)):
+        if flag is not None:
+            pinned[key] = flag == "on"
     for key in ("dp", "tp", "pp", "mbs", "interleave", "cp", "ep"):
         if key in pinned and pinned[key] < 1:
             raise UserError(f"--{key} must be >= 1. Received: {pinned[key]}")
-    if args.top < 0:
-        raise UserError(f"--top must be >= 0. Received: {args.top}")
-    if not 0 < args.threshold <= 1:
-        raise UserError(f"--threshold must be in (0, 1]. Received: {args.threshold}")
-    req = PlanRequest(
-        shape=shape,
-        devices=args.gpus,
-        accelerator=args.accelerator,
-        network=args.network,
-        intra_link=args.intra_link,
-        options=options,
-        pinned=pinned,
-        tokens=args.tokens,
-        price_per_hour=args.price_per_hour,
-        goodput=args.goodput,
-        threshold=args.threshold,
-        top=args.top if args.search else 0,
-        curve=not args.no_curve,
-    )
-    return make_plan(req, cat, hw)
+    return pinned
 
 
 def _list(cat: Any, as_json: bool) -> int:

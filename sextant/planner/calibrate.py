@@ -11,7 +11,10 @@
   ones; alpha is the latency, 1/beta the bandwidth.
 
 The result is JSON (schema 1) at ./sextant-results/calibration.json unless --out says where;
-the planner then fills its 'cpu-local' accelerator and 'loopback' link from it.
+the planner then fills its 'cpu-local' accelerator and 'loopback' link from it. With
+`--device gpu` the document also holds a `device` section (device_calibration.py): the kernel
+efficiency over the workload's GEMM shapes and the all-reduce bus bandwidth between the
+host's GPUs, which `sextant plan` on that accelerator uses.
 """
 
 from __future__ import annotations
@@ -171,7 +174,10 @@ def calibrate(
     max_bytes: int = 64 * 2**20,
     timeout: float = MEASUREMENT_TIMEOUT_S,
     progress=None,
+    device: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Measure this host (GEMM, memory copy, loopback all-reduce) and write the document,
+    with `device` (device_calibration.calibrate_device) as its device section."""
     started = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -211,6 +217,7 @@ def calibrate(
         "gemm": gemm,
         "memory_bw_bytes_per_s": mem_bw,
         "allreduce": allreduce,
+        "device": device,
         "seconds": time.perf_counter() - started,
         "notes": notes,
     }
@@ -258,11 +265,38 @@ def render_calibration(doc: dict[str, Any], console, path) -> None:
             f"median |error| {ar['median_rel_residual']:.0%}, "
             f"max {ar['max_rel_residual']:.0%}"
         )
-    for note in doc.get("notes", []):
+    if doc.get("device"):
+        _render_device(doc["device"], console)
+    for note in doc.get("notes", []) + ((doc.get("device") or {}).get("notes") or []):
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(
         f"saved to {path} in {doc['seconds']:.1f} s; plan with "
-        "--accelerator cpu-local --network loopback"
+        + (f"--accelerator {doc['device']['accelerator']}" if (doc.get("device") or {}).get(
+            "accelerator") else "--accelerator cpu-local --network loopback")
     )
+
+
+def _render_device(dev: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"GEMMs of {dev['workload']} ({dev['tokens']} tokens, tp {dev['tp']}) on "
+              f"{dev['device_name']}, {dev['dtype']}", title_justify="left")
+    for col in ("M x K x N", "per step", "TFLOP/s", "of peak"):
+        t.add_column(col, justify="right")
+    for g in dev["gemms"]:
+        t.add_row(f"{g['m']} x {g['k']} x {g['n']}", str(g["count"]),
+                  f"{g['flops'] / 1e12:.1f}", f"{g['flops'] / dev['peak_flops']:.0%}")
+    console.print(t)
+    console.print(f"kernel efficiency (FLOP-weighted): {dev['kernel_efficiency']:.3f} of "
+                  f"{dev['peak_flops'] / 1e12:g} TFLOP/s")
+    ar = dev.get("allreduce")
+    if ar:
+        t = Table(title=f"all-reduce, {ar['world']} processes ({ar['backend']})",
+                  title_justify="left")
+        for col in ("bytes", "median", "bus bandwidth"):
+            t.add_column(col, justify="right")
+        for m, s, bw in zip(ar["sizes_bytes"], ar["times_s"], ar["busbw_bytes_per_s"]):
+            t.add_row(f"{m:,}", f"{s * 1e3:.3f} ms", f"{bw / 1e9:.1f} GB/s")
+        console.print(t)
 
 

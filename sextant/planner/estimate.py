@@ -39,6 +39,7 @@ from sextant.planner import comms, efficiency, memory
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
 from sextant.planner.models import ModelCost
 from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
+from sextant.strategy import Check, int_at_least, one_of
 
 RECOMPUTE = ("none", "selective", "full", "op", "alternate")
 """Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022);
@@ -131,55 +132,63 @@ class PlanOptions:
     context-parallel exchange."""
 
     def __post_init__(self) -> None:
-        if self.precision not in ("bf16", "fp16", "fp32"):
-            raise UserError(f"precision must be bf16, fp16 or fp32. Received: {self.precision!r}")
+        for name, check in _OPTION_CHECKS:
+            check(name, getattr(self, name))
         if not isinstance(self.stack, StackProfile):
             raise UserError(f"stack must be a StackProfile. Received: {self.stack!r}")
         memory.state_bytes(self.precision, self.optimizer, self.stack.memory_model)
-        if (
-            isinstance(self.global_batch, bool)
-            or not isinstance(self.global_batch, int)
-            or self.global_batch < 1
-        ):
-            raise UserError(
-                f"global batch must be an integer >= 1. Received: {self.global_batch!r}"
-            )
-        for key, lo, hi in (("compute_efficiency", 0.0, 1.0), ("link_efficiency", 0.0, 1.0)):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and lo < value <= hi):
-                raise UserError(f"{key} must be in (0, 1]. Received: {value!r}")
-        if self.target_mfu is not None and not (
-            isinstance(self.target_mfu, (int, float)) and 0.0 < self.target_mfu < 1.0
-        ):
-            raise UserError(f"mfu must be in (0, 1). Received: {self.target_mfu!r}")
-        for key in ("overlap", "tp_overlap"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-                raise UserError(f"{key} must be in [0, 1]. Received: {value!r}")
-        for key in ("fragmentation", "fixed_overhead_gb"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
-                raise UserError(f"{key} must be a number >= 0. Received: {value!r}")
-        if not (
-            isinstance(self.oversubscription, (int, float))
-            and math.isfinite(self.oversubscription)
-            and self.oversubscription >= 1
-        ):
-            raise UserError(f"oversubscription must be >= 1. Received: {self.oversubscription!r}")
-        if self.host_memory_gb is not None and not (
-            isinstance(self.host_memory_gb, (int, float))
-            and math.isfinite(self.host_memory_gb)
-            and self.host_memory_gb > 0
-        ):
-            raise UserError(f"host memory must be > 0 GB. Received: {self.host_memory_gb!r}")
-        if not (isinstance(self.host_bw_gbs, (int, float)) and self.host_bw_gbs > 0):
-            raise UserError(f"host_bw_gbs must be > 0. Received: {self.host_bw_gbs!r}")
-        for key in ("devices_per_node", "nics_per_node", "nodes_per_leaf"):
-            value = getattr(self, key)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise UserError(f"{key} must be an integer >= 1. Received: {value!r}")
+
+
+def _number_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+               optional: bool = False) -> Check:
+    """The value is a finite number (not a bool) in [low, high], either end open; with
+    `optional`, None passes too. The message shows the interval as it is written."""
+    shown = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def check(name: str, value: Any) -> None:
+        if optional and value is None:
+            return
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+              and math.isfinite(value) and (value > low if low_open else value >= low)
+              and (value < high if high_open else value <= high))
+        if not ok:
+            raise UserError(f"{name} must be in {shown}. Received: {value!r}")
+
+    return check
+
+
+def _at_least(low: float, *, above: bool = False, optional: bool = False) -> Check:
+    """The value is a finite number (not a bool) >= low (> low with `above`)."""
+    def check(name: str, value: Any) -> None:
+        if optional and value is None:
+            return
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+              and math.isfinite(value) and (value > low if above else value >= low))
+        if not ok:
+            raise UserError(f"{name} must be a number {'>' if above else '>='} {low:g}. "
+                            f"Received: {value!r}")
+
+    return check
+
+
+_OPTION_CHECKS: tuple[tuple[str, Check], ...] = (
+    ("precision", one_of(("bf16", "fp16", "fp32"), "precision")),
+    ("global_batch", int_at_least(1)),
+    ("compute_efficiency", _number_in(0.0, 1.0, low_open=True)),
+    ("link_efficiency", _number_in(0.0, 1.0, low_open=True)),
+    ("target_mfu", _number_in(0.0, 1.0, low_open=True, high_open=True, optional=True)),
+    ("overlap", _number_in(0.0, 1.0)),
+    ("tp_overlap", _number_in(0.0, 1.0)),
+    ("fragmentation", _at_least(0.0)),
+    ("fixed_overhead_gb", _at_least(0.0)),
+    ("oversubscription", _at_least(1.0)),
+    ("host_memory_gb", _at_least(0.0, above=True, optional=True)),
+    ("host_bw_gbs", _at_least(0.0, above=True)),
+    ("devices_per_node", int_at_least(1, optional=True)),
+    ("nics_per_node", int_at_least(1, optional=True)),
+    ("nodes_per_leaf", int_at_least(1, optional=True)),
+)
+"""What each PlanOptions field accepts (checked in this order by __post_init__)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -5,7 +5,7 @@ One figure the planner cannot know from first principles is the compute efficien
 framework's kernels on this workload; it is fitted on a single-process run of the same
 workload, framework, mode and precision. Everything else (how per-worker compute shrinks as
 the batch is split and the cores are shared, how all-reduce time grows) is predicted.
-`sextant plan --validate` and the report's scaling chart both use this module.
+`sextant plan validate` and the report's scaling chart both use this module.
 """
 
 from __future__ import annotations

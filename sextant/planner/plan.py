@@ -50,6 +50,9 @@ class PlanRequest:
     top: int = 0
     """Rows of the ranked search to include (0: none)."""
     curve: bool = True
+    calibrated: dict[str, Any] | None = None
+    """The calibration's device section whose kernel efficiency and bus bandwidth the plan
+    uses (`sextant calibrate --device gpu` on this accelerator); None: the catalogue's."""
 
 
 _PIN_TO_KNOB = {
@@ -86,6 +89,39 @@ def _layout_doc(layout: Layout) -> dict[str, Any]:
     return d
 
 
+def _best_or_smallest(result: Any) -> int:
+    """The best fitting layout, or, when none fits, the one closest to fitting."""
+    best = result.best()
+    return int(np.argmin(result.figures["memory"])) if best is None else best
+
+
+def _solve_target(
+    cost: Any, hw: Hardware, opts: PlanOptions, devices: int, knobs: dict[str, Any],
+    layout: Layout, result: Any,
+) -> tuple[Layout, PlanOptions, dict[str, Any], Any]:
+    """--mfu: solve the kernel efficiency on the chosen layout, search again with it (the
+    ranking can change), and solve once more on the new choice. An unreachable target is
+    answered, not refused: the best layout at the given kernel efficiency, the MFU it
+    reaches and what limits it. Returns the layout, the solved options, the goal's document
+    and the last search (whose ranking the plan shows)."""
+    target = opts.target_mfu
+    given = replace(opts, target_mfu=None)
+    first = layout  # the best at the given kernel efficiency
+    for _ in range(2):
+        solved = solve_mfu(cost, hw, replace(given, target_mfu=target), layout)
+        if not solved.reachable:
+            break
+        result = search(cost, hw, solved.options, devices, fixed=knobs)
+        layout = result.layout(_best_or_smallest(result))
+        given = solved.options
+    solved = solve_mfu(cost, hw, replace(given, target_mfu=target), layout)
+    if not solved.reachable:
+        layout = first
+        solved = solve_mfu(cost, hw, replace(opts, target_mfu=target), layout)
+    goal = {"requested": target, "reachable": solved.reachable, "ceiling": solved.ceiling}
+    return layout, solved.options, goal, result
+
+
 def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     if isinstance(req.devices, bool) or not isinstance(req.devices, int) or req.devices < 1:
         raise UserError(f"--gpus must be an integer >= 1. Received: {req.devices!r}")
@@ -101,7 +137,6 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     started = time.perf_counter()
     result = search(cost, hw, opts, req.devices, fixed=knobs)
     search_s = time.perf_counter() - started
-    best = result.best()
     if result.count == 0:
         # Nothing valid: let the layout checks say why, with the numbers.
         guess = Layout(**{**_default_layout(req.devices, req.pinned), **req.pinned})
@@ -111,37 +146,14 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             f"{opts.global_batch} and {req.pinned or 'no pinned knobs'}; the data-parallel "
             "degree must divide the global batch (try --global-batch)"
         )
-    if best is None:  # valid layouts exist, none fits: show the one closest to fitting
-        best = int(np.argmin(result.figures["memory"]))
-    layout = result.layout(best)
+    layout = result.layout(_best_or_smallest(result))
     check_layout(cost, layout, req.devices, opts.global_batch)
     mfu_goal = None
     if opts.target_mfu is not None:
-        # --mfu: solve the kernel efficiency on the chosen layout, search again with it (the
-        # ranking can change), and solve once more on the new choice. An unreachable target
-        # is answered, not refused: the best layout at the given kernel efficiency, the MFU
-        # it reaches and what limits it.
-        target = opts.target_mfu
-        given = replace(opts, target_mfu=None)
-        first = layout  # the best at the given kernel efficiency
-        for _ in range(2):
-            solved = solve_mfu(cost, hw, replace(given, target_mfu=target), layout)
-            if not solved.reachable:
-                break
-            result = search(cost, hw, solved.options, req.devices, fixed=knobs)
-            best = result.best()
-            if best is None:
-                best = int(np.argmin(result.figures["memory"]))
-            layout = result.layout(best)
-            given = solved.options
-        solved = solve_mfu(cost, hw, replace(given, target_mfu=target), layout)
-        if not solved.reachable:
-            layout = first
-            solved = solve_mfu(cost, hw, replace(opts, target_mfu=target), layout)
-        opts = solved.options
-        req = replace(req, options=replace(opts, target_mfu=target))
-        mfu_goal = {"requested": target, "reachable": solved.reachable,
-                    "ceiling": solved.ceiling}
+        layout, opts, mfu_goal, result = _solve_target(
+            cost, hw, opts, req.devices, knobs, layout, result
+        )
+        req = replace(req, options=replace(opts, target_mfu=mfu_goal["requested"]))
     ev = evaluate_one(cost, hw, opts, layout).figures
 
     tokens_step = opts.global_batch * cost.tokens_per_sample
@@ -174,6 +186,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         },
         "assumptions": {
             "kernel_efficiency": opts.compute_efficiency,
+            "calibrated_on": None if req.calibrated is None else req.calibrated["device_name"],
             "target_mfu": req.options.target_mfu,
             "stack": opts.stack.name,
             "memory_model": opts.stack.memory_model,
@@ -249,7 +262,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "layouts_fitting": result.fitting,
             "seconds": search_s,
             "top": [_search_row(result, int(i)) for i in result.order[: req.top]],
-            "why": _why(result, best) if req.top else None,
+            "why": _why(result, _best_or_smallest(result)) if req.top else None,
         },
         "warnings": warnings,
     }
@@ -411,14 +424,20 @@ def _warnings(
     req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any], layout: Layout,
     ceiling_mfu: float = 1.0,
 ) -> list[str]:
+    """The plan's notes: memory, the hardware's figures, the step's overheads, then how the
+    kernel efficiency was chosen."""
+    return (
+        _memory_warnings(req, hw, ev, layout)
+        + _hardware_warnings(req, hw, layout)
+        + _step_warnings(ev)
+        + [_efficiency_note(req, hw, ev, layout, ceiling_mfu)]
+    )
+
+
+def _memory_warnings(
+    req: PlanRequest, hw: Hardware, ev: dict[str, Any], layout: Layout
+) -> list[str]:
     out: list[str] = []
-    acc = hw.accelerator
-    multi_node = req.devices > hw.devices_per_node
-    if multi_node and hw.inter_bw_per_device < SLOW_NETWORK_BPS:
-        out.append(
-            f"inter-node bandwidth {hw.inter_bw_per_device * 8 / 1e9:.3g} Gb/s per device is "
-            "below 10 Gb/s: data-parallel synchronisation will dominate large models"
-        )
     ram = req.options.host_memory_gb
     if not ev["fits"] and ev["memory"] <= ev["capacity"] and ram is not None:
         out.append(
@@ -446,6 +465,17 @@ def _warnings(
             "against torchtitan's published peak reserved memory it is 2-6 % low "
             "(docs/validation.md): keep that much to spare"
         )
+    return out
+
+
+def _hardware_warnings(req: PlanRequest, hw: Hardware, layout: Layout) -> list[str]:
+    out: list[str] = []
+    acc = hw.accelerator
+    if req.devices > hw.devices_per_node and hw.inter_bw_per_device < SLOW_NETWORK_BPS:
+        out.append(
+            f"inter-node bandwidth {hw.inter_bw_per_device * 8 / 1e9:.3g} Gb/s per device is "
+            "below 10 Gb/s: data-parallel synchronisation will dominate large models"
+        )
     if layout.tp > hw.devices_per_node:
         out.append(
             f"tensor parallelism ({layout.tp}) spans nodes: its all-reduces run on {hw.inter.key}"
@@ -455,6 +485,11 @@ def _warnings(
     for link in {hw.intra.key: hw.intra, hw.inter.key: hw.inter}.values():
         if link.latency_assumed:
             out.append(f"{link.key}: latency not published, assumed")
+    return out
+
+
+def _step_warnings(ev: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     step = ev["step"]
     exposed = ev["tp_comm"] + ev["cp_comm"] + ev["ep_comm"] + ev["pp_comm"] + ev["dp_exposed"]
     if exposed > 0.25 * step:
@@ -471,30 +506,47 @@ def _warnings(
             "compute is bound by weight reads (micro-batch too small for the memory "
             "bandwidth): a larger micro-batch helps"
         )
-    if acc.measured:
-        out.append(
+    return out
+
+
+def _efficiency_note(
+    req: PlanRequest, hw: Hardware, ev: dict[str, Any], layout: Layout, ceiling_mfu: float
+) -> str:
+    """Where the kernel efficiency comes from: measured, solved for --mfu (reached or not),
+    or the stated assumption."""
+    opts = req.options
+    if hw.accelerator.measured:
+        return (
             "this machine's peak is a measured GEMM rate (sextant calibrate); "
             "compute efficiency is relative to it"
         )
-    else:
-        if req.options.target_mfu is not None and ev["mfu"] < 0.999 * req.options.target_mfu:
-            out.append(
-                f"an end-to-end MFU of {req.options.target_mfu:.0%} (--mfu) is out of reach: "
-                f"the best layout, {layout.label()}, reaches {ev['mfu']:.1%} at kernel "
-                f"efficiency {req.options.compute_efficiency:.2f} and at most "
-                f"{ceiling_mfu:.1%} with kernels at 100% of peak; what limits it: "
-                f"{_mfu_limit(ev)[0]} ({_mfu_limit(ev)[1]:.0%} of the step)"
-            )
-        elif req.options.target_mfu is not None:
-            out.append(
-                f"kernel efficiency {req.options.compute_efficiency:.2f} of peak was solved so "
-                f"that this layout reaches the requested end-to-end MFU "
-                f"{req.options.target_mfu:.0%} (--mfu)"
-            )
-        else:
-            out.append(
-                f"kernel efficiency {req.options.compute_efficiency:.2f} of peak is an "
-                "assumption (--kernel-efficiency; or --mfu for an end-to-end MFU); published "
-                "reference points: docs/validation.md"
-            )
-    return out
+    if opts.target_mfu is not None and ev["mfu"] < 0.999 * opts.target_mfu:
+        limit, share = _mfu_limit(ev)
+        return (
+            f"an end-to-end MFU of {opts.target_mfu:.0%} (--mfu) is out of reach: "
+            f"the best layout, {layout.label()}, reaches {ev['mfu']:.1%} at kernel "
+            f"efficiency {opts.compute_efficiency:.2f} and at most "
+            f"{ceiling_mfu:.1%} with kernels at 100% of peak; what limits it: "
+            f"{limit} ({share:.0%} of the step)"
+        )
+    if opts.target_mfu is not None:
+        return (
+            f"kernel efficiency {opts.compute_efficiency:.2f} of peak was solved so "
+            f"that this layout reaches the requested end-to-end MFU "
+            f"{opts.target_mfu:.0%} (--mfu)"
+        )
+    cal = req.calibrated
+    if cal and opts.compute_efficiency == min(float(cal["kernel_efficiency"]), 1.0):
+        bus = (f"; intra-node all-reduce bus bandwidth "
+               f"{cal['allreduce']['plateau_busbw_bytes_per_s'] / 1e9:.0f} GB/s measured "
+               f"between {cal['allreduce']['world']} devices" if cal.get("allreduce") else "")
+        return (
+            f"kernel efficiency {opts.compute_efficiency:.2f} of peak measured by sextant "
+            f"calibrate on {cal['device_name']} over the GEMMs of {cal['workload']} at "
+            f"{cal['tokens']} tokens{bus}"
+        )
+    return (
+        f"kernel efficiency {opts.compute_efficiency:.2f} of peak is an "
+        "assumption (--kernel-efficiency; or --mfu for an end-to-end MFU); published "
+        "reference points: docs/validation.md"
+    )

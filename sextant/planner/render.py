@@ -33,6 +33,19 @@ def _count(n: float) -> str:
 
 
 def render_plan(doc: dict[str, Any], console: Console) -> None:
+    """The plan document as a header, tables and notes, in reading order."""
+    _render_header(doc, console)
+    _render_memory(doc["memory"], console)
+    _render_time(doc, console)
+    if doc.get("search", {}).get("top"):
+        _render_top(doc["search"], console)
+    if doc.get("scaling"):
+        _render_scaling(doc, console)
+    for w in doc["warnings"]:
+        console.print(f"[yellow]note:[/yellow] {w}")
+
+
+def _render_header(doc: dict[str, Any], console: Console) -> None:
     m, hw, lay = doc["model"], doc["hardware"], doc["layout"]
     a = doc["assumptions"]
     console.print(
@@ -53,7 +66,8 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
         f"{doc['search']['seconds'] * 1e3:.0f} ms)"
     )
 
-    mem = doc["memory"]
+
+def _render_memory(mem: dict[str, Any], console: Console) -> None:
     t = Table(title="Memory per device", title_justify="left")
     t.add_column("component")
     t.add_column("GB", justify="right")
@@ -81,6 +95,8 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
                   f"{mem['host_load_per_node'] / GB:,.1f}", "")
     console.print(t)
 
+
+def _render_time(doc: dict[str, Any], console: Console) -> None:
     tm = doc["time"]
     t = Table(title="Step time", title_justify="left")
     t.add_column("part")
@@ -113,76 +129,80 @@ def render_plan(doc: dict[str, Any], console: Console) -> None:
     )
     tr = doc.get("training")
     if tr:
-        cost = (
-            "cost unknown (no price for this accelerator: --price-per-hour)"
-            if tr["cost_usd"] is None
-            else f"${tr['cost_usd']:,.0f} at ${tr['price_per_device_hour']:.2f}/device-hour "
-            f"({tr['price_basis']})"
+        _render_training(tr, console)
+
+
+def _render_training(tr: dict[str, Any], console: Console) -> None:
+    cost = (
+        "cost unknown (no price for this accelerator: --price-per-hour)"
+        if tr["cost_usd"] is None
+        else f"${tr['cost_usd']:,.0f} at ${tr['price_per_device_hour']:.2f}/device-hour "
+        f"({tr['price_basis']})"
+    )
+    console.print(
+        f"train {tr['tokens']:.3g} tokens: [bold]{tr['days']:,.1f} days[/bold] "
+        f"({tr['days_no_overlap']:,.1f} with no overlap), "
+        f"{tr['device_hours']:,.0f} device-hours, {cost}"
+    )
+
+
+def _render_top(search: dict[str, Any], console: Console) -> None:
+    t = Table(title="Best layouts", title_justify="left")
+    for col in ("#", "layout", "tokens/s", "MFU", "step", "GB/dev", "comm+bubble"):
+        t.add_column(col, justify="left" if col == "layout" else "right")
+    for i, r in enumerate(search["top"], 1):
+        over = r["dp_exposed"] + r["bubble"] + r["tp_comm"]
+        t.add_row(
+            str(i),
+            r["layout"],
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['mfu']:.1%}",
+            _t(r["step"]),
+            f"{r['memory'] / GB:.1f}",
+            _share(over, r["step"]),
         )
+    console.print(t)
+    why = search.get("why")
+    if why:
+        console.print("why: " + why["text"], markup=False)
+
+
+def _render_scaling(doc: dict[str, Any], console: Console) -> None:
+    t = Table(
+        title="Scaling (fixed global batch, best layout per size; efficiency = share "
+        "of the ideal compute-only throughput)",
+        title_justify="left",
+    )
+    for col in ("devices", "layout", "tokens/s", "speed-up", "eff.", "largest overhead"):
+        t.add_column(col, justify="left" if col in ("layout", "largest overhead") else "right")
+    for p in doc["scaling"]:
+        if p["layout"] is None:
+            t.add_row(str(p["devices"]), "does not fit", "-", "-", "-", "-")
+            continue
+        cause = p["main_overhead"].split(" (")[0]
+        t.add_row(
+            str(p["devices"]),
+            p["layout"],
+            f"{p['tokens_per_s']:,.0f}",
+            f"{p['speedup']:.2f}x",
+            f"{p['efficiency']:.0%}",
+            f"{cause} {p['overhead_share']:.0%}",
+        )
+    console.print(t)
+    low, k, thr = doc.get("starts_below"), doc.get("knee"), doc["threshold"]
+    if low:
         console.print(
-            f"train {tr['tokens']:.3g} tokens: [bold]{tr['days']:,.1f} days[/bold] "
-            f"({tr['days_no_overlap']:,.1f} with no overlap), "
-            f"{tr['device_hours']:,.0f} device-hours, {cost}"
+            f"at {low['devices']} devices, the fewest that fit, efficiency is "
+            f"already {low['efficiency']:.0%} (< {thr:.0%}); most of the rest: "
+            f"{low['shortfall']}"
         )
-
-    if doc.get("search", {}).get("top"):
-        t = Table(title="Best layouts", title_justify="left")
-        for col in ("#", "layout", "tokens/s", "MFU", "step", "GB/dev", "comm+bubble"):
-            t.add_column(col, justify="left" if col == "layout" else "right")
-        for i, r in enumerate(doc["search"]["top"], 1):
-            over = r["dp_exposed"] + r["bubble"] + r["tp_comm"]
-            t.add_row(
-                str(i),
-                r["layout"],
-                f"{r['tokens_per_s']:,.0f}",
-                f"{r['mfu']:.1%}",
-                _t(r["step"]),
-                f"{r['memory'] / GB:.1f}",
-                _share(over, r["step"]),
-            )
-        console.print(t)
-        why = doc["search"].get("why")
-        if why:
-            console.print("why: " + why["text"], markup=False)
-
-    if doc.get("scaling"):
-        t = Table(
-            title="Scaling (fixed global batch, best layout per size; efficiency = share "
-            "of the ideal compute-only throughput)",
-            title_justify="left",
+    if k:
+        console.print(
+            f"efficiency falls below {thr:.0%} at [bold]{k['devices']} "
+            f"devices[/bold] ({k['efficiency']:.0%}); cause: {k['cause']}"
         )
-        for col in ("devices", "layout", "tokens/s", "speed-up", "eff.", "largest overhead"):
-            t.add_column(col, justify="left" if col in ("layout", "largest overhead") else "right")
-        for p in doc["scaling"]:
-            if p["layout"] is None:
-                t.add_row(str(p["devices"]), "does not fit", "-", "-", "-", "-")
-                continue
-            cause = p["main_overhead"].split(" (")[0]
-            t.add_row(
-                str(p["devices"]),
-                p["layout"],
-                f"{p['tokens_per_s']:,.0f}",
-                f"{p['speedup']:.2f}x",
-                f"{p['efficiency']:.0%}",
-                f"{cause} {p['overhead_share']:.0%}",
-            )
-        console.print(t)
-        low, k, thr = doc.get("starts_below"), doc.get("knee"), doc["threshold"]
-        if low:
-            console.print(
-                f"at {low['devices']} devices, the fewest that fit, efficiency is "
-                f"already {low['efficiency']:.0%} (< {thr:.0%}); most of the rest: "
-                f"{low['shortfall']}"
-            )
-        if k:
-            console.print(
-                f"efficiency falls below {thr:.0%} at [bold]{k['devices']} "
-                f"devices[/bold] ({k['efficiency']:.0%}); cause: {k['cause']}"
-            )
-        elif any(p["efficiency"] >= thr for p in doc["scaling"] if p["layout"]):
-            console.print(
-                f"{'after that, ' if low else ''}efficiency stays at or above "
-                f"{thr:.0%} up to {doc['hardware']['devices']} devices"
-            )
-    for w in doc["warnings"]:
-        console.print(f"[yellow]note:[/yellow] {w}")
+    elif any(p["efficiency"] >= thr for p in doc["scaling"] if p["layout"]):
+        console.print(
+            f"{'after that, ' if low else ''}efficiency stays at or above "
+            f"{thr:.0%} up to {doc['hardware']['devices']} devices"
+        )

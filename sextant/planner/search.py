@@ -53,50 +53,11 @@ def enumerate_layouts(
     if devices < 1:
         raise UserError(f"device count must be >= 1. Received: {devices}")
     fixed = fixed or {}
-    mp = cost.supports_model_parallel
-    tps = [t for t in divisors(devices) if cost.n_heads % t == 0] if mp else [1]
-    if "tp" in fixed:
-        tps = [t for t in tps if t == fixed["tp"]]
-    s = cost.tokens_per_sample
-    rows: list[tuple[int, ...]] = []  # (dp, tp, pp, mbs, cp, ep)
-    for tp in tps:
-        # Context parallelism is searched for long sequences (>= 16K tokens) or when pinned.
-        cps = [1]
-        if mp and ("cp" in fixed or s >= 16384):
-            cps = [c for c in divisors(devices // tp) if s % (2 * c) == 0 and c <= 32]
-        for cp in cps:
-            for pp in divisors(devices // (tp * cp)) if mp else [1]:
-                if pp > cost.n_layers:
-                    continue
-                dp = devices // (tp * pp * cp)
-                if dp > global_batch or global_batch % dp:
-                    continue
-                eps = [1]
-                if cost.n_experts:
-                    eps = [e for e in divisors(dp * cp) if cost.n_experts % e == 0]
-                per_rank = global_batch // dp
-                for mbs in divisors(per_rank):
-                    if mbs <= max_micro_batch:
-                        rows.extend((dp, tp, pp, mbs, cp, e) for e in eps)
+    rows = _degrees(cost, devices, global_batch, fixed, max_micro_batch)
     if not rows:
         return {k: np.zeros(0, dtype=np.int64) for k in KNOBS}
     base = np.array(rows, dtype=np.int64)
-    # Options grid: zero x recompute x sp x offload x interleave. The search tries every
-    # recomputation mode: none, selective, full, and the two between none and full that
-    # real stacks offer (operator-level, torchtitan's default "selective op"; every second
-    # layer, torchtitan's "selective layer" and Megatron-Core's block method). With only none
-    # and full, a layout whose activations almost fit paid a third more compute.
-    rcs = [int(fixed["rc"])] if "rc" in fixed else [0, 1, 2, 3, 4]
-    # The search tries v in INTERLEAVE; a pinned v is tried whatever it is (Megatron-Core
-    # recipes pin e.g. 5 virtual stages).
-    vs = [int(fixed["v"])] if "v" in fixed else list(INTERLEAVE)
-    opt = (
-        np.array(
-            np.meshgrid([0, 1, 2, 3], rcs, [0, 1], [0, 1, 2], vs, indexing="ij")
-        )
-        .reshape(5, -1)
-        .T
-    )
+    opt = _options_grid(fixed)
     nb, no = len(base), len(opt)
     b = np.repeat(base, no, axis=0)
     o = np.tile(opt, (nb, 1))
@@ -113,6 +74,66 @@ def enumerate_layouts(
         "off": o[:, 3],
         "v": o[:, 4],
     }
+    ok = _valid(cost, lay, global_batch, fixed, offload)
+    return _with_hybrid({k: v[ok] for k, v in lay.items()}, fixed, devices_per_node)
+
+
+def _degrees(
+    cost: ModelCost, devices: int, global_batch: int, fixed: dict[str, int],
+    max_micro_batch: int,
+) -> list[tuple[int, ...]]:
+    """(dp, tp, pp, mbs, cp, ep) of every product of degrees that covers the devices and
+    divides the global batch."""
+    mp = cost.supports_model_parallel
+    tps = [t for t in divisors(devices) if cost.n_heads % t == 0] if mp else [1]
+    if "tp" in fixed:
+        tps = [t for t in tps if t == fixed["tp"]]
+    s = cost.tokens_per_sample
+    rows: list[tuple[int, ...]] = []
+    for tp in tps:
+        # Context parallelism is searched for long sequences (>= 16K tokens) or when pinned.
+        cps = [1]
+        if mp and ("cp" in fixed or s >= 16384):
+            cps = [c for c in divisors(devices // tp) if s % (2 * c) == 0 and c <= 32]
+        for cp in cps:
+            pps = [p for p in divisors(devices // (tp * cp)) if p <= cost.n_layers] if mp else [1]
+            for pp in pps:
+                rows.extend(_data_rows(cost, devices // (tp * pp * cp), tp, pp, cp,
+                                       global_batch, max_micro_batch))
+    return rows
+
+
+def _data_rows(
+    cost: ModelCost, dp: int, tp: int, pp: int, cp: int, global_batch: int,
+    max_micro_batch: int,
+) -> list[tuple[int, ...]]:
+    """The micro-batch and expert-parallel choices of one (dp, tp, pp, cp)."""
+    if dp > global_batch or global_batch % dp:
+        return []
+    eps = [e for e in divisors(dp * cp) if cost.n_experts % e == 0] if cost.n_experts else [1]
+    mbss = [m for m in divisors(global_batch // dp) if m <= max_micro_batch]
+    return [(dp, tp, pp, mbs, cp, e) for mbs in mbss for e in eps]
+
+
+def _options_grid(fixed: dict[str, int]) -> np.ndarray:
+    """zero x recompute x sp x offload x interleave, one row per combination. The search
+    tries every recomputation mode: none, selective, full, and the two between none and
+    full that real stacks offer (operator-level, torchtitan's default "selective op"; every
+    second layer, torchtitan's "selective layer" and Megatron-Core's block method). With only
+    none and full, a layout whose activations almost fit paid a third more compute. It tries
+    v in INTERLEAVE; a pinned v is tried whatever it is (Megatron-Core recipes pin e.g. 5
+    virtual stages)."""
+    rcs = [int(fixed["rc"])] if "rc" in fixed else [0, 1, 2, 3, 4]
+    vs = [int(fixed["v"])] if "v" in fixed else list(INTERLEAVE)
+    grid = np.meshgrid([0, 1, 2, 3], rcs, [0, 1], [0, 1, 2], vs, indexing="ij")
+    return np.array(grid).reshape(5, -1).T
+
+
+def _valid(
+    cost: ModelCost, lay: dict[str, np.ndarray], global_batch: int, fixed: dict[str, int],
+    offload: bool,
+) -> np.ndarray:
+    """Which rows of the product are layouts a stack can run (and differ from another)."""
     m = global_batch // (lay["dp"] * lay["mbs"])
     ok = (lay["dp"] * lay["cp"] > 1) | (lay["zero"] == 0)  # ZeRO over one rank: no change
     ok &= (lay["tp"] > 1) | (lay["sp"] == 0)
@@ -128,10 +149,14 @@ def enumerate_layouts(
     for key, value in fixed.items():
         if key != "hs":
             ok &= lay[key] == value
-    lay = {k: v[ok] for k, v in lay.items()}
-    # Hybrid sharding, added only where it differs from full sharding: a ZeRO stage and a
-    # data-parallel group with ranks both inside the node and across nodes.
-    g = devices_per_node
+    return ok
+
+
+def _with_hybrid(
+    lay: dict[str, np.ndarray], fixed: dict[str, int], g: int
+) -> dict[str, np.ndarray]:
+    """Hybrid sharding, added only where it differs from full sharding: a ZeRO stage and a
+    data-parallel group with ranks both inside the node and across nodes."""
     dpc = lay["dp"] * lay["cp"]
     dp_in = np.where(lay["tp"] < g, np.minimum(np.maximum(g // lay["tp"], 1), dpc), 1)
     hybrid = (lay["zero"] >= 1) & (dp_in > 1) & (dpc > dp_in)

@@ -1,4 +1,4 @@
-"""`sextant plan --validate`: the planner's step time against the runs measured on this
+"""`sextant plan validate`: the planner's step time against the runs measured on this
 machine (the results store of `sextant compare` / `sextant run`).
 
 Predictions use the calibrated 'cpu-local' accelerator and 'loopback' link. The one figure the

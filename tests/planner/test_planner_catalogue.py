@@ -16,6 +16,7 @@ REQUIRED_ACCELERATORS = {
     "h100-sxm",
     "h100-pcie",
     "h200",
+    "h800",
     "b200",
     "mi300x",
     "tpu-v4",
@@ -30,6 +31,7 @@ REQUIRED_LINKS = {
     "nvlink3",
     "nvlink4",
     "nvlink5",
+    "nvlink4-h800",
     "pcie4",
     "pcie5",
     "ib-hdr",
@@ -63,6 +65,25 @@ def test_published_figures():
     assert cat.accelerators["h100-sxm"].peak("bf16") == pytest.approx(989.4e12)
     assert cat.links["ib-ndr"].bandwidth == 50e9
     assert cat.links["ethernet-10g"].bandwidth == 1.25e9
+
+
+def test_the_h800_is_an_h100_with_a_slower_nvlink():
+    """Same peaks and memory; NVLink at DeepSeek-V3's 160 GB/s achievable: a tensor-parallel
+    layout inside the node pays more for its all-reduces, and the plan says the figures are
+    not vendor-checked."""
+    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+    from sextant.planner.models import preset
+
+    cat = load_catalogue(calibration=None)
+    h800, h100 = cat.accelerators["h800"], cat.accelerators["h100-sxm"]
+    assert h800.peak_flops == {k: v for k, v in h100.peak_flops.items() if k != "fp32"}
+    assert not h800.verified and cat.links["nvlink4-h800"].collective_bandwidth == 160e9
+    opts = PlanOptions(global_batch=64)
+    cost = preset("llama3-70b").cost()
+    lay = Layout(dp=8, tp=8, zero=1, mbs=1)
+    tp = {key: evaluate_one(cost, resolve_hardware(cat, key, options=opts), opts, lay)
+          .figures["tp_comm"] for key in ("h800", "h100-sxm")}
+    assert tp["h800"] > 2 * tp["h100-sxm"]
 
 
 def test_unknown_names_list_the_allowed_ones():

@@ -172,35 +172,22 @@ def test_validate_without_a_store(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize(
-    ("old", "new"),
+    "old",
     [
-        (["plan", "--list", "--json"], ["plan", "list", "--json"]),
-        (
-            ["plan", "--references", "--only", "zero-fig1-stage1", "--json"],
-            ["plan", "references", "--only", "zero-fig1-stage1", "--json"],
-        ),
-        (
-            ["plan", "--references", "--only", "zero-fig1-stage1", "--markdown"],
-            ["plan", "references", "--only", "zero-fig1-stage1", "--markdown"],
-        ),
-        (["plan", "--validate", "--db", "none.db"], ["plan", "validate", "--db", "none.db"]),
+        ["plan", "--list", "--json"],
+        ["plan", "--references", "--only", "zero-fig1-stage1", "--json"],
+        ["plan", "--validate", "--db", "none.db"],
     ],
 )
-def test_old_mode_flags_still_work_with_a_deprecation(old, new, tmp_path, monkeypatch, capsys):
-    """The mode flags the verbs replaced: same output and exit code, plus one stderr line."""
+def test_mode_flags_are_verbs_only(old, tmp_path, monkeypatch, capsys):
+    """`list`, `references` and `validate` are verbs; as mode flags of `plan` they are a
+    one-line argument error (exit 2), and nothing is planned or printed."""
     monkeypatch.chdir(tmp_path)
-    rc_new = main(new)
-    out_new, err_new = capsys.readouterr()
-    rc_old = main(old)
-    out_old, err_old = capsys.readouterr()
-    assert rc_old == rc_new and out_old == out_new
-    assert "deprecated" not in err_new
-    warning, _, rest = err_old.partition("\n")
-    assert warning == (
-        f"sextant: warning: 'sextant plan {old[1]}' is deprecated and goes in the next "
-        f"release; use 'sextant plan {new[1]}'"
-    )
-    assert rest == err_new
+    with pytest.raises(SystemExit) as exc:
+        main(old)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("sextant: error: ") and err.count("\n") == 1
 
 
 def test_calibrate_rejects_bad_flags(capsys):
