@@ -232,11 +232,11 @@ def test_every_declared_strategy_trains(name: str, parallel: str, workload: Any,
     for result in raw:
         assert missing_keys(result) == [], f"{name} {parallel} rank result lacks keys"
         assert {"rank", "world"} <= result.keys()
-        assert len(result.losses) == len(result.grad_norms) == STEPS
+        assert len(result["losses"]) == len(result["grad_norms"]) == STEPS
         assert len(result["step_times_s"]) == STEPS
-        assert all(math.isfinite(x) for x in itertools.chain(result.losses,
-                                                             result.grad_norms))
-        assert result.fingerprint.values["framework"] == name
+        assert all(math.isfinite(x) for x in itertools.chain(result["losses"],
+                                                             result["grad_norms"]))
+        assert result["fingerprint"]["framework"] == name
     assert record.status == "ok" and len(record.losses) == STEPS
     assert record.metrics.step_time_median_s > 0
     assert RANK_RESULT_KEYS >= {"losses", "grad_norms", "step_times_s", "fingerprint"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,13 @@ from sextant.report.charts import (
     stacked_hbar_chart,
 )
 from sextant.measure.agreement import FP32_ATOL as PARITY_ATOL
-from sextant.report.model import ACCELERATOR_COLUMNS, accelerator_rows, build_report
+from sextant.report.model import (
+    ACCELERATOR_COLUMNS,
+    Report,
+    Summary,
+    accelerator_rows,
+    build_report,
+)
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore, finite_json
 
@@ -136,7 +142,7 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) ->
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _run_colour(report: Mapping[str, Any], label: str) -> str:
+def _run_colour(report: Report, label: str) -> str:
     for row in report["runs"]:
         if row["label"] == label:
             return colour_for(row["framework"], row["shade"])
@@ -145,7 +151,7 @@ def _run_colour(report: Mapping[str, Any], label: str) -> str:
 
 # -- top of the page ----------------------------------------------------------------------
 
-def _hero(report: Mapping[str, Any]) -> str:
+def _hero(report: Report) -> str:
     rec = report["recommendation"]
     s = report["summary"]
     fastest = s["fastest"]
@@ -207,7 +213,7 @@ def _hero(report: Mapping[str, Any]) -> str:
     return f'<section class="hero"><div>{left}</div><div>{right}</div></section>'
 
 
-def _disturbed_note(s: Mapping[str, Any]) -> str:
+def _disturbed_note(s: Summary) -> str:
     if not s.get("disturbed"):
         return ""
     runs = "; ".join(f'{d["run"]} (run {", ".join(str(i) for i in d["ids"])})'
@@ -217,7 +223,7 @@ def _disturbed_note(s: Mapping[str, Any]) -> str:
             f'{e(runs)}. Re-run them on a quiet machine.</p>')
 
 
-def _cards(report: Mapping[str, Any]) -> str:
+def _cards(report: Report) -> str:
     s = report["summary"]
     cards = []
     f = s["fastest"]
@@ -256,7 +262,7 @@ def _cards(report: Mapping[str, Any]) -> str:
 
 # -- sections -------------------------------------------------------------------------------
 
-def _claims(report: Mapping[str, Any]) -> str:
+def _claims(report: Report) -> str:
     rows = []
     for c in report["claims"]:
         measured = (e(c["figure"]) if c["verdict"] != NOT_MEASURED
@@ -286,7 +292,7 @@ def _claims(report: Mapping[str, Any]) -> str:
     )
 
 
-def _speed(report: Mapping[str, Any]) -> str:
+def _speed(report: Report) -> str:
     from sextant.report.model import speedup_cell
 
     runs = report["runs"]
@@ -327,7 +333,7 @@ def _speed(report: Mapping[str, Any]) -> str:
             f'throughput of the p90 and p10 steps.</p>{chart}{table}</section>')
 
 
-def _scaling(report: Mapping[str, Any]) -> str:
+def _scaling(report: Report) -> str:
     sc = report["scaling"]
     if not sc["series"]:
         return ('<section id="scaling"><h2>Scaling with workers</h2><p class="muted">No '
@@ -371,7 +377,7 @@ def _scaling(report: Mapping[str, Any]) -> str:
             f'{e(sc["prediction_note"])}</p>{chart}{table}{predicted}</section>')
 
 
-def _interconnect(report: Mapping[str, Any]) -> str:
+def _interconnect(report: Report) -> str:
     ic = report["interconnect"]
     head = '<section id="interconnect"><h2>Scaling vs interconnect</h2>'
     if not ic["series"]:
@@ -403,7 +409,7 @@ def _interconnect(report: Mapping[str, Any]) -> str:
             f'{chart}{table}</section>')
 
 
-def _comm(report: Mapping[str, Any]) -> str:
+def _comm(report: Report) -> str:
     comm = report["communication"]
     if not comm:
         return ('<section id="comm"><h2>Communication vs compute</h2><p class="muted">No '
@@ -426,7 +432,7 @@ def _comm(report: Mapping[str, Any]) -> str:
             f'{chart}{table}</section>')
 
 
-def _memory(report: Mapping[str, Any]) -> str:
+def _memory(report: Report) -> str:
     mem = report["memory"]
     ranks = mem["ranks"]
     if not ranks:
@@ -462,7 +468,7 @@ def _memory(report: Mapping[str, Any]) -> str:
             f'step).{e(note)}</p>{chart}{table}</section>')
 
 
-def _layouts(report: Mapping[str, Any]) -> str:
+def _layouts(report: Report) -> str:
     rows = report.get("layouts")
     head = '<section id="layouts"><h2>Parallel layouts: control vs automation</h2>'
     if not rows:
@@ -489,7 +495,7 @@ def _layouts(report: Mapping[str, Any]) -> str:
             f"write their collectives out (docs/parallelism.md).</p>{table}</section>")
 
 
-def _parity(report: Mapping[str, Any]) -> str:
+def _parity(report: Report) -> str:
     p = report["parity"]
     series = []
     for i, c in enumerate(p["curves"]):
@@ -521,7 +527,7 @@ def _parity(report: Mapping[str, Any]) -> str:
             f'{note}{table}</section>')
 
 
-def _compile(report: Mapping[str, Any]) -> str:
+def _compile(report: Report) -> str:
     comp = report["compile"]
     if not comp:
         return ('<section id="compile"><h2>Compile time</h2><p class="muted">No first-step '
@@ -545,7 +551,7 @@ def _compile(report: Mapping[str, Any]) -> str:
             f'(docs/methodology.md).</p>{chart}{table}</section>')
 
 
-def _env(report: Mapping[str, Any]) -> str:
+def _env(report: Report) -> str:
     env = report["environment"]
     rows = [(k, "-" if v is None else v) for k, v in sorted(env["fingerprint"].items())]
     rows += [(f"{fw} version", v) for fw, v in sorted(env["framework_versions"].items())]
@@ -556,7 +562,7 @@ def _env(report: Mapping[str, Any]) -> str:
               f'</summary><pre>{e(workload)}</pre></details></section>')
 
 
-def _advice_details(report: Mapping[str, Any]) -> str:
+def _advice_details(report: Report) -> str:
     rec = report["recommendation"]
     if rec["source"] != "advisor":
         return ""
@@ -582,7 +588,7 @@ def _advice_details(report: Mapping[str, Any]) -> str:
             '</details></section>')
 
 
-def html_from_report(report: Mapping[str, Any]) -> str:
+def html_from_report(report: Report) -> str:
     w = report["workload"]
     fp = report["environment"]["fingerprint"]
     frameworks = sorted({r["framework"] for r in report["runs"]})

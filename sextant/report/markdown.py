@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
 from sextant.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
-from sextant.report.model import ACCELERATOR_COLUMNS, accelerator_rows, speedup_cell
+from sextant.report.model import (
+    ACCELERATOR_COLUMNS,
+    Report,
+    accelerator_rows,
+    speedup_cell,
+)
 
 
 def md(text: Any) -> str:
@@ -35,7 +40,7 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) ->
     return lines
 
 
-def markdown_from_report(report: Mapping[str, Any]) -> str:
+def markdown_from_report(report: Report) -> str:
     w = report["workload"]
     s = report["summary"]
     rec = report["recommendation"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sextant import __version__
 from sextant.claims import (
@@ -39,6 +39,113 @@ NO_CALIBRATION_NOTE = ("The planner's prediction is not drawn: this machine is n
                        "(run 'sextant calibrate', then 'sextant report').")
 
 
+class StepTimeCell(TypedDict):
+    median: float | None
+    p10: float | None
+    p90: float | None
+    n: int | None
+
+
+class RateCell(TypedDict):
+    """tokens/s: the median, and the range from the step-time p90 (low) and p10 (high)."""
+
+    median: float | None
+    low: float | None
+    high: float | None
+
+
+class SpeedupCI(TypedDict):
+    low: float | None
+    high: float | None
+    confidence: float
+
+
+class RunRow(TypedDict):
+    """One configuration in the report: its representative trial's figures, and (added by
+    the trial pass) its trial counts and speed-up interval against the reference."""
+
+    id: int | None
+    not_ranked: str | None
+    effective_precision: str
+    device: str
+    accelerator: str | None
+    mfu: float | None
+    planner_step_s: float | None
+    planner_error: float | None
+    device_peak_bytes: float | None
+    index: int
+    label: str
+    framework: str
+    mode: str
+    parallel: str
+    workers: int
+    replicas: int
+    precision: str
+    compress: str
+    threads_per_worker: int | None
+    status: str
+    step_time_s: StepTimeCell
+    tokens_per_s: RateCell
+    speedup_vs_reference: float | None
+    first_step_s: float | None
+    compile_s: float | None
+    achieved_flops_per_s: float | None
+    peak_rss_bytes: float | None
+    peak_rss_total_bytes: float | None
+    data_wait_share: float | None
+    exposed_comm_s: float | None
+    exposed_comm_share: float | None
+    final_loss: float | None
+    max_loss_diff: float | None
+    trials: NotRequired[int]
+    disturbed_trials: NotRequired[int]
+    disturbed_ids: NotRequired[list[int | None]]
+    interference: NotRequired[list[Any]]
+    speedup_ci: NotRequired[SpeedupCI]
+    shade: NotRequired[int]
+
+
+class Summary(TypedDict):
+    """The headline figures: the fastest configuration and whether its interval names it,
+    the leanest, what was not ranked and why, parity and the claims' verdict counts."""
+
+    runs: int
+    reference: str | None
+    fastest: dict[str, Any] | None
+    trials: int
+    disturbed: list[dict[str, Any]]
+    leanest: dict[str, Any] | None
+    not_ranked: list[dict[str, str]]
+    parity_ok: bool
+    parity_max_diff: float
+    claims: dict[str, int]
+    scaling: list[dict[str, Any]]
+
+
+class Report(TypedDict):
+    """Everything the report shows; the HTML page, the Markdown file and --format json
+    render this one value."""
+
+    sextant: str
+    generated_at: str
+    group_id: str | None
+    created_at: str
+    workload: dict[str, Any]
+    workload_hash: str
+    recommendation: dict[str, Any]
+    summary: Summary
+    claims: list[dict[str, Any]]
+    runs: list[RunRow]
+    scaling: dict[str, Any]
+    interconnect: dict[str, Any]
+    memory: dict[str, Any]
+    communication: list[dict[str, Any]]
+    parity: dict[str, Any]
+    compile: list[dict[str, Any]]
+    layouts: list[dict[str, Any]] | None
+    environment: dict[str, Any]
+
+
 def _throughput(run: RunRecord) -> tuple[float | None, float | None, float | None]:
     """tokens/s median and its range from the step-time p90 (low) and p10 (high)."""
     tps, med = run.metrics.tokens_per_s, run.metrics.step_time_median_s
@@ -48,7 +155,7 @@ def _throughput(run: RunRecord) -> tuple[float | None, float | None, float | Non
     return tps, (tps * med / p90 if p90 else None), (tps * med / p10 if p10 else None)
 
 
-def _run_row(run: RunRecord, ref: RunRecord, index: int) -> dict[str, Any]:
+def _run_row(run: RunRecord, ref: RunRecord, index: int) -> RunRow:
     tps, tps_lo, tps_hi = _throughput(run)
     med = run.metrics.step_time_median_s
     ref_med = ref.metrics.step_time_median_s
@@ -125,7 +232,7 @@ def _usable(trials: Sequence[RunRecord]) -> list[RunRecord]:
             and t.metrics.step_time_median_s]
 
 
-def _trial_fields(row: dict[str, Any], trials: Sequence[RunRecord],
+def _trial_fields(row: RunRow, trials: Sequence[RunRecord],
                   ref_trials: Sequence[RunRecord]) -> None:
     """Add a configuration's trial counts and its speed-up interval against the reference
     (undisturbed trials only) to its row."""
@@ -143,7 +250,7 @@ def _trial_fields(row: dict[str, Any], trials: Sequence[RunRecord],
                          "confidence": CONFIDENCE}
 
 
-def _colour_index(rows: list[dict[str, Any]]) -> None:
+def _colour_index(rows: list[RunRow]) -> None:
     seen: dict[str, int] = {}
     for row in rows:
         row["shade"] = seen.get(row["framework"], 0)
@@ -220,11 +327,11 @@ def _parity(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
     }
 
 
-def _scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _scaling(rows: list[RunRow]) -> dict[str, Any]:
     series: list[dict[str, Any]] = []
     multi = [r for r in rows if r["parallel"] != "single" and r["replicas"] > 1
              and r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
-    kinds: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    kinds: dict[tuple[str, str, str], list[RunRow]] = {}
     for row in multi:
         kinds.setdefault((row["framework"], str(row["mode"]), str(row["parallel"])),
                          []).append(row)
@@ -343,7 +450,7 @@ def _memory(runs: Sequence[RunRecord]) -> dict[str, Any]:
     }
 
 
-def _communication(rows: list[dict[str, Any]], runs: Sequence[RunRecord]
+def _communication(rows: list[RunRow], runs: Sequence[RunRecord]
                    ) -> list[dict[str, Any]]:
     out = []
     for row, run in zip(rows, runs):
@@ -364,7 +471,7 @@ def _communication(rows: list[dict[str, Any]], runs: Sequence[RunRecord]
     return out
 
 
-def _compile(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _compile(rows: list[RunRow]) -> list[dict[str, Any]]:
     out = []
     for row in rows:
         first, steady = row["first_step_s"], row["step_time_s"]["median"]
@@ -391,13 +498,13 @@ def _environment(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
     return {"fingerprint": common, "framework_versions": versions}
 
 
-def _headline(rows: list[dict[str, Any]], groups: Sequence[Sequence[RunRecord]]
+def _headline(rows: list[RunRow], groups: Sequence[Sequence[RunRecord]]
               ) -> dict[str, Any] | None:
     """The fastest configuration by its speed-up point estimate, and whether its interval
     against the runner-up excludes 1. If not, the headline says they are tied."""
     ranked = sorted(((r, g) for r, g in zip(rows, groups)
                      if r["speedup_vs_reference"] is not None and _usable(g)),
-                    key=lambda rg: rg[0]["speedup_vs_reference"], reverse=True)
+                    key=lambda rg: rg[0]["speedup_vs_reference"] or 0.0, reverse=True)
     if not ranked:
         return None
     best, best_trials = ranked[0]
@@ -430,7 +537,7 @@ def _lost_trials(trials: Sequence[RunRecord]) -> bool:
     return len(_usable(trials)) < len(trials)
 
 
-def speedup_cell(row: Mapping[str, Any]) -> str:
+def speedup_cell(row: RunRow) -> str:
     """'1.19x [1.05-1.33]', 'ref', '-', with the trial count and disturbed trials."""
     if row["index"] == 0:
         text = "ref"
@@ -439,9 +546,10 @@ def speedup_cell(row: Mapping[str, Any]) -> str:
     elif row.get("speedup_vs_reference") is None:
         text = "-"
     else:
-        ci = row.get("speedup_ci") or {}
+        ci = row.get("speedup_ci")
         text = f"{row['speedup_vs_reference']:.2f}x" + (
-            f" [{ci['low']:.2f}-{ci['high']:.2f}]" if ci.get("low") is not None else "")
+            f" [{ci['low']:.2f}-{ci['high']:.2f}]"
+            if ci is not None and ci["low"] is not None and ci["high"] is not None else "")
     if row.get("trials", 1) > 1:
         text += f", {row['trials']} trials"
     if row.get("disturbed_trials"):
@@ -449,7 +557,7 @@ def speedup_cell(row: Mapping[str, Any]) -> str:
     return text
 
 
-def headline_text(summary: Mapping[str, Any]) -> tuple[str, str]:
+def headline_text(summary: Summary) -> tuple[str, str]:
     """(headline, the sentence under it) of the measured fastest run: never a winner its
     interval against the runner-up cannot support."""
     title, sentence = _headline_sentence(summary)
@@ -460,7 +568,7 @@ def headline_text(summary: Mapping[str, Any]) -> tuple[str, str]:
     return title, sentence.strip()
 
 
-def _headline_sentence(summary: Mapping[str, Any]) -> tuple[str, str]:
+def _headline_sentence(summary: Summary) -> tuple[str, str]:
     f = summary.get("fastest")
     if not f:
         return "No timed run", ""
@@ -469,7 +577,7 @@ def _headline_sentence(summary: Mapping[str, Any]) -> tuple[str, str]:
           f" ({vs['confidence']:.0%} CI {vs['low']:.2f}-{vs['high']:.2f}x)")
     trials = summary.get("trials") or 1
     over = f"over {trials} trials each" if trials > 1 else "one trial each"
-    if f.get("verdict") == "tied":
+    if f.get("verdict") == "tied" and vs:
         names = " and ".join([f["run"], *f["tied_with"]][:3])
         sentence = (f"{f['run']} measured {vs['value']:.2f}x the speed of {f['runner_up']}"
                     f"{ci}, {over}: the interval includes 1, so no winner is named.")
@@ -487,17 +595,17 @@ def _headline_sentence(summary: Mapping[str, Any]) -> tuple[str, str]:
             f"{vs['value']:.2f}x the speed of the runner-up, {f['runner_up']}{ci}, {over}.")
 
 
-def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
+def _summary(rows: list[RunRow], parity: dict[str, Any],
              claims: list[dict[str, Any]], scaling: dict[str, Any],
-             groups: Sequence[Sequence[RunRecord]] = ()) -> dict[str, Any]:
+             groups: Sequence[Sequence[RunRecord]] = ()) -> Summary:
     timed = [r for r in rows if r["tokens_per_s"]["median"] is not None and r["status"] == "ok"
              and not r.get("not_ranked")]
     head = _headline(rows, groups) if groups else None
     fastest = (head["row"] if head else
-               max(timed, key=lambda r: r["tokens_per_s"]["median"]) if timed else None)
+               max(timed, key=lambda r: r["tokens_per_s"]["median"] or 0.0) if timed else None)
     with_rss = [r for r in rows if r["peak_rss_bytes"] is not None]
-    leanest = min(with_rss, key=lambda r: r["peak_rss_bytes"]) if with_rss else None
-    heaviest = max(with_rss, key=lambda r: r["peak_rss_bytes"]) if with_rss else None
+    leanest = min(with_rss, key=lambda r: r["peak_rss_bytes"] or 0.0) if with_rss else None
+    heaviest = max(with_rss, key=lambda r: r["peak_rss_bytes"] or 0.0) if with_rss else None
     counts = {v: sum(1 for c in claims if c["verdict"] == v)
               for v in (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED)}
     scaling_points = [
@@ -523,8 +631,8 @@ def _summary(rows: list[dict[str, Any]], parity: dict[str, Any],
             "run": leanest["label"], "peak_rss_bytes": leanest["peak_rss_bytes"],
             "heaviest_run": heaviest["label"] if heaviest else None,
             "heaviest_peak_rss_bytes": heaviest["peak_rss_bytes"] if heaviest else None},
-        "not_ranked": [{"run": r["label"], "why": r["not_ranked"]}
-                       for r in rows if r.get("not_ranked")],
+        "not_ranked": [{"run": r["label"], "why": why}
+                       for r in rows if (why := r["not_ranked"])],
         "parity_ok": parity["ok"],
         "parity_max_diff": parity["max_diff"],
         "claims": counts,
@@ -568,7 +676,7 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
 def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
                  profile_path: str | None = None, group_id: str | None = None,
                  machine: Any = None, related: Sequence[RunRecord] | None = None
-                 ) -> dict[str, Any]:
+                 ) -> Report:
     """The report of `runs` (one compare group, oldest first; the first is the reference).
     `machine`: a planner Catalogue with this machine's calibration, for the scaling
     prediction (None: measured points only). `related`: every stored run of the workload,
@@ -627,7 +735,7 @@ def accelerator_cells(mfu: float | None, device_peak_bytes: float | None,
             else "-"]
 
 
-def accelerator_rows(report: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+def accelerator_rows(report: Report) -> list[tuple[Any, ...]]:
     """(run, device, precision, MFU, device MB, planner step (error)) for the runs on an
     accelerator; [] when none was."""
     return [(r["label"], str(r.get("accelerator") or "GPU"), str(r.get("effective_precision")),

@@ -22,6 +22,7 @@ from sextant.monitor import (
     write_metrics,
 )
 from sextant.monitor.live import LiveStats
+from sextant.results.record import RunRecord
 from sextant.monitor.procs import worker_rss
 from sextant.monitor.tensorboard import crc32c, read_event_file, write_tensorboard
 from tests.helpers import run_cli
@@ -119,9 +120,11 @@ def test_run_progress_off_terminal_prints_one_line_and_writes_files(tmp_path: Pa
     run = fake_run(tmp_path)
     buf = io.StringIO()
     out = Console(file=buf, width=200, force_terminal=False)
-    record = {"id": 7, "run_dir": str(run), "ranks": [{"peak_rss_bytes": 300 * 2**20}] * 2,
-              "metrics": {"step_time_median_s": 0.1, "tokens_per_s": 10240.0,
-                          "final_loss": 4.6, "exposed_comm_share": 0.2}}
+    record = RunRecord.from_dict({
+        "id": 7, "run_dir": str(run), "strategy": {"framework": "torch"},
+        "ranks": [{"rank": r, "peak_rss_bytes": 300 * 2**20} for r in range(2)],
+        "metrics": {"step_time_median_s": 0.1, "tokens_per_s": 10240.0, "final_loss": 4.6,
+                    "exposed_comm_share": 0.2}})
     with RunProgress(out, tensorboard=tmp_path / "tb") as progress:
         progress.start("torch dp x2", 4)
         for r in range(2):

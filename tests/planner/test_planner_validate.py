@@ -1,4 +1,4 @@
-"""`--validate` against measured runs (the results store replaced by a stub)."""
+"""`plan validate` against measured runs, read from a real results store."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import pytest
 
 from sextant.errors import UserError
 from sextant.planner import validate as val
+from sextant.results.record import RunRecord
+from sextant.results.store import ResultsStore
 
 WORKLOAD = {
     "name": "gpt-tiny",
@@ -26,14 +28,10 @@ WORKLOAD = {
 }
 
 
-def _run(i, parallel, workers, step):
-    return {
-        "id": i,
-        "framework": "torch",
-        "mode": "eager",
-        "parallel": parallel,
-        "workers": workers,
-        "precision": "fp32",
+def _run(parallel, workers, step, **strategy):
+    return RunRecord.from_dict({
+        "strategy": {"framework": "torch", "parallel": parallel, "workers": workers,
+                     **strategy},
         "workload": WORKLOAD,
         "metrics": {
             "step_time_median_s": step,
@@ -41,8 +39,14 @@ def _run(i, parallel, workers, step):
             "step_time_p90_s": step * 1.1,
             "exposed_comm_share": 0.1,
         },
-        "fingerprint": {},
-    }
+    })
+
+
+def _store(path, *runs):
+    with ResultsStore(path) as store:
+        for run in runs:
+            store.add(run)
+    return path
 
 
 @pytest.fixture
@@ -62,10 +66,10 @@ def calibration(tmp_path):
     return path
 
 
-def test_single_run_fits_efficiency_and_dp_run_is_predicted(monkeypatch, calibration):
-    runs = [_run(1, "single", 1, 0.030), _run(2, "dp", 2, 0.029), _run(3, "tp", 2, 0.05)]
-    monkeypatch.setattr(val, "load_runs", lambda db: runs)
-    rows = val.validate(calibration=calibration)
+def test_single_run_fits_efficiency_and_dp_run_is_predicted(tmp_path, calibration):
+    db = _store(tmp_path / "r.db", _run("single", 1, 0.030), _run("dp", 2, 0.029),
+                _run("tp", 2, 0.05, tp=2))
+    rows = val.validate(db=db, calibration=calibration)
     by_id = {r["id"]: r for r in rows}
     assert "skipped" in by_id[3]
     assert by_id[1]["efficiency_source"] == "fit" and abs(by_id[1]["error"]) < 1e-6
@@ -78,9 +82,9 @@ def test_single_run_fits_efficiency_and_dp_run_is_predicted(monkeypatch, calibra
 
 def test_missing_calibration_is_a_user_error(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(val, "load_runs", lambda db: [_run(1, "single", 1, 0.03)])
+    db = _store(tmp_path / "r.db", _run("single", 1, 0.03))
     with pytest.raises(UserError, match="sextant calibrate"):
-        val.validate()
+        val.validate(db=db)
 
 
 def test_empty_or_missing_store(tmp_path):
