@@ -48,7 +48,15 @@ def test_help_lists_commands() -> None:
         (["run", "--mode", "turbo"], "unknown mode 'turbo'; allowed: eager, compiled"),
         (["run", "--parallel", "dp", "--workers", "0"], "workers must be an integer >= 1. Received: 0"),
         (["run", "--workers", "two"], "argument --workers: invalid int value: 'two'"),
-        (["run", "--parallel", "pipeline"], "unknown parallel strategy 'pipeline'"),
+        (["run", "--parallel", "pipeline"], "argument --parallel: invalid choice: 'pipeline' "
+                                            "(choose from 'single', 'dp',"),
+        (["run", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+        (["check", "--timeout", "0"], "argument --timeout: must be a number of seconds > 0"),
+        (["check", "--collective-timeout", "-1"], "argument --collective-timeout: must be a "
+                                                  "number of seconds > 0"),
+        (["check", "--parallel", "ring"], "argument --parallel: invalid choice: 'ring'"),
+        (["compare", "levers", "layouts"], "unrecognized arguments: layouts"),
+        (["advise", "--init"], "unrecognized arguments: --init"),
         (["run", "--workers", "2"], "parallel 'single' runs one worker"),
         (["run", "--steps", "1"], "--steps must exceed the workload's measure.warmup_steps"),
         (["run", "--grad-accum", "3"], "--grad-accum 3 does not divide the 16 rows each replica"),
@@ -170,7 +178,8 @@ def test_a_named_command_loads_its_module_only() -> None:
 
 def test_one_db_flag_for_every_command() -> None:
     """Every command that takes --db takes it from add_store_args: same type, same default,
-    same documented fallback."""
+    same documented fallback (a verb that repeats its command's flags takes the command's
+    value, common.inherit_parent_flags)."""
     import argparse
 
     from sextant import cli
@@ -188,9 +197,12 @@ def test_one_db_flag_for_every_command() -> None:
         for action in parser._actions:
             if "--db" in action.option_strings:
                 found.append(parser.prog)
-                assert action.type is Path and action.default is None, parser.prog
+                assert action.type is Path, parser.prog
+                assert action.default is None or (
+                    action.default == argparse.SUPPRESS and parser.prog.count(" ") == 2), parser.prog
                 assert action.help == argparse.SUPPRESS or action.help.endswith(
                     f"(default: $SEXTANT_RESULTS or ./{DEFAULT_DB.as_posix()})"), parser.prog
     for prog in ("sextant run", "sextant compare", "sextant advise", "sextant plan validate",
-                 "sextant check", "sextant report"):
+                 "sextant check", "sextant report", "sextant compare levers",
+                 "sextant compare layouts"):
         assert prog in found, found
