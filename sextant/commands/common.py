@@ -75,9 +75,11 @@ def add_verbs(p: argparse.ArgumentParser, *, required: bool = True,
               description: str | None = None) -> Any:
     """The verbs of a command (`sextant runs list`), under the one dest every command uses,
     `verb`. Not `required`: the command alone does its own work too (`sextant compare`)."""
-    return p.add_subparsers(dest="verb", metavar="VERB", required=required,
-                            parser_class=type(p), title=None if required else "verbs",
-                            description=description)
+    if required:
+        return p.add_subparsers(dest="verb", metavar="VERB", required=True,
+                                parser_class=type(p))
+    return p.add_subparsers(dest="verb", metavar="VERB", required=False,
+                            parser_class=type(p), title="verbs", description=description)
 
 
 def inherit_parent_flags(verb: argparse.ArgumentParser) -> None:
