@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sextant.commands.common import add_store_args, add_verbs, db_path, inherit_parent_flags
+from sextant.commands.common import (
+    add_optional_verbs,
+    add_store_args,
+    db_path,
+    inherit_parent_flags,
+)
 from sextant.display import console
 from sextant.errors import UserError
 
@@ -56,8 +61,8 @@ def register(subparsers: Any) -> None:
     _add_rules_file_arg(p)
     p.set_defaults(func=run_advise)
 
-    verbs = add_verbs(p, required=False,
-                      description="optional; without one, advise on the profile")
+    verbs = add_optional_verbs(
+        p, "optional; without one, advise on the profile")
     i = verbs.add_parser("init", help="write a commented profile template",
                          description="Write a commented team-profile template to edit.")
     i.add_argument("path", nargs="?", default=DEFAULT_PROFILE, metavar="PATH",

@@ -71,13 +71,9 @@ def deprecated(old: str, new: str) -> None:
                      f"release; use 'sextant {new}'\n")
 
 
-def add_verbs(p: argparse.ArgumentParser, *, required: bool = True,
-              description: str | None = None) -> Any:
-    """The verbs of a command (`sextant runs list`), under the one dest every command uses,
-    `verb`. Not `required`: the command alone does its own work too (`sextant compare`)."""
-    if required:
-        return p.add_subparsers(dest="verb", metavar="VERB", required=True,
-                                parser_class=type(p))
+def add_optional_verbs(p: argparse.ArgumentParser, description: str) -> Any:
+    """The verbs of a command that also works alone (`sextant compare`, `sextant compare
+    levers`), under the dest every command's verbs use, `verb` (None: no verb given)."""
     return p.add_subparsers(dest="verb", metavar="VERB", required=False,
                             parser_class=type(p), title="verbs", description=description)
 

@@ -22,8 +22,8 @@ from sextant.commands.common import (
     GPU_WORKLOAD,
     RunProgress,
     add_device_args,
+    add_optional_verbs,
     add_run_args,
-    add_verbs,
     inherit_parent_flags,
     open_store,
     runs_dir,
@@ -56,8 +56,8 @@ def register(sub: Any) -> None:
     _add_compare_args(p)
     # None: gpt-tiny, or llama-tiny for `compare layouts` (an explicit gpt-tiny is refused there).
     p.set_defaults(func=cmd_compare, workload=None)
-    verbs = add_verbs(p, required=False,
-                      description="optional; without one, compare the frameworks")
+    verbs = add_optional_verbs(
+        p, "optional; without one, compare the frameworks")
     for name, summary, description in (
         ("levers", "pull each distributed-training lever on one framework",
          "Pull each distributed-training lever (sharding, accumulation, bf16, compression) on "
