@@ -29,7 +29,7 @@ from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_json
 from sextant.init import count_params, flops_per_step
-from sextant.launch.local import launch
+from sextant.launch.local import Launcher, launch
 from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
 from sextant.results.record import RECORD_VERSION, RunRecord
@@ -37,9 +37,6 @@ from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
 from sextant.workload import LlamaSpec, Workload
 
-Launcher = Callable[..., list[dict[str, Any]]]
-"""launch(workload, strategy, run_dir, *, timeout_s, collective_timeout_s, on_event,
-extra_env) -> each primary rank's result, as sextant.launch.local.launch."""
 RECORD_FILE = "record.json"
 """A finished run's record, kept in its run directory when the database stayed locked."""
 NAME_SLUG_CHARS = 40

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from sextant.backends.base import ProcessLayout
 
 EventHandler = Callable[[dict[str, Any]], None]
+Launcher = Callable[..., list[dict[str, Any]]]
+"""launch(workload, strategy, run_dir, *, timeout_s, collective_timeout_s, on_event,
+extra_env, resume_step) -> each primary rank's result, as `launch` below: the local
+launcher, Slurm's (slurm.launcher) and a torchrun-style rank 0's (join.rank0_launcher)."""
 
 
 def free_port(bind: str = "127.0.0.1") -> int:
