@@ -206,3 +206,26 @@ def test_one_db_flag_for_every_command() -> None:
                  "sextant check", "sextant report", "sextant compare levers",
                  "sextant compare layouts"):
         assert prog in found, found
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--frameworks", "jax", "--steps", "7", "levers"],
+    ["compare", "levers", "--frameworks", "jax", "--steps", "7"],
+    ["compare", "--frameworks", "jax", "levers", "--steps", "7"],
+])
+def test_a_verb_takes_its_command_flags_before_or_after_it(argv: list[str]) -> None:
+    from sextant import cli
+    from sextant.commands.trials import DEFAULT_REPEATS
+
+    args = cli.build_parser("compare").parse_args(argv)
+    assert (args.verb, args.frameworks, args.steps) == ("levers", "jax", 7)
+    # The command's defaults, not lost to the verb's parser.
+    assert args.workload is None and args.repeats == DEFAULT_REPEATS and args.timeout > 0
+
+
+def test_check_takes_the_run_flags() -> None:
+    from sextant import cli
+
+    args = cli.build_parser("check").parse_args(
+        ["check", "--collective-timeout", "5", "--threads", "2"])
+    assert (args.collective_timeout, args.threads, args.parallel, args.workers) == (5, 2, "dp", 2)
