@@ -116,8 +116,8 @@ def test_three_frameworks_train_llama_alike(tied: bool) -> None:
                        runs_dir=Path(tempfile.mkdtemp()))
             for f in frameworks}
     # Byte-level: the first loss is close to ln(256) with 0.02-scaled weights.
-    assert runs["torch"]["losses"][0] == pytest.approx(np.log(256), rel=0.03)
-    assert runs["torch"]["losses"][-1] < runs["torch"]["losses"][0] - 0.5
+    assert runs["torch"].losses[0] == pytest.approx(np.log(256), rel=0.03)
+    assert runs["torch"].losses[-1] < runs["torch"].losses[0] - 0.5
     for f in frameworks[1:]:
         same_training(runs[f], runs["torch"])
     assert init_params(w.model, w.seed).keys() == param_shapes(w.model).keys()
