@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,12 +62,6 @@ def add_store_args(p: argparse.ArgumentParser, *, purpose: str = "results databa
 def db_path(args: argparse.Namespace) -> Path:
     """The results database a command uses: `--db`, else $SEXTANT_RESULTS, else the default."""
     return args.db if args.db is not None else default_db()
-
-
-def deprecated(old: str, new: str) -> None:
-    """One line on stderr for a spelling kept for one release; the exit code is unchanged."""
-    sys.stderr.write(f"sextant: warning: 'sextant {old}' is deprecated and goes in the next "
-                     f"release; use 'sextant {new}'\n")
 
 
 def add_optional_verbs(p: argparse.ArgumentParser, description: str) -> Any:
