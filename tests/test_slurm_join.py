@@ -242,7 +242,7 @@ def test_a_slurm_job_checkpoints_and_a_second_one_resumes(
     resumed = run_cli(*flags, "--resume", env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr + daemon_logs(slurm_cluster)
     with ResultsStore(db, create=False) as store:
-        (run,) = [r for r in store.runs() if r["status"] == "ok"]
+        (run,) = [r for r in store.runs() if r.status == "ok"]
         stored = store.get(run.id)
     assert stored.strategy.resume and stored.metrics.resumed_from_step == 2
     assert stored.ranks[0].details["notes"] == ("resumed from step-00000002",)
