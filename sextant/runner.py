@@ -11,14 +11,15 @@ Definitions (docs/methodology.md explains each):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_json
 from sextant.init import count_params, flops_per_step
-from sextant.launch.local import launch
+from sextant.launch.local import Launcher, launch
 from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
 from sextant.results.record import RECORD_VERSION, RunRecord
@@ -36,9 +37,6 @@ from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
 from sextant.workload import LlamaSpec, Workload
 
-Launcher = Callable[..., list[dict[str, Any]]]
-"""launch(workload, strategy, run_dir, *, timeout_s, collective_timeout_s, on_event,
-extra_env) -> each primary rank's result, as sextant.launch.local.launch."""
 RECORD_FILE = "record.json"
 """A finished run's record, kept in its run directory when the database stayed locked."""
 NAME_SLUG_CHARS = 40
@@ -247,12 +245,7 @@ def execute(
     `workload_file` is the path the user gave (the report's reproduce commands name it). A
     run that diverges is stored with status 'diverged' before its RunFailed propagates."""
     check_layout(workload, strategy)
-    warnings, resume_step = resume_plan(workload, strategy)
-    for warning in warnings:
-        sys.stderr.write(f"sextant: warning: {warning}\n")
-    if resume_step:
-        sys.stderr.write(f"sextant: resuming from checkpoint step-{resume_step:08d} in "
-                         f"{strategy.checkpoint_dir}\n")
+    resume_step = _resume_step(workload, strategy)
     run_dir = runs_dir / run_dir_name(workload, strategy)
     identity = {
         "schema": RECORD_VERSION,
@@ -277,28 +270,14 @@ def execute(
     try:
         place = functools.partial(emulated.placement, cluster) if cluster else None
         start = launcher or functools.partial(launch, place=place)
-        if sampler is not None:
-            sampler.start()
-        try:
-            # Only with --resume: a launcher of one's own need not know resume_step.
-            resumed = {"resume_step": resume_step} if resume_step is not None else {}
+        # Only with --resume: a launcher of one's own need not know resume_step.
+        resumed = {"resume_step": resume_step} if resume_step is not None else {}
+        with _sampling(sampler):
             ranks = start(workload, strategy, run_dir, timeout_s=timeout_s,
                           collective_timeout_s=collective_timeout_s, on_event=on_rank_event,
                           extra_env=extra_env, **resumed)
-        finally:
-            if sampler is not None:
-                sampler.stop()
     except RunFailed as exc:
-        if exc.run_dir is None:  # a launcher that did not say: the directory it was given
-            exc.run_dir = run_dir
-        diverged = diverged_record(identity, workload, run_dir)
-        if store is None:
-            raise
-        if diverged is None:
-            keep(store, stopped_record(identity, workload, run_dir, "failed", str(exc)))
-            raise
-        raise RunFailed(f"{exc}; stored as run {keep(store, diverged)} (status diverged)",
-                        run_dir=run_dir) from None
+        _keep_failed(exc, store, identity, workload, run_dir)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the workers are stopped
         if store is not None:
             keep(store, stopped_record(identity, workload, run_dir, "interrupted",
@@ -321,6 +300,47 @@ def execute(
     if store is not None:
         record = record.replace(id=keep(store, record))
     return record
+
+
+def _resume_step(workload: Workload, strategy: Strategy) -> int | None:
+    """The checkpoint step every rank resumes from (None: a fresh start), with the
+    checkpoint plan's warnings and the step said on stderr."""
+    warnings, resume_step = resume_plan(workload, strategy)
+    for warning in warnings:
+        sys.stderr.write(f"sextant: warning: {warning}\n")
+    if resume_step:
+        sys.stderr.write(f"sextant: resuming from checkpoint step-{resume_step:08d} in "
+                         f"{strategy.checkpoint_dir}\n")
+    return resume_step
+
+
+@contextlib.contextmanager
+def _sampling(sampler: Sampler | None) -> Iterator[None]:
+    """The rest of the machine sampled while the ranks train (when they train here)."""
+    if sampler is None:
+        yield
+        return
+    sampler.start()
+    try:
+        yield
+    finally:
+        sampler.stop()
+
+
+def _keep_failed(exc: RunFailed, store: ResultsStore | None, identity: dict[str, Any],
+                 workload: Workload, run_dir: Path) -> NoReturn:
+    """Store a failed run (status 'failed', or 'diverged' with its first non-finite step),
+    then raise its RunFailed, naming the run directory."""
+    if exc.run_dir is None:  # a launcher that did not say: the directory it was given
+        exc.run_dir = run_dir
+    diverged = diverged_record(identity, workload, run_dir)
+    if store is None:
+        raise exc
+    if diverged is None:
+        keep(store, stopped_record(identity, workload, run_dir, "failed", str(exc)))
+        raise exc
+    raise RunFailed(f"{exc}; stored as run {keep(store, diverged)} (status diverged)",
+                    run_dir=run_dir) from None
 
 
 def network(cluster: str | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:

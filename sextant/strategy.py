@@ -50,7 +50,14 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 #   bf16  mixed precision: fp32 master weights, bf16 matmul and attention operands, norms,
 #         softmax and the loss in fp32 (torch autocast's policy)
 #   fp16  the same in fp16, with dynamic loss scaling
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISION_MEANINGS = {
+    "fp32": "true fp32, no TF32 on any framework",
+    "tf32": "TF32 matmuls where the device has them",
+    "bf16": "mixed: fp32 master weights, bf16 matmuls",
+    "fp16": "mixed as bf16, in fp16 with loss scaling",
+}
+"""One line per precision, in the order of PRECISIONS (the CLI's help is made of them)."""
+PRECISIONS = tuple(PRECISION_MEANINGS)
 MIXED_PRECISIONS = ("bf16", "fp16")
 DEVICES = ("cpu", "gpu")
 """Where a run's ranks compute: 'cpu' cores, or one 'gpu' per rank (placed by local rank)."""

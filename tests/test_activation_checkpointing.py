@@ -1,7 +1,7 @@
 """The activation-checkpointing lever (Strategy.activation_checkpointing).
 
 Recomputing a block in backward changes what is kept, not what is computed: in fp32 the
-losses and global gradient norms equal the run without it (tests.helpers.LEVER_RTOL). The
+losses and global gradient norms equal the run without it (tests.helpers.PARITY_RTOL["fp32"]). The
 in-process tests prove the lever is really applied (a flag the backend ignored would pass
 the parity test too).
 """

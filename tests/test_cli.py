@@ -48,7 +48,15 @@ def test_help_lists_commands() -> None:
         (["run", "--mode", "turbo"], "unknown mode 'turbo'; allowed: eager, compiled"),
         (["run", "--parallel", "dp", "--workers", "0"], "workers must be an integer >= 1. Received: 0"),
         (["run", "--workers", "two"], "argument --workers: invalid int value: 'two'"),
-        (["run", "--parallel", "pipeline"], "unknown parallel strategy 'pipeline'"),
+        (["run", "--parallel", "pipeline"], "argument --parallel: invalid choice: 'pipeline' "
+                                            "(choose from 'single', 'dp',"),
+        (["run", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+        (["check", "--timeout", "0"], "argument --timeout: must be a number of seconds > 0"),
+        (["check", "--collective-timeout", "-1"], "argument --collective-timeout: must be a "
+                                                  "number of seconds > 0"),
+        (["check", "--parallel", "ring"], "argument --parallel: invalid choice: 'ring'"),
+        (["compare", "levers", "layouts"], "unrecognized arguments: layouts"),
+        (["advise", "--init"], "unrecognized arguments: --init"),
         (["run", "--workers", "2"], "parallel 'single' runs one worker"),
         (["run", "--steps", "1"], "--steps must exceed the workload's measure.warmup_steps"),
         (["run", "--grad-accum", "3"], "--grad-accum 3 does not divide the 16 rows each replica"),
@@ -170,7 +178,8 @@ def test_a_named_command_loads_its_module_only() -> None:
 
 def test_one_db_flag_for_every_command() -> None:
     """Every command that takes --db takes it from add_store_args: same type, same default,
-    same documented fallback."""
+    same documented fallback (a verb that repeats its command's flags takes the command's
+    value, common.inherit_parent_flags)."""
     import argparse
 
     from sextant import cli
@@ -188,9 +197,35 @@ def test_one_db_flag_for_every_command() -> None:
         for action in parser._actions:
             if "--db" in action.option_strings:
                 found.append(parser.prog)
-                assert action.type is Path and action.default is None, parser.prog
+                assert action.type is Path, parser.prog
+                assert action.default is None or (
+                    action.default == argparse.SUPPRESS and parser.prog.count(" ") == 2), parser.prog
                 assert action.help == argparse.SUPPRESS or action.help.endswith(
                     f"(default: $SEXTANT_RESULTS or ./{DEFAULT_DB.as_posix()})"), parser.prog
     for prog in ("sextant run", "sextant compare", "sextant advise", "sextant plan validate",
-                 "sextant check", "sextant report"):
+                 "sextant check", "sextant report", "sextant compare levers",
+                 "sextant compare layouts"):
         assert prog in found, found
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--frameworks", "jax", "--steps", "7", "levers"],
+    ["compare", "levers", "--frameworks", "jax", "--steps", "7"],
+    ["compare", "--frameworks", "jax", "levers", "--steps", "7"],
+])
+def test_a_verb_takes_its_command_flags_before_or_after_it(argv: list[str]) -> None:
+    from sextant import cli
+    from sextant.commands.trials import DEFAULT_REPEATS
+
+    args = cli.build_parser("compare").parse_args(argv)
+    assert (args.verb, args.frameworks, args.steps) == ("levers", "jax", 7)
+    # The command's defaults, not lost to the verb's parser.
+    assert args.workload is None and args.repeats == DEFAULT_REPEATS and args.timeout > 0
+
+
+def test_check_takes_the_run_flags() -> None:
+    from sextant import cli
+
+    args = cli.build_parser("check").parse_args(
+        ["check", "--collective-timeout", "5", "--threads", "2"])
+    assert (args.collective_timeout, args.threads, args.parallel, args.workers) == (5, 2, "dp", 2)

@@ -16,7 +16,7 @@ from sextant.data import files
 from sextant.errors import UserError
 from sextant.workload import Workload
 from sextant.sources import resolve_workload
-from tests.helpers import LEVER_RTOL, needs_torch, run_cli, same_training
+from tests.helpers import needs_torch, run_cli, same_training
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -250,9 +250,9 @@ def test_torch_and_jax_train_alike_on_parquet_with_a_tokenizer(parquet_corpus: P
     assert torch_run.losses[0] == pytest.approx(np.log(VOCAB), rel=0.03)
     assert torch_run.losses[-1] < torch_run.losses[0]
     same_training(run(Strategy(framework="torch", mode="eager", parallel="dp", workers=2)),
-                  torch_run, LEVER_RTOL)
+                  torch_run)
     if importlib.util.find_spec("jax") is not None:
-        same_training(run(Strategy(framework="jax", mode="compiled")), torch_run, LEVER_RTOL)
+        same_training(run(Strategy(framework="jax", mode="compiled")), torch_run)
 
 
 def test_bundled_workloads_keep_their_identity() -> None:

@@ -18,7 +18,7 @@ from sextant.backends.base import require
 from sextant.errors import UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import LEVER_RTOL, needs_torch, same_training, short
+from tests.helpers import PARITY_RTOL, needs_torch, same_training, short
 
 needs_keras = pytest.mark.skipif(importlib.util.find_spec("keras") is None,
                                  reason="keras not installed")
@@ -29,7 +29,6 @@ STEPS = 3
 # gradient norm (docs/keras.md). So the shared fp32 tolerance (1e-5) holds. Keras' stock
 # AdamW puts eps before the bias correction: gpt-tiny's loss moves by 4.3e-6 in 10 steps, its
 # gradient norm by 1.3e-4; digits-mlp's by 1.8e-5 and 3.4e-4 (caught, test below).
-RTOL = LEVER_RTOL
 
 
 def keras(backend: str = "jax", **fields: Any) -> Strategy:
@@ -104,7 +103,7 @@ def test_fit_matches_torch_eager(backend: str, mode: str, workload: Any, referen
                                  tmp_path: Path) -> None:
     record = execute(workload, keras(backend, mode=mode), runs_dir=tmp_path)
     assert record.status == "ok" and len(record.losses) == STEPS
-    same_training(record, reference, rtol=RTOL)
+    same_training(record, reference)
     assert record.fingerprint.values["keras_backend"] == backend
 
 
@@ -119,13 +118,13 @@ def test_mlp_matches_and_the_tolerance_sees_keras_stock_adamw(
     3.4e-4), so the parity tests are not loose enough to hide it."""
     w = short("digits-mlp", 10, nosync_steps=0, log_every=10)
     reference = execute(w, Strategy(framework="torch"), runs_dir=tmp_path)
-    same_training(execute(w, keras(mode="compiled"), runs_dir=tmp_path), reference, rtol=RTOL)
+    same_training(execute(w, keras(mode="compiled"), runs_dir=tmp_path), reference)
     monkeypatch.setenv("SEXTANT_TEST_FAULT", "keras-stock-adamw")
     stock = execute(w, keras(mode="compiled"), runs_dir=tmp_path)
     assert stock.ranks[0].details["optimizer"].startswith("keras.optimizers.AdamW (stock")
     for key in ("losses", "grad_norms"):
-        deviation = np.array(stock[key]) / np.array(reference[key]) - 1
-        assert np.max(np.abs(deviation)) > RTOL, key
+        deviation = np.array(getattr(stock, key)) / np.array(getattr(reference, key)) - 1
+        assert np.max(np.abs(deviation)) > PARITY_RTOL["fp32"], key
 
 
 @needs_keras

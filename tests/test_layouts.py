@@ -1,4 +1,4 @@
-"""`compare --layouts`: which layouts it runs, why it skips the others, and the code-size
+"""`compare layouts`: which layouts it runs, why it skips the others, and the code-size
 figure it prints (counted in the source, without importing a framework)."""
 
 from __future__ import annotations
@@ -62,20 +62,18 @@ def test_layouts_run_what_each_backend_supports_and_say_why_not() -> None:
         assert "data-parallel strategies only" in lines
 
 
-def test_layouts_refuse_a_gpt_workload_and_levers_together(tmp_path) -> None:
-    out = run_cli("compare", "--layouts", "--workload", "gpt-tiny", "--db",
+def test_layouts_refuse_a_gpt_workload(tmp_path) -> None:
+    out = run_cli("compare", "layouts", "--workload", "gpt-tiny", "--db",
                   str(tmp_path / "r.db"))
-    assert out.returncode == 2 and "--layouts splits a Llama-shaped model" in out.stderr
+    assert out.returncode == 2 and "compare layouts splits a Llama-shaped model" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
-    out = run_cli("compare", "--layouts", "--levers", "--db", str(tmp_path / "r.db"))
-    assert out.returncode == 2 and "two different comparisons" in out.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
 def test_compare_layouts_on_jax_end_to_end(tmp_path) -> None:
     report = tmp_path / "report.html"
-    out = run_cli("compare", "--layouts", "--frameworks", "jax", "--steps", "6",
+    out = run_cli("compare", "layouts", "--frameworks", "jax", "--steps", "6",
                   "--repeats", "1", "--no-calibrate", "--report", str(report),
                   "--db", str(tmp_path / "r.db"), env={"COLUMNS": "250"}, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -44,7 +44,7 @@ def test_torch_sharded_equals_dp(tmp_path: Path, dp_ref: dict, parallel: str) ->
 def test_torch_memory_accounting_shows_sharding(tmp_path: Path, dp_ref: dict) -> None:
     """Per-rank bytes read from the framework's own objects (local shards)."""
     w = short("gpt-tiny", 3)
-    acc = {p: execute(w, torch_s(p), runs_dir=tmp_path)["ranks"][0]["memory_accounting"]
+    acc = {p: execute(w, torch_s(p), runs_dir=tmp_path).ranks[0].memory_accounting
            for p in ("zero1", "fsdp")}
     acc["dp"] = dp_ref.ranks[0].memory_accounting
     P = acc["dp"]["parameters"]

@@ -37,9 +37,9 @@ def test_bf16_agrees_within_the_band_and_the_broken_twins_do_not(tmp_path: Path)
     assert good.ok and good.worst_ratio < 1 / 1.5, good  # room left inside the band
 
     loss_in_bf16 = mixed_agreement(_run(tmp_path, "jax", "bf16", "loss-in-compute-dtype")
-                                   ["losses"], *band)
+                                   .losses, *band)
     bf16_masters = mixed_agreement(_run(tmp_path, "torch", "bf16", "bf16-master-weights")
-                                   ["losses"], *band)
+                                   .losses, *band)
     assert not loss_in_bf16.ok and not bf16_masters.ok, (loss_in_bf16, bf16_masters)
     # fp16 with dynamic loss scaling (torch's GradScaler) trains the same thing: inside the
     # band its own fp16 run would set is trivially true, so held to bf16's band here.

@@ -15,7 +15,7 @@ import pytest
 
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import LEVER_RTOL, loss_deviation, needs_torch, same_training, short
+from tests.helpers import PARITY_RTOL, loss_deviation, needs_torch, same_training, short
 
 pytestmark = pytest.mark.slow
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
@@ -40,7 +40,7 @@ def _broken(run: dict, single: dict) -> None:
     off by far more than the parity tolerance."""
     norms = np.max(np.abs(np.subtract(run.grad_norms, single.grad_norms))
                    / np.asarray(single.grad_norms))
-    assert max(loss_deviation(run, single), norms) > 100 * LEVER_RTOL
+    assert max(loss_deviation(run, single), norms) > 100 * PARITY_RTOL["fp32"]
 
 
 @needs_torch

@@ -175,7 +175,7 @@ def test_a_host_whose_link_goes_down_fails_the_run_naming_it(tmp_path: Path) -> 
                 execute(workload, strategy, runs_dir=tmp_path / "runs", store=store,
                         cluster=name, collective_timeout_s=8, on_event=cut_after_first_step,
                         timeout_s=120)
-            assert [r["status"] for r in store.runs()] == ["failed"]
+            assert [r.status for r in store.runs()] == ["failed"]
         assert time.monotonic() - start < 60
         for host in c.hosts:  # nothing left running inside the hosts
             assert subprocess.run(["ip", "netns", "pids", host.netns], check=True, capture_output=True,

@@ -26,7 +26,7 @@ from tests.helpers import kill_then_resume, loss_deviation, needs_torch, same_tr
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                               reason="tensorflow not installed")
 pytestmark = [needs_tf, needs_torch, pytest.mark.slow]
-# fp32 parity at tests.helpers.LEVER_RTOL = 1e-5 (observed <= 1.1e-7 here)
+# fp32 parity at tests.helpers.PARITY_RTOL["fp32"] = 1e-5 (observed <= 1.1e-7 here)
 
 
 def tf(parallel: str = "single", mode: str = "eager", **kw) -> Strategy:

@@ -14,7 +14,7 @@ from sextant.backends.base import get_backend, require
 from sextant.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
-from tests.helpers import PARITY_RTOL, needs_torch, same_training, short
+from tests.helpers import needs_torch, same_training, short
 from tests.test_imports import FRAMEWORKS, imported_modules
 
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
@@ -28,7 +28,6 @@ pytestmark = [needs_tf, needs_torch, pytest.mark.slow]
 # with and without XLA, with and without oneDNN. 1e-5 leaves ~20x margin and still catches real
 # differences: summing instead of averaging doubles the gradient norm; Keras' eps placement
 # moves the digits-mlp loss by 1.6e-5 within 10 steps (gpt-tiny: 4.3e-6, not caught there).
-RTOL = PARITY_RTOL["fp32"]
 
 TORCH = Strategy(framework="torch")
 

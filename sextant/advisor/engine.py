@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sextant.advisor.evidence import Evidence
 from sextant.advisor.planned import PlannedTraining
@@ -360,16 +361,26 @@ def _assumptions(profile: TeamProfile, rules: RuleSet, hours: float, hours_sourc
     return tuple(lines)
 
 
-def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
-           rules: RuleSet | None = None, notes: Iterable[str] = (),
-           planned: PlannedTraining | None = None) -> Advice:
-    """Rank the candidate stacks for `profile`; deterministic for equal inputs. `planned`
-    (a planner result, see advisor/planned.py) gives the training hours at the target scale."""
-    rules = rules or load_rules()
-    evidence = tuple(evidence)
-    facts = profile.facts()
-    fired: list[Fired] = []
+Facts = dict[str, Any]
+"""A profile's facts, as rule conditions test them (TeamProfile.facts)."""
 
+
+class _Points:
+    """The ledger of rule points: each usable candidate's fit and the (rule id, delta,
+    source) entries that make it up."""
+
+    def __init__(self, usable: Sequence[str]) -> None:
+        self.fit = dict.fromkeys(usable, 0.0)
+        self.reasons: dict[str, list[tuple[str, float, str]]] = {c: [] for c in usable}
+
+    def add(self, candidate: str, rule_id: str, delta: float, source: str) -> None:
+        self.fit[candidate] += delta
+        self.reasons[candidate].append((rule_id, delta, source))
+
+
+def _apply_constraints(rules: RuleSet, facts: Facts,
+                       fired: list[Fired]) -> dict[str, list[tuple[str, str]]]:
+    """The candidates the profile's constraints exclude, each with (constraint id, reason)."""
     excluded: dict[str, list[tuple[str, str]]] = {}
     for constraint in rules.constraints:
         if constraint.when.matches(facts):
@@ -379,32 +390,33 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
                                excludes=constraint.exclude))
             for candidate in constraint.exclude:
                 excluded.setdefault(candidate, []).append((constraint.id, constraint.reason))
-    usable = [c for c in CANDIDATES if c not in excluded]
-    if not usable:
-        # Only a custom rules file can get here; the shipped constraints leave candidates.
-        raise UserError("the rules' constraints exclude every candidate stack for this profile")
+    return excluded
 
-    fit = dict.fromkeys(usable, 0.0)
-    reasons: dict[str, list[tuple[str, float, str]]] = {c: [] for c in usable}
+
+def _apply_rules(rules: RuleSet, facts: Facts, points: _Points, fired: list[Fired]) -> None:
+    """The rules of thumb that match the profile, on the candidates not excluded."""
     for rule in rules.rules:
         if not rule.when.matches(facts):
             continue
-        applied = tuple((c, d) for c, d in rule.effect if c in fit)
-        idle = [c for c, _ in rule.effect if c not in fit]
+        applied = tuple((c, d) for c, d in rule.effect if c in points.fit)
+        idle = [c for c, _ in rule.effect if c not in points.fit]
         fired.append(Fired(id=rule.id, kind="rule", source=RULE_OF_THUMB,
                            rationale=rule.rationale, condition=rule.when.describe(),
                            effect=applied,
                            detail=f"not applied to excluded {', '.join(idle)}" if idle else ""))
         for candidate, delta in applied:
-            fit[candidate] += delta
-            reasons[candidate].append((rule.id, delta, RULE_OF_THUMB))
+            points.add(candidate, rule.id, delta, RULE_OF_THUMB)
 
-    measured = {(e.candidate, e.metric): e for e in evidence if e.source == MEASURED}
+
+def _apply_evidence_rules(rules: RuleSet, facts: Facts,
+                          measured: dict[tuple[str, str], Evidence], points: _Points,
+                          fired: list[Fired]) -> None:
+    """The evidence rules whose measured metric crosses its threshold for a candidate."""
     for ev_rule in rules.evidence_rules:
         if not ev_rule.when.matches(facts):
             continue
         hits = [
-            (c, measured[(c, ev_rule.metric)]) for c in usable
+            (c, measured[(c, ev_rule.metric)]) for c in points.fit
             if (c, ev_rule.metric) in measured
             and COMPARISONS[ev_rule.op](measured[(c, ev_rule.metric)].value, ev_rule.threshold)
         ]
@@ -418,36 +430,39 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
             detail="; ".join(f"{c}: {e.detail}" for c, e in hits),
         ))
         for candidate, _ in hits:
-            fit[candidate] += ev_rule.delta
-            reasons[candidate].append((ev_rule.id, ev_rule.delta, MEASURED))
+            points.add(candidate, ev_rule.id, ev_rule.delta, MEASURED)
 
-    hours, hours_source = reference_hours(profile, rules, planned)
+
+def _throughput_factors(profile: TeamProfile, rules: RuleSet,
+                        measured: dict[tuple[str, str], Evidence], usable: Sequence[str]
+                        ) -> tuple[dict[str, tuple[float, str]], list[Evidence]]:
+    """(factor and its source per candidate, the assumed evidence to show): each candidate's
+    relative throughput, measured where the store has it, else the rules' figure for the
+    hardware."""
     factors: dict[str, tuple[float, str]] = {}
     assumed: list[Evidence] = []
     for candidate in CANDIDATES:
         if (candidate, "throughput_ratio") in measured:
             factors[candidate] = (measured[(candidate, "throughput_ratio")].value, MEASURED)
-        else:
-            factor = rules.factor(profile.hardware, candidate)
-            factors[candidate] = (factor, RULE_OF_THUMB)
-            if candidate in fit and factor != 1.0:
-                assumed.append(Evidence(
-                    candidate=candidate, metric="throughput_ratio", value=factor,
-                    source=RULE_OF_THUMB,
-                    detail=f"rules file, {profile.hardware}: "
-                           f"{rules.throughput_rationale[profile.hardware]}",
-                ))
-    if planned is not None or profile.training_hours is None:
-        for candidate in usable:
-            assumed.append(Evidence(candidate=candidate, metric="training_hours",
-                                    value=hours / factors[candidate][0],
-                                    source=PLANNED if planned is not None else RULE_OF_THUMB,
-                                    detail=hours_source))
+            continue
+        factor = rules.factor(profile.hardware, candidate)
+        factors[candidate] = (factor, RULE_OF_THUMB)
+        if candidate in usable and factor != 1.0:
+            assumed.append(Evidence(
+                candidate=candidate, metric="throughput_ratio", value=factor,
+                source=RULE_OF_THUMB,
+                detail=f"rules file, {profile.hardware}: "
+                       f"{rules.throughput_rationale[profile.hardware]}",
+            ))
+    return factors, assumed
 
-    costs = {c: _cost(c, profile, rules, hours, hours_source, *factors[c]) for c in usable}
+
+def _deadline_penalties(profile: TeamProfile, rules: RuleSet, costs: dict[str, Cost],
+                        points: _Points, fired: list[Fired]) -> dict[str, float]:
+    """The deadline penalty of each candidate whose ramp-up and migration outlast the
+    deadline's working days."""
     working_days = profile.deadline_weeks * rules.working_days_per_week
-    late = [c for c in usable if costs[c].calendar_days > working_days]
-    penalty = {c: (rules.deadline_penalty if c in late else 0.0) for c in usable}
+    late = [c for c in costs if costs[c].calendar_days > working_days]
     if late:
         fired.append(Fired(
             id=rules.deadline_id, kind="deadline", source=RULE_OF_THUMB,
@@ -456,15 +471,21 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
             effect=tuple((c, -rules.deadline_penalty) for c in late),
             detail="; ".join(f"{c}: {costs[c].calendar_days:.0f} days" for c in late),
         ))
-        for candidate in late:
-            reasons[candidate].append((rules.deadline_id, -rules.deadline_penalty,
-                                       RULE_OF_THUMB))
+        for candidate in late:  # a reason shown, not fit: the penalty is kept apart
+            points.reasons[candidate].append((rules.deadline_id, -rules.deadline_penalty,
+                                              RULE_OF_THUMB))
+    return {c: (rules.deadline_penalty if c in late else 0.0) for c in costs}
 
+
+def _rank(points: _Points, penalty: dict[str, float], costs: dict[str, Cost],
+          rules: RuleSet) -> tuple[tuple[Ranked, ...], dict[str, float]]:
+    """(the ranking, each candidate's score before its cost penalty)."""
+    usable = list(points.fit)
     # Floored at MIN_TCO_USD: a near-zero cost (a tiny model and an expert team) made the
     # ratio overflow and the scores NaN.
     cheapest = max(min(cost.total_usd for cost in costs.values()), MIN_TCO_USD)
     k = rules.points_per_tco_doubling
-    base = {c: fit[c] - penalty[c] for c in usable}
+    base = {c: points.fit[c] - penalty[c] for c in usable}
     cost_penalty = {c: k * math.log2(max(costs[c].total_usd, MIN_TCO_USD) / cheapest)
                     for c in usable}
     score = {c: base[c] - cost_penalty[c] for c in usable}
@@ -472,24 +493,65 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
     order = sorted(usable, key=lambda c: (-score[c], costs[c].total_usd, CANDIDATES.index(c)))
     ranking = tuple(
         Ranked(
-            candidate=c, rank=i + 1, fit=fit[c], deadline_penalty=penalty[c],
+            candidate=c, rank=i + 1, fit=points.fit[c], deadline_penalty=penalty[c],
             cost_penalty=cost_penalty[c], score=score[c], cost=costs[c],
-            reasons=tuple(sorted(reasons[c], key=lambda r: (-abs(r[1]), r[0]))),
+            reasons=tuple(sorted(points.reasons[c], key=lambda r: (-abs(r[1]), r[0]))),
         )
         for i, c in enumerate(order)
     )
+    return ranking, base
 
-    notes = list(notes)
+
+def _notes(notes: Iterable[str], profile: TeamProfile, hours: float,
+           planned: PlannedTraining | None) -> tuple[str, ...]:
+    """The caller's notes, the planner's, and a warning when training alone outlasts the
+    deadline."""
+    out = list(notes)
     if planned is not None:
-        notes.extend(planned.notes)
+        out.extend(planned.notes)
         if profile.training_hours is not None:
-            notes.append(f"The profile's training_hours ({profile.training_hours:g}) is "
-                         f"replaced by the planner's {hours:,.1f} hours ({planned.path}).")
+            out.append(f"The profile's training_hours ({profile.training_hours:g}) is "
+                       f"replaced by the planner's {hours:,.1f} hours ({planned.path}).")
     weeks = hours / 24 / 7
     if weeks > profile.deadline_weeks:
-        notes.append(f"Training alone takes about {weeks:.1f} weeks on the fastest stack, "
-                     f"beyond the {profile.deadline_weeks:g}-week deadline: add devices or "
-                     "train on fewer tokens.")
+        out.append(f"Training alone takes about {weeks:.1f} weeks on the fastest stack, "
+                   f"beyond the {profile.deadline_weeks:g}-week deadline: add devices or "
+                   "train on fewer tokens.")
+    return tuple(out)
+
+
+def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
+           rules: RuleSet | None = None, notes: Iterable[str] = (),
+           planned: PlannedTraining | None = None) -> Advice:
+    """Rank the candidate stacks for `profile`; deterministic for equal inputs. `planned`
+    (a planner result, see advisor/planned.py) gives the training hours at the target scale."""
+    rules = rules or load_rules()
+    evidence = tuple(evidence)
+    facts = profile.facts()
+    fired: list[Fired] = []
+
+    excluded = _apply_constraints(rules, facts, fired)
+    usable = [c for c in CANDIDATES if c not in excluded]
+    if not usable:
+        # Only a custom rules file can get here; the shipped constraints leave candidates.
+        raise UserError("the rules' constraints exclude every candidate stack for this profile")
+    points = _Points(usable)
+    _apply_rules(rules, facts, points, fired)
+    measured = {(e.candidate, e.metric): e for e in evidence if e.source == MEASURED}
+    _apply_evidence_rules(rules, facts, measured, points, fired)
+
+    hours, hours_source = reference_hours(profile, rules, planned)
+    factors, assumed = _throughput_factors(profile, rules, measured, usable)
+    if planned is not None or profile.training_hours is None:
+        for candidate in usable:
+            assumed.append(Evidence(candidate=candidate, metric="training_hours",
+                                    value=hours / factors[candidate][0],
+                                    source=PLANNED if planned is not None else RULE_OF_THUMB,
+                                    detail=hours_source))
+
+    costs = {c: _cost(c, profile, rules, hours, hours_source, *factors[c]) for c in usable}
+    penalty = _deadline_penalties(profile, rules, costs, points, fired)
+    ranking, base = _rank(points, penalty, costs, rules)
     return Advice(
         profile=profile,
         rules_version=rules.version,
@@ -501,5 +563,5 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
         evidence=evidence + tuple(assumed),
         assumptions=_assumptions(profile, rules, hours, hours_source, factors),
         sensitivity=_sensitivity(ranking, base, profile, rules),
-        notes=tuple(notes),
+        notes=_notes(notes, profile, hours, planned),
     )

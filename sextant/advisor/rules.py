@@ -361,6 +361,116 @@ def _unique(ids: list[str], where: str) -> None:
         seen.add(rule_id)
 
 
+def _migration_overrides(migration: Any, where: str) -> dict[str, dict[str, float]]:
+    """[migration]: its keys, and the person-days per candidate from each framework that
+    overrides the default."""
+    _check_keys(migration, where, ("default_days", "rationale"), ("from",))
+    overrides: dict[str, dict[str, float]] = {}
+    from_table = migration.get("from", {})
+    if not isinstance(from_table, Mapping):
+        raise UserError(f"{where}.from: expected tables per framework; got {from_table!r}")
+    for framework, table in from_table.items():
+        if framework not in FRAMEWORKS:
+            raise UserError(
+                f"{where}.from: unknown framework {framework!r}; allowed: {allowed(FRAMEWORKS)}"
+            )
+        overrides[framework] = _candidate_table(table, f"{where}.from.{framework}")
+    return overrides
+
+
+def _throughput_tables(raw: Any, source: str
+                       ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """[throughput.HW]: (relative throughput factors in (0, 1] per hardware, rationale)."""
+    throughput: dict[str, dict[str, float]] = {}
+    throughput_rationale: dict[str, str] = {}
+    _check_keys(raw, f"{source} [throughput]", (), HARDWARE)
+    for hw, table in raw.items():
+        where = f"{source} [throughput.{hw}]"
+        _check_keys(table, where, ("factors", "rationale"))
+        factors = _candidate_table(table["factors"], f"{where}.factors")
+        for cand, value in factors.items():
+            if not 0 < value <= 1:
+                raise UserError(f"{where}.factors.{cand}: must be in (0, 1]; got {value!r}")
+        throughput[hw] = factors
+        throughput_rationale[hw] = _text(table["rationale"], f"{where}.rationale")
+    return throughput, throughput_rationale
+
+
+def _hardware_tables(raw: Any, source: str
+                     ) -> tuple[dict[str, str], dict[str, float], dict[str, str]]:
+    """[hardware.HW], every hardware: (accelerator, MFU in (0, 1], rationale) per hardware."""
+    accelerators: dict[str, str] = {}
+    mfu: dict[str, float] = {}
+    flops_rationale: dict[str, str] = {}
+    _check_keys(raw, f"{source} [hardware]", HARDWARE)
+    for hw, table in raw.items():
+        where = f"{source} [hardware.{hw}]"
+        _check_keys(table, where, ("accelerator", "mfu", "rationale"))
+        accelerators[hw] = _text(table["accelerator"], f"{where}.accelerator")
+        mfu[hw] = _number(table["mfu"], f"{where}.mfu", strict=True)
+        if mfu[hw] > 1:
+            raise UserError(f"{where}.mfu: must be <= 1; got {mfu[hw]!r}")
+        flops_rationale[hw] = _text(table["rationale"], f"{where}.rationale")
+    return accelerators, mfu, flops_rationale
+
+
+def _constraints(raw: Any, source: str) -> list[Constraint]:
+    """[[constraint]]: the candidates each excludes, and why."""
+    constraints = []
+    for i, item in enumerate(_list(raw, f"{source} [[constraint]]")):
+        where = f"{source} [[constraint]] #{i + 1}"
+        _check_keys(item, where, ("id", "when", "exclude", "reason"))
+        constraints.append(Constraint(
+            id=_text(item["id"], f"{where}.id"),
+            when=parse_condition(item["when"], where),
+            exclude=_values(item["exclude"], CANDIDATES, f"{where}.exclude"),
+            reason=_text(item["reason"], f"{where}.reason"),
+        ))
+    return constraints
+
+
+def _rules(raw: Any, source: str) -> list[Rule]:
+    """[[rule]]: the points each gives or takes, at least one candidate each."""
+    rules = []
+    for i, item in enumerate(_list(raw, f"{source} [[rule]]")):
+        where = f"{source} [[rule]] #{i + 1}"
+        _check_keys(item, where, ("id", "when", "effect", "rationale"))
+        effect = _candidate_table(item["effect"], f"{where}.effect", signed=True)
+        if not effect:
+            raise UserError(f"{where}.effect: give at least one candidate = delta")
+        rules.append(Rule(
+            id=_text(item["id"], f"{where}.id"),
+            when=parse_condition(item["when"], where),
+            effect=_ordered(effect),
+            rationale=_text(item["rationale"], f"{where}.rationale"),
+        ))
+    return rules
+
+
+def _evidence_rules(raw: Any, source: str) -> list[EvidenceRule]:
+    """[[evidence_rule]]: a measured metric, one threshold (gt or lt) and the points."""
+    evidence_rules = []
+    for i, item in enumerate(_list(raw, f"{source} [[evidence_rule]]")):
+        where = f"{source} [[evidence_rule]] #{i + 1}"
+        _check_keys(item, where, ("id", "metric", "delta", "rationale"), ("gt", "lt", "when"))
+        if item["metric"] not in EVIDENCE_METRICS:
+            raise UserError(f"{where}.metric: unknown metric {item['metric']!r}; "
+                            f"allowed: {allowed(EVIDENCE_METRICS)}")
+        ops = [op for op in ("gt", "lt") if op in item]
+        if len(ops) != 1:
+            raise UserError(f"{where}: give exactly one of gt, lt")
+        evidence_rules.append(EvidenceRule(
+            id=_text(item["id"], f"{where}.id"),
+            metric=item["metric"],
+            op=ops[0],
+            threshold=_signed(item[ops[0]], f"{where}.{ops[0]}"),
+            delta=_signed(item["delta"], f"{where}.delta"),
+            when=parse_condition(item.get("when"), where),
+            rationale=_text(item["rationale"], f"{where}.rationale"),
+        ))
+    return evidence_rules
+
+
 def parse_rules(raw: Mapping[str, Any], *, source: str) -> RuleSet:
     """Validate a parsed rules file."""
     _check_keys(raw, source,
@@ -393,90 +503,12 @@ def parse_rules(raw: Mapping[str, Any], *, source: str) -> RuleSet:
                                 f"{where}.functional_stacks")
 
     migration = raw["migration"]
-    where = f"{source} [migration]"
-    _check_keys(migration, where, ("default_days", "rationale"), ("from",))
-    overrides: dict[str, dict[str, float]] = {}
-    from_table = migration.get("from", {})
-    if not isinstance(from_table, Mapping):
-        raise UserError(f"{where}.from: expected tables per framework; got {from_table!r}")
-    for framework, table in from_table.items():
-        if framework not in FRAMEWORKS:
-            raise UserError(
-                f"{where}.from: unknown framework {framework!r}; allowed: {allowed(FRAMEWORKS)}"
-            )
-        overrides[framework] = _candidate_table(table, f"{where}.from.{framework}")
-
-    throughput: dict[str, dict[str, float]] = {}
-    throughput_rationale: dict[str, str] = {}
-    _check_keys(raw["throughput"], f"{source} [throughput]", (), HARDWARE)
-    for hw, table in raw["throughput"].items():
-        where = f"{source} [throughput.{hw}]"
-        _check_keys(table, where, ("factors", "rationale"))
-        factors = _candidate_table(table["factors"], f"{where}.factors")
-        for cand, value in factors.items():
-            if not 0 < value <= 1:
-                raise UserError(f"{where}.factors.{cand}: must be in (0, 1]; got {value!r}")
-        throughput[hw] = factors
-        throughput_rationale[hw] = _text(table["rationale"], f"{where}.rationale")
-
-    accelerators: dict[str, str] = {}
-    mfu: dict[str, float] = {}
-    flops_rationale: dict[str, str] = {}
-    _check_keys(raw["hardware"], f"{source} [hardware]", HARDWARE)
-    for hw, table in raw["hardware"].items():
-        where = f"{source} [hardware.{hw}]"
-        _check_keys(table, where, ("accelerator", "mfu", "rationale"))
-        accelerators[hw] = _text(table["accelerator"], f"{where}.accelerator")
-        mfu[hw] = _number(table["mfu"], f"{where}.mfu", strict=True)
-        if mfu[hw] > 1:
-            raise UserError(f"{where}.mfu: must be <= 1; got {mfu[hw]!r}")
-        flops_rationale[hw] = _text(table["rationale"], f"{where}.rationale")
-
-    constraints = []
-    for i, item in enumerate(_list(raw["constraint"], f"{source} [[constraint]]")):
-        where = f"{source} [[constraint]] #{i + 1}"
-        _check_keys(item, where, ("id", "when", "exclude", "reason"))
-        constraints.append(Constraint(
-            id=_text(item["id"], f"{where}.id"),
-            when=parse_condition(item["when"], where),
-            exclude=_values(item["exclude"], CANDIDATES, f"{where}.exclude"),
-            reason=_text(item["reason"], f"{where}.reason"),
-        ))
-
-    rules = []
-    for i, item in enumerate(_list(raw["rule"], f"{source} [[rule]]")):
-        where = f"{source} [[rule]] #{i + 1}"
-        _check_keys(item, where, ("id", "when", "effect", "rationale"))
-        effect = _candidate_table(item["effect"], f"{where}.effect", signed=True)
-        if not effect:
-            raise UserError(f"{where}.effect: give at least one candidate = delta")
-        rules.append(Rule(
-            id=_text(item["id"], f"{where}.id"),
-            when=parse_condition(item["when"], where),
-            effect=_ordered(effect),
-            rationale=_text(item["rationale"], f"{where}.rationale"),
-        ))
-
-    evidence_rules = []
-    for i, item in enumerate(_list(raw.get("evidence_rule", []),
-                                   f"{source} [[evidence_rule]]")):
-        where = f"{source} [[evidence_rule]] #{i + 1}"
-        _check_keys(item, where, ("id", "metric", "delta", "rationale"), ("gt", "lt", "when"))
-        if item["metric"] not in EVIDENCE_METRICS:
-            raise UserError(f"{where}.metric: unknown metric {item['metric']!r}; "
-                            f"allowed: {allowed(EVIDENCE_METRICS)}")
-        ops = [op for op in ("gt", "lt") if op in item]
-        if len(ops) != 1:
-            raise UserError(f"{where}: give exactly one of gt, lt")
-        evidence_rules.append(EvidenceRule(
-            id=_text(item["id"], f"{where}.id"),
-            metric=item["metric"],
-            op=ops[0],
-            threshold=_signed(item[ops[0]], f"{where}.{ops[0]}"),
-            delta=_signed(item["delta"], f"{where}.delta"),
-            when=parse_condition(item.get("when"), where),
-            rationale=_text(item["rationale"], f"{where}.rationale"),
-        ))
+    overrides = _migration_overrides(migration, f"{source} [migration]")
+    throughput, throughput_rationale = _throughput_tables(raw["throughput"], source)
+    accelerators, mfu, flops_rationale = _hardware_tables(raw["hardware"], source)
+    constraints = _constraints(raw["constraint"], source)
+    rules = _rules(raw["rule"], source)
+    evidence_rules = _evidence_rules(raw.get("evidence_rule", []), source)
 
     deadline_id = _text(deadline["id"], f"{source} [deadline].id")
     _unique([r.id for r in rules] + [c.id for c in constraints] + [e.id for e in evidence_rules]

@@ -25,7 +25,7 @@ from typing import Any
 
 from sextant.checks import analyse
 from sextant.checks.result import CHECKS, SKIP, CheckResult
-from sextant.defaults import MEASUREMENT_TIMEOUT_S, RUN_TIMEOUT_S
+from sextant.defaults import COLLECTIVE_TIMEOUT_S, MEASUREMENT_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.monitor.metrics import merged_records, steps_by_rank, write_metrics
 from sextant.paths import DEFAULT_RUNS
@@ -53,6 +53,7 @@ class CheckOptions:
     balance_threshold: float = 0.10
     scaling_tolerance: float = 0.10
     timeout_s: float = RUN_TIMEOUT_S
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
     cluster: str | None = None
     """Emulated cluster the runs and the interconnect measurement span."""
     runs_dir: Path = DEFAULT_RUNS
@@ -111,6 +112,7 @@ def run_once(workload: Workload, strategy: Strategy, opts: CheckOptions,
 
     try:
         record = execute(workload, strategy, runs_dir=opts.runs_dir, timeout_s=opts.timeout_s,
+                         collective_timeout_s=opts.collective_timeout_s,
                          on_event=on_event, cluster=opts.cluster,
                          extra_env=opts.extra_env if extra_env is None else extra_env)
     except CheckpointRefused as exc:  # the checkpoint check's finding, not a usage error
@@ -263,6 +265,57 @@ def run_checkpoint_check(workload: Workload, single: Strategy, reference: Outcom
     return result
 
 
+def quiet_check(say: Callable[[str], None]) -> CheckResult:
+    """What other programs use of the machine, sampled while nothing of ours runs."""
+    from sextant.measure import interference
+
+    say(f"quiet: what other programs use of the machine, over "
+        f"{interference.QUIET_CHECK_S:g} s")
+    sampler = interference.Sampler().start()
+    time.sleep(interference.QUIET_CHECK_S)
+    sampler.stop()
+    return analyse.check_quiet(sampler.summary())
+
+
+def interconnect_check(opts: CheckOptions, say: Callable[[str], None]) -> CheckResult:
+    """The collectives between `opts.workers` processes, judged against the threshold; a
+    measurement that could not run here is 'not run', one that failed is a failure."""
+    if opts.workers < 2:
+        return CheckResult(check="interconnect", status=SKIP,
+                           summary="not run: needs --workers >= 2")
+    say(f"interconnect: all-reduce and all-gather, {opts.workers} gloo processes, "
+        f"1 KiB to {opts.max_bytes / 2**20:g} MiB")
+    try:
+        measured = measure_interconnect(opts.workers, opts.max_bytes, cluster=opts.cluster)
+    except (RunFailed, OSError) as exc:
+        return analyse.check_interconnect(None, opts.threshold_gbps, error=str(exc))
+    except UserError as exc:
+        return CheckResult(check="interconnect", status=SKIP, summary=f"not run: {exc}")
+    return analyse.check_interconnect(measured, opts.threshold_gbps)
+
+
+def multi_worker_checks(only: set[str], top: Outcome | None, workload: Workload,
+                        opts: CheckOptions, say: Callable[[str], None]) -> list[CheckResult]:
+    """versions, loader and balance: judged on one run, the widest of the sweep."""
+    results = []
+    for name in ("versions", "loader", "balance"):
+        if name not in only:
+            continue
+        if top is None:
+            results.append(CheckResult(check=name, status=SKIP,
+                                       summary="not run: needs --workers >= 2"))
+        elif name == "versions":
+            results.append(analyse.check_versions(top.record, top.error))
+        elif name == "loader":
+            results.append(analyse.check_loader(top.record, opts.loader_threshold, top.error,
+                                                pipeline=_pipeline(workload, top, opts, say)))
+        else:
+            results.append(analyse.check_balance(
+                top.record, rank_steps(top.record) if top.record else {},
+                opts.balance_threshold, top.error))
+    return results
+
+
 def run_checks(opts: CheckOptions, say: Callable[[str], None] = lambda _: None,
                on_event: Callable[[dict[str, Any]], None] | None = None) -> list[CheckResult]:
     """Every selected check, in CHECKS order."""
@@ -279,14 +332,7 @@ def run_checks(opts: CheckOptions, say: Callable[[str], None] = lambda _: None,
     results: dict[str, CheckResult] = {}
 
     if "quiet" in only:  # first: before the checks' own runs load the machine
-        from sextant.measure import interference
-
-        say(f"quiet: what other programs use of the machine, over "
-            f"{interference.QUIET_CHECK_S:g} s")
-        sampler = interference.Sampler().start()
-        time.sleep(interference.QUIET_CHECK_S)
-        sampler.stop()
-        results["quiet"] = analyse.check_quiet(sampler.summary())
+        results["quiet"] = quiet_check(say)
 
     base: Outcome | None = None
     if only & _NEEDS_SINGLE or (not multi and only & _NEEDS_DP):
@@ -296,22 +342,7 @@ def run_checks(opts: CheckOptions, say: Callable[[str], None] = lambda _: None,
             results["mvp"] = analyse.check_mvp(base.record, base.error, single.label)
 
     if "interconnect" in only:
-        if opts.workers < 2:
-            results["interconnect"] = CheckResult(
-                check="interconnect", status=SKIP, summary="not run: needs --workers >= 2")
-        else:
-            say(f"interconnect: all-reduce and all-gather, {opts.workers} gloo processes, "
-                f"1 KiB to {opts.max_bytes / 2**20:g} MiB")
-            try:
-                measured = measure_interconnect(opts.workers, opts.max_bytes,
-                                                cluster=opts.cluster)
-                results["interconnect"] = analyse.check_interconnect(measured, opts.threshold_gbps)
-            except (RunFailed, OSError) as exc:
-                results["interconnect"] = analyse.check_interconnect(
-                    None, opts.threshold_gbps, error=str(exc))
-            except UserError as exc:
-                results["interconnect"] = CheckResult(check="interconnect", status=SKIP,
-                                                      summary=f"not run: {exc}")
+        results["interconnect"] = interconnect_check(opts, say)
 
     sweep: list[tuple[int, Outcome]] = []
     if only & _NEEDS_DP and multi:
@@ -321,21 +352,8 @@ def run_checks(opts: CheckOptions, say: Callable[[str], None] = lambda _: None,
             sweep.append((strategy.workers, run_once(workload, strategy, opts, on_event)))
     # With --workers 1 the single run stands in (balance then says it needs 2 workers).
     top = sweep[-1][1] if sweep else base
-    for name in ("versions", "loader", "balance"):
-        if name not in only:
-            continue
-        if top is None:
-            results[name] = CheckResult(check=name, status=SKIP,
-                                        summary="not run: needs --workers >= 2")
-        elif name == "versions":
-            results[name] = analyse.check_versions(top.record, top.error)
-        elif name == "loader":
-            results[name] = analyse.check_loader(top.record, opts.loader_threshold, top.error,
-                                                 pipeline=_pipeline(workload, top, opts, say))
-        else:
-            results[name] = analyse.check_balance(
-                top.record, rank_steps(top.record) if top.record else {},
-                opts.balance_threshold, top.error)
+    for result in multi_worker_checks(only, top, workload, opts, say):
+        results[result.check] = result
     if "scaling" in only:
         points = [(1, base.record, base.error)] if base is not None else []
         points += [(n, o.record, o.error) for n, o in sweep]

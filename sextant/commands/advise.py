@@ -6,8 +6,7 @@
     sextant advise rules                list every rule with its rationale
     sextant advise                      ask the profile questions (on a terminal)
 
-The advisor package holds the logic; this module holds the command line. The mode flags
-`--init` and `--rules` still work for one release, with a deprecation message on stderr.
+The advisor package holds the logic; this module holds the command line.
 """
 
 from __future__ import annotations
@@ -18,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sextant.commands.common import add_store_args, db_path, deprecated
+from sextant.commands.common import (
+    add_optional_verbs,
+    add_store_args,
+    db_path,
+    inherit_parent_flags,
+)
 from sextant.display import console
 from sextant.errors import UserError
 
@@ -55,14 +59,10 @@ def register(subparsers: Any) -> None:
                    help="a planner result ('sextant plan --model M --gpus N --tokens T --json "
                         "> plan.json'): training hours at the target scale come from it")
     _add_rules_file_arg(p)
-    # The mode flags the verbs replace, kept for one release (hidden from --help).
-    p.add_argument("--init", nargs="?", const=DEFAULT_PROFILE, default=None, metavar="PATH",
-                   help=argparse.SUPPRESS)
-    p.add_argument("--rules", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run_advise)
 
-    verbs = p.add_subparsers(dest="advise_verb", metavar="VERB", title="verbs",
-                             description="optional; without one, advise on the profile")
+    verbs = add_optional_verbs(
+        p, "optional; without one, advise on the profile")
     i = verbs.add_parser("init", help="write a commented profile template",
                          description="Write a commented team-profile template to edit.")
     i.add_argument("path", nargs="?", default=DEFAULT_PROFILE, metavar="PATH",
@@ -72,6 +72,7 @@ def register(subparsers: Any) -> None:
                          description="List every rule, constraint and its rationale.")
     _add_format_args(r, "rules")
     _add_rules_file_arg(r)
+    inherit_parent_flags(r)
     r.set_defaults(func=run_rules)
 
 
@@ -107,17 +108,6 @@ def run_advise(args: argparse.Namespace) -> int:
     from sextant.advisor.profile import ask_profile, load_profile
     from sextant.advisor.render import print_advice, render_markdown, to_dict
     from sextant.advisor.rules import load_rules
-
-    if args.init is not None and (args.profile or args.rules):
-        raise UserError("--init writes a template and exits; received it with "
-                        f"{'--profile' if args.profile else '--rules'}. Use one at a time")
-    if args.rules:
-        deprecated("advise --rules", "advise rules")
-        return run_rules(args)
-    if args.init is not None:
-        deprecated("advise --init", "advise init")
-        args.path = args.init
-        return run_init(args)
 
     out = console(_WIDTH)
     rules = load_rules(args.rules_file)

@@ -17,12 +17,11 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from sextant.commands.common import DEFAULT_WORKLOAD, add_store_args, db_path
-from sextant.defaults import RUN_TIMEOUT_S
+from sextant.commands.common import add_framework_args, add_run_args, db_path
 from sextant.display import console
 from sextant.errors import UserError
 from sextant.paths import runs_beside
-from sextant.strategy import FRAMEWORKS, MAX_THREADS
+from sextant.strategy import MAX_THREADS
 
 EXIT_FAILED = 3
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
@@ -36,23 +35,15 @@ def register(sub: Any) -> None:
         "check", help="pre-flight checks: trains, same versions, loader, skew, stragglers, "
                       "scaling, interconnect, checkpoint/resume",
         description="Run each pre-flight check for real (short runs of the workload, "
-                    "collectives between real processes) and print pass / warn / fail with "
+                    "collectives between real processes; with --cluster, across the hosts of "
+                    "an emulated cluster and its links) and print pass / warn / fail with "
                     "the measured figure, the threshold and a fix. Exit code: 0 no failure, "
                     "3 a check failed (--strict: or warned), 2 bad input.")
-    p.add_argument("--workload", default=DEFAULT_WORKLOAD,
-                   help=f"workload TOML file or bundled name (default: {DEFAULT_WORKLOAD})")
-    p.add_argument("--framework", default="torch",
-                   help=f"{', '.join(FRAMEWORKS)} (default: torch)")
-    p.add_argument("--mode", default=None, help="eager or compiled (default: the framework's)")
-    p.add_argument("--parallel", default="dp",
-                   help="multi-worker strategy of the checks (default: dp)")
-    p.add_argument("--workers", type=int, default=2,
-                   help="workers of the multi-worker checks; scaling sweeps 1..N (default: 2)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads per worker (default: cores / workers)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="steps of each check run (default: a tenth of the workload's, at least "
-                        "warmup + 3)")
+    add_run_args(p, steps_help="steps of each check run (default: a tenth of the workload's, "
+                               "at least warmup + 3)")
+    add_framework_args(p, parallel="dp", workers=2,
+                       workers_help="workers of the multi-worker checks; scaling sweeps 1..N "
+                                    "(default: 2)")
     p.add_argument("--only", default=None,
                    help=f"comma-separated subset of: {', '.join(CHECKS)} (default: all)")
     p.add_argument("--json", action="store_true", help="print the results as a JSON list")
@@ -69,13 +60,6 @@ def register(sub: Any) -> None:
                         "this share (default: 0.10)")
     p.add_argument("--scaling-tolerance", type=float, default=0.10,
                    help="scaling: throughput drop treated as noise (default: 0.10)")
-    p.add_argument("--cluster", default=None, metavar="NAME",
-                   help="run the checks across the hosts of emulated cluster NAME (the "
-                        "interconnect check then measures the links between hosts)")
-    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
-                   help="seconds before a check run's workers are killed "
-                        f"(default: {RUN_TIMEOUT_S:g})")
-    add_store_args(p)
     p.set_defaults(func=cmd_check)
 
 
@@ -187,7 +171,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         workers=args.workers, threads=args.threads, steps=args.steps, only=only,
         threshold_gbps=args.threshold_gbps, max_bytes=args.max_bytes,
         loader_threshold=args.loader_threshold, balance_threshold=args.balance_threshold,
-        scaling_tolerance=args.scaling_tolerance, timeout_s=args.timeout, cluster=args.cluster,
+        scaling_tolerance=args.scaling_tolerance, timeout_s=args.timeout,
+        collective_timeout_s=args.collective_timeout, cluster=args.cluster,
         runs_dir=runs_beside(db),
     )
     err = console(None, stderr=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from sextant.measure.stats import max_loss_diff
 from sextant.paths import DEFAULT_DB, default_db, runs_beside
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
-from sextant.strategy import DEVICES, PRECISIONS
+from sextant.strategy import DEVICES, FRAMEWORKS, PARALLEL, PRECISION_MEANINGS, PRECISIONS
 
 DEFAULT_WORKLOAD = "gpt-tiny"
 GPU_WORKLOAD = "gpt2-small"
@@ -65,18 +64,30 @@ def db_path(args: argparse.Namespace) -> Path:
     return args.db if args.db is not None else default_db()
 
 
-def deprecated(old: str, new: str) -> None:
-    """One line on stderr for a spelling kept for one release; the exit code is unchanged."""
-    sys.stderr.write(f"sextant: warning: 'sextant {old}' is deprecated and goes in the next "
-                     f"release; use 'sextant {new}'\n")
+def add_optional_verbs(p: argparse.ArgumentParser, description: str) -> Any:
+    """The verbs of a command that also works alone (`sextant compare`, `sextant compare
+    levers`), under the dest every command's verbs use, `verb` (None: no verb given)."""
+    return p.add_subparsers(dest="verb", metavar="VERB", required=False,
+                            parser_class=type(p), title="verbs", description=description)
 
 
-def add_run_args(p: argparse.ArgumentParser) -> None:
+def inherit_parent_flags(verb: argparse.ArgumentParser) -> None:
+    """Make the flags a verb repeats from its command take the command's value unless given
+    after the verb: argparse writes a verb's defaults over what the command parsed, so
+    `sextant compare --frameworks jax levers` would lose --frameworks."""
+    for action in verb._actions:
+        action.default = argparse.SUPPRESS
+
+
+def add_run_args(p: argparse.ArgumentParser, *,
+                 steps_help: str = "override the workload's steps") -> None:
+    """What every command that trains takes: the workload, its steps, the timeouts, where
+    the ranks run and the results store."""
     p.add_argument("--workload", default=DEFAULT_WORKLOAD,
                    help="workload TOML file, the name of a bundled one, or a Hugging Face "
                         "config as hf:config.json[,scale=S,layers=L,width=W,seq_len=N] "
                         f"(default: {DEFAULT_WORKLOAD})")
-    p.add_argument("--steps", type=int, default=None, help="override the workload's steps")
+    p.add_argument("--steps", type=int, default=None, help=steps_help)
     p.add_argument("--timeout", type=positive_seconds, default=RUN_TIMEOUT_S,
                    help=f"seconds before a run's workers are killed (default: {RUN_TIMEOUT_S:g})")
     p.add_argument("--collective-timeout", type=collective_seconds, default=COLLECTIVE_TIMEOUT_S,
@@ -88,6 +99,25 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
 
 
+def add_framework_args(p: argparse.ArgumentParser, *, parallel: str = "single",
+                       workers: int | None = None,
+                       workers_help: str = "worker processes (default: 1, or 2 with a "
+                                           "parallel strategy)") -> None:
+    """Who trains and over how many processes: --framework, --mode, --parallel, --workers,
+    --threads (the Strategy fields every training command shares)."""
+    p.add_argument("--framework", default="torch",
+                   help=f"{', '.join(FRAMEWORKS)} (default: torch)")
+    p.add_argument("--mode", default=None,
+                   help="eager or compiled (default: the framework's usual way: eager for "
+                        "torch, compiled (jit) for jax)")
+    p.add_argument("--parallel", default=parallel, choices=PARALLEL,
+                   help=f"the parallel strategy (default: {parallel}; `sextant capabilities` "
+                        "shows which framework supports which)")
+    p.add_argument("--workers", type=int, default=workers, help=workers_help)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads per worker (default: cores / workers)")
+
+
 def add_device_args(p: argparse.ArgumentParser, *, precision_default: str | None = "fp32",
                     precision_help: str = "default: fp32") -> None:
     """--device and --precision, the two axes that decide what a measurement can be
@@ -95,10 +125,9 @@ def add_device_args(p: argparse.ArgumentParser, *, precision_default: str | None
     p.add_argument("--device", default="auto", choices=("auto", *DEVICES),
                    help="where ranks compute: one GPU per rank where the host has GPUs "
                         "(auto, the default), or CPU cores (cpu), or refuse without GPUs (gpu)")
+    meanings = ", ".join(f"{name} ({PRECISION_MEANINGS[name]})" for name in PRECISIONS)
     p.add_argument("--precision", default=precision_default, choices=PRECISIONS,
-                   help="fp32 (true fp32: no TF32 on any framework), tf32 (TF32 matmuls "
-                        "where the device has them), bf16 or fp16 (mixed: fp32 master "
-                        f"weights, 16-bit matmuls; fp16 with loss scaling); {precision_help}")
+                   help=f"{meanings}; {precision_help}")
 
 
 def add_lever_args(p: argparse.ArgumentParser) -> None:

@@ -20,9 +20,11 @@ from sextant.cluster import emulated
 from sextant.commands.common import (
     DEFAULT_WORKLOAD,
     GPU_WORKLOAD,
-    add_device_args,
     RunProgress,
+    add_device_args,
+    add_optional_verbs,
     add_run_args,
+    inherit_parent_flags,
     open_store,
     runs_dir,
 )
@@ -41,6 +43,7 @@ from sextant.monitor import add_monitor_args
 from sextant.results.record import RunRecord
 from sextant.runner import execute
 from sextant.strategy import MIXED_PRECISIONS, Strategy
+from sextant.workload import Workload
 from sextant.sources import workload_source
 
 
@@ -50,6 +53,28 @@ def register(sub: Any) -> None:
                        description="Run one workload on every installed framework and its "
                                    "default strategies (same weights, same batches), print "
                                    "the comparison and write the HTML report.")
+    _add_compare_args(p)
+    # None: gpt-tiny, or llama-tiny for `compare layouts` (an explicit gpt-tiny is refused there).
+    p.set_defaults(func=cmd_compare, workload=None)
+    verbs = add_optional_verbs(
+        p, "optional; without one, compare the frameworks")
+    for name, summary, description in (
+        ("levers", "pull each distributed-training lever on one framework",
+         "Pull each distributed-training lever (sharding, accumulation, bf16, compression) on "
+         "one framework (the first of --frameworks, default torch) and show what each changed "
+         "against plain data parallel."),
+        ("layouts", "run the parallelism spectrum on a Llama-shaped workload",
+         "Run the parallelism spectrum (dp, fsdp, tp, pp, dp x tp) on torch and jax over a "
+         "Llama-shaped workload (default llama-tiny) and show step time, communication, memory "
+         "per rank and the lines of sextant code each layout needed."),
+    ):
+        verb = verbs.add_parser(name, help=summary, description=description)
+        _add_compare_args(verb)
+        inherit_parent_flags(verb)
+
+
+def _add_compare_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `compare` and of its verbs (which take them after the verb too)."""
     add_run_args(p)
     add_monitor_args(p)
     add_repeats_arg(p, DEFAULT_REPEATS)
@@ -67,18 +92,6 @@ def register(sub: Any) -> None:
     p.add_argument("--no-calibrate", action="store_true",
                    help="do not calibrate this machine (about 25 s, once, before the first "
                         "report) for the planner's prediction on the scaling chart")
-    p.add_argument("--levers", action="store_true",
-                   help="instead of comparing frameworks, pull each distributed-training lever "
-                        "(sharding, accumulation, bf16, compression) on one framework (the first "
-                        "of --frameworks, default torch) and show what each changed against "
-                        "plain data parallel")
-    p.add_argument("--layouts", action="store_true",
-                   help="instead of comparing frameworks, run the parallelism spectrum (dp, "
-                        "fsdp, tp, pp, dp x tp) on torch and jax over a Llama-shaped workload "
-                        "(default llama-tiny) and show step time, communication, memory per "
-                        "rank and the lines of sextant code each layout needed")
-    # None: gpt-tiny, or llama-tiny with --layouts (an explicit gpt-tiny is refused there).
-    p.set_defaults(func=cmd_compare, workload=None)
 
 
 def _frameworks(spec: str | None) -> list[str]:
@@ -94,7 +107,7 @@ def _frameworks(spec: str | None) -> list[str]:
     return names
 
 
-# The levers `compare --levers` pulls, each against plain data parallel (fp32, no
+# The levers `compare levers` pulls, each against plain data parallel (fp32, no
 # accumulation, no compression). A lever the framework does not support is skipped.
 LEVERS: tuple[dict[str, Any], ...] = (
     {"parallel": "dp-manual"}, {"parallel": "zero1"}, {"parallel": "zero2"}, {"parallel": "zero3"}, {"parallel": "fsdp"},
@@ -129,7 +142,7 @@ def _if_supported(fields: dict[str, Any]) -> list[Strategy]:
     return [strategy]
 
 
-# The layouts `compare --layouts` runs for each framework, `workers` being the degree of
+# The layouts `compare layouts` runs for each framework, `workers` being the degree of
 # each one-dimensional layout; dp x tp doubles it. Unsupported ones are skipped.
 LAYOUTS: tuple[dict[str, Any], ...] = (
     {"parallel": "single"}, {"parallel": "dp"}, {"parallel": "fsdp"}, {"parallel": "tp"},
@@ -339,11 +352,11 @@ def _chosen_strategies(args: argparse.Namespace, out: Any, device: str,
                        inventory: Inventory) -> list[Strategy]:
     """The runs of this comparison: the levers, the layouts, or every framework's rows."""
     workers = args.workers or default_workers(device, inventory)
-    if args.levers or args.layouts:
+    if args.verb is not None:
         check_ranks_fit(device, workers, inventory)
-    if args.levers:
+    if args.verb == "levers":
         return lever_strategies(_frameworks(args.frameworks or "torch")[0], workers, device)
-    if args.layouts:
+    if args.verb == "layouts":
         return layout_strategies(_frameworks(args.frameworks), workers, device,
                                  inventory.count if device == "gpu" else None)
     strategies = _framework_strategies(args, out, device, inventory)
@@ -355,86 +368,118 @@ def _chosen_strategies(args: argparse.Namespace, out: Any, device: str,
     return strategies
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    if args.layouts and args.levers:
-        raise UserError("--layouts and --levers are two different comparisons; give one")
-    inventory = detect()
-    device = resolve_device(args.device, inventory)
+def _compared_workload(args: argparse.Namespace, device: str) -> Workload:
+    """The workload of this comparison: --workload, else the one that measures what the verb
+    compares on this device (a Llama shape for the layouts, GPT-2-small on a GPU, where
+    gpt-tiny measures only launch overhead)."""
     if args.workload is None:
-        # gpt-tiny measures only launch overhead on a GPU: a GPT-2-small shape there.
-        args.workload = ("llama-tiny" if args.layouts
+        args.workload = ("llama-tiny" if args.verb == "layouts"
                          else GPU_WORKLOAD if device == "gpu" else DEFAULT_WORKLOAD)
     workload = load_with_steps(args)
+    if args.verb == "layouts" and workload.model.family != "llama":
+        raise UserError(f"compare layouts splits a Llama-shaped model; workload "
+                        f"{workload.name!r} is a {workload.model.family} model (try --workload "
+                        "llama-tiny)")
+    return workload
+
+
+def _measure_cluster_links(name: str, out: Any) -> None:
+    """The planner's fit of an emulated cluster's links, measured once per cluster."""
+    cluster = emulated.load(name)
+    if emulated.link_fit(cluster.name) is None:
+        out.print(f"measuring the links of cluster {cluster.name} for the planner (about "
+                  f"15 s, once)", markup=False)
+        emulated.measure_link(cluster)
+
+
+def _run_interleaved(args: argparse.Namespace, workload: Workload, strategies: list[Strategy],
+                     store: Any, group: str, out: Any) -> tuple[list[RunRecord], list[str]]:
+    """(records, failures): `--repeats` trials of every strategy, interleaved (A B C, A B C,
+    ...) so that drift and bursts of other programs hit every configuration alike instead of
+    all the trials of one. A failed run is listed and the others go on."""
+    n = args.repeats
+    records: list[RunRecord] = []
+    failures: list[str] = []
+    schedule = [(t, s) for t in range(1, n + 1) for s in strategies]
+    with RunProgress(out, tensorboard=args.tensorboard) as progress:
+        for trial, strategy in schedule:
+            shown = strategy.label + (f" #{trial}" if n > 1 else "")
+            progress.start(shown, workload.steps, workload=workload)
+            try:
+                record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
+                                 group_id=group, on_event=progress.on_event,
+                                 workload_file=workload_source(args.workload),
+                                 timeout_s=args.timeout,
+                                 collective_timeout_s=args.collective_timeout,
+                                 cluster=args.cluster, trial=(trial, n))
+            except RunFailed as exc:
+                progress.finish(shown, None, error=str(exc))
+                failures.append(str(exc))
+                continue
+            progress.finish(shown, record)
+            records.append(record)
+    return records, failures
+
+
+def _print_comparison(args: argparse.Namespace, workload: Workload,
+                      records: list[RunRecord], out: Any) -> None:
+    """The table of what was compared: the levers, the layouts, or the frameworks with the
+    report's headline."""
+    if args.verb == "levers":
+        out.print(lever_table([g[-1] for g in by_config(records)]))
+    elif args.verb == "layouts":
+        out.print(layout_table([g[-1] for g in by_config(records)]))
+        for line in layouts_not_run(_frameworks(args.frameworks)):
+            out.print(Text(line, style="dim"))
+    else:
+        out.print(trials_table(
+            records, f"{escape(workload.name)} - speed-up and max |Δloss| against "
+                     f"{records[0].label}"
+        ))
+        _print_headline(records, out)
+
+
+def _write_report(args: argparse.Namespace, store: Any, group: str,
+                  records: list[RunRecord], out: Any) -> None:
+    """The HTML report of this comparison's group, after calibrating this machine once where
+    a run had several workers (the planner's prediction on the scaling chart)."""
+    from sextant.report import write_report
+
+    if not args.no_calibrate and any(r.strategy.workers > 1 for r in records):
+        ensure_calibration(store.path.parent, out)
+    path = args.report or store.path.parent / "report.html"
+    write_report(store, path, group_id=group)
+    out.print(f"report: {path.resolve()}")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    inventory = detect()
+    device = resolve_device(args.device, inventory)
+    workload = _compared_workload(args, device)
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1. Received: {args.workers}")
-    if args.layouts and workload.model.family != "llama":
-        raise UserError(f"--layouts splits a Llama-shaped model; workload {workload.name!r} is a "
-                        f"{workload.model.family} model (try --workload llama-tiny)")
     out = console()
     strategies = _chosen_strategies(args, out, device, inventory)
     if not strategies:
         raise UserError("no framework is installed; pip install 'sextant[torch]'")
-
     if args.cluster is not None:
-        cluster = emulated.load(args.cluster)
-        if emulated.link_fit(cluster.name) is None:
-            out.print(f"measuring the links of cluster {cluster.name} for the planner (about "
-                      f"15 s, once)", markup=False)
-            emulated.measure_link(cluster)
+        _measure_cluster_links(args.cluster, out)
     group = uuid.uuid4().hex[:12]
-    records: list[RunRecord] = []
-    failures: list[str] = []
     with open_store(args) as store:
         n = args.repeats
         out.print(f"[bold]{escape(workload.name)}[/bold]: {len(strategies)} configurations"
                   + (f" x {n} interleaved trials" if n > 1 else "")
                   + f", {workload.steps} steps each, global batch {workload.global_batch}")
-        # Interleaved (A B C, A B C, ...): drift and bursts of other programs hit every
-        # configuration alike instead of all the trials of one.
-        schedule = [(t, s) for t in range(1, n + 1) for s in strategies]
-        with RunProgress(out, tensorboard=args.tensorboard) as progress:
-            for trial, strategy in schedule:
-                shown = strategy.label + (f" #{trial}" if n > 1 else "")
-                progress.start(shown, workload.steps, workload=workload)
-                try:
-                    record = execute(workload, strategy, runs_dir=runs_dir(store), store=store,
-                                     group_id=group, on_event=progress.on_event,
-                                     workload_file=workload_source(args.workload),
-                                     timeout_s=args.timeout,
-                                     collective_timeout_s=args.collective_timeout,
-                                     cluster=args.cluster, trial=(trial, n))
-                except RunFailed as exc:
-                    progress.finish(shown, None, error=str(exc))
-                    failures.append(str(exc))
-                    continue
-                progress.finish(shown, record)
-                records.append(record)
-        if records and args.levers:
-            out.print(lever_table([g[-1] for g in by_config(records)]))
-        elif records and args.layouts:
-            out.print(layout_table([g[-1] for g in by_config(records)]))
-            for line in layouts_not_run(_frameworks(args.frameworks)):
-                out.print(Text(line, style="dim"))
-        elif records:
-            out.print(trials_table(
-                records, f"{escape(workload.name)} - speed-up and max |Δloss| against "
-                         f"{records[0].label}"
-            ))
-            _print_headline(records, out)
+        records, failures = _run_interleaved(args, workload, strategies, store, group, out)
+        if records:
+            _print_comparison(args, workload, records, out)
         for line in disturbed_lines(records):
             out.print(Text(line, style="yellow"))
         if records:
             out.print(f"stored runs {records[0].id}-{records[-1].id} (group {group}) "
                       f"in {store.path}")
         if records and not args.no_report:
-            from sextant.report import write_report
-
-            if not args.no_calibrate and any(r.strategy.workers > 1 for r in records):
-                ensure_calibration(store.path.parent, out)
-
-            path = args.report or store.path.parent / "report.html"
-            write_report(store, path, group_id=group)
-            out.print(f"report: {path.resolve()}")
+            _write_report(args, store, group, records, out)
     for failure in failures:
         out.print(Text("failed: ", style="red") + Text(failure))
     return 1 if failures else 0

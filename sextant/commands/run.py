@@ -13,6 +13,7 @@ from sextant.backends import get_backend, require
 from sextant.backends.base import REGISTRY, BackendBase
 from sextant.commands.common import (
     RunProgress,
+    add_framework_args,
     add_lever_args,
     add_run_args,
     comparison_table,
@@ -27,7 +28,7 @@ from sextant.devices import check_ranks_fit, detect
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
-from sextant.strategy import FRAMEWORKS, TENSOR_PARALLEL, Strategy
+from sextant.strategy import TENSOR_PARALLEL, Strategy
 from sextant.workload import Workload
 from sextant.sources import resolve_workload, workload_source
 
@@ -60,17 +61,7 @@ def register(sub: Any) -> None:
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
     """The strategy of one run (framework, mode, parallelism, levers)."""
-    p.add_argument("--framework", default="torch",
-                   help=f"{', '.join(FRAMEWORKS)} (default: torch)")
-    p.add_argument("--mode", default=None,
-                   help="eager or compiled (default: the framework's usual way: eager for "
-                        "torch, compiled (jit) for jax)")
-    p.add_argument("--parallel", default="single",
-                   help="single (default), dp, dp-manual, zero1, zero2, zero3, fsdp, ps, "
-                        "tp, tp-manual or pp (`sextant capabilities` shows which framework "
-                        "supports which)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes (default: 1, or 2 with a parallel strategy)")
+    add_framework_args(p)
     p.add_argument("--devices-per-worker", type=int, default=1,
                    help="devices inside each worker process (jax host devices, tensorflow "
                         "logical CPUs; default: 1)")
@@ -89,8 +80,6 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default="gpipe",
                    help="with --parallel pp: gpipe (default) or 1f1b")
     add_lever_args(p)
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads per worker (default: cores / workers)")
 
 
 def model_parallel_fields(args: argparse.Namespace, devices: int) -> dict[str, Any]:

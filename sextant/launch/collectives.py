@@ -63,32 +63,34 @@ def _measure(op: str, world: int, placement: Placement, min_bytes: int, max_byte
                           "--port", str(port), "--sizes", ",".join(map(str, sizes)),
                           "--out", str(out), "--timeout", str(int(timeout))],
             world, timeout=timeout, what=f"{op} worker", env=env, placement=placement)
-        data = json.loads(out.read_text())
+        data: dict[str, Any] = json.loads(out.read_text())
     data["placement"] = placement.to_dict()
     return data
 
 
-def _worker(args: argparse.Namespace) -> int:
+def _worker(*, op: str, rank: int, world: int, addr: str, port: int, sizes: list[int],
+            out: Path, timeout_s: int) -> int:
+    """One rank: time `op` at each size against the other ranks; rank 0 writes `out`."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.addr}:{args.port}",
-                            rank=args.rank, world_size=args.world,
-                            timeout=timedelta(seconds=args.timeout))
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
+                            rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
     medians, p10, p90, reps_used, used_sizes = [], [], [], [], []
-    for size in (int(x) for x in args.sizes.split(",")):
-        if args.op == "allreduce":
+    for size in sizes:
+        if op == "allreduce":
             x = torch.ones(max(size // 4, 1), dtype=torch.float32)
             used_sizes.append(x.numel() * 4)
             median, low, high, reps = time_collective(lambda x=x: dist.all_reduce(x))
         else:
-            chunk = max(size // (4 * args.world), 1)
+            chunk = max(size // (4 * world), 1)
             mine = torch.ones(chunk, dtype=torch.float32)
-            gathered = [torch.empty(chunk, dtype=torch.float32) for _ in range(args.world)]
-            used_sizes.append(chunk * 4 * args.world)
+            gathered = [torch.empty(chunk, dtype=torch.float32) for _ in range(world)]
+            used_sizes.append(chunk * 4 * world)
             median, low, high, reps = time_collective(
                 lambda g=gathered, m=mine: dist.all_gather(g, m))
         medians.append(median)
@@ -96,9 +98,9 @@ def _worker(args: argparse.Namespace) -> int:
         p90.append(high)
         reps_used.append(reps)
     dist.barrier()
-    if args.rank == 0:
-        Path(args.out).write_text(json.dumps({
-            "op": args.op, "backend": "gloo", "world_size": args.world, "address": args.addr,
+    if rank == 0:
+        out.write_text(json.dumps({
+            "op": op, "backend": "gloo", "world_size": world, "address": addr,
             "sizes_bytes": used_sizes, "times_s": medians, "p10_s": p10, "p90_s": p90,
             "reps": reps_used, "torch": torch.__version__,
         }))
@@ -119,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1024")
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=int, default=int(MEASUREMENT_TIMEOUT_S))
-    return _worker(p.parse_args(argv))
+    args = p.parse_args(argv)
+    return _worker(op=args.op, rank=args.rank, world=args.world, addr=args.addr,
+                   port=args.port, sizes=[int(x) for x in args.sizes.split(",")],
+                   out=Path(args.out), timeout_s=args.timeout)
 
 
 if __name__ == "__main__":

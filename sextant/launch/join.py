@@ -25,7 +25,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import (
@@ -38,7 +38,12 @@ from sextant.launch.collector import (
     gather,
     secret_from_env,
 )
-from sextant.launch.local import free_port
+from sextant.launch.local import EventHandler, Launcher, free_port
+
+if TYPE_CHECKING:
+    from sextant.backends.contracts import WorkerContext
+    from sextant.strategy import Strategy
+    from sextant.workload import Workload
 
 DEFAULT_MASTER_PORT = 29500
 COLLECTOR_PORT_OFFSET = 1
@@ -139,7 +144,8 @@ def connect(address: str, rank: int, timeout_s: float, secret: bytes) -> Channel
             time.sleep(0.5)
 
 
-def context_for(channel: Channel, identity: Identity) -> Any:
+def context_for(channel: Channel, identity: Identity
+                ) -> tuple[dict[str, Any], WorkerContext]:
     """The worker context from the collector's welcome (plan, addresses, ports) and this
     rank's identity. MASTER_* are set for frameworks that read them from the environment."""
     from sextant.launch.worker import context_from_plan
@@ -177,15 +183,15 @@ def run_joined_rank(identity: Identity, collector_address: str, timeout_s: float
         channel.close()
 
 
-def rank0_launcher(identity: Identity, *, bind: str, secret: bytes) -> Any:
+def rank0_launcher(identity: Identity, *, bind: str, secret: bytes) -> Launcher:
     """A launcher (see runner.execute) for rank 0 of a torchrun-style start: host the
     collector, train rank 0 in this process, then gather every rank's result."""
     from sextant.backends.base import layout_of
     from sextant.launch.local import base_plan
 
-    def launch(workload: Any, strategy: Any, run_dir: Path, *, timeout_s: float,
-               collective_timeout_s: float, on_event: Any = None,
-               resume_step: int | None = None, **_: Any) -> list[dict]:
+    def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
+               collective_timeout_s: float, on_event: EventHandler | None = None,
+               resume_step: int | None = None, **_: Any) -> list[dict[str, Any]]:
         layout = layout_of(strategy)
         if len(layout.roles) != identity.world:
             raise UserError(

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.cores import default_threads, usable_cores
 from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
@@ -30,7 +30,14 @@ from sextant.launch.hosts import Placement, private_loopback
 from sextant.strategy import Strategy
 from sextant.workload import Workload
 
+if TYPE_CHECKING:
+    from sextant.backends.base import ProcessLayout
+
 EventHandler = Callable[[dict[str, Any]], None]
+Launcher = Callable[..., list[dict[str, Any]]]
+"""launch(workload, strategy, run_dir, *, timeout_s, collective_timeout_s, on_event,
+extra_env, resume_step) -> each primary rank's result, as `launch` below: the local
+launcher, Slurm's (slurm.launcher) and a torchrun-style rank 0's (join.rank0_launcher)."""
 
 
 def free_port(bind: str = "127.0.0.1") -> int:
@@ -144,7 +151,7 @@ def launch(
                        extra_env=extra_env, resume_step=resume_step)
 
 
-def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
+def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: ProcessLayout,
             placement: Placement, *, timeout_s: float, collective_timeout_s: float,
             on_event: EventHandler | None, extra_env: dict[str, str] | None,
             resume_step: int | None = None) -> list[dict[str, Any]]:
@@ -169,75 +176,16 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
     }
     plan_path = run_dir / "plan.json"
     atomic_write_json(plan_path, plan)
-    port = ports[0]
     procs: list[subprocess.Popen[bytes]] = []
     tails = [_EventTail(run_dir / f"rank{r}.events.jsonl") for r in range(world)]
     try:
         for rank in range(world):
-            host = placement.host_of(rank)
-            env = {
-                **os.environ,
-                **(extra_env or {}),
-                **host.env(),
-                "MASTER_ADDR": placement.master_addr,
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(placement.local_rank(rank)),
-                "LOCAL_WORLD_SIZE": str(placement.local_world(rank)),
-                "OMP_NUM_THREADS": str(threads),
-                "PYTHONUNBUFFERED": "1",
-                "SEXTANT_PARENT_PID": str(os.getpid()),
-            }
-            with open(run_dir / f"rank{rank}.stdout.log", "wb") as out, open(
-                run_dir / f"rank{rank}.stderr.log", "wb"
-            ) as err:
-                procs.append(
-                    subprocess.Popen(
-                        [*host.prefix, python, "-m", "sextant.launch.worker",
-                         str(plan_path)],
-                        stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                        start_new_session=True,
-                    )
-                )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for tail in tails:
-                for event in tail.read():
-                    if on_event is not None:
-                        on_event(event)
-            codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes)
-                      if c not in (None, 0) or (c == 0 and r not in layout.primary)]
-            if failed:
-                # The first rank to fail is the cause; the others usually fail because of it.
-                # Ranks found failed in the same poll: one killed by SIGKILL (the OOM killer,
-                # or killed from outside: never a framework's own abort) is the cause, and a
-                # peer that exited on losing it is not.
-                rank, code = min(failed, key=lambda rc: (rc[1] != -signal.SIGKILL, rc[0]))
-                role = "" if layout.roles[rank] == "worker" else f" ({layout.roles[rank]})"
-                where = f" on {placement.host_of(rank).name}" if placement.multi_host else ""
-                raise RunFailed(
-                    f"{strategy.label}: rank {rank}{role}{where} {_describe_exit(code)}: "
-                    f"{_last_error_line(run_dir, rank, killed=code < 0)} (logs: {run_dir})",
-                    run_dir=run_dir)
-            if all(codes[r] == 0 for r in layout.primary):
-                break
-            if time.monotonic() > deadline:
-                running = [r for r, c in enumerate(codes) if c is None]
-                raise RunFailed(
-                    f"{strategy.label}: timed out after {timeout_s:.0f} s; rank(s) "
-                    f"{', '.join(map(str, running))} still running (logs: {run_dir})",
-                    run_dir=run_dir)
-            time.sleep(0.05)
+            procs.append(_start_rank(rank, world, python, plan_path, placement, port=ports[0],
+                                     threads=threads, extra_env=extra_env))
+        _wait(procs, tails, layout, placement, strategy, run_dir, timeout_s=timeout_s,
+              on_event=on_event)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+        _kill_all(procs)
         # Every rank's per-step events, merged into one schema-versioned metrics.jsonl (also
         # for failed runs: the steps before the failure are what a user debugs with).
         from sextant.monitor import write_metrics
@@ -254,3 +202,83 @@ def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: Any,
                             run_dir=run_dir)
         results.append(json.loads(path.read_text()))
     return results
+
+
+def _start_rank(rank: int, world: int, python: str, plan_path: Path, placement: Placement, *,
+                port: int, threads: int, extra_env: dict[str, str] | None
+                ) -> subprocess.Popen[bytes]:
+    """One rank's worker process, in a session of its own (so that its whole process group
+    can be killed), with torch-style rendezvous variables and its logs in the run
+    directory."""
+    host = placement.host_of(rank)
+    env = {
+        **os.environ,
+        **(extra_env or {}),
+        **host.env(),
+        "MASTER_ADDR": placement.master_addr,
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(placement.local_rank(rank)),
+        "LOCAL_WORLD_SIZE": str(placement.local_world(rank)),
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+        "SEXTANT_PARENT_PID": str(os.getpid()),
+    }
+    run_dir = plan_path.parent
+    with open(run_dir / f"rank{rank}.stdout.log", "wb") as out, open(
+        run_dir / f"rank{rank}.stderr.log", "wb"
+    ) as err:
+        return subprocess.Popen(
+            [*host.prefix, python, "-m", "sextant.launch.worker", str(plan_path)],
+            stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], tails: list[_EventTail], layout: ProcessLayout,
+          placement: Placement, strategy: Strategy, run_dir: Path, *, timeout_s: float,
+          on_event: EventHandler | None) -> None:
+    """Until every primary rank has exited 0, passing the ranks' events on; RunFailed naming
+    the rank that failed first (or the ranks still running at the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for tail in tails:
+            for event in tail.read():
+                if on_event is not None:
+                    on_event(event)
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes)
+                  if c not in (None, 0) or (c == 0 and r not in layout.primary)]
+        if failed:
+            # The first rank to fail is the cause; the others usually fail because of it.
+            # Ranks found failed in the same poll: one killed by SIGKILL (the OOM killer,
+            # or killed from outside: never a framework's own abort) is the cause, and a
+            # peer that exited on losing it is not.
+            rank, code = min(failed, key=lambda rc: (rc[1] != -signal.SIGKILL, rc[0]))
+            role = "" if layout.roles[rank] == "worker" else f" ({layout.roles[rank]})"
+            where = f" on {placement.host_of(rank).name}" if placement.multi_host else ""
+            raise RunFailed(
+                f"{strategy.label}: rank {rank}{role}{where} {_describe_exit(code)}: "
+                f"{_last_error_line(run_dir, rank, killed=code < 0)} (logs: {run_dir})",
+                run_dir=run_dir)
+        if all(codes[r] == 0 for r in layout.primary):
+            return
+        if time.monotonic() > deadline:
+            running = [r for r, c in enumerate(codes) if c is None]
+            raise RunFailed(
+                f"{strategy.label}: timed out after {timeout_s:.0f} s; rank(s) "
+                f"{', '.join(map(str, running))} still running (logs: {run_dir})",
+                run_dir=run_dir)
+        time.sleep(0.05)
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill the process group of every rank still running, and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()

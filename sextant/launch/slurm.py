@@ -23,12 +23,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
 from sextant.paths import RESULTS_DIR
 from sextant.strategy import Strategy
+
+if TYPE_CHECKING:
+    from sextant.launch.local import EventHandler, Launcher
+    from sextant.workload import Workload
 
 SUBMIT_TIMEOUT_S = 30.0
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64}){0,31}")
@@ -167,13 +171,13 @@ def _slurm(*argv: str, timeout: float = SUBMIT_TIMEOUT_S) -> subprocess.Complete
     return proc
 
 
-def launcher(job: Job) -> Any:
+def launcher(job: Job) -> Launcher:
     """A launcher for runner.execute: submit (or srun) the job, host the collector, gather."""
     from sextant.backends.base import layout_of
     from sextant.launch.local import base_plan
 
-    def launch(workload: Any, strategy: Strategy, run_dir: Path, *, timeout_s: float,
-               collective_timeout_s: float, on_event: Any = None,
+    def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
+               collective_timeout_s: float, on_event: EventHandler | None = None,
                extra_env: dict[str, str] | None = None, resume_step: int | None = None,
                **_: Any) -> list[dict[str, Any]]:
         layout = layout_of(strategy)

@@ -24,8 +24,8 @@ from sextant.devices import pin_rank
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json, remove_private_tempdirs
 from sextant.allocator import keep_freed_memory
+from sextant.cores import default_threads
 from sextant.launch.hosts import adopt_host
-from sextant.launch.local import default_threads
 from sextant.strategy import Strategy
 from sextant.workload import workload_from_dict
 

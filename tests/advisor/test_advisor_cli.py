@@ -118,22 +118,6 @@ def test_init_default_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert (tmp_path / "sextant-profile.toml").exists()
 
 
-def test_old_init_flag_still_works_with_a_deprecation(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert main(["advise", "--init"]) == 0
-    assert (tmp_path / "sextant-profile.toml").exists()
-    assert main(["advise", "--init", str(tmp_path / "b.toml")]) == 0
-    assert (tmp_path / "b.toml").exists()
-    out, err = capsys.readouterr()
-    assert out.count("wrote ") == 2
-    assert err.splitlines() == ["sextant: warning: 'sextant advise --init' is deprecated and "
-                                "goes in the next release; use 'sextant advise init'"] * 2
-    assert main(["advise", "--init", str(tmp_path / "b.toml")]) == 2  # exit code unchanged
-    assert "already exists" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(("content", "message"), [
     (TEMPLATE.replace('hardware = "nvidia"', 'hardware = "gpu"'),
      "hardware: unknown value 'gpu'; allowed: nvidia, amd, tpu, ascend, apple, cpu"),
@@ -152,10 +136,13 @@ def test_bad_profile_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", "--profile", str(tmp_path / "missing.toml")]) == 2
-    assert main(["advise", "--init", str(tmp_path / "x.toml"), "--profile", STARTUP]) == 2
-    with pytest.raises(SystemExit) as info:
-        main(["advise", "--profile", STARTUP, "--json", "--markdown"])
-    assert info.value.code == 2
+    for argv in (["advise", "init", str(tmp_path / "x.toml"), "--profile", STARTUP],
+                 ["advise", "--profile", STARTUP, "--json", "--markdown"],
+                 ["advise", "--init"], ["advise", "--rules"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+    assert not (tmp_path / "x.toml").exists()
     assert main(["advise", "--profile", STARTUP, "--rules-file", str(tmp_path / "r.toml")]) == 2
 
 
@@ -193,16 +180,16 @@ def test_rules_listing(capsys: pytest.CaptureFixture[str]) -> None:
         r["kind"] for r in data["rules"]}
 
 
-@pytest.mark.parametrize("fmt", [[], ["--json"], ["--markdown"]])
-def test_old_rules_flag_still_works_with_a_deprecation(
+@pytest.mark.parametrize("fmt", [["--json"], ["--markdown"]])
+def test_rules_takes_its_format_before_or_after_the_verb(
         fmt: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["advise", "rules", *fmt]) == 0
-    new_out, new_err = capsys.readouterr()
-    assert main(["advise", "--rules", *fmt]) == 0
-    old_out, old_err = capsys.readouterr()
-    assert old_out == new_out and new_err == ""
-    assert old_err == ("sextant: warning: 'sextant advise --rules' is deprecated and goes in "
-                       "the next release; use 'sextant advise rules'\n")
+    after = capsys.readouterr()
+    assert main(["advise", *fmt, "rules"]) == 0
+    before = capsys.readouterr()
+    assert before == after and after.err == ""
+    assert main(["advise", "rules"]) == 0
+    assert capsys.readouterr().out != after.out  # the format was taken, not dropped
 
 
 def test_import_pulls_in_no_framework() -> None:

@@ -61,8 +61,8 @@ class DeepSpeedBackend(BackendBase):
 
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
         """One row by default: ZeRO-2, DeepSpeed's usual set-up (each run pays DeepSpeed's
-        import and engine start, ~20 s on 2 cores); the other stages: --levers or
-        `sextant run`."""
+        import and engine start, ~20 s on 2 cores); the other stages: `compare
+        levers` or `sextant run`."""
         return [{"mode": "eager", "parallel": "zero2", "workers": workers}]
 
     def generated_config(self, workload: Workload, strategy: Strategy) -> dict[str, Any]:

@@ -103,7 +103,7 @@ class JaxBackend(BackendBase):
     def compare_matrix(self, workers: int) -> list[dict[str, Any]]:
         """jit on one device, and jit with a batch-sharded NamedSharding (JAX's own way to
         write data parallelism). The hand-written pmean (dp-manual) and fsdp are rows of
-        `compare --levers --frameworks jax` (each costs ~30 s a trial on 2 cores, which
+        `compare levers --frameworks jax` (each costs ~30 s a trial on 2 cores, which
         the default comparison's 5-minute budget does not hold)."""
         return [
             {"mode": "compiled", "parallel": "single", "workers": 1},

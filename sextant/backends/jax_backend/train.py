@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -499,6 +500,52 @@ def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch:
     )
 
 
+def _batch_feeder(ctx: WorkerContext, first_device: Any, batch_sharding: Any,
+                  replicas: int) -> Callable[[int], tuple[Any, Any]]:
+    """fetch(i): global batch i as this process's part of the step's input arrays, one batch
+    ahead on the device (flax's prefetch_to_device): device_put is asynchronous, so on an
+    accelerator the next batch's copy overlaps this step."""
+    import jax
+
+    workload, parallel = ctx.workload, ctx.strategy.parallel
+    two_d = parallel in ("tp", "tp-manual", "pp")
+    ahead: dict[int, tuple[jax.Array, jax.Array]] = {}
+
+    def put(i: int) -> tuple[jax.Array, jax.Array]:
+        x, y = data.global_batch(workload, i)
+        if ctx.fault == "shape-change" and i == workload.measure.warmup_steps + 1:
+            x, y = x[:-replicas], y[:-replicas]  # test hook: another shape after warm-up
+        if parallel == "single":
+            return jax.device_put((x, y), first_device)
+        if two_d:  # each process feeds the rows of its devices' 'data' positions
+            return (jax.make_array_from_callback(x.shape, batch_sharding, lambda i: x[i]),
+                    jax.make_array_from_callback(y.shape, batch_sharding, lambda i: y[i]))
+        x, y = data.shard(x, ctx.rank, ctx.world), data.shard(y, ctx.rank, ctx.world)
+        return (jax.make_array_from_process_local_data(batch_sharding, x),
+                jax.make_array_from_process_local_data(batch_sharding, y))
+
+    def fetch(i: int) -> tuple[jax.Array, jax.Array]:
+        batch = ahead.pop(i, None) or put(i)
+        ahead.clear()
+        ahead[i + 1] = put(i + 1)
+        return batch
+
+    return fetch
+
+
+def _nosync_step(parallel: str, per_device_step: Any, sharded_jit: Any, step_fn: Any,
+                 params: Any, opt_state: Any, fetch: Callable[[int], Any]) -> Any:
+    """The step without its gradient collectives, whose time against the synced step's is
+    the exposed communication (None where the strategy has no such twin)."""
+    import jax
+
+    if parallel in ("dp", "dp-manual"):
+        return jax.jit(per_device_step(False), donate_argnums=(0, 1))
+    if parallel == "tp-manual":
+        return _without_tp_collectives(sharded_jit, step_fn, params, opt_state, fetch(0))
+    return None
+
+
 def _train(ctx: WorkerContext) -> RankResult:
     import jax
     from jax.sharding import NamedSharding
@@ -513,7 +560,6 @@ def _train(ctx: WorkerContext) -> RankResult:
         raise UserError(
             f"global_batch {workload.global_batch} is not divisible by {n} devices"
         )
-    two_d = parallel in ("tp", "tp-manual", "pp")
     params_np = _initial_params(workload, strategy)
     mesh, tp_specs, param_sh, moment_sh = _shardings(parallel, devices, strategy.tp,
                                                      strategy.pp, params_np)
@@ -557,29 +603,7 @@ def _train(ctx: WorkerContext) -> RankResult:
                                      summed="sum-gradients" in (ctx.fault or "").split(","))
         train_step = sharded_jit(step_fn)
 
-    ahead: dict[int, tuple[jax.Array, jax.Array]] = {}
-
-    def fetch(i: int) -> tuple[jax.Array, jax.Array]:
-        # One batch ahead on the device (flax's prefetch_to_device): device_put is
-        # asynchronous, so on an accelerator the next batch's copy overlaps this step.
-        batch = ahead.pop(i, None) or put(i)
-        ahead.clear()
-        ahead[i + 1] = put(i + 1)
-        return batch
-
-    def put(i: int) -> tuple[jax.Array, jax.Array]:
-        x, y = data.global_batch(workload, i)
-        if ctx.fault == "shape-change" and i == workload.measure.warmup_steps + 1:
-            x, y = x[:-n], y[:-n]  # test hook: a batch of another shape after warm-up
-        if parallel == "single":
-            return jax.device_put((x, y), devices[0])
-        if two_d:  # each process feeds the rows of its devices' 'data' positions
-            return (jax.make_array_from_callback(x.shape, batch_sharding, lambda i: x[i]),
-                    jax.make_array_from_callback(y.shape, batch_sharding, lambda i: y[i]))
-        x, y = data.shard(x, ctx.rank, ctx.world), data.shard(y, ctx.rank, ctx.world)
-        return (jax.make_array_from_process_local_data(batch_sharding, x),
-                jax.make_array_from_process_local_data(batch_sharding, y))
-
+    fetch = _batch_feeder(ctx, devices[0], batch_sharding, n)
     state = {"params": params, "opt": opt_state}
 
     def run_step(fn: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -588,12 +612,8 @@ def _train(ctx: WorkerContext) -> RankResult:
 
     step = guard_recompiles(lambda batch: run_step(train_step, batch),
                             workload.measure.warmup_steps, count=train_step._cache_size)
-    if parallel in ("dp", "dp-manual"):
-        nosync_step = jax.jit(per_device_step(False), donate_argnums=donate)
-    elif parallel == "tp-manual":
-        nosync_step = _without_tp_collectives(sharded_jit, step_fn, params, opt_state, fetch(0))
-    else:
-        nosync_step = None
+    nosync_step = _nosync_step(parallel, per_device_step, sharded_jit, step_fn, params,
+                               opt_state, fetch)
 
     def to_floats(handles: list[jax.Array]) -> list[tuple[float, float]]:
         return [tuple(np.asarray(h.addressable_data(0)).tolist()) for h in handles]

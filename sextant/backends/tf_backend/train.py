@@ -32,7 +32,8 @@ import contextlib
 import json
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -124,7 +125,6 @@ def run(ctx: WorkerContext) -> RankResult:
     names = list(shapes)
     params0 = init_params(spec, workload.seed)
     opt = tm.AdamW(workload.optimizer, lr_table(workload.optimizer, workload.steps), names, shapes)
-    faults = (ctx.fault or "").split(",")
 
     with dist.scope() if dist is not None else contextlib.nullcontext():
         params = [tf.Variable(params0[n], name=_var_name(n)) for n in names]
@@ -142,86 +142,14 @@ def run(ctx: WorkerContext) -> RankResult:
     value_and_grad = _accumulated(tf, tm, spec, names, compute_dtype, accum)
 
     rows = {"n": 0}  # rows of the batch this process fetched last
-
+    variables = (params, ms, vs, k)
     if dist is None:
-        @tf.function(jit_compile=jit)
-        def step_fn(x: Any, y: Any) -> Any:
-            loss, grads = value_and_grad([p.read_value() for p in params], x, y)
-            norm = tm.global_norm(grads)
-            apply(params, ms, vs, k, grads)
-            return tf.stack([loss, norm])
-
-        sync_fn, nosync_fn, n_local = step_fn, None, 1
-        device = "/device:CPU:0"
-
-        def fetch(i: int) -> tuple[Any, Any]:
-            x, y = data.local_batch(workload, i, 0, 1, ctx.fault)
-            rows["n"] = len(x)
-            return tf.constant(x), tf.constant(y)
+        steps = _single_device_steps(tf, tm, ctx, jit, variables, value_and_grad, apply, rows)
     else:
-        options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=ctx.collective_timeout_s)
-        # The deliberate bug behind SEXTANT_TEST_FAULT=sum-gradients: sum instead of mean.
-        sum_gradients = "sum-gradients" in faults
-        reduce_op = tf.distribute.ReduceOp.SUM if sum_gradients else tf.distribute.ReduceOp.MEAN
-        replicas = dist.num_replicas_in_sync
-        grad_fn = tf.function(value_and_grad, jit_compile=jit)
-        apply_fn = tf.function(apply, jit_compile=jit)
-        local_devices = dist.extended.worker_devices
-        n_local = len(local_devices)
-        device = ", ".join(local_devices)
-        # Per local device: the component variables of each mirrored variable. After the
-        # all-reduce every replica holds the same gradients, so updating each component with
-        # its own replica's gradients keeps them identical without a broadcast.
-        local = [
-            [[dist.experimental_local_results(var)[d] for var in group]
-             for group in (params, ms, vs)] + [dist.experimental_local_results(k)[d]]
-            for d in range(n_local)
-        ]
-
         sizes = [int(np.prod(shapes[n])) for n in names]
-
-        all_reduce = _gradient_mean(tf, wire, reduce_op, options, sizes,
-                                    1.0 if sum_gradients else 1.0 / replicas)
-
-        def make_step(sync: bool) -> Any:
-            def replica(x: Any, y: Any) -> tuple[Any, ...]:
-                loss, grads = grad_fn([p.read_value() for p in params], x, y)
-                if sync:
-                    grads = all_reduce(grads)
-                return loss, tm.global_norm(grads), grads
-
-            @tf.function
-            def step_fn(x: Any, y: Any) -> Any:
-                loss, norm, grads = dist.run(replica, args=(x, y))
-                per_device_grads = [dist.experimental_local_results(g) for g in grads]
-                for d in range(n_local):
-                    with tf.device(local_devices[d]):
-                        p_vars, m_vars, v_vars, k_var = local[d]
-                        apply_fn(p_vars, m_vars, v_vars, k_var,
-                                 [g[d] for g in per_device_grads])
-                losses = dist.experimental_local_results(loss)
-                # Mean of this process's replicas (the runner averages the processes).
-                return tf.stack([tf.add_n(list(losses)) / len(losses),
-                                 dist.experimental_local_results(norm)[0]])
-
-            return step_fn
-
-        sync_fn, nosync_fn = make_step(True), make_step(False)
-
-        def fetch(i: int) -> tuple[Any, Any]:
-            x, y = data.local_batch(workload, i, ctx.rank, ctx.world, ctx.fault)
-            rows["n"] = len(x)
-
-            def local_shard(value_ctx: Any) -> tuple[Any, Any]:
-                d = value_ctx.replica_id_in_sync_group - ctx.rank * n_local
-                with tf.device(local_devices[d]):
-                    return (tf.constant(data.shard(x, d, n_local)),
-                            tf.constant(data.shard(y, d, n_local)))
-
-            xs = dist.experimental_distribute_values_from_function(lambda c: local_shard(c)[0])
-            ys = dist.experimental_distribute_values_from_function(lambda c: local_shard(c)[1])
-            return xs, ys
+        steps = _replicated_steps(tf, tm, ctx, dist, jit, wire, variables, sizes,
+                                  value_and_grad, apply, rows)
+    sync_fn, nosync_fn, n_local, device, fetch = steps
 
     guarded = guard_recompiles(sync_fn, workload.measure.warmup_steps,
                                count=sync_fn.experimental_get_tracing_count)
@@ -283,6 +211,110 @@ def run(ctx: WorkerContext) -> RankResult:
         rows_of=lambda batch: rows["n"], final_params=final_params, describe=describe,
         save=save, restore=restore, barrier=barrier,
     ))
+
+
+class _Steps(NamedTuple):
+    """The traced steps of one worker and how it feeds them."""
+
+    sync: Any
+    """step(x, y) -> [loss, grad norm]: the training step, gradients all-reduced."""
+    nosync: Any
+    """The same step without the all-reduce (exposed communication), or None."""
+    n_local: int
+    """Replicas (devices) in this process."""
+    device: str
+    """The devices, in words, for the fingerprint."""
+    fetch: Callable[[int], tuple[Any, Any]]
+    """fetch(i): this process's rows of global batch i, as the step takes them."""
+
+
+def _single_device_steps(tf: Any, tm: Any, ctx: WorkerContext, jit: bool,
+                         variables: tuple[Any, ...], value_and_grad: Any, apply: Any,
+                         rows: dict[str, int]) -> _Steps:
+    """parallel 'single': the whole step (forward, backward, norm, AdamW) in one
+    tf.function."""
+    params, ms, vs, k = variables
+
+    @tf.function(jit_compile=jit)
+    def step_fn(x: Any, y: Any) -> Any:
+        loss, grads = value_and_grad([p.read_value() for p in params], x, y)
+        norm = tm.global_norm(grads)
+        apply(params, ms, vs, k, grads)
+        return tf.stack([loss, norm])
+
+    def fetch(i: int) -> tuple[Any, Any]:
+        x, y = data.local_batch(ctx.workload, i, 0, 1, ctx.fault)
+        rows["n"] = len(x)
+        return tf.constant(x), tf.constant(y)
+
+    return _Steps(step_fn, None, 1, "/device:CPU:0", fetch)
+
+
+def _replicated_steps(tf: Any, tm: Any, ctx: WorkerContext, dist: Any, jit: bool, wire: Any,
+                      variables: tuple[Any, ...], sizes: list[int], value_and_grad: Any,
+                      apply: Any, rows: dict[str, int]) -> _Steps:
+    """parallel 'dp' under a tf.distribute strategy: per replica, the forward/backward and
+    (synced) the gradient all-reduce; then each local device's AdamW on its own copy."""
+    params, ms, vs, k = variables
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=ctx.collective_timeout_s)
+    # The deliberate bug behind SEXTANT_TEST_FAULT=sum-gradients: sum instead of mean.
+    sum_gradients = "sum-gradients" in (ctx.fault or "").split(",")
+    reduce_op = tf.distribute.ReduceOp.SUM if sum_gradients else tf.distribute.ReduceOp.MEAN
+    replicas = dist.num_replicas_in_sync
+    grad_fn = tf.function(value_and_grad, jit_compile=jit)
+    apply_fn = tf.function(apply, jit_compile=jit)
+    local_devices = dist.extended.worker_devices
+    n_local = len(local_devices)
+    # Per local device: the component variables of each mirrored variable. After the
+    # all-reduce every replica holds the same gradients, so updating each component with
+    # its own replica's gradients keeps them identical without a broadcast.
+    local = [
+        [[dist.experimental_local_results(var)[d] for var in group]
+         for group in (params, ms, vs)] + [dist.experimental_local_results(k)[d]]
+        for d in range(n_local)
+    ]
+    all_reduce = _gradient_mean(tf, wire, reduce_op, options, sizes,
+                                1.0 if sum_gradients else 1.0 / replicas)
+
+    def make_step(sync: bool) -> Any:
+        def replica(x: Any, y: Any) -> tuple[Any, ...]:
+            loss, grads = grad_fn([p.read_value() for p in params], x, y)
+            if sync:
+                grads = all_reduce(grads)
+            return loss, tm.global_norm(grads), grads
+
+        @tf.function
+        def step_fn(x: Any, y: Any) -> Any:
+            loss, norm, grads = dist.run(replica, args=(x, y))
+            per_device_grads = [dist.experimental_local_results(g) for g in grads]
+            for d in range(n_local):
+                with tf.device(local_devices[d]):
+                    p_vars, m_vars, v_vars, k_var = local[d]
+                    apply_fn(p_vars, m_vars, v_vars, k_var,
+                             [g[d] for g in per_device_grads])
+            losses = dist.experimental_local_results(loss)
+            # Mean of this process's replicas (the runner averages the processes).
+            return tf.stack([tf.add_n(list(losses)) / len(losses),
+                             dist.experimental_local_results(norm)[0]])
+
+        return step_fn
+
+    def fetch(i: int) -> tuple[Any, Any]:
+        x, y = data.local_batch(ctx.workload, i, ctx.rank, ctx.world, ctx.fault)
+        rows["n"] = len(x)
+
+        def local_shard(value_ctx: Any) -> tuple[Any, Any]:
+            d = value_ctx.replica_id_in_sync_group - ctx.rank * n_local
+            with tf.device(local_devices[d]):
+                return (tf.constant(data.shard(x, d, n_local)),
+                        tf.constant(data.shard(y, d, n_local)))
+
+        xs = dist.experimental_distribute_values_from_function(lambda c: local_shard(c)[0])
+        ys = dist.experimental_distribute_values_from_function(lambda c: local_shard(c)[1])
+        return xs, ys
+
+    return _Steps(make_step(True), make_step(False), n_local, ", ".join(local_devices), fetch)
 
 
 def _accumulated(tf: Any, tm: Any, spec: Any, names: list[str], compute_dtype: Any,
