@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sextant.devices import detect  # noqa: E402
+from sextant.results.record import RunRecord  # noqa: E402
 from sextant.results.store import ResultsStore  # noqa: E402
 
 EXPERT = ROOT / "benchmarks" / "expert"
@@ -48,15 +49,9 @@ def sextant(*args: str, log: Path, timeout: float) -> int:
                               cwd=log.parent).returncode
 
 
-def records(db: Path) -> list[dict[str, Any]]:
+def records(db: Path) -> list[RunRecord]:
     with ResultsStore(db, create=False) as store:
-        return list(store.runs())
-
-
-def median_step(rows: list[dict[str, Any]]) -> float | None:
-    steps = [r["metrics"]["step_time_median_s"] for r in rows
-             if (r.get("metrics") or {}).get("step_time_median_s")]
-    return statistics.median(steps) if steps else None
+        return store.runs()
 
 
 def expert(script: str, flags: list[str], warmup: int, timeout: float) -> dict[str, Any]:
@@ -108,11 +103,11 @@ def part_precision(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     from sextant.claims import conditions
     from sextant.report.model import build_report
 
-    table = [{"run": r["label"], "requested": r["strategy"]["precision"],
-              "effective": conditions(r)[0], "step_s": r["metrics"]["step_time_median_s"],
-              "switches": (r["fingerprint"].get("precision") or {}).get("switches")}
+    table = [{"run": r.label, "requested": r.strategy.precision,
+              "effective": conditions(r)[0], "step_s": r.metrics.step_time_median_s,
+              "switches": r.fingerprint.to_dict().get("precision", {}).get("switches")}
              for r in runs]
-    pick = {(r["strategy"]["framework"], r["strategy"]["precision"]): r for r in runs}
+    pick = {(r.strategy.framework, r.strategy.precision): r for r in runs}
     crossed = None
     if ("torch", "fp32") in pick and ("jax", "tf32") in pick:
         report = build_report([pick["torch", "fp32"], pick["jax", "tf32"]])

@@ -91,7 +91,7 @@ def main() -> None:
             )
             hand.append(statistics.median(json.loads(out.stdout)[warm:]))
             rec = execute(w, Strategy(framework="torch"), runs_dir=Path(tmp))
-            harness.append(rec["metrics"]["step_time_median_s"])
+            harness.append(rec.metrics.step_time_median_s)
             print(f"round {r + 1}: hand {hand[-1] * 1e3:.2f} ms, sextant {harness[-1] * 1e3:.2f} ms",
                   flush=True)
     h, s = statistics.median(hand), statistics.median(harness)

@@ -87,8 +87,8 @@ def main() -> None:
                 for side, fields in order:
                     record = execute(w, Strategy(**fields, threads=args.threads),
                                      runs_dir=Path(tmp))
-                    times[name][side].append(record["metrics"]["step_time_median_s"])
-                    loss = record["losses"][-1]
+                    times[name][side].append(record.metrics.step_time_median_s)
+                    loss = record.losses[-1]
                     losses.setdefault(name, loss)
                     print(f"round {r + 1} {name:<15} {side:<8} "
                           f"{times[name][side][-1] * 1e3:8.2f} ms/step  final loss "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -87,8 +88,8 @@ def main() -> None:
             fields["workers"] = 1
         strategy = Strategy(**fields)
         record = execute(workload, strategy, runs_dir=Path(tempfile.mkdtemp()))
-        rank0 = record["ranks"][0]
-        acct = rank0.get("memory_accounting") or {}
+        rank0 = record.ranks[0]
+        acct = rank0.memory_accounting
         plan = planned(workload_file, dp, tp, pp, zero, strategy.microbatches)
         predicted = (plan.get("memory") or {}).get("params")
         measured = acct.get("params")
@@ -96,24 +97,24 @@ def main() -> None:
             "layout": strategy.label,
             "framework": strategy.framework,
             "parallel": strategy.parallel,
-            "step_ms": record["metrics"]["step_time_median_s"] * 1e3,
-            "final_loss": record["metrics"]["final_loss"],
-            "exposed_comm_s": record["metrics"].get("exposed_comm_s"),
-            "nosync_step_ms": (record["metrics"]["nosync_step_median_s"] * 1e3
-                               if "nosync_step_median_s" in record["metrics"] else None),
+            "step_ms": (record.metrics.step_time_median_s or math.nan) * 1e3,
+            "final_loss": record.metrics.final_loss,
+            "exposed_comm_s": record.metrics.exposed_comm_s,
+            "nosync_step_ms": (record.metrics.nosync_step_median_s * 1e3
+                               if record.metrics.nosync_step_median_s is not None else None),
             "param_bytes_rank0": measured,
             "planned_param_bytes": predicted,
             "param_error": (measured / predicted - 1) if measured and predicted else None,
             "optimizer_bytes_rank0": acct.get("optimizer_state"),
-            "hlo_collectives": rank0["details"].get("hlo_collectives"),
+            "hlo_collectives": rank0.details.get("hlo_collectives"),
             "comm_bytes_measured": layout_comm_bytes(rank0),
-            "comm_detail": (rank0["details"].get("tp_collectives_bytes_per_step")
-                            or rank0["details"].get("hlo_collective_bytes")),
-            "tp_bytes_planned": (rank0["details"].get("tp_planned_bytes_per_step")
+            "comm_detail": (rank0.details.get("tp_collectives_bytes_per_step")
+                            or rank0.details.get("hlo_collective_bytes")),
+            "tp_bytes_planned": (rank0.details.get("tp_planned_bytes_per_step")
                                  or {}).get("all_reduce"),
             "bubble_planned": ((pp - 1) / (strategy.microbatches + pp - 1)) if pp > 1 else None,
-            "stage_idle_measured": [(r["details"].get("pipeline") or {}).get("idle_share")
-                                    for r in record["ranks"]] if pp > 1 else None,
+            "stage_idle_measured": [(r.details.get("pipeline") or {}).get("idle_share")
+                                    for r in record.ranks] if pp > 1 else None,
         }
         rows.append(row)
         err = f"{row['param_error']:+.1%}" if row["param_error"] is not None else "-"

@@ -49,7 +49,7 @@ def losses(workload: str, framework: str, precision: str, fault: str | None,
                     "--precision", precision, "--workload", workload, "--db", str(db)],
                    check=True, env=env, cwd=work, capture_output=True, timeout=900)
     with ResultsStore(db, create=False) as store:
-        return list(store.runs()[-1]["losses"])
+        return store.runs()[-1].finite_losses
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from sextant.launch.collectives import measure_collective
 from sextant.cluster import emulated
 from sextant.planner.calibrate import calibrate, fit_alpha_beta
 from sextant.planner.local import load_machine, predict_scaling
+from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.strategy import Strategy
@@ -44,7 +45,7 @@ RUNS = (
 )
 
 
-def predicted_step(calibration: dict[str, Any], fit: dict[str, float], single: dict[str, Any],
+def predicted_step(calibration: dict[str, Any], fit: dict[str, float], single: RunRecord,
                    parallel: str, tmp: Path) -> float | None:
     """The planner's 2-worker step time with the link's fitted all-reduce in place of
     loopback's (compute efficiency fitted on the single-process run)."""
@@ -73,7 +74,7 @@ def main() -> int:
                     rec = execute(workload, Strategy(framework=framework, mode=mode,
                                                      threads=threads),
                                   runs_dir=tmp / "runs", store=store)
-                    into[framework] = store.get(rec["id"])
+                    into[framework] = rec
         for text in args.links.split(","):
             link = emulated.Link(rate_bit_s=emulated.parse_rate(text))
             emulated.up(CLUSTER, 2, link)
@@ -91,14 +92,15 @@ def main() -> int:
                     rec = execute(workload, strategy, runs_dir=tmp / "runs", store=store,
                                   cluster=CLUSTER)
                     single = singles[framework]
-                    m, s = rec["metrics"], one_core[framework]["metrics"]
+                    m, s = rec.metrics, one_core[framework].metrics
                     row["runs"].append({
-                        "label": rec["label"], "step_s": m["step_time_median_s"],
-                        "p10_s": m["step_time_p10_s"], "p90_s": m["step_time_p90_s"],
-                        "exposed_share": m["exposed_comm_share"],
-                        "efficiency": m["tokens_per_s"] / (2 * s["tokens_per_s"]),
-                        "final_loss": m["final_loss"],
-                        "single_final_loss": s["final_loss"],
+                        "label": rec.label, "step_s": m.step_time_median_s,
+                        "p10_s": m.step_time_p10_s, "p90_s": m.step_time_p90_s,
+                        "exposed_share": m.exposed_comm_share,
+                        "efficiency": ((m.tokens_per_s or 0.0) / (2 * s.tokens_per_s)
+                                       if s.tokens_per_s else None),
+                        "final_loss": m.final_loss,
+                        "single_final_loss": s.final_loss,
                         "predicted_step_s": (predicted_step(calibration, fit, single, parallel,
                                                             tmp) if compress == "none" else None),
                     })

@@ -20,6 +20,7 @@ Exit code 1 when a verdict flipped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -65,8 +66,8 @@ def verdicts(db: Path, keep_disturbed: bool = False) -> dict:
     with ResultsStore(db, create=False) as store:
         runs = store.runs(group_id=store.latest_group())
     if keep_disturbed:
-        for r in runs:
-            r["metrics"]["disturbed"] = False
+        runs = [r.replace(metrics=dataclasses.replace(r.metrics, disturbed=False))
+                for r in runs]
     report = build_report(runs)
     s = report["summary"]
     head = s["fastest"] or {}
@@ -77,17 +78,13 @@ def verdicts(db: Path, keep_disturbed: bool = False) -> dict:
                      "vs_runner_up": head.get("vs_runner_up"),
                      "tied_with": head.get("tied_with")},
         "runs": len(runs),
-        "disturbed": [{"id": r["id"], "label": r["label"],
-                       "trial": r["metrics"].get("trial"),
-                       "outside_cores": ((r["fingerprint"].get("interference") or {})
-                                         .get("outside_cores_mean")),
-                       "busy_share": ((r["fingerprint"].get("interference") or {})
-                                      .get("outside_busy_share"))}
-                      for r in runs if r["metrics"].get("disturbed")],
-        "interference": [{"id": r["id"], "label": r["label"],
-                          "outside_cores": ((r["fingerprint"].get("interference") or {})
-                                            .get("outside_cores_mean")),
-                          "disturbed": bool(r["metrics"].get("disturbed"))} for r in runs],
+        "disturbed": [{"id": r.id, "label": r.label, "trial": r.metrics.trial,
+                       "outside_cores": r.fingerprint.interference.get("outside_cores_mean"),
+                       "busy_share": r.fingerprint.interference.get("outside_busy_share")}
+                      for r in runs if r.metrics.disturbed],
+        "interference": [{"id": r.id, "label": r.label,
+                          "outside_cores": r.fingerprint.interference.get("outside_cores_mean"),
+                          "disturbed": r.metrics.disturbed} for r in runs],
     }
 
 
