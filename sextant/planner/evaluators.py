@@ -88,12 +88,7 @@ def parameters_b(
     (MoE)."""
     shape = _shape(model)
     if part == "active":
-        return (
-            shape.n_layers * shape.active_layer_params()
-            + shape.embedding_params()
-            + shape.head_params()
-            + shape.final_norm_params()
-        ) / unit
+        return shape.active_params() / unit
     return shape.total_params() / unit
 
 
