@@ -44,7 +44,7 @@ _ACC_KEYS = {
     "measured",
     "ici",
 }
-_ICI_KEYS = {"torus", "link_gbs", "hop_latency_us", "wrap_unit", "source"}
+_ICI_KEYS = {"torus", "link_gbs", "hop_latency_us", "wrap_unit", "host_chips", "source"}
 _LINK_KEYS = {
     "name",
     "bandwidth_gbs",
@@ -365,7 +365,8 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
 
 def _torus(where: str, raw: Any) -> Torus | None:
     """The `ici` table of a TPU: its pod's torus shape, the one-way bandwidth of one link,
-    the latency of one hop and the axis length that has a wraparound link."""
+    the latency of one hop, the axis length that has a wraparound link and the chips per
+    host."""
     if raw is None:
         return None
     where = f"{where}.ici"
@@ -393,6 +394,7 @@ def _torus(where: str, raw: Any) -> Torus | None:
         link_bandwidth=bw * 1e9,
         hop_latency=lat * 1e-6,
         wrap_unit=_count(where, raw, "wrap_unit", 4),
+        host_chips=_count(where, raw, "host_chips", 4),
         source=str(raw["source"]),
     )
 

@@ -630,6 +630,12 @@ class LayoutContext:
         return self.pp > 1
 
     @property
+    def per_host(self) -> Any:
+        """Devices that share one host's RAM: the node's, or a TPU host's chips."""
+        torus = self.hw.torus
+        return np.minimum(self.n, self.g if torus is None else float(torus.host_chips))
+
+    @property
     def psi_stage(self) -> np.ndarray:
         return np.maximum(self.psi_first, self.psi_last)
 
@@ -776,7 +782,7 @@ def memory_term(c: LayoutContext) -> MemoryTerm:
     mem = raw * (1.0 + opts.fragmentation) + opts.fixed_overhead_gb * 1e9
     g = np.minimum(c.n, c.g)
     capacity = acc.memory_bytes / g if acc.shared_node else np.full_like(c.n, acc.memory_bytes)
-    host_per_node = psi_worst * coef["host"] * g
+    host_per_node = psi_worst * coef["host"] * c.per_host
     fits = mem <= capacity
     if opts.host_memory_gb is not None:
         fits = fits & (host_per_node <= opts.host_memory_gb * 1e9)
@@ -801,7 +807,7 @@ def host_load_term(c: LayoutContext, offload_per_node: np.ndarray) -> HostLoad:
     With --host-memory-gb, the larger of this and the offloaded states must fit a node."""
     params = float(c.cost.total_params) * np.ones_like(c.n)
     per_rank = 4.0 * params if c.opts.stack.load == "full" else np.zeros_like(c.n)
-    per_node = per_rank * np.minimum(c.n, c.g)
+    per_node = per_rank * c.per_host
     ram = c.opts.host_memory_gb
     fits = (
         np.ones_like(c.n, dtype=bool)

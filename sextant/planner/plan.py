@@ -170,7 +170,7 @@ def _slices(hw: Hardware, devices: int, layout: Layout) -> dict[str, Any] | None
     if hw.torus is None:
         return None
     chips = int(hw.node_size(devices))
-    data_in = max(min(chips // (layout.tp * layout.cp), layout.dp * layout.cp // layout.cp), 1)
+    data_in = max(min(chips // (layout.tp * layout.cp), layout.dp), 1)
     groups = {"tp": layout.tp, "cp": layout.cp, "dp": data_in}
     return {
         "count": devices // chips,
@@ -546,18 +546,22 @@ def _memory_warnings(
 def _hardware_warnings(req: PlanRequest, hw: Hardware, layout: Layout) -> list[str]:
     out: list[str] = []
     acc = hw.accelerator
-    if req.devices > hw.devices_per_node and hw.inter_bw_per_device < SLOW_NETWORK_BPS:
+    node = int(hw.node_size(req.devices))
+    if req.devices > node and hw.inter_bw_per_device < SLOW_NETWORK_BPS:
         out.append(
             f"inter-node bandwidth {hw.inter_bw_per_device * 8 / 1e9:.3g} Gb/s per device is "
             "below 10 Gb/s: data-parallel synchronisation will dominate large models"
         )
-    if layout.tp > hw.devices_per_node:
+    if layout.tp > node:
         out.append(
             f"tensor parallelism ({layout.tp}) spans nodes: its all-reduces run on {hw.inter.key}"
         )
     if not acc.verified:
         out.append(f"{acc.key}: catalogue figures are not vendor-published ({acc.source})")
-    for link in {hw.intra.key: hw.intra, hw.inter.key: hw.inter}.values():
+    # On a TPU slice the collectives run at the torus' hop latency (the catalogue's `ici`
+    # table), not at the ICI link entry's.
+    used = [hw.inter] if hw.torus is not None else [hw.intra, hw.inter]
+    for link in {lk.key: lk for lk in used}.values():
         if link.latency_assumed:
             out.append(f"{link.key}: latency not published, assumed")
     return out

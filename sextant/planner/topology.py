@@ -43,6 +43,8 @@ class Torus:
     wrap_unit: int
     """An axis whose length is a multiple of this has a wraparound link (4 on v4/v5p: cubes
     of 4x4x4 joined by optical switches; 16 on v5e/v6e: only the full axis)."""
+    host_chips: int
+    """Chips on one host (v4/v5p 2x2x1, v5e 4x2): what shares a host's RAM and network."""
     source: str
 
 

@@ -149,3 +149,13 @@ def test_a_bad_ici_table_is_one_clear_error(tmp_path):
     path.write_text('schema = 1\n[accelerators.tpu-v5p.ici]\ntorus = [16, 20, 28, 4]\n')
     with pytest.raises(UserError, match="torus must be 2 or 3 integers"):
         load_catalogue(path, calibration=None)
+
+
+def test_host_memory_is_counted_per_tpu_host(cat):
+    # A v5p host holds 4 chips (2x2x1), not the slice: offloaded states per host are 4
+    # chips' worth.
+    hw = _hw(cat, "tpu-v5p")
+    cost = preset("llama3-8b").cost()
+    res = evaluate(cost, hw, PlanOptions(global_batch=64),
+                   Layout(dp=64, zero=3, offload="optimizer").arrays())
+    assert float(res["host_per_node"][0]) == pytest.approx(4 * float(res["mem_host"][0]))
