@@ -41,6 +41,10 @@ def test_slice_shapes_are_the_cloud_topologies(cat):
     # No block of a 16x20x28 pod holds 8,192 chips: two slices of 4,096.
     assert topology.slice_shape(8192, pod.pod, pod.wrap_unit) is None
     assert topology.slice_chips(8192, 8960, pod) == 4096
+    # The inference chips are 2-D: a v6e pod is one 16x16 slice.
+    v6e = cat.accelerator("tpu-v6e").torus
+    assert v6e is not None and topology.slice_shape(256, v6e.pod, v6e.wrap_unit) == (16, 16)
+    assert topology.slice_shape(512, v6e.pod, v6e.wrap_unit) is None
 
 
 def test_a_collective_along_one_axis_uses_that_axis_bandwidth(cat):
