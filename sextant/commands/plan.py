@@ -165,9 +165,10 @@ def register(subparsers: Any) -> None:
     )
     asm.add_argument(
         "--stack",
-        default="generic",
+        default=None,
         help="the training stack whose defaults the plan assumes (profiles.py): generic (the "
-        "ZeRO paper's accounting, default), megatron-core, deepspeed, torchtitan, maxtext; "
+        "ZeRO paper's accounting, default; maxtext on a TPU), megatron-core, deepspeed, "
+        "torchtitan, maxtext; "
         "dated: megatron-lm-2021, deepspeed-0.3, llama3-2024",
     )
     asm.add_argument(
@@ -360,6 +361,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
         top=args.top if args.search else 0,
         curve=not args.no_curve,
         calibrated=measured,
+        batch_given=args.global_batch is not None,
     )
     return make_plan(req, cat, hw)
 
@@ -415,7 +417,7 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int,
     """PlanOptions from the flags: the user's knobs over the chosen stack's profile; the
     kernel efficiency measured on this accelerator (`measured`) unless one is asked for."""
     from sextant.planner.estimate import PlanOptions
-    from sextant.planner.profiles import profile
+    from sextant.planner.profiles import default_stack, profile
 
     precision = args.precision or next(
         (p for p in ("bf16", "fp16", "fp32") if p in acc.peak_flops), "fp32"
@@ -436,7 +438,7 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int,
         global_batch=model_batch if args.global_batch is None else args.global_batch,
         **efficiency,
         target_mfu=args.mfu,
-        stack=profile(args.stack).with_overrides(
+        stack=profile(args.stack or default_stack(acc)).with_overrides(
             memory_model=args.memory_model,
             balanced_stages=None if args.stages is None else args.stages == "balanced",
             cp_method=args.cp_method,

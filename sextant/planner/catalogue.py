@@ -20,6 +20,7 @@ import numpy as np
 
 from sextant.errors import UserError
 from sextant.paths import DEFAULT_CALIBRATION
+from sextant.planner.topology import Torus
 from sextant.tomlfile import read_toml
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
@@ -41,7 +42,9 @@ _ACC_KEYS = {
     "source",
     "verified",
     "measured",
+    "ici",
 }
+_ICI_KEYS = {"torus", "link_gbs", "hop_latency_us", "wrap_unit", "host_chips", "source"}
 _LINK_KEYS = {
     "name",
     "bandwidth_gbs",
@@ -90,6 +93,10 @@ class Accelerator:
     divided among the devices used."""
     flops_by_threads: tuple[tuple[int, float], ...] = ()
     """cpu-local only: measured GEMM FLOP/s with 1 thread and with all threads."""
+    torus: Torus | None = None
+    """TPUs: the pod's ICI torus (topology.py); a node is then one slice of it, and the
+    slices talk over the data-centre network (`inter_link`). None: devices in nodes that a
+    switch joins (GPUs)."""
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -352,6 +359,43 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
         source=str(raw["source"]),
         verified=bool(raw.get("verified", True)),
         measured=measured,
+        torus=_torus(where, raw.get("ici")),
+    )
+
+
+def _torus(where: str, raw: Any) -> Torus | None:
+    """The `ici` table of a TPU: its pod's torus shape, the one-way bandwidth of one link,
+    the latency of one hop, the axis length that has a wraparound link and the chips per
+    host."""
+    if raw is None:
+        return None
+    where = f"{where}.ici"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} must be a table. Received: {str(raw)[:40]!r}")
+    unknown = sorted(set(raw) - _ICI_KEYS)
+    if unknown:
+        raise UserError(f"unknown key {where}.{unknown[0]}; allowed: {', '.join(sorted(_ICI_KEYS))}")
+    if not raw.get("source"):
+        raise UserError(f"{where} must cite a source")
+    shape = raw.get("torus")
+    if not (
+        isinstance(shape, list)
+        and len(shape) in (2, 3)
+        and all(type(v) is int and 1 <= v <= 1024 for v in shape)
+    ):
+        raise UserError(f"{where}.torus must be 2 or 3 integers from 1 to 1024 (the pod's "
+                        f"shape). Received: {str(shape)[:40]!r}")
+    bw = _number(where, raw, "link_gbs")
+    lat = _number(where, raw, "hop_latency_us")
+    if bw is None or lat is None:
+        raise UserError(f"{where} needs link_gbs and hop_latency_us")
+    return Torus(
+        pod=tuple(shape),
+        link_bandwidth=bw * 1e9,
+        hop_latency=lat * 1e-6,
+        wrap_unit=_count(where, raw, "wrap_unit", 4),
+        host_chips=_count(where, raw, "host_chips", 4),
+        source=str(raw["source"]),
     )
 
 

@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.planner import comms, efficiency, memory
+from sextant.planner import comms, efficiency, memory, topology
 from sextant.planner.catalogue import Accelerator, Catalogue, Link
+from sextant.planner.topology import Torus
 from sextant.planner.models import ModelCost
 from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
 from sextant.strategy import Check, int_at_least, one_of
@@ -395,6 +396,25 @@ class Hardware:
         """The same share at the network's achievable collective bus bandwidth."""
         return self.inter.collective_bandwidth * self.nics_per_node / self.devices_per_node
 
+    @property
+    def torus(self) -> Torus | None:
+        """The accelerator's ICI torus (TPUs): a node is then one slice of the pod."""
+        return self.accelerator.torus
+
+    def node_size(self, devices: Any) -> Any:
+        """Devices per node for a job of `devices` devices: the catalogue's (or
+        --gpus-per-node) figure, or on a TPU the chips of one slice (topology.slice_chips:
+        the largest slice that divides the job and fits the pod)."""
+        if self.torus is None:
+            return float(self.devices_per_node)
+        n = np.asarray(devices, dtype=np.int64)
+        uniq, inv = np.unique(n, return_inverse=True)
+        sizes = np.array(
+            [topology.slice_chips(int(k), self.devices_per_node, self.torus) for k in uniq],
+            dtype=np.float64,
+        )
+        return sizes[inv].reshape(n.shape)
+
 
 def resolve_hardware(
     cat: Catalogue,
@@ -602,14 +622,18 @@ class LayoutContext:
     """Ranks ZeRO shards over: the dp x cp group, or its intra-node part with HSDP."""
     mem_bw: Any
     """Memory bandwidth per device (a device's share on a shared node)."""
-
-    @property
-    def g(self) -> float:
-        return float(self.hw.devices_per_node)
+    g: Any
+    """Devices per node (a float), or on a TPU the chips of each layout's slice (an array)."""
 
     @property
     def multi(self) -> np.ndarray:
         return self.pp > 1
+
+    @property
+    def per_host(self) -> Any:
+        """Devices that share one host's RAM: the node's, or a TPU host's chips."""
+        torus = self.hw.torus
+        return np.minimum(self.n, self.g if torus is None else float(torus.host_chips))
 
     @property
     def psi_stage(self) -> np.ndarray:
@@ -634,7 +658,7 @@ def layout_context(
     ep = lay["ep"].astype(F) if "ep" in lay else np.ones_like(dp)
     n = dp * tp * pp * cp
     dpc = dp * cp  # the ranks holding the same (non-expert) parameters
-    g = float(hw.devices_per_node)
+    g = hw.node_size(n)
     # 1 forward recomputed with full recomputation, 1/2 when every second layer is
     # checkpointed; "op" recomputes its share of the matmul FLOPs but keeps the collectives'
     # and attention's outputs.
@@ -669,6 +693,7 @@ def layout_context(
             if acc.shared_node
             else acc.memory_bw or np.inf
         ),
+        g=g,
     )
 
 
@@ -757,7 +782,7 @@ def memory_term(c: LayoutContext) -> MemoryTerm:
     mem = raw * (1.0 + opts.fragmentation) + opts.fixed_overhead_gb * 1e9
     g = np.minimum(c.n, c.g)
     capacity = acc.memory_bytes / g if acc.shared_node else np.full_like(c.n, acc.memory_bytes)
-    host_per_node = psi_worst * coef["host"] * g
+    host_per_node = psi_worst * coef["host"] * c.per_host
     fits = mem <= capacity
     if opts.host_memory_gb is not None:
         fits = fits & (host_per_node <= opts.host_memory_gb * 1e9)
@@ -782,7 +807,7 @@ def host_load_term(c: LayoutContext, offload_per_node: np.ndarray) -> HostLoad:
     With --host-memory-gb, the larger of this and the offloaded states must fit a node."""
     params = float(c.cost.total_params) * np.ones_like(c.n)
     per_rank = 4.0 * params if c.opts.stack.load == "full" else np.zeros_like(c.n)
-    per_node = per_rank * np.minimum(c.n, c.g)
+    per_node = per_rank * c.per_host
     ram = c.opts.host_memory_gb
     fits = (
         np.ones_like(c.n, dtype=bool)
@@ -916,12 +941,18 @@ def optimizer_term(c: LayoutContext) -> np.ndarray:
 class Links:
     """(bandwidth, latency, call latency, ramp) of the intra-node and inter-node links for
     collectives (the catalogue's achievable bus bandwidth, the network tapered above a leaf
-    switch) and for point-to-point sends (nominal bandwidth)."""
+    switch) and for point-to-point sends (nominal bandwidth). `tp`, `cp`, `ep` and `dp` are
+    the intra-node link as each group sees it: the same tuple on a switched node, on a TPU
+    slice the ICI axes the group lies on (_torus_groups)."""
 
     intra: tuple
     inter: tuple
     intra_p2p: tuple
     inter_p2p: tuple
+    tp: tuple
+    cp: tuple
+    ep: tuple
+    dp: tuple
 
 
 def links(c: LayoutContext) -> Links:
@@ -935,15 +966,51 @@ def links(c: LayoutContext) -> Links:
         # A group spanning more nodes than one leaf switch crosses the tapered spine.
         nodes = np.ceil(c.n / c.g)
         inter_bw = inter_bw / np.where(nodes > opts.nodes_per_leaf, opts.oversubscription, 1.0)
+    intra = (hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency,
+             intra_ramp)
+    intra_p2p = (hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency, intra_ramp)
+    groups = {k: intra for k in ("tp", "cp", "ep", "dp")}
+    if hw.torus is not None:
+        groups = _torus_groups(c, hw.torus, le, hw.intra.call_latency)
+        # A pipeline send goes to the neighbouring chip: one link, one way.
+        intra_p2p = (hw.torus.link_bandwidth * le, hw.torus.hop_latency,
+                     hw.intra.call_latency, None)
     return Links(
-        intra=(hw.intra.collective_bandwidth * le, hw.intra.latency, hw.intra.call_latency,
-               intra_ramp),
+        intra=intra,
         inter=(inter_bw, hw.inter.latency, hw.inter.call_latency, inter_ramp),
-        intra_p2p=(hw.intra.bandwidth * le, hw.intra.latency, hw.intra.call_latency,
-                   intra_ramp),
+        intra_p2p=intra_p2p,
         inter_p2p=(hw.inter_bw_per_device * le, hw.inter.latency, hw.inter.call_latency,
                    inter_ramp),
+        **groups,
     )
+
+
+def _torus_groups(c: LayoutContext, torus: Torus, le: float, call: float) -> dict[str, tuple]:
+    """Each group's link on a TPU slice: the tensor-parallel group innermost, then context
+    parallelism, then the data-parallel (FSDP) ranks of the slice, the expert group being
+    the first of those (topology.place; MaxText's mesh order). Evaluated once per distinct
+    (slice, tp, cp, ep, dp) of the table."""
+    chips = np.minimum(c.n, c.g)
+    ep_in = np.minimum(c.ep, c.dp_in)
+    keys = np.stack([chips, c.tp_in, c.cp_in, ep_in, c.dp_in]).T.astype(np.int64)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    table = np.empty((len(uniq), 4, 2))
+    fallback = topology.GroupLink(bandwidth=torus.link_bandwidth, latency=torus.hop_latency,
+                                  axes=())
+    for i, (s, tp, cp, ep, dp) in enumerate(uniq.tolist()):
+        placed = [
+            topology.groups_links(torus, s, (tp, cp))
+            or (fallback, fallback),
+            topology.groups_links(torus, s, (tp, ep)) or (fallback, fallback),
+            topology.groups_links(torus, s, (tp, dp)) or (fallback, fallback),
+        ]
+        for j, link in enumerate((placed[0][0], placed[0][1], placed[1][1], placed[2][1])):
+            table[i, j] = (link.bandwidth, link.latency)
+    out = {}
+    for j, name in enumerate(("tp", "cp", "ep", "dp")):
+        out[name] = (table[inv, j, 0] * le, table[inv, j, 1], call, None)
+    return out
 
 
 def tp_term(c: LayoutContext, lk: Links) -> np.ndarray:
@@ -959,7 +1026,7 @@ def tp_term(c: LayoutContext, lk: Links) -> np.ndarray:
     ar_tp = np.where(
         tp_multi,
         comms.hier_all_reduce(c.tok_dev * (cost.hidden * c.act_bytes), c.tp_in, c.tp_out,
-                              lk.intra, lk.inter),
+                              lk.tp, lk.inter),
         0.0,
     )
     t_tp = (m * c.lps * (4.0 + 2.0 * c.fwd_rc) * (1.0 - opts.tp_overlap)) * ar_tp
@@ -967,7 +1034,7 @@ def tp_term(c: LayoutContext, lk: Links) -> np.ndarray:
         return t_tp
     ar_ce = np.where(
         tp_multi,
-        comms.hier_all_reduce(c.tok_dev * 4.0, c.tp_in, c.tp_out, lk.intra, lk.inter),
+        comms.hier_all_reduce(c.tok_dev * 4.0, c.tp_in, c.tp_out, lk.tp, lk.inter),
         0.0,
     )
     vocab_ars = np.where(c.pp > 1, 1.0, 2.0)
@@ -999,9 +1066,9 @@ def cp_term(c: LayoutContext, lk: Links, peak: Any) -> np.ndarray:
     cp_bw = np.where(
         crosses,
         lk.inter[0] * comms.ramp_efficiency(lk.inter[3], kv_block),
-        lk.intra[0] * comms.ramp_efficiency(lk.intra[3], kv_block),
+        lk.cp[0] * comms.ramp_efficiency(lk.cp[3], kv_block),
     )
-    ring_pass = (cp - 1.0) * (kv_block / cp_bw + np.where(crosses, lk.inter[1], lk.intra[1]))
+    ring_pass = (cp - 1.0) * (kv_block / cp_bw + np.where(crosses, lk.inter[1], lk.cp[1]))
     t_all = c.m * c.lps * (3.0 + c.fwd_rc) * ring_pass
     attn_core_tok = cost.attention_flops_per_token * (1.0 + c.fwd_rc / 3.0)
     t_attention = c.tokens_step * attn_core_tok / (c.n * opts.compute_efficiency * peak)
@@ -1023,11 +1090,18 @@ def ep_term(c: LayoutContext, lk: Links) -> np.ndarray:
     a2a_bw = np.where(
         crosses,
         lk.inter[0] * comms.ramp_efficiency(lk.inter[3], chunk),
-        lk.intra[0] * comms.ramp_efficiency(lk.intra[3], chunk),
+        lk.ep[0] * comms.ramp_efficiency(lk.ep[3], chunk),
     )
-    a2a_lat = np.where(crosses, lk.inter[1], lk.intra[1])
-    a2a = (ep - 1.0) / ep * routed / a2a_bw + (ep - 1.0) * a2a_lat + lk.intra[2]
+    a2a_lat = np.where(crosses, lk.inter[1], lk.ep[1])
+    a2a = (ep - 1.0) / ep * routed / a2a_bw + (ep - 1.0) * a2a_lat + lk.ep[2]
     return np.where(ep > 1, c.m * c.lps * (4.0 + 2.0 * c.fwd_rc) * a2a, 0.0)
+
+
+def tp_hidden_term(c: LayoutContext, t_tp: np.ndarray, t_compute: np.ndarray) -> Any:
+    """What of the TP collectives a stack with asynchronous collectives hides behind the
+    compute (StackProfile.async_collectives); the data-parallel ones then have what is left
+    of the compute to hide behind. 0 for a stack whose TP collectives block."""
+    return np.minimum(t_tp, t_compute) if c.opts.stack.async_collectives else 0.0
 
 
 def bubble_term(c: LayoutContext, per_microbatch_work: np.ndarray) -> np.ndarray:
@@ -1052,14 +1126,14 @@ def _dp_collectives(c: LayoutContext, lk: Links) -> np.ndarray:
     # Gradient buckets: one collective per bucket, each at the bandwidth of its own size.
     bucket = comms.dp_bucket_bytes(stack.memory_model, stack.dp_bucket_bytes, grad_wire)
     buckets = np.maximum(np.ceil(grad_b / bucket), 1.0) if bucket else np.ones_like(grad_b)
-    ar = buckets * comms.hier_all_reduce(grad_b / buckets, c.dp_in, c.dp_out, lk.intra, lk.inter)
+    ar = buckets * comms.hier_all_reduce(grad_b / buckets, c.dp_in, c.dp_out, lk.dp, lk.inter)
     # ZeRO-3 / FSDP gather and reduce one layer (unit) at a time (ZeRO §5.3; FSDP's
     # fully_shard per block). HSDP: the sharded collectives stay inside the node; each
     # gradient reduction adds an all-reduce of the 1/dp_in shard across the dp_out replicas.
     z3 = c.zero >= 3
     units = np.where(z3, c.lps, buckets)
     s_out = np.where(c.hs, 1.0, c.dp_out)
-    group = (c.dp_in, s_out, lk.intra, lk.inter)
+    group = (c.dp_in, s_out, lk.dp, lk.inter)
     rs = units * comms.hier_reduce_scatter(grad_b / units, *group)
     ag = units * comms.hier_all_gather(c.psi_stage * param_wire / units, *group)
     once: Any = 0.0
@@ -1100,8 +1174,10 @@ def _evaluate(
     comp = compute_term(c)
     t_opt = optimizer_term(c)
     t_tp, t_cp, t_ep, t_pp = tp_term(c, lk), cp_term(c, lk, comp.peak), ep_term(c, lk), pp_term(c, lk)
+    tp_hidden = tp_hidden_term(c, t_tp, comp.seconds)
+    t_tp = t_tp - tp_hidden
     t_bubble = bubble_term(c, comp.seconds + t_tp + t_cp + t_ep + t_pp)
-    dp = dp_term(c, lk, comp.seconds)
+    dp = dp_term(c, lk, comp.seconds - tp_hidden)
     step = comp.seconds + t_opt + t_tp + t_cp + t_ep + t_pp + t_bubble + dp.exposed
     tokens_per_s = c.tokens_step / step
     per_peak = tokens_per_s / (c.n * hw.accelerator.peak(opts.precision))
@@ -1183,6 +1259,12 @@ def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[st
     }[key]
     bw = hw.inter_bw_per_device if crosses else hw.intra.bandwidth
     where = "inter-node" if crosses else "intra-node"
+    if hw.torus is not None:
+        # A slice's groups each have the bandwidth of the ICI axes they lie on (the plan's
+        # slice line gives it); between slices, the data-centre network.
+        where = "between slices" if crosses else "the slice's ICI axes"
+        if not crosses:
+            return f"{what} on {link.key} ({where})", share
     return f"{what} on {link.key} ({where}, {bw / 1e9:.3g} GB/s/device)", share
 
 

@@ -21,7 +21,7 @@ from sextant.planner.catalogue import Catalogue, Link, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
 from sextant.planner.models import TransformerShape, megatron_gpt, preset
-from sextant.planner.profiles import profile
+from sextant.planner.profiles import default_stack, profile
 from sextant.planner.search import MAX_MICRO_BATCH, divisors, search
 
 Evaluator = Callable[..., float]
@@ -88,12 +88,7 @@ def parameters_b(
     (MoE)."""
     shape = _shape(model)
     if part == "active":
-        return (
-            shape.n_layers * shape.active_layer_params()
-            + shape.embedding_params()
-            + shape.head_params()
-            + shape.final_norm_params()
-        ) / unit
+        return shape.active_params() / unit
     return shape.total_params() / unit
 
 
@@ -233,10 +228,12 @@ def pinned_ratio(*, numerator: dict[str, Any], denominator: dict[str, Any]) -> f
 # --- searched and pinned layouts -----------------------------------------------------------
 
 
-def _options(batch: int, options: dict[str, Any]) -> PlanOptions:
-    """PlanOptions from a record's `options` table; its `stack` names a profile."""
+def _options(batch: int, options: dict[str, Any], accelerator: str) -> PlanOptions:
+    """PlanOptions from a record's `options` table; its `stack` names a profile, else the
+    accelerator's default (default_stack: maxtext on a TPU)."""
     rest = {k: v for k, v in options.items() if k != "stack"}
-    return PlanOptions(global_batch=batch, stack=profile(options.get("stack", "generic")), **rest)
+    name = options.get("stack") or default_stack(_cat().accelerator(accelerator))
+    return PlanOptions(global_batch=batch, stack=profile(name), **rest)
 
 
 def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict[str, Any]):
@@ -279,7 +276,7 @@ def pinned(
 ) -> float:
     """A figure of the planner for a published layout (nothing searched). `flops`
     "megatron-eq3" gives TFLOP/s per device as Narayanan et al. count them."""
-    opts = _options(batch, options or {})
+    opts = _options(batch, options or {}, accelerator)
     hw = _hardware(accelerator, network, opts, hardware or {})
     shape = _shape(model, batch)
     lay = _layout(layout)
@@ -300,7 +297,7 @@ def best(
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     shape = _shape(model, batch)
-    opts = _options(shape.global_batch, options or {})
+    opts = _options(shape.global_batch, options or {}, accelerator)
     hw = resolve_hardware(_cat(), accelerator, network, options=opts)
     res = search(shape.cost(flash_attention=opts.flash_attention), hw, opts, devices, fixed=fixed)
     found = res.best()

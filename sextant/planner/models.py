@@ -64,6 +64,20 @@ class TransformerShape:
     experts are padded to it; model FLOPs count the routed tokens only."""
     moe_d_ff: int = 0
     """Hidden width of one expert's MLP (0 = d_ff)."""
+    n_shared_experts: int = 0
+    """Experts every token passes through beside its top_k routed ones (DeepSeekMoE's shared
+    experts, moe_d_ff wide): dense parameters, replicated across expert-parallel ranks."""
+    n_dense_layers: int = 0
+    """The first layers keep a dense MLP of d_ff instead of experts (DeepSeek-V3: 3)."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention (MLA, DeepSeek-V2/V3): the query's compression width
+    (d_c'); 0 = queries projected directly. MLA is on when kv_lora_rank > 0."""
+    kv_lora_rank: int = 0
+    """MLA: the joint key-value compression width (d_c); 0 = standard attention."""
+    rope_head_dim: int = 0
+    """MLA: the per-head width of the decoupled rotary query and key (d_h^R)."""
+    v_head_dim: int = 0
+    """MLA: the per-head value width (0 = head_dim)."""
 
     def __post_init__(self) -> None:
         for key in (
@@ -84,7 +98,8 @@ class TransformerShape:
                 "n_kv_heads must divide n_heads. "
                 f"Received: n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
             )
-        for key in ("moe_d_ff", "head_dim", "n_experts"):
+        for key in ("moe_d_ff", "head_dim", "n_experts", "n_shared_experts", "n_dense_layers",
+                    "q_lora_rank", "kv_lora_rank", "rope_head_dim", "v_head_dim"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"model.{key} must be an integer >= 0. Received: {value!r}")
@@ -103,6 +118,18 @@ class TransformerShape:
             if not (isinstance(cf, (int, float)) and not isinstance(cf, bool) and 1.0 <= cf
                     <= 64.0):
                 raise UserError(f"model.capacity_factor must be in [1, 64]. Received: {cf!r}")
+        if self.n_dense_layers >= self.n_layers or (self.n_dense_layers and not self.n_experts):
+            raise UserError(
+                "n_dense_layers needs experts and must be below n_layers. Received: "
+                f"n_dense_layers={self.n_dense_layers}, n_layers={self.n_layers}, "
+                f"n_experts={self.n_experts}"
+            )
+        if self.kv_lora_rank and self.n_kv_heads != self.n_heads:
+            raise UserError(
+                "multi-head latent attention (kv_lora_rank > 0) has a key and value per "
+                f"head: n_kv_heads must equal n_heads. Received: n_kv_heads={self.n_kv_heads}, "
+                f"n_heads={self.n_heads}"
+            )
         if not self.head_dim and self.d_model % self.n_heads:
             raise UserError(
                 f"n_heads must divide d_model. Received: d_model={self.d_model}, "
@@ -122,46 +149,131 @@ class TransformerShape:
             mlp += (2 * f if self.gated_mlp else f) + h
         return mlp
 
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_dim(self) -> int:
+        """Per-head width of a query and a key (MLA: the non-rotary part plus d_h^R)."""
+        return self.hd + (self.rope_head_dim if self.mla else 0)
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of a value."""
+        return (self.v_head_dim or self.hd) if self.mla else self.hd
+
+    def _attention_tensors(self) -> list[tuple[int, int]]:
+        """(weight, bias) elements of each attention matrix in Megatron-LM's layout: fused
+        QKV and the output projection; for MLA (DeepSeek-V2 §2.1, DeepSeek-V3 §2.1.1) the
+        query down- and up-projections (W^DQ; W^UQ with W^QR), the joint key-value
+        down-projection with the rotary key (W^DKV, W^KR), the key and value
+        up-projections (W^UK, W^UV) and the output; the two compression norms are in
+        _norms."""
+        h, nh = self.d_model, self.n_heads
+        if not self.mla:
+            q, kv = nh * self.hd, self.n_kv_heads * self.hd
+            return [(h * (q + 2 * kv), q + 2 * kv), (q * h, h)]
+        q_up = nh * self.qk_dim
+        out = [(h * self.q_lora_rank, 0), (self.q_lora_rank * q_up, 0)] if self.q_lora_rank \
+            else [(h * q_up, 0)]
+        return out + [
+            (h * (self.kv_lora_rank + self.rope_head_dim), 0),
+            (self.kv_lora_rank * nh * (self.hd + self.v_dim), 0),
+            (nh * self.v_dim * h, 0),
+        ]
+
+    def _norms(self) -> int:
+        """One layer's norms: before attention and MLP (scale, plus bias for LayerNorm),
+        and MLA's norms of the compressed query and key-value."""
+        per = 2 * self.d_model if self.layernorm else self.d_model
+        mla = (self.q_lora_rank + self.kv_lora_rank) if self.mla else 0
+        return 2 * per + mla
+
+    def _attention_params(self) -> int:
+        return sum(w + (b if self.biases else 0) for w, b in self._attention_tensors())
+
     def layer_tensors(self) -> tuple[int, ...]:
-        """Elements of each parameter tensor of one layer in Megatron-LM's layout
-        (ModelCost.layer_tensors): fused QKV and attention output, the MLP's two weights (gate
-        and up fused) per expert or for the dense MLP, a bias beside each weight where the
-        model has biases, the router, and two norms (scale, plus bias for LayerNorm)."""
-        h, q, kv = self.d_model, self.n_heads * self.hd, self.n_kv_heads * self.hd
+        """Elements of each parameter tensor of one (MoE, where there are experts) layer in
+        Megatron-LM's layout (ModelCost.layer_tensors): the attention's matrices, the MLP's
+        two weights (gate and up fused) per expert (routed and shared) or for the dense
+        MLP, a bias beside each weight where the model has biases, the router, and the
+        norms."""
+        h = self.d_model
         f = self.moe_d_ff or self.d_ff
         up = (2 if self.gated_mlp else 1) * f
-        weights = [(h * (q + 2 * kv), q + 2 * kv), (q * h, h)]
-        weights += [(h * up, up), (f * h, h)] * (self.n_experts or 1)
-        out = [w for w, _ in weights] + ([b for _, b in weights] if self.biases else [])
+        weights = self._attention_tensors()
+        weights += [(h * up, up), (f * h, h)] * ((self.n_experts + self.n_shared_experts) or 1)
+        out = [w for w, _ in weights] + ([b for _, b in weights if b] if self.biases else [])
         if self.n_experts:
             out.append(h * self.n_experts)  # the router
-        return tuple(out + [h] * (4 if self.layernorm else 2))
+        norms = [h] * (4 if self.layernorm else 2)
+        if self.mla:
+            norms += [n for n in (self.q_lora_rank, self.kv_lora_rank) if n]
+        return tuple(out + norms)
 
-    def expert_params(self) -> int:
-        """One layer's expert MLPs, all experts (0 for a dense model)."""
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is experts (all but the first n_dense_layers; 0 when dense)."""
+        return self.n_layers - self.n_dense_layers if self.n_experts else 0
+
+    def _per_layer(self, total: int) -> float:
+        """A sum over the layers as a per-layer figure: exact (an int) when every layer is
+        the same, the mean over the layers when some keep a dense MLP."""
+        return total // self.n_layers if total % self.n_layers == 0 else total / self.n_layers
+
+    def expert_params(self) -> float:
+        """The routed experts of one layer, all of them (0 for a dense model); the mean over
+        the layers when the first ones are dense."""
         if not self.n_experts:
             return 0
-        return self.n_experts * self._mlp_params(self.moe_d_ff or self.d_ff)
+        return self._per_layer(
+            self.moe_layers * self.n_experts * self._mlp_params(self.moe_d_ff or self.d_ff)
+        )
 
-    def dense_layer_params(self) -> int:
-        """One layer without its experts: attention, norms, and the dense MLP or the router."""
-        h, q, kv = self.d_model, self.n_heads * self.hd, self.n_kv_heads * self.hd
-        attn = h * q + 2 * h * kv + q * h
-        if self.biases:
-            attn += q + 2 * kv + h
-        mlp = h * self.n_experts if self.n_experts else self._mlp_params(self.d_ff)
-        norms = 2 * (2 * h if self.layernorm else h)
-        return attn + mlp + norms
+    def _moe_dense_part(self) -> int:
+        """An MoE layer without its routed experts: the router and the shared experts."""
+        fe = self.moe_d_ff or self.d_ff
+        return self.d_model * self.n_experts + self.n_shared_experts * self._mlp_params(fe)
 
-    def layer_params(self) -> int:
-        return self.dense_layer_params() + self.expert_params()
-
-    def active_layer_params(self) -> int:
-        """Parameters a token passes through in one layer (top_k experts of an MoE layer)."""
+    def dense_layer_params(self) -> float:
+        """One layer without its routed experts: attention, norms, and the dense MLP or the
+        router and shared experts (the mean over the layers when they differ)."""
+        base = self._attention_params() + self._norms()
         if not self.n_experts:
-            return self.layer_params()
-        return self.dense_layer_params() + self.top_k * self._mlp_params(
-            self.moe_d_ff or self.d_ff
+            return base + self._mlp_params(self.d_ff)
+        dense = self.n_dense_layers * self._mlp_params(self.d_ff)
+        return self._per_layer(self.n_layers * base + dense
+                               + self.moe_layers * self._moe_dense_part())
+
+    def _layers_total(self, routed_per_moe_layer: int) -> int:
+        """Parameters of all layers with `routed_per_moe_layer` routed experts each."""
+        fe = self.moe_d_ff or self.d_ff
+        base = self._attention_params() + self._norms()
+        if not self.n_experts:
+            return self.n_layers * (base + self._mlp_params(self.d_ff))
+        return (
+            self.n_layers * base
+            + self.n_dense_layers * self._mlp_params(self.d_ff)
+            + self.moe_layers * (self._moe_dense_part() + routed_per_moe_layer * self._mlp_params(fe))
+        )
+
+    def layer_params(self) -> float:
+        return self._per_layer(self._layers_total(self.n_experts))
+
+    def active_layer_params(self) -> float:
+        """Parameters a token passes through in one layer (the top_k routed experts and the
+        shared ones of an MoE layer; the mean over the layers when they differ)."""
+        return self._per_layer(self._layers_total(self.top_k if self.n_experts else 0))
+
+    def active_params(self) -> int:
+        """Parameters a token passes through: every layer's active part, the embedding, the
+        output projection and the final norm."""
+        return (
+            self._layers_total(self.top_k if self.n_experts else 0)
+            + self.embedding_params()
+            + self.head_params()
+            + self.final_norm_params()
         )
 
     def embedding_params(self) -> int:
@@ -179,7 +291,7 @@ class TransformerShape:
 
     def total_params(self) -> int:
         return (
-            self.n_layers * self.layer_params()
+            self._layers_total(self.n_experts)
             + self.embedding_params()
             + self.head_params()
             + self.final_norm_params()
@@ -190,8 +302,20 @@ class TransformerShape:
         return (
             f"{self.n_layers} layers, hidden {self.d_model}, {self.n_heads} heads{kv}, "
             f"ffn {self.d_ff}{' (gated)' if self.gated_mlp else ''}, vocab {self.vocab_size}, "
-            f"seq {self.seq_len}"
+            f"seq {self.seq_len}{self._describe_extras()}"
         )
+
+    def _describe_extras(self) -> str:
+        """MLA and the DeepSeekMoE layout, where the model has them."""
+        parts = []
+        if self.n_shared_experts or self.n_dense_layers:
+            parts.append(
+                f"{self.n_experts} experts of {self.moe_d_ff or self.d_ff} top-{self.top_k}"
+                f" + {self.n_shared_experts} shared, first {self.n_dense_layers} layers dense"
+            )
+        if self.mla:
+            parts.append(f"MLA (kv rank {self.kv_lora_rank}, q rank {self.q_lora_rank})")
+        return "".join(f", {p}" for p in parts)
 
     def cost(self, *, flash_attention: bool = True) -> ModelCost:
         """Reduce the shape to the per-token figures of the estimator.
@@ -213,18 +337,26 @@ class TransformerShape:
         """
         h, f, s = self.d_model, self.d_ff, self.seq_len
         q, kv = self.n_heads * self.hd, self.n_kv_heads * self.hd
+        # Per token, the widths of Q and K (MLA: with the rotary part) and of V and the
+        # projection input (MLA materialises a key and a value per head for training).
+        q_w, v_w = self.n_heads * self.qk_dim, self.n_heads * self.v_dim
+        k_w = q_w if self.mla else kv
+        kv_w = v_w if self.mla else kv
         masks = 2 * h if self.dropout else 0  # two 1-byte dropout masks of h per token
         replicated = 4 * h + 2 * h + 2 * h + masks  # LN inputs, QKV input, MLP input, masks
         mlp_inner: float = (6 if self.gated_mlp else 4) * f  # gate, up, product | GeLU in, out
         if self.n_experts:
-            # Each token's k expert MLPs, padded to the capacity (plus the router logits).
+            # Each token's k expert MLPs, padded to the capacity, its shared experts and the
+            # router logits; the mean over the layers when the first ones are dense.
             fe = self.moe_d_ff or f
-            mlp_inner = (6 if self.gated_mlp else 4) * fe * self.top_k * self.capacity_factor
-            mlp_inner += 4 * self.n_experts
-        split = 2 * q + 2 * kv + 2 * kv + 2 * q + mlp_inner  # Q, K, V, proj input, MLP
+            per = 6 if self.gated_mlp else 4
+            moe = per * fe * (self.top_k * self.capacity_factor + self.n_shared_experts)
+            moe += 4 * self.n_experts
+            mlp_inner = (self.moe_layers * moe + self.n_dense_layers * per * f) / self.n_layers
+        split = 2 * q_w + 2 * k_w + 2 * kv_w + 2 * v_w + mlp_inner  # Q, K, V, proj input, MLP
         # Softmax output 2as (+ dropout mask as and dropout output 2as): Korthikanti's 5as.
         scores = (5 if self.dropout else 2) * self.n_heads * s
-        attn_flops = 12 * self.n_layers * q * s
+        attn_flops = 6 * self.n_layers * (q_w + v_w) * s  # QK^T and PV, forward and backward
         layer_mm = self.active_layer_params()
         # N of "6N": every parameter but the looked-up embedding and position tables (the
         # norms' few parameters are counted too, as sextant/init.py counts them); for MoE the
@@ -234,7 +366,7 @@ class TransformerShape:
         # FLOPs only.
         fe = self.moe_d_ff or f
         padding = (
-            6.0 * self.n_layers * self.top_k * (self.capacity_factor - 1.0) * self._mlp_params(fe)
+            6.0 * self.moe_layers * self.top_k * (self.capacity_factor - 1.0) * self._mlp_params(fe)
             if self.n_experts
             else 0.0
         )
@@ -252,7 +384,7 @@ class TransformerShape:
         op_split = 2 * q + sum(2 * m_ for i, (_, m_, col) in enumerate(mms) if i % 2 == 0 and col)
         op_rep = 2 * h + sum(2 * m_ for i, (_, m_, col) in enumerate(mms) if i % 2 == 0 and not col)
         # Forward FLOPs of one layer per token: 2 per matmul parameter + 4*s*q (QK^T, PV).
-        layer_fwd = 2 * layer_mm + 4 * s * q + padding / (3.0 * self.n_layers)
+        layer_fwd = 2 * layer_mm + 2 * s * (q_w + v_w) + padding / (3.0 * self.n_layers)
         return ModelCost(
             name=self.name,
             family="transformer",
@@ -267,9 +399,9 @@ class TransformerShape:
             model_flops_per_token=6.0 * matmul + attn_flops,
             full_recompute_flops_per_token=float(self.n_layers * layer_fwd),
             # Selective recomputation re-runs QK^T, softmax and the product with V.
-            selective_recompute_flops_per_token=float(self.n_layers * 4 * s * q),
+            selective_recompute_flops_per_token=float(self.n_layers * 2 * s * (q_w + v_w)),
             # FlashAttention's backward recomputes S = QK^T (Dao 2023, Algorithm 2).
-            flash_recompute_flops_per_token=float(self.n_layers * 2 * s * q)
+            flash_recompute_flops_per_token=float(self.n_layers * 2 * s * q_w)
             if flash_attention
             else 0.0,
             act_replicated=float(replicated),
@@ -592,6 +724,37 @@ PRESETS: dict[str, TransformerShape] = {
         "12.9B active parameters); training sequence length and batch not published "
         "(4096 x 1024 assumed)",
     ),
+    "deepseek-v3": TransformerShape(
+        name="deepseek-v3",
+        n_layers=61,
+        d_model=7168,
+        n_heads=128,
+        n_kv_heads=128,
+        head_dim=128,
+        d_ff=18432,
+        vocab_size=129280,
+        seq_len=4096,
+        gated_mlp=True,
+        layernorm=False,
+        n_experts=256,
+        n_shared_experts=1,
+        top_k=8,
+        moe_d_ff=2048,
+        n_dense_layers=3,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        rope_head_dim=64,
+        v_head_dim=128,
+        capacity_factor=1.0,
+        global_batch=15360,
+        source="DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437) §4.2: 61 "
+        "layers, hidden 7168, 128 heads of 128, MLA with d_c = 512, d_c' = 1536, d_h^R = 64; "
+        "every FFN but the first three an MoE layer of 1 shared and 256 routed experts of "
+        "2048, 8 routed per token (no token dropped, §2.1.2: capacity 1); 671B total, 37B "
+        "active (without the 14B multi-token-prediction module); sequence 4K, batch 15,360 "
+        "after the ramp. The dense FFN width 18,432 and the vocabulary 129,280 are the "
+        "released config.json's (the report says 'an extended vocabulary of 128K tokens')",
+    ),
 }
 
 ALIASES = {
@@ -603,6 +766,7 @@ ALIASES = {
     "llama-405b": "llama3-405b",
     "palm": "palm-540b",
     "mixtral": "mixtral-8x7b",
+    "deepseek": "deepseek-v3",
 }
 
 
@@ -730,6 +894,12 @@ _TRANSFORMER_OPTIONAL = {
     "top_k": int,
     "capacity_factor": float,
     "moe_d_ff": int,
+    "n_shared_experts": int,
+    "n_dense_layers": int,
+    "q_lora_rank": int,
+    "kv_lora_rank": int,
+    "rope_head_dim": int,
+    "v_head_dim": int,
 }
 
 
@@ -760,8 +930,9 @@ def _transformer_from_workload(
 ) -> TransformerShape:
     """A planner-only model family for `plan --workload`: any decoder-only transformer with
     grouped-query attention (n_kv_heads), SwiGLU (gated_mlp), tied embeddings, dropout,
-    RMSNorm (layernorm = false) and mixture-of-experts (n_experts, top_k, capacity_factor,
-    moe_d_ff). Unknown keys are refused."""
+    RMSNorm (layernorm = false), mixture-of-experts (n_experts, top_k, capacity_factor,
+    moe_d_ff, n_shared_experts, n_dense_layers) and multi-head latent attention
+    (q_lora_rank, kv_lora_rank, rope_head_dim, v_head_dim). Unknown keys are refused."""
     allowed = {"family", *_TRANSFORMER_INTS, *_TRANSFORMER_OPTIONAL}
     unknown = sorted(set(model) - allowed)
     if unknown:

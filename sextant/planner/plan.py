@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
+from sextant.planner import topology
 from sextant.planner.catalogue import Catalogue
 from sextant.planner.estimate import (
     OFFLOAD,
@@ -23,7 +24,7 @@ from sextant.planner.estimate import (
     solve_mfu,
 )
 from sextant.planner.models import MLPShape, TransformerShape
-from sextant.planner.search import knee, scaling_curve, search, starts_below
+from sextant.planner.search import divisors, knee, scaling_curve, search, starts_below
 
 SLOW_NETWORK_BPS = 10e9 / 8  # 10 Gb/s
 
@@ -50,6 +51,9 @@ class PlanRequest:
     top: int = 0
     """Rows of the ranked search to include (0: none)."""
     curve: bool = True
+    batch_given: bool = True
+    """False when the global batch is the model's default (no --global-batch): on a TPU the
+    plan may then round it to what the chips split without a pipeline (_torus_batch)."""
     calibrated: dict[str, Any] | None = None
     """The calibration's device section whose kernel efficiency and bus bandwidth the plan
     uses (`sextant calibrate --device gpu` on this accelerator); None: the catalogue's."""
@@ -122,6 +126,61 @@ def _solve_target(
     return layout, solved.options, goal, result
 
 
+TORUS_BATCH_SLACK = 1.25
+"""How far above the model's global batch a TPU plan may round it (_torus_batch)."""
+
+
+def _torus_batch(
+    cost: Any, hw: Hardware, opts: PlanOptions, devices: int, knobs: dict[str, int],
+    result: Any,
+) -> tuple[Any, str | None]:
+    """On a TPU the global batch is a per-chip batch times the chips (MaxText's
+    per_device_batch_size, which may be a fraction when tensor parallelism shares a
+    sequence among chips). When the model's batch does not split over the chips without a
+    pipeline (2,048 sequences over 8,960 v5p chips), the plan takes, for each tensor-parallel
+    degree, the next batch that the data-parallel chips split evenly, keeps those within
+    TORUS_BATCH_SLACK of the model's, and answers with the fastest; the note says so.
+    Returns the search to use and the note (None: the model's batch stays)."""
+    base = opts.global_batch
+    batches = set()
+    for tp in divisors(devices):
+        if cost.n_heads % tp == 0 and knobs.get("tp", tp) == tp:
+            data = devices // tp
+            batches.add(-(-base // data) * data)
+    best: tuple[float, Any] | None = None
+    for batch in sorted(b for b in batches if base < b <= TORUS_BATCH_SLACK * base):
+        trial = search(cost, hw, replace(opts, global_batch=batch), devices, fixed=knobs)
+        i = trial.best()
+        if i is not None and (best is None or trial.figures["tokens_per_s"][i] > best[0]):
+            best = (float(trial.figures["tokens_per_s"][i]), trial)
+    if best is None:
+        return result, None
+    chosen = best[1]
+    batch = chosen.opts.global_batch
+    return chosen, (
+        f"global batch {batch} sequences instead of the model's {base}: {base} does not "
+        f"split over {devices} chips without a pipeline; a TPU job's batch is a per-chip "
+        f"batch ({batch / devices:g}) times its chips (MaxText's per_device_batch_size)"
+    )
+
+
+def _slices(hw: Hardware, devices: int, layout: Layout) -> dict[str, Any] | None:
+    """On a TPU: the slices, the shape of one, and the ICI axes each group of the layout
+    lies on (topology.describe); None elsewhere."""
+    if hw.torus is None:
+        return None
+    chips = int(hw.node_size(devices))
+    data_in = max(min(chips // (layout.tp * layout.cp), layout.dp), 1)
+    groups = {"tp": layout.tp, "cp": layout.cp, "dp": data_in}
+    return {
+        "count": devices // chips,
+        "chips": chips,
+        "shape": list(topology.slice_shape(chips, hw.torus.pod, hw.torus.wrap_unit) or ()),
+        "ici": topology.describe(hw.torus, chips, groups),
+        "dcn_dp": max(layout.dp // data_in, 1),
+    }
+
+
 def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     if isinstance(req.devices, bool) or not isinstance(req.devices, int) or req.devices < 1:
         raise UserError(f"--gpus must be an integer >= 1. Received: {req.devices!r}")
@@ -136,7 +195,19 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     knobs = _pins_as_knobs(req.pinned)
     started = time.perf_counter()
     result = search(cost, hw, opts, req.devices, fixed=knobs)
+    batch_note = None
+    if result.best() is None and hw.torus is not None and not req.batch_given:
+        result, batch_note = _torus_batch(cost, hw, opts, req.devices, knobs, result)
+        opts = result.opts
+        req = replace(req, options=opts)
     search_s = time.perf_counter() - started
+    if result.count == 0 and hw.torus is not None and "pp" not in req.pinned:
+        raise UserError(
+            f"no layout of {cost.name} on {req.devices} {acc.key} chips splits the global "
+            f"batch {opts.global_batch} without a pipeline (tensor and context parallelism "
+            "inside a slice, data parallelism across slices); give a --global-batch that "
+            "the chips divide, or pin --pp"
+        )
     if result.count == 0:
         # Nothing valid: let the layout checks say why, with the numbers.
         guess = Layout(**{**_default_layout(req.devices, req.pinned), **req.pinned})
@@ -160,6 +231,9 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
     warnings = _warnings(
         req, cat, hw, ev, layout, 1.0 if mfu_goal is None else mfu_goal["ceiling"]
     )
+    if batch_note:
+        warnings.insert(0, batch_note)
+    slices = _slices(hw, req.devices, layout)
     doc: dict[str, Any] = {
         "model": {
             "name": req.shape.name,
@@ -173,8 +247,9 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
             "accelerator": acc.key,
             "accelerator_name": acc.name,
             "devices": req.devices,
-            "devices_per_node": hw.devices_per_node,
-            "nodes": -(-req.devices // hw.devices_per_node),
+            "devices_per_node": int(hw.node_size(req.devices)),
+            "nodes": -(-req.devices // int(hw.node_size(req.devices))),
+            "slices": slices,
             "intra_link": hw.intra.key,
             "network": hw.inter.key,
             "inter_bw_per_device": hw.inter_bw_per_device,
@@ -471,18 +546,22 @@ def _memory_warnings(
 def _hardware_warnings(req: PlanRequest, hw: Hardware, layout: Layout) -> list[str]:
     out: list[str] = []
     acc = hw.accelerator
-    if req.devices > hw.devices_per_node and hw.inter_bw_per_device < SLOW_NETWORK_BPS:
+    node = int(hw.node_size(req.devices))
+    if req.devices > node and hw.inter_bw_per_device < SLOW_NETWORK_BPS:
         out.append(
             f"inter-node bandwidth {hw.inter_bw_per_device * 8 / 1e9:.3g} Gb/s per device is "
             "below 10 Gb/s: data-parallel synchronisation will dominate large models"
         )
-    if layout.tp > hw.devices_per_node:
+    if layout.tp > node:
         out.append(
             f"tensor parallelism ({layout.tp}) spans nodes: its all-reduces run on {hw.inter.key}"
         )
     if not acc.verified:
         out.append(f"{acc.key}: catalogue figures are not vendor-published ({acc.source})")
-    for link in {hw.intra.key: hw.intra, hw.inter.key: hw.inter}.values():
+    # On a TPU slice the collectives run at the torus' hop latency (the catalogue's `ici`
+    # table), not at the ICI link entry's.
+    used = [hw.inter] if hw.torus is not None else [hw.intra, hw.inter]
+    for link in {lk.key: lk for lk in used}.values():
         if link.latency_assumed:
             out.append(f"{link.key}: latency not published, assumed")
     return out

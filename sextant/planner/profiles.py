@@ -60,6 +60,13 @@ class StackProfile:
     memory on every rank, then moved and sharded: a plain nn.Module or from_pretrained) or
     'sharded' (each rank creates only its own shard on the device: meta-device init, per-
     partition allocation, sharded jit init); LOADS."""
+    async_collectives: bool = False
+    """The compiler runs the tensor-parallel collectives asynchronously, overlapped with the
+    layers' compute (XLA on TPU with async collective fusion, the LIBTPU_INIT_ARGS of
+    MaxText's run scripts: --xla_tpu_enable_async_collective_fusion,
+    --xla_tpu_overlap_compute_collective_tc; Wang et al. 2023, "Overlap communication with
+    dependent computation via decomposition in large deep learning models", ASPLOS): the
+    compute hides them as far as it lasts. False: they sit between the layer's GEMMs."""
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -167,6 +174,7 @@ PROFILES: dict[str, StackProfile] = {
             balanced_stages=True,
             load="sharded",
             cp_method="allgather",
+            async_collectives=True,
         ),
         StackProfile(
             name="megatron-lm-2021",
@@ -216,6 +224,14 @@ PROFILES: dict[str, StackProfile] = {
     )
 }
 DEFAULT_STACK = "generic"
+TORUS_STACK = "maxtext"
+"""The stack a plan on a TPU assumes unless --stack says otherwise: TPUs run XLA stacks."""
+
+
+def default_stack(accelerator: object) -> str:
+    """The profile a plan assumes when --stack is not given: TORUS_STACK on a TPU (an
+    accelerator with an ICI torus), else DEFAULT_STACK."""
+    return TORUS_STACK if getattr(accelerator, "torus", None) is not None else DEFAULT_STACK
 
 
 def profile(name: str) -> StackProfile:

@@ -57,6 +57,12 @@ def _render_header(doc: dict[str, Any], console: Console) -> None:
         f"global batch {a['global_batch']} "
         f"({a['tokens_per_step']:,} tokens/step)"
     )
+    sl = hw.get("slices")
+    if sl:
+        console.print(
+            f"TPU slices: {sl['count']} x {sl['chips']} chips; {sl['ici']}"
+            + (f"; dp{sl['dcn_dp']} across slices over {hw['network']}" if sl["count"] > 1 else "")
+        )
     searched = doc.get("layout_searched") or []
     how = "best of the search" if searched else "as given"
     console.print(

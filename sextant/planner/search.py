@@ -44,11 +44,15 @@ def enumerate_layouts(
     fixed: dict[str, int] | None = None,
     offload: bool = True,
     devices_per_node: int = 8,
+    torus: bool = False,
 ) -> dict[str, np.ndarray]:
     """Every valid layout for `devices` devices as a table (one int array per knob).
 
     `fixed` pins knobs (e.g. {"tp": 8}) to one value; `offload` False leaves CPU offload out
-    (devices whose memory is the host's, such as cpu-local or Apple silicon).
+    (devices whose memory is the host's, such as cpu-local or Apple silicon). `torus`: the
+    devices are TPU slices of `devices_per_node` chips joined by the data-centre network;
+    tensor, context and expert parallelism then stay inside a slice, only data parallelism
+    crosses slices, and no pipeline is searched (MaxText's ici_* and dcn_* mesh axes).
     """
     if devices < 1:
         raise UserError(f"device count must be >= 1. Received: {devices}")
@@ -75,6 +79,8 @@ def enumerate_layouts(
         "v": o[:, 4],
     }
     ok = _valid(cost, lay, global_batch, fixed, offload)
+    if torus:
+        ok &= _inside_slice(lay, fixed, devices_per_node)
     return _with_hybrid({k: v[ok] for k, v in lay.items()}, fixed, devices_per_node)
 
 
@@ -152,6 +158,17 @@ def _valid(
     return ok
 
 
+def _inside_slice(lay: dict[str, np.ndarray], fixed: dict[str, int], chips: int) -> np.ndarray:
+    """TPU slices: the model-parallel groups (tp x cp, and the expert group beside them) fit
+    in one slice, so that only data parallelism crosses the data-centre network; no
+    pipeline unless one is pinned."""
+    model = lay["tp"] * lay["cp"]
+    ok = (chips % model == 0) & (model * lay["ep"] <= chips)
+    if "pp" not in fixed:
+        ok &= lay["pp"] == 1
+    return ok
+
+
 def _with_hybrid(
     lay: dict[str, np.ndarray], fixed: dict[str, int], g: int
 ) -> dict[str, np.ndarray]:
@@ -172,6 +189,11 @@ def _with_hybrid(
 
 
 RANK_KEYS = ("fits", "memory", "tokens_per_s")
+
+
+def _node(hw: Hardware, devices: int) -> int:
+    """Devices per node for a job of `devices` devices (a TPU's slice: Hardware.node_size)."""
+    return int(hw.node_size(devices))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -223,7 +245,8 @@ def search(
         fixed=fixed,
         max_micro_batch=max_micro_batch,
         offload=hw.host is not None,
-        devices_per_node=hw.devices_per_node,
+        devices_per_node=_node(hw, devices),
+        torus=hw.torus is not None,
     )
     if len(lay["dp"]) == 0:
         empty = {"fits": np.zeros(0, bool), "memory": np.zeros(0), "tokens_per_s": np.zeros(0)}
@@ -294,7 +317,7 @@ def scaling_curve(
         if known is not None and n == known.devices
         else enumerate_layouts(
             cost, n, opts.global_batch, fixed=pinned, offload=hw.host is not None,
-            devices_per_node=hw.devices_per_node,
+            devices_per_node=_node(hw, n), torus=hw.torus is not None,
         )
         for n in counts
     ]
