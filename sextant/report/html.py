@@ -473,7 +473,7 @@ def _layouts(report: Report) -> str:
     head = '<section id="layouts"><h2>Parallel layouts: control vs automation</h2>'
     if not rows:
         return (f'{head}<p class="muted">No tensor- or pipeline-parallel run in this report '
-                "(<code>sextant compare --layouts</code> runs the spectrum).</p></section>")
+                "(<code>sextant compare layouts</code> runs the spectrum).</p></section>")
 
     def mb(v: float | None) -> str:
         return "-" if v is None else f"{v / 2**20:.3f}"

@@ -771,7 +771,7 @@ def _layouts(runs: Sequence[RunRecord]) -> list[dict[str, Any]] | None:
 
 
 def layout_rows(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
-    """The parallelism spectrum (compare --layouts, the report): per run, what its layout
+    """The parallelism spectrum (compare layouts, the report): per run, what its layout
     cost and how much sextant code it needed."""
     from sextant.backends import get_backend
     from sextant.backends.code_size import strategy_lines
