@@ -68,9 +68,9 @@ def test_gpt_pynative_and_graph_match_torch(tmp_path: Path) -> None:
         run = execute(GPT, mindspore(mode), runs_dir=tmp_path)
         same_training(run, reference)
         [rank] = run.ranks
-        assert rank.fingerprint.values["framework"] == "mindspore"
+        assert rank.fingerprint["framework"] == "mindspore"
         assert rank.details["step"].startswith(step)
-        assert rank["final_params_sha256"] is not None
+        assert rank.final_params_sha256 is not None
 
 
 def test_dp_matches_torch(torch_mlp: dict, mindspore_dp: dict) -> None:

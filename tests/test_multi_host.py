@@ -145,13 +145,13 @@ def test_runs_across_hosts_train_like_one_process(
     with ResultsStore(tmp_path / "r.db") as store:
         remote = execute(WORKLOAD, strategy, runs_dir=tmp_path / "remote", store=store,
                          cluster=cluster.name)
-        stored = store.get(remote["id"])
+        stored = store.get(remote.id)
     same_training(remote, one_process)
     assert [r.fingerprint["hostname"] for r in remote.ranks] == [
         h.name for h in cluster.hosts]
-    network = stored.fingerprint.values["network"]
+    network = stored.fingerprint.network
     assert network["kind"] == "emulated" and network["link_bit_s"] == 10e9
-    assert network["hosts"] == [h.name for h in cluster.hosts]
+    assert list(network["hosts"]) == [h.name for h in cluster.hosts]
     assert _bytes_sent(cluster.hosts[1]) - sent > remote.metrics.params * 4
 
 

@@ -61,9 +61,9 @@ def test_single_matches_torch(mode: str, tmp_path: Path, torch_gpt: dict) -> Non
     run = execute(GPT, paddle(mode), runs_dir=tmp_path)
     same_training(run, torch_gpt)
     [rank] = run.ranks
-    assert rank.fingerprint.values["framework"] == "paddle"
-    assert rank.fingerprint.values["framework_version"] == "3.3.1"
-    assert rank["final_params_sha256"] is not None
+    assert rank.fingerprint["framework"] == "paddle"
+    assert rank.fingerprint["framework_version"] == "3.3.1"
+    assert rank.final_params_sha256 is not None
     if mode == "compiled":  # the forward ran as one static program, converted once
         assert rank.details["step"].startswith("paddle.jit.to_static(")
         assert rank.details["static_programs"] == 1

@@ -145,6 +145,6 @@ def test_corrupt_checkpoint_is_refused_and_previous_used(tmp_path: Path, dp_ref:
     notes = resumed.ranks[0].details["notes"]
     assert notes[0].startswith("checkpoint step-00000008 refused: ") and "truncated" in notes[0]
     assert notes[1] == "checkpoint step-00000006 refused: no manifest (the save did not finish)"
-    assert notes[2:] == ["resumed from step-00000004"]
+    assert notes[2:] == ("resumed from step-00000004",)
     np.testing.assert_array_equal(resumed.losses, saved.losses[4:])
     assert sha(resumed) == sha(saved)
