@@ -89,6 +89,7 @@ def main() -> None:
         strategy = Strategy(**fields)
         record = execute(workload, strategy, runs_dir=Path(tempfile.mkdtemp()))
         rank0 = record.ranks[0]
+        details = rank0.to_dict()["details"]  # JSON, for the rows written with --out
         acct = rank0.memory_accounting
         plan = planned(workload_file, dp, tp, pp, zero, strategy.microbatches)
         predicted = (plan.get("memory") or {}).get("params")
@@ -106,11 +107,11 @@ def main() -> None:
             "planned_param_bytes": predicted,
             "param_error": (measured / predicted - 1) if measured and predicted else None,
             "optimizer_bytes_rank0": acct.get("optimizer_state"),
-            "hlo_collectives": rank0.details.get("hlo_collectives"),
+            "hlo_collectives": details.get("hlo_collectives"),
             "comm_bytes_measured": layout_comm_bytes(rank0),
-            "comm_detail": (rank0.details.get("tp_collectives_bytes_per_step")
-                            or rank0.details.get("hlo_collective_bytes")),
-            "tp_bytes_planned": (rank0.details.get("tp_planned_bytes_per_step")
+            "comm_detail": (details.get("tp_collectives_bytes_per_step")
+                            or details.get("hlo_collective_bytes")),
+            "tp_bytes_planned": (details.get("tp_planned_bytes_per_step")
                                  or {}).get("all_reduce"),
             "bubble_planned": ((pp - 1) / (strategy.microbatches + pp - 1)) if pp > 1 else None,
             "stage_idle_measured": [(r.details.get("pipeline") or {}).get("idle_share")

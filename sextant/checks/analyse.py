@@ -89,7 +89,8 @@ def check_versions(record: RunRecord | None, error: str | None = None) -> CheckR
         return CheckResult(check="versions", status=FAIL,
                            summary=f"not measured: the multi-worker run failed: {error}",
                            hint="fix the run first (see the mvp check and the rank logs)")
-    prints = {r.rank: _normalise_fingerprint(dict(r.fingerprint)) for r in record.ranks}
+    # The JSON form: a value shown in the summary or the details reads as the rank wrote it.
+    prints = {r.rank: _normalise_fingerprint(r.to_dict()["fingerprint"]) for r in record.ranks}
     fields = sorted({k for fp in prints.values() for k in fp})
     diffs: list[dict[str, Any]] = []
     for name in fields:

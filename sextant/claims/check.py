@@ -103,8 +103,7 @@ class Claim:
 # -- run access -------------------------------------------------------------------------
 
 def _workload_key(run: RunRecord) -> str:
-    return str(run.workload_hash
-               or json.dumps(run.workload, sort_keys=True))
+    return run.workload_hash or json.dumps(run.workload_dict(), sort_keys=True)
 
 
 def conditions(run: RunRecord) -> tuple[str, str, str]:

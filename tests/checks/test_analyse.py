@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -80,6 +81,14 @@ def test_versions_name_the_rank_and_field() -> None:
     assert "rank 1" in res.summary and "framework_version" in res.summary
     assert "0.0.0-mismatch" in res.summary and "2.5.1" in res.summary
     assert res.details["differences"][0]["ranks"] == [1]
+
+
+def test_a_nested_difference_reads_as_the_rank_wrote_it() -> None:
+    ranks = [rank(0, fp=fingerprint(precision={"effective": "fp32"})),
+             rank(1, fp=fingerprint(cpu_affinity=[1], precision={"effective": "bf16"}))]
+    res = analyse.check_versions(record(ranks))
+    assert "precision {'effective': 'bf16'} on rank 1" in res.summary
+    json.dumps(res.details)  # `sextant check --json` writes them
 
 
 # --- loader --------------------------------------------------------------------------------

@@ -265,6 +265,12 @@ def test_failed_runs_and_other_workloads_are_ignored() -> None:
         runs[0].id, runs[3].id)
 
 
+def test_runs_without_a_workload_hash_are_matched_by_their_workload() -> None:
+    runs = [make_run(step=0.2).replace(workload_hash=""),
+            make_run(mode="compiled", step=0.1).replace(workload_hash="")]
+    assert check_claims(runs)[0].verdict == HOLDS
+
+
 def test_default_workload_is_the_last_runs() -> None:
     runs = [make_run(step=0.2, workload_hash="old"), make_run(mode="compiled", step=0.1,
                                                               workload_hash="old"),
