@@ -138,7 +138,7 @@ def _plain(run: RunRecord) -> bool:
     speed, not a lever's."""
     return (run.strategy.precision in ("fp32", "tf32")
             and run.strategy.compress == "none"
-            and int(run.strategy.grad_accum) == 1)
+            and run.strategy.grad_accum == 1)
 
 
 def _single(run: RunRecord) -> bool:
@@ -147,7 +147,7 @@ def _single(run: RunRecord) -> bool:
 
 def _multi(run: RunRecord) -> bool:
     return (not _single(run)
-            and int(run.strategy.workers) * int(run.strategy.devices_per_worker) > 1)
+            and run.strategy.workers * run.strategy.devices_per_worker > 1)
 
 
 def _config(run: RunRecord, *skip: str) -> tuple[Any, ...]:
@@ -339,7 +339,7 @@ def _compute_s(run: RunRecord) -> float | None:
 
 
 def _with_compress(run: RunRecord) -> str:
-    label, compress = run.label, str(run.strategy.compress)
+    label, compress = run.label, run.strategy.compress
     return label if compress in label else f"{label} ({compress})"
 
 
@@ -420,8 +420,8 @@ def _ci(iv: tuple[float, float | None, float | None] | None) -> str:
 
 def claim_workers(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
     multi = [r for r in runs if _multi(r) and _plain(r) and r.metrics.step_time_median_s]
-    frameworks = list(dict.fromkeys(str(r.strategy.framework) for r in multi)) or ["torch"]
-    workers = max((int(r.strategy.workers) for r in multi), default=2)
+    frameworks = list(dict.fromkeys(r.strategy.framework for r in multi)) or ["torch"]
+    workers = max((r.strategy.workers for r in multi), default=2)
     base: dict[str, Any] = dict(
         id="workers-slower", claim="Adding workers can make training slower",
         compared="throughput of each multi-worker run vs one process, same framework and "
@@ -484,10 +484,10 @@ def claim_tf_memory(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> C
         peak = run.metrics.peak_rss_bytes
         if not _plain(run) or not peak:
             continue
-        config = (run.strategy.parallel, int(run.strategy.workers),
-                  int(run.strategy.devices_per_worker), conditions(run))
+        config = (run.strategy.parallel, run.strategy.workers,
+                  run.strategy.devices_per_worker, conditions(run))
         per_fw = leanest.setdefault(config, {})
-        fw = str(run.strategy.framework)
+        fw = run.strategy.framework
         best = per_fw[fw].metrics.peak_rss_bytes if fw in per_fw else None
         if best is None or peak < best:
             per_fw[fw] = run
@@ -548,7 +548,7 @@ def check_claims(runs: Sequence[RunRecord], *, workload_hash: str | None = None
     same = [r for r in ok if _workload_key(r) == key or r.workload_hash == key]
     last = same[-1] if same else ok[-1]
     workload = {**(last.workload), "file": last.workload_file}
-    quiet = [r for r in same if not _disturbed(r)]
+    quiet = [r for r in same if not r.disturbed]
     out = []
     for check in CHECKS:
         claim = check(quiet, workload)
@@ -582,10 +582,6 @@ def _lost_trials(claim: Claim, same: Sequence[RunRecord],
         if run is not None and len(trials_of(quiet, run)) < len(trials_of(same, run)):
             return True
     return False
-
-
-def _disturbed(run: RunRecord) -> bool:
-    return run.metrics.disturbed
 
 
 # -- small formatters (no import from sextant.commands: this package stays standalone) ---

@@ -47,10 +47,6 @@ def add_repeats_arg(p: argparse.ArgumentParser, default: int) -> None:
                         f"{default})")
 
 
-def _usable(trials: Sequence[RunRecord]) -> list[RunRecord]:
-    return [t for t in trials if not t.disturbed and t.metrics.step_time_median_s]
-
-
 def by_config(records: Sequence[RunRecord]) -> list[list[RunRecord]]:
     groups: dict[str, list[RunRecord]] = {}
     for rec in records:
@@ -73,9 +69,9 @@ def trials_table(records: Sequence[RunRecord], title: str) -> Table:
     for name in names:
         table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
     groups = by_config(records)
-    ref = _usable(groups[0]) if groups else []
+    ref = [t for t in groups[0] if t.timed] if groups else []
     for i, trials in enumerate(groups):
-        usable = _usable(trials)
+        usable = [t for t in trials if t.timed]
         n_bad = len(trials) - len(usable)
         counted = f"{len(usable)}" + (f" (+{n_bad} disturbed)" if n_bad else "")
         shown = usable[-1] if usable else trials[-1]

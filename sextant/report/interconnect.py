@@ -32,7 +32,7 @@ def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> dict[str, An
     ok = [r for r in runs if r.status == "ok" and _tps(r) is not None]
     singles = {}
     for r in ok:  # the latest one-process, one-host run of each framework and mode
-        if r.strategy.parallel == "single" and int(r.strategy.workers) == 1:
+        if r.strategy.parallel == "single" and r.strategy.workers == 1:
             singles[(r.strategy.framework, r.strategy.mode)] = r
     series: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in ok:
@@ -41,7 +41,7 @@ def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> dict[str, An
                 net.get("hosts") or []) < 2:
             continue
         fw, mode = r.strategy.framework, r.strategy.mode
-        workers = int(r.strategy.workers)
+        workers = r.strategy.workers
         key = (fw, mode, r.strategy.parallel, r.strategy.compress, workers)
         single = singles.get((fw, mode))
         s = series.setdefault(key, {
@@ -66,7 +66,7 @@ def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> dict[str, An
 
 
 def _name(run: RunRecord, workers: int) -> str:
-    parts = [str(run.strategy.framework), str(run.strategy.parallel), f"x{workers}"]
+    parts = [run.strategy.framework, run.strategy.parallel, f"x{workers}"]
     if run.strategy.compress not in (None, "none"):
         parts.append(f"{run.strategy.compress} gradients")
     return " ".join(parts)

@@ -176,11 +176,11 @@ def _run_row(run: RunRecord, ref: RunRecord, index: int) -> RunRow:
         "device_peak_bytes": run.metrics.device_peak_bytes,
         "index": index,
         "label": run.label,
-        "framework": str(run.strategy.framework),
+        "framework": run.strategy.framework,
         "mode": run.strategy.mode,
         "parallel": run.strategy.parallel,
-        "workers": int(run.strategy.workers),
-        "replicas": int(run.strategy.workers) * int(run.strategy.devices_per_worker),
+        "workers": run.strategy.workers,
+        "replicas": run.strategy.workers * run.strategy.devices_per_worker,
         "precision": run.strategy.precision,
         "compress": run.strategy.compress,
         "threads_per_worker": run.metrics.threads_per_worker,
@@ -203,10 +203,6 @@ def _run_row(run: RunRecord, ref: RunRecord, index: int) -> RunRow:
     }
 
 
-def _disturbed(run: RunRecord) -> bool:
-    return bool(run.metrics.disturbed)
-
-
 def trial_groups(runs: Sequence[RunRecord]) -> list[list[RunRecord]]:
     """The runs grouped by configuration (label), in order of first appearance: each group
     holds a configuration's repeated trials."""
@@ -219,7 +215,7 @@ def trial_groups(runs: Sequence[RunRecord]) -> list[list[RunRecord]]:
 def representative(trials: Sequence[RunRecord]) -> RunRecord:
     """The trial that stands for its configuration in per-run sections: the undisturbed
     trial with the median step time (the latest trial when all were disturbed)."""
-    quiet = [t for t in trials if not _disturbed(t) and t.status == "ok"
+    quiet = [t for t in trials if not t.disturbed and t.status == "ok"
              and t.metrics.step_time_median_s is not None]
     if not quiet:
         return trials[-1]
@@ -228,8 +224,7 @@ def representative(trials: Sequence[RunRecord]) -> RunRecord:
 
 
 def _usable(trials: Sequence[RunRecord]) -> list[RunRecord]:
-    return [t for t in trials if not _disturbed(t) and t.status == "ok"
-            and t.metrics.step_time_median_s]
+    return [t for t in trials if t.timed]
 
 
 def _trial_fields(row: RunRow, trials: Sequence[RunRecord],
@@ -240,8 +235,8 @@ def _trial_fields(row: RunRow, trials: Sequence[RunRecord],
     iv = (speedup_interval(ref_usable, usable)
           if usable and ref_usable and not row.get("not_ranked") else None)
     row["trials"] = len(trials)
-    row["disturbed_trials"] = sum(1 for t in trials if _disturbed(t))
-    row["disturbed_ids"] = [t.id for t in trials if _disturbed(t)]
+    row["disturbed_trials"] = sum(1 for t in trials if t.disturbed)
+    row["disturbed_ids"] = [t.id for t in trials if t.disturbed]
     row["interference"] = [t.fingerprint.interference.get("outside_cores_mean")
                            for t in trials]
     if iv is not None:
@@ -333,7 +328,7 @@ def _scaling(rows: list[RunRow]) -> dict[str, Any]:
              and r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
     kinds: dict[tuple[str, str, str], list[RunRow]] = {}
     for row in multi:
-        kinds.setdefault((row["framework"], str(row["mode"]), str(row["parallel"])),
+        kinds.setdefault((row["framework"], row["mode"], row["parallel"]),
                          []).append(row)
     for (fw, mode, parallel), group in kinds.items():
         singles = [r for r in rows if r["framework"] == fw and r["mode"] == mode

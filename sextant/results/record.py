@@ -280,18 +280,22 @@ class Fingerprint:
         version = raw.get("framework_version")
         typed = _typed_fields(cls, where, {k: v for k, v in raw.items()
                                            if k != "framework_version"})
+        for table in ("network", "interference"):  # read through the properties below
+            _table(f"{where}.{table}", raw.get(table))
         return cls(**typed, framework_version=None if version is None else str(version),
                    values=_frozen(raw))
 
     @property
     def network(self) -> Mapping[str, Any]:
-        return _table("fingerprint.network", self.values.get("network"))
+        network: Mapping[str, Any] = self.values.get("network") or _EMPTY
+        return network
 
     @property
     def interference(self) -> Mapping[str, Any]:
         """sextant.measure.interference's summary of the run's window (empty when the ranks
         ran elsewhere, under another launcher)."""
-        return _table("fingerprint.interference", self.values.get("interference"))
+        interference: Mapping[str, Any] = self.values.get("interference") or _EMPTY
+        return interference
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = _thawed(self.values)
