@@ -30,6 +30,38 @@ def short(name: str, steps: int, **measure: int) -> Workload:
     return w.replace(steps=steps, measure=m)
 
 
+TINY_GPT_TOML = """
+name = "{name}"
+seed = 0
+steps = {steps}
+global_batch = 8
+[model]
+family = "gpt"
+vocab_size = 256
+seq_len = 32
+d_model = 32
+n_layers = 1
+n_heads = 2
+d_ff = 64
+[data]
+dataset = "python-reference"
+[optimizer]
+name = "adamw"
+lr = 3e-3
+[measure]
+warmup_steps = 1
+nosync_steps = 2
+log_every = 2
+"""
+
+
+def tiny_gpt_file(path: Path, name: str, steps: int) -> Path:
+    """A one-layer GPT workload file at `path`, small enough for multi-process tests of the
+    launchers and the collector (a workload given by file, as a user's would be)."""
+    path.write_text(TINY_GPT_TOML.format(name=name, steps=steps))
+    return path
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
             cwd: Path | None = None, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """Run the real console entry point in a fresh interpreter.

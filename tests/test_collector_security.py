@@ -43,31 +43,7 @@ from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from sextant.sources import resolve_workload
-from tests.helpers import needs_torch, same_training
-
-WORKLOAD = """
-name = "tiny-intruded"
-seed = 0
-steps = 12
-global_batch = 8
-[model]
-family = "gpt"
-vocab_size = 256
-seq_len = 32
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-[data]
-dataset = "python-reference"
-[optimizer]
-name = "adamw"
-lr = 3e-3
-[measure]
-warmup_steps = 1
-nosync_steps = 2
-log_every = 2
-"""
+from tests.helpers import needs_torch, same_training, tiny_gpt_file
 
 
 # --- one collector in this process -------------------------------------------------------
@@ -317,8 +293,7 @@ def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None
     forged hello, a second hello for each joined rank, an oversize line and a hello under
     another secret to rank 0's collector. The run is stored once, with the losses one process
     trains, and every intruder is logged."""
-    workload_file = tmp_path / "w.toml"
-    workload_file.write_text(WORKLOAD)
+    workload_file = tiny_gpt_file(tmp_path / "w.toml", "tiny-intruded", 12)
     one = execute(resolve_workload(str(workload_file)), Strategy(framework="torch"),
                   runs_dir=tmp_path / "one")
     secret, master_port = new_secret(), free_port()

@@ -21,38 +21,12 @@ from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from sextant.sources import resolve_workload
-from tests.helpers import needs_torch, run_cli, same_training
-
-WORKLOAD = """
-name = "tiny-join"
-seed = 0
-steps = 4
-global_batch = 8
-[model]
-family = "gpt"
-vocab_size = 256
-seq_len = 32
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-[data]
-dataset = "python-reference"
-[optimizer]
-name = "adamw"
-lr = 3e-3
-[measure]
-warmup_steps = 1
-nosync_steps = 2
-log_every = 2
-"""
+from tests.helpers import needs_torch, run_cli, same_training, tiny_gpt_file
 
 
 @pytest.fixture(scope="module")
 def workload_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("w") / "tiny-join.toml"
-    path.write_text(WORKLOAD)
-    return path
+    return tiny_gpt_file(tmp_path_factory.mktemp("w") / "tiny-join.toml", "tiny-join", 4)
 
 
 @pytest.fixture(scope="module")
