@@ -18,7 +18,7 @@ from typing import Any
 
 from sextant.errors import UserError
 from sextant.paths import default_db
-from sextant.results.record import RUN_STATUSES, RunRecord
+from sextant.results.record import RunRecord
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
@@ -64,8 +64,6 @@ _JSON_COLUMNS = {
     "ranks_json": "ranks",
     "fingerprint_json": "fingerprint",
 }
-
-__all__ = ["RUN_STATUSES", "ResultsStore", "StoreLocked", "finite_json"]
 
 
 class StoreLocked(UserError):
