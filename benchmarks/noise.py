@@ -20,7 +20,6 @@ Exit code 1 when a verdict flipped.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -66,8 +65,7 @@ def verdicts(db: Path, keep_disturbed: bool = False) -> dict:
     with ResultsStore(db, create=False) as store:
         runs = store.runs(group_id=store.latest_group())
     if keep_disturbed:
-        runs = [r.replace(metrics=dataclasses.replace(r.metrics, disturbed=False))
-                for r in runs]
+        runs = [r.with_metrics(disturbed=False) for r in runs]
     report = build_report(runs)
     s = report["summary"]
     head = s["fastest"] or {}

@@ -82,14 +82,11 @@ def test_report_escapes_user_strings(tmp_path: Path) -> None:
     from sextant.report import render_html
     from tests.test_store import record
 
-    from tests.report.runs import with_metrics
-
     rec = record()
-    rec = with_metrics(rec.replace(workload={**rec.workload,
-                                             "name": "<script>alert(1)</script>"},
-                                   created_at="2026-11-30T00:00:00", id=1,
-                                   grad_norms=(1.0, 1.0, 1.0), ranks=()),
-                       step_time_p10_s=0.01, step_time_p90_s=0.03, steps_timed=3,
-                       first_step_s=0.1, achieved_flops_per_s=1e9, peak_rss_bytes=1e8)
+    rec = rec.replace(workload={**rec.workload, "name": "<script>alert(1)</script>"},
+                      created_at="2026-11-30T00:00:00", id=1, grad_norms=(1.0, 1.0, 1.0),
+                      ranks=())
+    rec = rec.with_metrics(step_time_p10_s=0.01, step_time_p90_s=0.03, steps_timed=3,
+                           first_step_s=0.1, achieved_flops_per_s=1e9, peak_rss_bytes=1e8)
     page = render_html([rec])
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

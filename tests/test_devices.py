@@ -20,7 +20,7 @@ from sextant.planner.accelerator_run import catalogue_key, mfu
 from sextant.report.model import build_report
 from sextant.strategy import Strategy
 from sextant.results.record import RunRecord
-from tests.report.runs import make_run, with_metrics
+from tests.report.runs import make_run
 
 SMI = """\
 0, NVIDIA H200, 143771, GPU-8f3a0c1e-aaaa-bbbb-cccc-000000000000, 580.65.06
@@ -215,7 +215,7 @@ def test_report_scaling_efficiency_holds_the_total_compute_equal() -> None:
     point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
     assert point["speedup_vs_one"] == pytest.approx(0.8)
     assert point["efficiency"] == pytest.approx(0.8)  # the same 2 cores, not 0.8 / 2
-    single, dp = (with_metrics(run, device="gpu", accelerator="NVIDIA H200")
+    single, dp = (run.with_metrics(device="gpu", accelerator="NVIDIA H200")
                   for run in (single, dp))
     point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
     assert point["efficiency"] == pytest.approx(0.4)  # two GPUs against one

@@ -27,7 +27,6 @@ from sextant.results.store import ResultsStore
 from sextant.runner import RECORD_FILE, execute, keep
 from sextant.strategy import Strategy
 from tests.helpers import needs_torch, run_cli, short
-from tests.report.runs import with_metrics
 from tests.test_cli import assert_one_line_error
 
 STEPS = 6
@@ -354,8 +353,8 @@ store.add(RunRecord.from_dict(json.load(open({str(record)!r}))))
 
 
 def test_nan_metrics_export_as_valid_json(tmp_path: Path) -> None:
-    record = with_metrics(finished_record(tmp_path), exposed_comm_share=float("nan"),
-                          data_wait_share=float("inf"))
+    record = finished_record(tmp_path).with_metrics(exposed_comm_share=float("nan"),
+                                                    data_wait_share=float("inf"))
     with ResultsStore(tmp_path / "x.db") as store:
         store.add(record)
     for fmt in ("json", "csv"):

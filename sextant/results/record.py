@@ -423,3 +423,7 @@ class RunRecord:
 
     def replace(self, **changes: Any) -> RunRecord:
         return dataclasses.replace(self, **changes)
+
+    def with_metrics(self, **figures: Any) -> RunRecord:
+        """This record with some of its figures changed (a record is immutable)."""
+        return self.replace(metrics=dataclasses.replace(self.metrics, **figures))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import types
@@ -61,8 +60,7 @@ def test_markdown_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _on_gpu(record: RunRecord) -> RunRecord:
     """A run measured on the startup profile's hardware (an NVIDIA GPU): evidence for it."""
-    return record.replace(metrics=dataclasses.replace(
-        record.metrics, device="gpu", accelerator="NVIDIA H100 80GB HBM3"))
+    return record.with_metrics(device="gpu", accelerator="NVIDIA H100 80GB HBM3")
 
 
 def test_cpu_runs_are_not_evidence_for_a_gpu_team(

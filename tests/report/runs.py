@@ -108,11 +108,6 @@ def calibrated_machine(directory: Path, cores: int = 2) -> Any:
     return load_machine(path)
 
 
-def with_metrics(run: RunRecord, **figures: Any) -> RunRecord:
-    """`run` with some metrics changed (a record is immutable: this is a new one)."""
-    return run.replace(metrics=dataclasses.replace(run.metrics, **figures))
-
-
 def with_ranks(run: RunRecord, **fields: Any) -> RunRecord:
     """`run` with the same fields changed on every rank."""
     return run.replace(ranks=tuple(dataclasses.replace(r, **fields) for r in run.ranks))

@@ -16,7 +16,7 @@ from sextant.claims.check import (
     claim_workers,
     speedup,
 )
-from tests.report.runs import WORKLOAD, compare_group, make_run, with_metrics, with_ranks
+from tests.report.runs import WORKLOAD, compare_group, make_run, with_ranks
 
 MB = 2**20
 
@@ -319,7 +319,7 @@ def test_disturbed_runs_are_left_out_of_verdicts() -> None:
     eager = make_run(step=0.20, spread=0.01)
     quiet = make_run(mode="compiled", step=0.21, spread=0.01)
     burst = make_run(mode="compiled", step=0.10, spread=0.01)  # a lucky, disturbed trial
-    burst = with_metrics(burst, disturbed=True)
+    burst = burst.with_metrics(disturbed=True)
     c = check_claims([eager, quiet, burst])[0]
     assert burst.id not in c.run_ids and quiet.id in c.run_ids
     # compiled lost one of its two trials: its interval covers one run only, no verdict.

@@ -21,7 +21,6 @@ from tests.report.runs import (
     compare_group,
     make_run,
     with_fingerprint,
-    with_metrics,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,7 +188,7 @@ def test_profile_puts_the_recommendation_on_top() -> None:
     assert not any(x["source"] == "measured" for x in evidence)
     assert any("not your target (nvidia)" in n for n in data["recommendation"]["notes"])
     # Measured on the target's hardware, they enter as evidence.
-    runs = [with_metrics(run, device="gpu", accelerator="NVIDIA H200") for run in runs]
+    runs = [run.with_metrics(device="gpu", accelerator="NVIDIA H200") for run in runs]
     gpu_advice = load_advice(PROFILE, runs)
     assert any(e.source == "measured" for e in gpu_advice.evidence)
 
