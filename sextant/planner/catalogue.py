@@ -43,6 +43,7 @@ _ACC_KEYS = {
     "verified",
     "measured",
     "ici",
+    "architecture",
 }
 _ICI_KEYS = {"torus", "link_gbs", "hop_latency_us", "wrap_unit", "host_chips", "source"}
 _LINK_KEYS = {
@@ -93,6 +94,14 @@ class Accelerator:
     divided among the devices used."""
     flops_by_threads: tuple[tuple[int, float], ...] = ()
     """cpu-local only: measured GEMM FLOP/s with 1 thread and with all threads."""
+    architecture: str | None = None
+    """The chip generation whose published attention-kernel rates apply (the catalogue's
+    [attention.NAME] tables: 'ampere', 'hopper'); None: no rate is published for it."""
+    attention_rates: dict[str, float] = field(default_factory=dict)
+    """Fraction of the 16-bit dense peak each attention kernel sustains forward and backward
+    on this chip, FLOPs counted as the FlashAttention papers count them (efficiency.py,
+    attention_seconds); filled from [attention.<architecture>]. A kernel without a rate here
+    runs as a full-matrix kernel would."""
     torus: Torus | None = None
     """TPUs: the pod's ICI torus (topology.py); a node is then one slice of it, and the
     slices talk over the data-centre network (`inter_link`). None: devices in nodes that a
@@ -259,7 +268,11 @@ def load_catalogue(
                             f"sextant's). Received: {str(user.get('schema'))[:20]!r}")
         raw = _merge(raw, user)
         path = f"{CATALOGUE_PATH} + {override}"
-    accs = {k: _accelerator(k, v) for k, v in raw.get("accelerators", {}).items()}
+    rates = _attention_rates(raw.get("attention", {}))
+    accs = {
+        k: _with_attention(_accelerator(k, v), rates)
+        for k, v in raw.get("accelerators", {}).items()
+    }
     defaults = raw.get("defaults", {})
     base = float(defaults.get("collective_base_latency_us", 0.0)) * 1e-6
     links = {k: _link(k, v, base) for k, v in raw.get("links", {}).items()}
@@ -360,7 +373,48 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
         verified=bool(raw.get("verified", True)),
         measured=measured,
         torus=_torus(where, raw.get("ici")),
+        architecture=raw.get("architecture") or None,
     )
+
+
+ATTENTION_KERNELS = ("flash2", "flash3", "triton-2023")
+"""The attention kernels a catalogue may give rates for (efficiency.py names what each is)."""
+
+
+def _attention_rates(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The [attention.ARCH] tables: per chip generation, each kernel's fraction of the 16-bit
+    peak (0, 1], with the source the rates were read from."""
+    tables: dict[str, dict[str, float]] = {}
+    for arch, table in raw.items():
+        where = f"attention.{arch}"
+        if not isinstance(table, dict):
+            raise UserError(f"{where} must be a table. Received: {str(table)[:40]!r}")
+        if not table.get("source"):
+            raise UserError(f"{where} must cite a source")
+        unknown = sorted(set(table) - set(ATTENTION_KERNELS) - {"source"})
+        if unknown:
+            raise UserError(f"unknown key {where}.{unknown[0]}; allowed: "
+                            f"{', '.join(ATTENTION_KERNELS)}, source")
+        rates = {}
+        for kernel in ATTENTION_KERNELS:
+            value = _number(where, table, kernel)
+            if value is None:
+                continue
+            if not 0.0 < value <= 1.0:
+                raise UserError(f"{where}.{kernel} must be a fraction of peak in (0, 1]. "
+                                f"Received: {value!r}")
+            rates[kernel] = value
+        tables[arch] = rates
+    return tables
+
+
+def _with_attention(acc: Accelerator, tables: dict[str, dict[str, float]]) -> Accelerator:
+    if acc.architecture is None:
+        return acc
+    if acc.architecture not in tables:
+        raise UserError(f"accelerators.{acc.key}.architecture {acc.architecture!r} has no "
+                        f"[attention.{acc.architecture}] table; tables: {', '.join(tables)}")
+    return replace(acc, attention_rates=dict(tables[acc.architecture]))
 
 
 def _torus(where: str, raw: Any) -> Torus | None:

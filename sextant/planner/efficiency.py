@@ -111,6 +111,39 @@ def elementwise_bytes(stored_activation_bytes, recompute_forwards):
     return ELEMENTWISE_PASSES * passes * np.asarray(stored_activation_bytes, dtype=np.float64)
 
 
+CAUSAL_SHARE = 0.5
+"""Share of the score blocks a causal flash kernel computes: those on or below the diagonal.
+ModelCost.attention_flops_per_token counts all of them (12 L s q, the PaLM / Megatron-LM
+convention every published MFU uses); the FlashAttention papers measure their kernels'
+FLOP/s over the half they compute ("with causal mask, we divide this number by 2", Dao 2023
+§4.1), and every model the planner has is a causal decoder."""
+
+
+def attention_kernel(rates: dict[str, float], preferred: tuple[str, ...],
+                     flash: bool) -> tuple[str, float] | None:
+    """The kernel a stack runs on a chip and its rate: the first of the stack's `preferred`
+    kernels the chip has a published rate for (catalogue [attention.*]). None: no flash
+    kernel (flash False: 2021-era stacks), or none with a rate on this chip; the attention
+    core then runs as a full-matrix kernel does, every score computed at the GEMM kernel
+    efficiency."""
+    if not flash:
+        return None
+    for kernel in preferred:
+        if kernel in rates:
+            return kernel, rates[kernel]
+    return None
+
+
+def attention_seconds(flops, peak, kernel: tuple[str, float] | None, gemm_efficiency):
+    """Seconds for `flops` of the attention core (forward, backward and its recomputation,
+    counted as ModelCost counts them) at `peak` 16-bit FLOP/s: the causal half at the kernel's
+    published rate, or, without one, all of it at the GEMM kernel efficiency."""
+    flops = np.asarray(flops, dtype=np.float64)
+    if kernel is None:
+        return flops / (gemm_efficiency * peak)
+    return CAUSAL_SHARE * flops / (kernel[1] * peak)
+
+
 def solve_for_mfu(achieved_mfu: float, target_mfu: float, compute_share: float,
                   efficiency: float) -> float:
     """Kernel efficiency that turns an achieved MFU into the target one, given the share of

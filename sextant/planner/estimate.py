@@ -647,6 +647,15 @@ class LayoutContext:
     def tokens_step(self) -> float:
         return float(self.opts.global_batch) * float(self.cost.tokens_per_sample)
 
+    @property
+    def attention(self) -> tuple[str, float] | None:
+        """The attention kernel the stack runs on this chip, with its published rate
+        (efficiency.attention_kernel); None: a full-matrix kernel at the GEMM efficiency."""
+        return efficiency.attention_kernel(
+            self.hw.accelerator.attention_rates, self.opts.stack.attention_kernels,
+            self.opts.flash_attention,
+        )
+
 
 def layout_context(
     cost: ModelCost, hw: Hardware, opts: PlanOptions, lay: dict[str, np.ndarray]
@@ -821,6 +830,9 @@ def host_load_term(c: LayoutContext, offload_per_node: np.ndarray) -> HostLoad:
 class ComputeTerm:
     seconds: np.ndarray
     flops_bound: np.ndarray
+    scaled_bound: np.ndarray
+    """The part of flops_bound that scales with 1 / kernel efficiency (the GEMMs, and the
+    attention core where no kernel rate is published)."""
     memory_ops: np.ndarray
     weights_bound: np.ndarray
     hw_flops_per_token: Any
@@ -895,15 +907,17 @@ def compute_term(c: LayoutContext) -> ComputeTerm:
     # FP8 GEMMs (Micikevicius et al. 2022) run the layers' matrix multiplies at the fp8 peak;
     # the attention core (and its recomputation) and the output projection stay at the 16-bit
     # one: neither stack quantizes the projection (Megatron-Core's output_layer is outside
-    # Transformer Engine; torchtitan's float8 converter skips "output").
-    attn_tok = (
-        cost.attention_flops_per_token * (1.0 + c.fwd_rc / 3.0) + flash_or_sel
-        if opts.fp8 else 0.0
-    )
-    layers_t = flop_seconds(hw_flops_tok - head_tok, attn_tok, peak, acc, opts.fp8)
+    # Transformer Engine; torchtitan's float8 converter skips "output"). The attention core
+    # runs in its own kernel, at that kernel's rate (efficiency.attention_seconds).
+    attn_tok = cost.attention_flops_per_token * (1.0 + c.fwd_rc / 3.0) + flash_or_sel
+    gemm_t = (hw_flops_tok - head_tok - attn_tok) / (acc.peak("fp8") if opts.fp8 else peak)
+    attn_t = efficiency.attention_seconds(attn_tok, peak, c.attention, opts.compute_efficiency)
     head_t = head_tok / peak
-    share = _stage_share(c, layers_t, head_t)
-    t_flops = (c.tokens_step / opts.compute_efficiency) * share * (layers_t + head_t) / c.n
+    eff = opts.compute_efficiency
+    share = _stage_share(c, gemm_t + attn_t * eff, head_t)
+    t_gemm = (c.tokens_step / eff) * share * (gemm_t + head_t) / c.n
+    t_attn = c.tokens_step * share * attn_t / c.n
+    t_flops = t_gemm + t_attn
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
     # and twice backward (+1 forward with full recomputation).
     pb = memory.state_bytes(opts.precision, opts.optimizer, opts.stack.memory_model)[0]
@@ -914,7 +928,7 @@ def compute_term(c: LayoutContext) -> ComputeTerm:
     t_memops = _memory_ops(c, full_act)
     return ComputeTerm(
         seconds=np.maximum(t_flops + t_memops, t_weights), flops_bound=t_flops,
-        memory_ops=t_memops, weights_bound=t_weights, hw_flops_per_token=hw_flops_tok,
+        scaled_bound=t_gemm if c.attention is not None else t_flops, memory_ops=t_memops, weights_bound=t_weights, hw_flops_per_token=hw_flops_tok,
         peak=peak,
     )
 
@@ -1071,7 +1085,8 @@ def cp_term(c: LayoutContext, lk: Links, peak: Any) -> np.ndarray:
     ring_pass = (cp - 1.0) * (kv_block / cp_bw + np.where(crosses, lk.inter[1], lk.cp[1]))
     t_all = c.m * c.lps * (3.0 + c.fwd_rc) * ring_pass
     attn_core_tok = cost.attention_flops_per_token * (1.0 + c.fwd_rc / 3.0)
-    t_attention = c.tokens_step * attn_core_tok / (c.n * opts.compute_efficiency * peak)
+    t_attention = c.tokens_step * efficiency.attention_seconds(
+        attn_core_tok, peak, c.attention, opts.compute_efficiency) / c.n
     hidden = t_attention / cp if opts.stack.cp_method == "allgather" else t_attention
     return np.where(cp > 1, np.maximum(t_all - hidden, 0.0), 0.0)
 
@@ -1201,6 +1216,7 @@ def _evaluate(
         "params_per_device": c.psi_stage,
         "compute": comp.seconds,
         "compute_flops_bound": comp.flops_bound,
+        "compute_scaled_bound": comp.scaled_bound,
         "compute_memory_ops": comp.memory_ops,
         "compute_memory_bound": comp.weights_bound,
         "optimizer": t_opt,
@@ -1312,7 +1328,7 @@ def solve_mfu(
     for _ in range(iterations):
         f = evaluate_one(cost, hw, current, layout).figures
         bubble_share = f["bubble"] / max(f["compute"] + f["tp_comm"] + f["pp_comm"], 1e-300)
-        flops_part = 0.0 if f["weights_bound"] else f["compute_flops_bound"] * (1 + bubble_share)
+        flops_part = 0.0 if f["weights_bound"] else f["compute_scaled_bound"] * (1 + bubble_share)
         new = efficiency.solve_for_mfu(
             f["mfu"], opts.target_mfu, flops_part / f["step"], current.compute_efficiency
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sextant.errors import UserError
+from sextant.planner.catalogue import ATTENTION_KERNELS
 from sextant.planner.comms import DP_SCHEDULES
 from sextant.planner.memory import MEMORY_MODELS
 
@@ -60,6 +61,9 @@ class StackProfile:
     memory on every rank, then moved and sharded: a plain nn.Module or from_pretrained) or
     'sharded' (each rank creates only its own shard on the device: meta-device init, per-
     partition allocation, sharded jit init); LOADS."""
+    attention_kernels: tuple[str, ...] = ("flash2",)
+    """The attention kernels the stack runs, preferred first (catalogue.ATTENTION_KERNELS):
+    on an accelerator the first one with a published rate is used (efficiency.py)."""
     async_collectives: bool = False
     """The compiler runs the tensor-parallel collectives asynchronously, overlapped with the
     layers' compute (XLA on TPU with async collective fusion, the LIBTPU_INIT_ARGS of
@@ -81,6 +85,10 @@ class StackProfile:
                 raise UserError(
                     f"{key} must be one of {', '.join(allowed)}. Received: {value!r}"
                 )
+        for kernel in self.attention_kernels:
+            if kernel not in ATTENTION_KERNELS:
+                raise UserError(f"attention_kernels must be among "
+                                f"{', '.join(ATTENTION_KERNELS)}. Received: {kernel!r}")
         bucket = self.dp_bucket_bytes
         if bucket is not None and (
             isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0
@@ -119,7 +127,9 @@ PROFILES: dict[str, StackProfile] = {
             name="megatron-core",
             release="Megatron-Core 0.x (Megatron-Bridge 25.11): distributed optimizer with fp32 "
             "main gradients (developer guide, Distributed Optimizer), one reduction over the "
-            "contiguous gradient buffer, uneven first/last pipeline stages, ring CP",
+            "contiguous gradient buffer, uneven first/last pipeline stages, ring CP; Transformer "
+            "Engine's attention: cuDNN's fused flash attention on Hopper, FlashAttention-2 "
+            "before it",
             grad_dtype="fp32",
             master_dtype="fp32 optimizer copy",
             memory_model="megatron",
@@ -129,6 +139,7 @@ PROFILES: dict[str, StackProfile] = {
             balanced_stages=True,
             load="sharded",
             cp_method="ring",
+            attention_kernels=("flash3", "flash2"),
         ),
         StackProfile(
             name="deepspeed",
@@ -150,7 +161,9 @@ PROFILES: dict[str, StackProfile] = {
             name="torchtitan",
             release="torchtitan with FSDP2 (fully_shard per block, MixedPrecisionPolicy bf16 "
             "params / fp32 reduce), DDP's 25 MiB buckets, context parallel rotate method "
-            "'allgather' (its JobConfig default)",
+            "'allgather' (its JobConfig default); attention through PyTorch SDPA, whose default "
+            "order tries the flash backend (FlashAttention-2) before cuDNN's (opt-in since "
+            "pytorch#138522)",
             grad_dtype="fp32",
             master_dtype="fp32 parameters",
             memory_model="torch",
@@ -164,7 +177,8 @@ PROFILES: dict[str, StackProfile] = {
         StackProfile(
             name="maxtext",
             release="MaxText (base.yml: weight_dtype float32, bf16 compute; FSDP over the "
-            "scanned layers gathered per layer by XLA; all-gather context parallelism)",
+            "scanned layers gathered per layer by XLA; all-gather context parallelism; on "
+            "GPUs attention cudnn_flash_te, Transformer Engine's cuDNN flash attention)",
             grad_dtype="fp32",
             master_dtype="fp32 parameters",
             memory_model="torch",
@@ -175,6 +189,7 @@ PROFILES: dict[str, StackProfile] = {
             load="sharded",
             cp_method="allgather",
             async_collectives=True,
+            attention_kernels=("flash3", "flash2"),
         ),
         StackProfile(
             name="megatron-lm-2021",
@@ -205,6 +220,22 @@ PROFILES: dict[str, StackProfile] = {
             balanced_stages=False,
             load="full",
             cp_method="ring",
+        ),
+        StackProfile(
+            name="llm-foundry-2023",
+            release="dated: MosaicML llm-foundry with Composer (2023), for its MPT benchmark "
+            "tables: FSDP through Composer, attn_impl triton (FlashAttention in Triton, the "
+            "triton-pre-mlir build it pinned); otherwise generic",
+            grad_dtype="fp16/bf16",
+            master_dtype="fp32 optimizer copy",
+            memory_model="zero",
+            dp_schedule="zero",
+            dp_bucket_bytes=None,
+            zero3_gather="layer",
+            balanced_stages=True,
+            load="sharded",
+            cp_method="ring",
+            attention_kernels=("triton-2023",),
         ),
         StackProfile(
             name="llama3-2024",
