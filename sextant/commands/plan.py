@@ -203,6 +203,13 @@ def register(subparsers: Any) -> None:
         "stage, 2021-era)",
     )
     asm.add_argument(
+        "--elementwise",
+        choices=("fused", "eager"),
+        default=None,
+        help="override the stack's elementwise kernels: fused (torch.compile, Transformer "
+        "Engine, XLA) or eager (one kernel per operator, PyTorch without compile)",
+    )
+    asm.add_argument(
         "--no-flash-attention",
         action="store_true",
         help="store attention scores (2021-era stacks, Korthikanti's 5as term)",
@@ -415,7 +422,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def _options(args: argparse.Namespace, acc: Any, model_batch: int,
              measured: dict[str, Any] | None = None) -> Any:
     """PlanOptions from the flags: the user's knobs over the chosen stack's profile; the
-    kernel efficiency measured on this accelerator (`measured`) unless one is asked for."""
+    kernel efficiency measured on this accelerator (`measured`) unless one is asked for, else
+    its published GEMM rate (Accelerator.kernel_efficiency)."""
     from sextant.planner.estimate import PlanOptions
     from sextant.planner.profiles import default_stack, profile
 
@@ -427,9 +435,8 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int,
     overhead = args.overhead_gb
     if overhead is None:
         overhead = 0.3 if acc.measured else 1.0
-    efficiency = {} if args.kernel_efficiency is None else {
-        "compute_efficiency": args.kernel_efficiency
-    }
+    efficiency = {"compute_efficiency": acc.kernel_efficiency if args.kernel_efficiency is None
+                  else args.kernel_efficiency}
     if measured and args.kernel_efficiency is None and args.mfu is None:
         efficiency = {"compute_efficiency": min(float(measured["kernel_efficiency"]), 1.0)}
     return PlanOptions(
@@ -443,6 +450,7 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int,
             balanced_stages=None if args.stages is None else args.stages == "balanced",
             cp_method=args.cp_method,
             zero3_gather=args.zero3_gather,
+            fused_elementwise=None if args.elementwise is None else args.elementwise == "fused",
         ),
         fp8=args.fp8,
         oversubscription=args.oversubscription,

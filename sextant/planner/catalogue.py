@@ -44,6 +44,8 @@ _ACC_KEYS = {
     "measured",
     "ici",
     "architecture",
+    "gemm_efficiency",
+    "gemm_source",
 }
 _ICI_KEYS = {"torus", "link_gbs", "hop_latency_us", "wrap_unit", "host_chips", "source"}
 _LINK_KEYS = {
@@ -102,10 +104,23 @@ class Accelerator:
     on this chip, FLOPs counted as the FlashAttention papers count them (efficiency.py,
     attention_seconds); filled from [attention.<architecture>]. A kernel without a rate here
     runs as a full-matrix kernel would."""
+    gemm_efficiency: float | None = None
+    """A published measurement of the fraction of the 16-bit peak large GEMMs reach on this
+    chip through its own compiler or library (`gemm_source` says where): the plan's kernel
+    efficiency on it, as `sextant calibrate --device gpu` measures one for a GPU. None:
+    efficiency.KERNEL_EFFICIENCY."""
     torus: Torus | None = None
     """TPUs: the pod's ICI torus (topology.py); a node is then one slice of it, and the
     slices talk over the data-centre network (`inter_link`). None: devices in nodes that a
     switch joins (GPUs)."""
+
+    @property
+    def kernel_efficiency(self) -> float:
+        """The kernel efficiency a plan on this chip assumes unless one is measured or asked
+        for: its published GEMM rate, else the planner's global constant."""
+        from sextant.planner.efficiency import KERNEL_EFFICIENCY
+
+        return self.gemm_efficiency or KERNEL_EFFICIENCY
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -374,7 +389,20 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
         measured=measured,
         torus=_torus(where, raw.get("ici")),
         architecture=raw.get("architecture") or None,
+        gemm_efficiency=_gemm_efficiency(where, raw),
     )
+
+
+def _gemm_efficiency(where: str, raw: dict[str, Any]) -> float | None:
+    value = _number(where, raw, "gemm_efficiency")
+    if value is None:
+        return None
+    if not 0.0 < value <= 1.0:
+        raise UserError(f"{where}.gemm_efficiency must be a fraction of peak in (0, 1]. "
+                        f"Received: {value!r}")
+    if not raw.get("gemm_source"):
+        raise UserError(f"{where}.gemm_efficiency must cite a gemm_source")
+    return value
 
 
 ATTENTION_KERNELS = ("flash2", "flash3", "triton-2023")

@@ -7,6 +7,7 @@ Table 1 (Narayanan et al. 2021) climbs from 44% to 52% of peak as the hidden siz
 terms, each a roofline (Williams, Waterman and Patterson 2009) on one kind of work, replace it:
 
     compute = GEMM FLOPs / (peak x kernel efficiency)          tensor-core work
+            + attention FLOPs / 2 / (peak x kernel rate)         the attention kernel
             + GEMM operand bytes / memory bandwidth              each GEMM reads its inputs
                                                                  and writes its output once
             + elementwise bytes / memory bandwidth               norms, activations, softmax,
@@ -22,10 +23,17 @@ forward pass (each stored tensor is written by one kernel and read by the next),
 the backward pass, once more per recomputed forward. Its cost per FLOP is proportional to
 1 / hidden size, which is why wide models run closer to peak.
 
+The attention core runs in a kernel of its own: its causal half at the published rate of the
+kernel the stack runs on that chip generation (attention_kernel, attention_seconds; the rates
+are the catalogue's, from the FlashAttention-2 and -3 papers), or, without one, every score at
+the GEMM kernel efficiency.
+
 Two constants are not first principles and are stated here with how they were set:
-KERNEL_EFFICIENCY, the fraction of dense peak the tensor-core GEMMs and fused attention
-kernels sustain in training, and ELEMENTWISE_PASSES. They are global (one value for every
-model, accelerator and layout) and were chosen once, together, from a coarse grid
+KERNEL_EFFICIENCY, the fraction of dense peak the tensor-core GEMMs sustain in training where
+the chip has no published GEMM rate (Accelerator.kernel_efficiency), and ELEMENTWISE_PASSES
+(EAGER_ELEMENTWISE_PASSES for eager stacks is set apart, below). They are global (one value
+for every model and layout, and every chip without a rate of its own) and were chosen once,
+together, from a coarse grid
 (0.68 / 0.75 / 0.8 x 1.5 / 2.5 / 3.5) by how many end-to-end rows of the published table in
 docs/validation.md land within 10 %; benchmarks/planner_constants.py prints, for each pair,
 the share of the tuning split (which alone may choose) and of the held-out split (the
@@ -103,12 +111,24 @@ def fp8_quantize_bytes(gemms, tokens, tp, forwards=1.0, *, experts=0, routed=1.0
     return total * FP8_QUANTIZE_BYTES
 
 
-def elementwise_bytes(stored_activation_bytes, recompute_forwards):
+EAGER_ELEMENTWISE_PASSES = 5.0
+"""ELEMENTWISE_PASSES of a stack that runs its elementwise operators eagerly, one kernel each
+(PyTorch without torch.compile or fused kernels): every operator reads its inputs from device
+memory and writes its output back, where a fused kernel (Transformer Engine's, Apex's, XLA's,
+torch.compile's) keeps the intermediates on chip. Set on the tuning split from the one
+published pair that differs in this alone: torchtitan's Llama 3.1 8B on 8 and 128 H100 with and
+without torch.compile (docs/performance.md at torchtitan 9dec370, Tables 1 and 3: 5,762 ->
+6,667 and 5,605 -> 6,514 tokens/s per GPU, 1.157x and 1.162x); with 5.0 the planner's
+ratios are 1.153x and 1.151x (benchmarks/planner_constants.py prints them)."""
+
+
+def elementwise_bytes(stored_activation_bytes, recompute_forwards, fused: bool = True):
     """Memory traffic of the non-GEMM kernels of one layer and micro-batch, all passes:
-    ELEMENTWISE_PASSES x stored bytes forward, twice that backward, once more per recomputed
-    forward pass."""
+    ELEMENTWISE_PASSES (EAGER_ELEMENTWISE_PASSES when not `fused`) x stored bytes forward,
+    twice that backward, once more per recomputed forward pass."""
     passes = 3.0 + np.asarray(recompute_forwards, dtype=np.float64)
-    return ELEMENTWISE_PASSES * passes * np.asarray(stored_activation_bytes, dtype=np.float64)
+    per_pass = ELEMENTWISE_PASSES if fused else EAGER_ELEMENTWISE_PASSES
+    return per_pass * passes * np.asarray(stored_activation_bytes, dtype=np.float64)
 
 
 CAUSAL_SHARE = 0.5

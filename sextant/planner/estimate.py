@@ -90,7 +90,7 @@ class PlanOptions:
     """Sequences (or samples) per optimizer step, over all data-parallel ranks."""
     compute_efficiency: float = efficiency.KERNEL_EFFICIENCY
     """Kernel efficiency (`--kernel-efficiency`): the fraction of dense peak FLOP/s the GEMM
-    and attention kernels reach. The memory traffic of GEMM operands and elementwise kernels
+    kernels reach (and the attention, where no rate of its kernel is published). The memory traffic of GEMM operands and elementwise kernels
     is added on top (efficiency.py), so the compute phase's own MFU depends on the shapes;
     the end-to-end MFU comes out lower again by the bubble and exposed communication."""
     target_mfu: float | None = None
@@ -874,7 +874,8 @@ def _memory_ops(c: LayoutContext, full_act: Any) -> Any:
         local_experts=(cost.n_experts / c.ep if cost.n_experts else 1.0), routed=routed,
         output_bytes=c.act_bytes,
     )
-    elementwise = efficiency.elementwise_bytes(full_act, c.fwd_rc + (c.rc == 3))
+    elementwise = efficiency.elementwise_bytes(full_act, c.fwd_rc + (c.rc == 3),
+                                               opts.stack.fused_elementwise)
     if opts.fp8:
         elementwise = elementwise + efficiency.fp8_quantize_bytes(
             cost.gemms, c.tok_dev, c.tp, 1.0 + c.gemm_rc, experts=cost.n_experts, routed=routed

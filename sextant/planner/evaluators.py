@@ -168,7 +168,8 @@ def megatron_choice(
     (the divisors of the rank's share of the batch, up to MAX_MICRO_BATCH) is taken, with v
     searched for each; "layout" keeps the layout's."""
     opts = PlanOptions(
-        global_batch=batch, flash_attention=False, overlap=overlap, stack=profile(stack)
+        global_batch=batch, flash_attention=False, overlap=overlap, stack=profile(stack),
+        compute_efficiency=_cat().accelerator(accelerator).kernel_efficiency,
     )
     hw = resolve_hardware(_cat(), accelerator, network, options=opts)
     per_rank = batch // layout.dp
@@ -230,10 +231,17 @@ def pinned_ratio(*, numerator: dict[str, Any], denominator: dict[str, Any]) -> f
 
 def _options(batch: int, options: dict[str, Any], accelerator: str) -> PlanOptions:
     """PlanOptions from a record's `options` table; its `stack` names a profile, else the
-    accelerator's default (default_stack: maxtext on a TPU)."""
-    rest = {k: v for k, v in options.items() if k != "stack"}
-    name = options.get("stack") or default_stack(_cat().accelerator(accelerator))
-    return PlanOptions(global_batch=batch, stack=profile(name), **rest)
+    accelerator's default (default_stack: maxtext on a TPU), `elementwise` ("fused" or
+    "eager") overrides its elementwise kernels; the kernel efficiency the
+    accelerator's published GEMM rate where it has one (Accelerator.kernel_efficiency)."""
+    rest = {k: v for k, v in options.items() if k not in ("stack", "elementwise")}
+    acc = _cat().accelerator(accelerator)
+    rest.setdefault("compute_efficiency", acc.kernel_efficiency)
+    name = options.get("stack") or default_stack(acc)
+    elementwise = options.get("elementwise")
+    stack = profile(name).with_overrides(
+        fused_elementwise=None if elementwise is None else elementwise == "fused")
+    return PlanOptions(global_batch=batch, stack=stack, **rest)
 
 
 def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict[str, Any]):

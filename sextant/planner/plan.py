@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.planner import topology
+from sextant.planner import efficiency, topology
 from sextant.planner.catalogue import Catalogue
 from sextant.planner.estimate import (
     OFFLOAD,
@@ -261,6 +261,8 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
         },
         "assumptions": {
             "kernel_efficiency": opts.compute_efficiency,
+            "attention_kernel": _attention(acc, opts),
+            "fused_elementwise": opts.stack.fused_elementwise,
             "calibrated_on": None if req.calibrated is None else req.calibrated["device_name"],
             "target_mfu": req.options.target_mfu,
             "stack": opts.stack.name,
@@ -629,3 +631,11 @@ def _efficiency_note(
         "assumption (--kernel-efficiency; or --mfu for an end-to-end MFU); published "
         "reference points: docs/validation.md"
     )
+
+
+def _attention(acc: Any, opts: PlanOptions) -> dict[str, Any] | None:
+    """The attention kernel the plan assumes with its rate; None: a full-matrix kernel at the
+    GEMM kernel efficiency (efficiency.attention_kernel)."""
+    kernel = efficiency.attention_kernel(acc.attention_rates, opts.stack.attention_kernels,
+                                         opts.flash_attention)
+    return None if kernel is None else {"name": kernel[0], "rate": kernel[1]}

@@ -61,6 +61,10 @@ class StackProfile:
     memory on every rank, then moved and sharded: a plain nn.Module or from_pretrained) or
     'sharded' (each rank creates only its own shard on the device: meta-device init, per-
     partition allocation, sharded jit init); LOADS."""
+    fused_elementwise: bool = True
+    """The stack runs norms, activations, rotary and residual adds in fused kernels
+    (Transformer Engine, Apex, XLA, torch.compile); False: eagerly, one kernel per operator
+    (efficiency.EAGER_ELEMENTWISE_PASSES)."""
     attention_kernels: tuple[str, ...] = ("flash2",)
     """The attention kernels the stack runs, preferred first (catalogue.ATTENTION_KERNELS):
     on an accelerator the first one with a published rate is used (efficiency.py)."""
@@ -97,7 +101,8 @@ class StackProfile:
 
     def with_overrides(self, **changes: object) -> StackProfile:
         """The profile with some defaults overridden (`--memory-model`, `--zero3-gather`,
-        `--cp-method`, `--stages`); unset (None) overrides keep the profile's."""
+        `--cp-method`, `--stages`, `--elementwise`); unset (None) overrides keep the
+        profile's."""
         kept = {k: v for k, v in changes.items() if v is not None}
         if not kept:
             return self
@@ -146,7 +151,8 @@ PROFILES: dict[str, StackProfile] = {
             release="DeepSpeed >= 0.5.5: its estimators' allocation "
             "(estimate_zero2/3_model_states_mem_needs), reduce_bucket_size 5e8 elements, "
             "ZeRO-3 gathers coalesced per module; the model built whole on every rank before "
-            "deepspeed.initialize (zero.Init, which partitions at construction, is opt-in)",
+            "deepspeed.initialize (zero.Init, which partitions at construction, is opt-in); the "
+            "user's module run eagerly (its compile is opt-in)",
             grad_dtype="fp16/bf16",
             master_dtype="fp32 optimizer copy",
             memory_model="deepspeed",
@@ -156,6 +162,7 @@ PROFILES: dict[str, StackProfile] = {
             balanced_stages=True,
             load="full",
             cp_method="ring",
+            fused_elementwise=False,
         ),
         StackProfile(
             name="torchtitan",
@@ -163,7 +170,8 @@ PROFILES: dict[str, StackProfile] = {
             "params / fp32 reduce), DDP's 25 MiB buckets, context parallel rotate method "
             "'allgather' (its JobConfig default); attention through PyTorch SDPA, whose default "
             "order tries the flash backend (FlashAttention-2) before cuDNN's (opt-in since "
-            "pytorch#138522)",
+            "pytorch#138522); eager unless torch.compile is enabled (job_config Compile.enable, "
+            "default False)",
             grad_dtype="fp32",
             master_dtype="fp32 parameters",
             memory_model="torch",
@@ -173,6 +181,7 @@ PROFILES: dict[str, StackProfile] = {
             balanced_stages=True,
             load="sharded",
             cp_method="allgather",
+            fused_elementwise=False,
         ),
         StackProfile(
             name="maxtext",
@@ -225,7 +234,7 @@ PROFILES: dict[str, StackProfile] = {
             name="llm-foundry-2023",
             release="dated: MosaicML llm-foundry with Composer (2023), for its MPT benchmark "
             "tables: FSDP through Composer, attn_impl triton (FlashAttention in Triton, the "
-            "triton-pre-mlir build it pinned); otherwise generic",
+            "triton-pre-mlir build it pinned), eager PyTorch; otherwise generic",
             grad_dtype="fp16/bf16",
             master_dtype="fp32 optimizer copy",
             memory_model="zero",
@@ -236,6 +245,7 @@ PROFILES: dict[str, StackProfile] = {
             load="sharded",
             cp_method="ring",
             attention_kernels=("triton-2023",),
+            fused_elementwise=False,
         ),
         StackProfile(
             name="llama3-2024",

@@ -57,6 +57,14 @@ def _render_header(doc: dict[str, Any], console: Console) -> None:
         f"global batch {a['global_batch']} "
         f"({a['tokens_per_step']:,} tokens/step)"
     )
+    att = a.get("attention_kernel")
+    console.print(
+        f"kernels: GEMMs at {a['kernel_efficiency']:.0%} of peak; attention "
+        + (f"{att['name']} at {att['rate']:.0%} (its causal half)" if att
+           else "no published kernel rate on this chip, every score at the GEMM rate")
+        + "; elementwise "
+        + ("fused" if a.get("fused_elementwise", True) else "eager (one kernel per operator)")
+    )
     sl = hw.get("slices")
     if sl:
         console.print(

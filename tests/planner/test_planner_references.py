@@ -127,6 +127,8 @@ def test_torchtitan_h100_throughput_rows_span_the_sxm_and_nvl_peaks(rows):
         "torchtitan-h100-llama3-70b-2d-fp8-256",
         "torchtitan-h100-llama3-8b-fsdp-128",
         "torchtitan-h100-llama3-8b-fsdp-8",
+        "torchtitan-h100-llama3-8b-fsdp-compile-128",
+        "torchtitan-h100-llama3-8b-fsdp-compile-8",
     ]
     for r in spans.values():
         assert r["planner_other"] < r["planner"]
@@ -169,6 +171,14 @@ def test_every_record_names_a_source_with_a_split_and_a_known_evaluator():
     assert sum(r.source in added for r in refs) >= 20
 
 
+ADDED_TO_TUNING_SOURCES = {
+    "torchtitan-h100-llama3-8b-fsdp-compile-8",
+    "torchtitan-h100-llama3-8b-fsdp-compile-128",
+}
+"""Rows read later from a source already on the tuning side (the compiled half of the pair that
+sets efficiency.EAGER_ELEMENTWISE_PASSES): the split was made once and is not redone."""
+
+
 def test_the_split_follows_the_rule_blind_to_errors():
     # Sources in SHA-256 order of their key; one with counted rows is held out while the
     # held-out counted rows stay within a third (docs/validation.md, "Held-out set").
@@ -180,7 +190,8 @@ def test_the_split_follows_the_rule_blind_to_errors():
     added = {"maxtext-readme", "scaling-book", "llm-foundry-benchmarks"}
     rows: dict[str, int] = {}
     for r in refs:
-        if r.kind in ("end-to-end", "collective") and r.source not in added:
+        counted = r.kind in ("end-to-end", "collective")
+        if counted and r.source not in added and r.id not in ADDED_TO_TUNING_SOURCES:
             rows[r.source] = rows.get(r.source, 0) + 1
     total, held = sum(rows.values()), set()
     n = 0
