@@ -128,7 +128,8 @@ def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, 
     figure = mfu(flops, step_s, fp.get("gpu"), effective)
     out.update(mfu=figure["mfu"], mfu_note=figure["note"], peak_flops=figure["peak_flops"])
     if devices == 1:
-        predicted = predicted_step_s(workload.to_dict(), fp.get("gpu"), effective)
+        predicted = predicted_step_s(workload.to_dict(), fp.get("gpu"), effective,
+                                     compiled=strategy.mode == "compiled")
         out["planner_step_s"] = predicted
         out["planner_error"] = (predicted / step_s - 1) if predicted and step_s else None
     return out

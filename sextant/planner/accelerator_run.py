@@ -64,22 +64,29 @@ def mfu(flops_per_step: float, step_s: float | None, device_name: str | None,
             "note": ""}
 
 
-def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, precision: str
-                     ) -> float | None:
+def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, precision: str,
+                     *, compiled: bool = True) -> float | None:
     """The planner's step time for `workload` on one such device (no calibration: the
-    catalogue's peaks and the planner's default efficiency); None where it cannot say."""
+    catalogue's peaks and the planner's default efficiency), its elementwise operators fused
+    when the run was `compiled` (torch.compile, jax.jit) and one kernel each when eager; None
+    where it cannot say."""
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
     from sextant.planner.models import shape_from_workload
+    from sextant.planner.profiles import DEFAULT_STACK, profile
 
     key = catalogue_key(device_name)
     if key is None:
         return None
     try:
         shape = shape_from_workload(dict(workload), where="the run's workload")
+        cat = load_catalogue()
         opts = PlanOptions(precision=_planner_precision(precision),
-                           global_batch=shape.global_batch)
-        hw = resolve_hardware(load_catalogue(), key, options=opts)
+                           global_batch=shape.global_batch,
+                           compute_efficiency=cat.accelerator(key).kernel_efficiency,
+                           stack=profile(DEFAULT_STACK).with_overrides(
+                               fused_elementwise=compiled))
+        hw = resolve_hardware(cat, key, options=opts)
         figures = evaluate_one(shape.cost(flash_attention=True), hw, opts,
                                Layout(dp=1, mbs=shape.global_batch)).figures
     except (UserError, ValueError, KeyError):

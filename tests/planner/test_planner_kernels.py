@@ -136,3 +136,21 @@ def test_a_chips_published_gemm_rate_is_its_default_kernel_efficiency(capsys):
 def test_the_mfu_solve_scales_the_gemms_and_keeps_the_attention_at_its_rate(capsys):
     doc = json.loads(_plan(capsys, "--accelerator", "h100-sxm", "--json", "--mfu", "0.35"))
     assert doc["throughput"]["mfu"] == pytest.approx(0.35, rel=1e-3)
+
+
+def test_a_measured_gpu_run_is_predicted_with_its_own_elementwise_kernels():
+    # The planner's step beside a single-GPU run: a compiled run (torch.compile, jax.jit) fuses
+    # its elementwise operators, an eager one runs them one kernel each.
+    from pathlib import Path
+
+    import sextant
+    from sextant.planner.accelerator_run import predicted_step_s
+    from sextant.workload import load_workload
+
+    path = Path(sextant.__file__).parent / "workloads" / "gpt-small.toml"
+    workload = load_workload(path).to_dict()
+    compiled = predicted_step_s(workload, "NVIDIA H200", "bf16", compiled=True)
+    eager = predicted_step_s(workload, "NVIDIA H200", "bf16", compiled=False)
+    assert compiled is not None and eager is not None
+    assert compiled < eager
+    assert predicted_step_s(workload, "Some Unknown GPU", "bf16") is None
