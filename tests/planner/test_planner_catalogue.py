@@ -17,6 +17,7 @@ REQUIRED_ACCELERATORS = {
     "h100-pcie",
     "h200",
     "h800",
+    "h20",
     "b200",
     "mi300x",
     "tpu-v4",
@@ -65,6 +66,14 @@ def test_published_figures():
     assert cat.accelerators["h100-sxm"].peak("bf16") == pytest.approx(989.4e12)
     assert cat.links["ib-ndr"].bandwidth == 50e9
     assert cat.links["ethernet-10g"].bandwidth == 1.25e9
+
+
+def test_the_h20_is_a_hopper_with_a_seventh_of_the_compute_and_more_memory():
+    cat = load_catalogue(calibration=None)
+    h20, h100 = cat.accelerators["h20"], cat.accelerators["h100-sxm"]
+    assert not h20.verified and h20.architecture == "hopper"
+    assert h20.peak("bf16") < h100.peak("bf16") / 6
+    assert h20.memory_bytes > h100.memory_bytes and h20.memory_bw > h100.memory_bw
 
 
 def test_the_h800_is_an_h100_with_a_slower_nvlink():
