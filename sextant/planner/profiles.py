@@ -111,23 +111,28 @@ class StackProfile:
         return replace(self, name=f"{self.name} (overridden)", **kept)  # type: ignore[arg-type]
 
 
+_GENERIC = StackProfile(
+    name="generic",
+    release="the ZeRO paper's accounting (Rajbhandari et al. 2020 §3.1): no stack's "
+    "own defaults",
+    grad_dtype="fp16/bf16",
+    master_dtype="fp32 optimizer copy",
+    memory_model="zero",
+    dp_schedule="zero",
+    dp_bucket_bytes=None,
+    zero3_gather="layer",
+    balanced_stages=True,
+    load="sharded",
+    cp_method="ring",
+)
+"""No stack's own defaults. A dated profile that departs from it in a field or two is written
+as it with those fields."""
+
+
 PROFILES: dict[str, StackProfile] = {
     p.name: p
     for p in (
-        StackProfile(
-            name="generic",
-            release="the ZeRO paper's accounting (Rajbhandari et al. 2020 §3.1): no stack's "
-            "own defaults",
-            grad_dtype="fp16/bf16",
-            master_dtype="fp32 optimizer copy",
-            memory_model="zero",
-            dp_schedule="zero",
-            dp_bucket_bytes=None,
-            zero3_gather="layer",
-            balanced_stages=True,
-            load="sharded",
-            cp_method="ring",
-        ),
+        _GENERIC,
         StackProfile(
             name="megatron-core",
             release="Megatron-Core 0.x (Megatron-Bridge 25.11): distributed optimizer with fp32 "
@@ -230,36 +235,21 @@ PROFILES: dict[str, StackProfile] = {
             load="full",
             cp_method="ring",
         ),
-        StackProfile(
+        replace(
+            _GENERIC,
             name="llm-foundry-2023",
             release="dated: MosaicML llm-foundry with Composer (2023), for its MPT benchmark "
             "tables: FSDP through Composer, attn_impl triton (FlashAttention in Triton, the "
             "triton-pre-mlir build it pinned), eager PyTorch; otherwise generic",
-            grad_dtype="fp16/bf16",
-            master_dtype="fp32 optimizer copy",
-            memory_model="zero",
-            dp_schedule="zero",
-            dp_bucket_bytes=None,
-            zero3_gather="layer",
-            balanced_stages=True,
-            load="sharded",
-            cp_method="ring",
             attention_kernels=("triton-2023",),
             fused_elementwise=False,
         ),
-        StackProfile(
+        replace(
+            _GENERIC,
             name="llama3-2024",
             release="dated: Meta's Llama 3 training stack, for Llama 3's 131,072-token MFU "
-            "(Table 4), as Llama Team 2024 §3.3.2 describes its context parallelism (\"we first all-gather the key (K) and value (V) "
-            "tensors\"); otherwise generic",
-            grad_dtype="fp16/bf16",
-            master_dtype="fp32 optimizer copy",
-            memory_model="zero",
-            dp_schedule="zero",
-            dp_bucket_bytes=None,
-            zero3_gather="layer",
-            balanced_stages=True,
-            load="sharded",
+            "(Table 4), as Llama Team 2024 §3.3.2 describes its context parallelism (\"we "
+            "first all-gather the key (K) and value (V) tensors\"); otherwise generic",
             cp_method="allgather",
         ),
     )
