@@ -90,9 +90,10 @@ class PlanOptions:
     """Sequences (or samples) per optimizer step, over all data-parallel ranks."""
     compute_efficiency: float = efficiency.KERNEL_EFFICIENCY
     """Kernel efficiency (`--kernel-efficiency`): the fraction of dense peak FLOP/s the GEMM
-    kernels reach (and the attention, where no rate of its kernel is published). The memory traffic of GEMM operands and elementwise kernels
-    is added on top (efficiency.py), so the compute phase's own MFU depends on the shapes;
-    the end-to-end MFU comes out lower again by the bubble and exposed communication."""
+    kernels reach (and the attention, where no rate of its kernel is published). The memory
+    traffic of GEMM operands and elementwise kernels is added on top (efficiency.py), so the
+    compute phase's own MFU depends on the shapes; the end-to-end MFU comes out lower again
+    by the bubble and exposed communication."""
     target_mfu: float | None = None
     """`--mfu`: the end-to-end MFU the plan should reach (model FLOPs / peak / step time, as
     papers report it); the kernel efficiency is solved for it on the chosen layout."""
@@ -447,13 +448,26 @@ def head_flops_per_token(cost: ModelCost) -> float:
     return 6.0 * (cost.logits_bytes_per_token / 4.0) * cost.hidden
 
 
-def flop_seconds(flops, attention_flops, peak, acc: Accelerator, fp8: bool):
-    """Seconds per token at full kernel efficiency of `flops`, of which `attention_flops`
-    (the attention core) always run at the 16-bit `peak`; with `fp8` the rest (the GEMMs)
-    run at the accelerator's fp8 peak."""
-    if not fp8:
-        return flops / peak
-    return (flops - attention_flops) / acc.peak("fp8") + attention_flops / peak
+def attention_kernel(acc: Accelerator, opts: PlanOptions) -> tuple[str, float] | None:
+    """The attention kernel opts' stack runs on `acc`, with its published rate
+    (efficiency.attention_kernel); None: a full-matrix kernel at the GEMM efficiency."""
+    return efficiency.attention_kernel(acc.attention_rates, opts.stack.attention_kernels,
+                                       opts.flash_attention)
+
+
+def kernel_seconds(gemm_flops, head_flops, attention_flops, peak, acc: Accelerator,
+                   opts: PlanOptions) -> tuple[Any, Any, Any]:
+    """Seconds per token of the layers' GEMMs, of the output projection and of the attention
+    core, at the kernel efficiency and the attention kernel's rate. FP8 GEMMs (Micikevicius et
+    al. 2022) run the layers' matrix multiplies at the fp8 peak; the attention core and the
+    output projection stay at the 16-bit `peak`: neither stack quantizes the projection
+    (Megatron-Core's output_layer is outside Transformer Engine; torchtitan's float8
+    converter skips "output")."""
+    eff = opts.compute_efficiency
+    gemm = gemm_flops / ((acc.peak("fp8") if opts.fp8 else peak) * eff)
+    attention = efficiency.attention_seconds(attention_flops, peak,
+                                             attention_kernel(acc, opts), eff)
+    return gemm, head_flops / (peak * eff), attention
 
 
 def per_device_peak(acc: Accelerator, precision: str, devices_on_node) -> np.ndarray:
@@ -649,12 +663,8 @@ class LayoutContext:
 
     @property
     def attention(self) -> tuple[str, float] | None:
-        """The attention kernel the stack runs on this chip, with its published rate
-        (efficiency.attention_kernel); None: a full-matrix kernel at the GEMM efficiency."""
-        return efficiency.attention_kernel(
-            self.hw.accelerator.attention_rates, self.opts.stack.attention_kernels,
-            self.opts.flash_attention,
-        )
+        """The attention kernel the stack runs on this chip (attention_kernel)."""
+        return attention_kernel(self.hw.accelerator, self.opts)
 
 
 def layout_context(
@@ -905,18 +915,12 @@ def compute_term(c: LayoutContext) -> ComputeTerm:
     else:
         peak = acc.peak(opts.precision)
     head_tok = head_flops_per_token(cost)
-    # FP8 GEMMs (Micikevicius et al. 2022) run the layers' matrix multiplies at the fp8 peak;
-    # the attention core (and its recomputation) and the output projection stay at the 16-bit
-    # one: neither stack quantizes the projection (Megatron-Core's output_layer is outside
-    # Transformer Engine; torchtitan's float8 converter skips "output"). The attention core
-    # runs in its own kernel, at that kernel's rate (efficiency.attention_seconds).
+    # The attention core (with its recomputation) runs in its own kernel, at its rate.
     attn_tok = cost.attention_flops_per_token * (1.0 + c.fwd_rc / 3.0) + flash_or_sel
-    gemm_t = (hw_flops_tok - head_tok - attn_tok) / (acc.peak("fp8") if opts.fp8 else peak)
-    attn_t = efficiency.attention_seconds(attn_tok, peak, c.attention, opts.compute_efficiency)
-    head_t = head_tok / peak
-    eff = opts.compute_efficiency
-    share = _stage_share(c, gemm_t + attn_t * eff, head_t)
-    t_gemm = (c.tokens_step / eff) * share * (gemm_t + head_t) / c.n
+    gemm_t, head_t, attn_t = kernel_seconds(hw_flops_tok - head_tok - attn_tok, head_tok,
+                                            attn_tok, peak, acc, opts)
+    share = _stage_share(c, gemm_t + attn_t, head_t)
+    t_gemm = c.tokens_step * share * (gemm_t + head_t) / c.n
     t_attn = c.tokens_step * share * attn_t / c.n
     t_flops = t_gemm + t_attn
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
@@ -929,8 +933,8 @@ def compute_term(c: LayoutContext) -> ComputeTerm:
     t_memops = _memory_ops(c, full_act)
     return ComputeTerm(
         seconds=np.maximum(t_flops + t_memops, t_weights), flops_bound=t_flops,
-        scaled_bound=t_gemm if c.attention is not None else t_flops, memory_ops=t_memops, weights_bound=t_weights, hw_flops_per_token=hw_flops_tok,
-        peak=peak,
+        scaled_bound=t_gemm if c.attention is not None else t_flops, memory_ops=t_memops,
+        weights_bound=t_weights, hw_flops_per_token=hw_flops_tok, peak=peak,
     )
 
 

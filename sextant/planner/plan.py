@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.planner import efficiency, topology
+from sextant.planner import topology
 from sextant.planner.catalogue import Catalogue
 from sextant.planner.estimate import (
     OFFLOAD,
@@ -19,6 +19,7 @@ from sextant.planner.estimate import (
     Hardware,
     Layout,
     PlanOptions,
+    attention_kernel,
     check_layout,
     evaluate_one,
     solve_mfu,
@@ -635,7 +636,6 @@ def _efficiency_note(
 
 def _attention(acc: Any, opts: PlanOptions) -> dict[str, Any] | None:
     """The attention kernel the plan assumes with its rate; None: a full-matrix kernel at the
-    GEMM kernel efficiency (efficiency.attention_kernel)."""
-    kernel = efficiency.attention_kernel(acc.attention_rates, opts.stack.attention_kernels,
-                                         opts.flash_attention)
+    GEMM kernel efficiency (estimate.attention_kernel)."""
+    kernel = attention_kernel(acc, opts)
     return None if kernel is None else {"name": kernel[0], "rate": kernel[1]}

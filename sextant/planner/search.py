@@ -19,8 +19,8 @@ from sextant.planner.estimate import (
     Layout,
     PlanOptions,
     evaluate,
-    flop_seconds,
     head_flops_per_token,
+    kernel_seconds,
     overhead_cause,
     per_device_peak,
 )
@@ -378,11 +378,10 @@ def scaling_curve(
         speedup = tps / ref[1]
         cause, share = overhead_cause(rows, j, hw)
         peak = float(per_device_peak(hw.accelerator, opts.precision, min(n, hw.devices_per_node)))
-        per_token = flop_seconds(
-            cost.model_flops_per_token - head, cost.attention_flops_per_token, peak,
-            hw.accelerator, opts.fp8,
-        ) + head / peak
-        ideal = n * opts.compute_efficiency / per_token
+        attention = cost.attention_flops_per_token
+        per_token = float(sum(kernel_seconds(cost.model_flops_per_token - head - attention,
+                                             head, attention, peak, hw.accelerator, opts)))
+        ideal = n / per_token
         points.append(
             ScalePoint(
                 devices=n,
