@@ -20,6 +20,7 @@ import numpy as np
 
 from sextant.errors import UserError
 from sextant.paths import DEFAULT_CALIBRATION
+from sextant.planner import efficiency
 from sextant.planner.topology import Torus
 from sextant.tomlfile import read_toml
 
@@ -117,10 +118,9 @@ class Accelerator:
     @property
     def kernel_efficiency(self) -> float:
         """The kernel efficiency a plan on this chip assumes unless one is measured or asked
-        for: its published GEMM rate, else the planner's global constant."""
-        from sextant.planner.efficiency import KERNEL_EFFICIENCY
-
-        return self.gemm_efficiency or KERNEL_EFFICIENCY
+        for: its published GEMM rate, else the planner's global constant (read at each call:
+        benchmarks/planner_constants.py varies it)."""
+        return self.gemm_efficiency or efficiency.KERNEL_EFFICIENCY
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -393,13 +393,19 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
     )
 
 
+def _fraction(where: str, raw: dict[str, Any], key: str) -> float | None:
+    """raw[key] as a fraction of peak in (0, 1], or None when absent."""
+    value = _number(where, raw, key)
+    if value is not None and not 0.0 < value <= 1.0:
+        raise UserError(f"{where}.{key} must be a fraction of peak in (0, 1]. "
+                        f"Received: {value!r}")
+    return value
+
+
 def _gemm_efficiency(where: str, raw: dict[str, Any]) -> float | None:
-    value = _number(where, raw, "gemm_efficiency")
+    value = _fraction(where, raw, "gemm_efficiency")
     if value is None:
         return None
-    if not 0.0 < value <= 1.0:
-        raise UserError(f"{where}.gemm_efficiency must be a fraction of peak in (0, 1]. "
-                        f"Received: {value!r}")
     if not raw.get("gemm_source"):
         raise UserError(f"{where}.gemm_efficiency must cite a gemm_source")
     return value
@@ -423,16 +429,8 @@ def _attention_rates(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
         if unknown:
             raise UserError(f"unknown key {where}.{unknown[0]}; allowed: "
                             f"{', '.join(ATTENTION_KERNELS)}, source")
-        rates = {}
-        for kernel in ATTENTION_KERNELS:
-            value = _number(where, table, kernel)
-            if value is None:
-                continue
-            if not 0.0 < value <= 1.0:
-                raise UserError(f"{where}.{kernel} must be a fraction of peak in (0, 1]. "
-                                f"Received: {value!r}")
-            rates[kernel] = value
-        tables[arch] = rates
+        rates = {k: _fraction(where, table, k) for k in ATTENTION_KERNELS}
+        tables[arch] = {k: v for k, v in rates.items() if v is not None}
     return tables
 
 
