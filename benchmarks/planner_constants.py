@@ -31,24 +31,18 @@ EAGER_PAIRS = (
 
 @contextmanager
 def constants(**values: float) -> Iterator[None]:
-    """efficiency.py's constants set to `values` for the block (the kernel efficiency is read
-    through it by every plan that has no measured or published rate of its own)."""
+    """efficiency.py's constants set to `values` for the block (every reference's plan reads
+    the kernel efficiency through Accelerator.kernel_efficiency, so it follows)."""
     from sextant.planner import efficiency
-    from sextant.planner.estimate import PlanOptions
 
-    defaults = PlanOptions.__init__.__kwdefaults__
     saved = {k: getattr(efficiency, k) for k in values}
-    saved_default = defaults["compute_efficiency"]
     for k, v in values.items():
         setattr(efficiency, k, v)
-    if "KERNEL_EFFICIENCY" in values:
-        defaults["compute_efficiency"] = values["KERNEL_EFFICIENCY"]
     try:
         yield
     finally:
         for k, v in saved.items():
             setattr(efficiency, k, v)
-        defaults["compute_efficiency"] = saved_default
 
 
 def rows(**values: float) -> list[dict]:
@@ -75,7 +69,7 @@ def main() -> int:
         found = rows(EAGER_ELEMENTWISE_PASSES=e)
         by_id = {r["id"]: r for r in found}
         ratios = ", ".join(
-            f"{_planner(by_id[a]) / _planner(by_id[b]):.3f} "
+            f"{by_id[a]['planner'] / by_id[b]['planner']:.3f} "
             f"({by_id[a]['published'] / by_id[b]['published']:.3f})"
             for a, b in EAGER_PAIRS
         )
@@ -84,12 +78,6 @@ def main() -> int:
         print(f"{e:.1f}: {ratios}; tuning {s['tuning'][0]}/{s['tuning'][1]}, "
               f"held-out {s['held-out'][0]}/{s['held-out'][1]}{mark}")
     return 0
-
-
-def _planner(row: dict) -> float:
-    """A row's planner figure (the first end of a bounded row)."""
-    value = row["planner"]
-    return float(value[0] if isinstance(value, (list, tuple)) else value)
 
 
 if __name__ == "__main__":
