@@ -61,7 +61,7 @@ def _render_header(doc: dict[str, Any], console: Console) -> None:
     console.print(
         f"kernels: GEMMs at {a['kernel_efficiency']:.0%} of peak; attention "
         + (f"{att['name']} at {att['rate']:.0%} (its causal half)" if att
-           else "no published kernel rate on this chip, every score at the GEMM rate")
+           else "every score at the GEMM rate (no flash kernel with a published rate)")
         + "; elementwise "
         + ("fused" if a.get("fused_elementwise", True) else "eager (one kernel per operator)")
     )
