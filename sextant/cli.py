@@ -34,6 +34,7 @@ from sextant.errors import RunFailed, UserError  # noqa: E402
 COMMAND_MODULES = (
     "sextant.commands.run",
     "sextant.commands.compare",
+    "sextant.commands.export",
     "sextant.commands.runs",
     "sextant.commands.capabilities",
     "sextant.commands.env",

@@ -32,6 +32,7 @@ from sextant.report.model import (
     accelerator_rows,
     build_report,
 )
+from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore, finite_json
 
@@ -638,12 +639,13 @@ def render_html(runs: Sequence[RunRecord], *, advice: Any = None,
 
 def render(runs: Sequence[RunRecord], fmt: str = "html", *, advice: Any = None,
            profile_path: str | None = None, group_id: str | None = None,
-           machine: Any = None, related: Sequence[RunRecord] | None = None) -> str:
+           machine: Any = None, related: Sequence[RunRecord] | None = None,
+           deployments: Sequence[DeployRecord] = ()) -> str:
     """The report of `runs` in one of FORMATS (`machine`: see build_report)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
     report = build_report(runs, advice=advice, profile_path=profile_path, group_id=group_id,
-                          machine=machine, related=related)
+                          machine=machine, related=related, deployments=deployments)
     if fmt == "json":
         return json.dumps(finite_json(report), indent=1, sort_keys=True, default=str) + "\n"
     if fmt == "md":
@@ -675,7 +677,7 @@ def load_advice(profile: str | Path, runs: Sequence[RunRecord],
 
 def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = "html",
                 profile: str | Path | None = None, calibration: str | Path | None = None,
-                plan: str | Path | None = None) -> str:
+                plan: str | Path | None = None, deploy_group: str | None = None) -> str:
     """The report of one compare group (default: the latest). The scaling prediction uses
     `calibration`, else calibration.json next to the results database, else
     ./sextant-results/calibration.json; without one, measured points only."""
@@ -694,7 +696,18 @@ def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = 
     return render(runs, fmt, advice=advice,
                   profile_path=str(profile) if profile is not None else None, group_id=group,
                   machine=load_machine(calibration, Path(store.path).parent),
-                  related=store.runs(workload_hash=runs[0].workload_hash))
+                  related=store.runs(workload_hash=runs[0].workload_hash),
+                  deployments=deployments_of(store, runs[0].workload_hash, deploy_group))
+
+
+def deployments_of(store: ResultsStore, workload_hash: str, group: str | None = None
+                   ) -> list[DeployRecord]:
+    """The deployment rows the report shows: those of `group`, else the workload's latest
+    deployment group (none: the report has no deployment section)."""
+    if group is not None:
+        return store.deployments(group_id=group)
+    rows = store.deployments(workload_hash=workload_hash)
+    return [r for r in rows if r.group_id == rows[-1].group_id] if rows else []
 
 
 def write_report(store: ResultsStore, path: str | Path, **options: Any) -> Path:

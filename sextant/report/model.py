@@ -30,6 +30,7 @@ from sextant.measure.intervals import (
 )
 from sextant.measure.agreement import FP32_ATOL, MIXED_FACTOR, mixed_agreement
 from sextant.measure.stats import max_loss_diff
+from sextant.results.deploy import DeployRecord
 from sextant.results.record import RankSummary, RunRecord
 
 MODEL_STATE_BYTES_PER_PARAM = 16
@@ -144,6 +145,87 @@ class Report(TypedDict):
     compile: list[dict[str, Any]]
     layouts: list[dict[str, Any]] | None
     environment: dict[str, Any]
+    deployment: Deployment | None
+
+
+class DeployRow(TypedDict):
+    """One deployment artifact as the report shows it (sextant.results.deploy.DeployRecord)."""
+
+    label: str
+    framework: str
+    format: str
+    runtime: str
+    status: str
+    error: str | None
+    parity: str | None
+    max_rel: float | None
+    argmax_agree: float | None
+    loss_change: float | None
+    """Held-out loss of the artifact minus the reference's (a quantized artifact's cost)."""
+    probe: str | None
+    probe_detail: str | None
+    generation_match: bool | None
+    b1_ms: float | None
+    b1_low_ms: float | None
+    b1_high_ms: float | None
+    bn_ms: float | None
+    bn_batch: int | None
+    cold_start_s: float | None
+    size_mb: float | None
+    rss_mb: float | None
+    targets: list[str]
+
+
+class Deployment(TypedDict):
+    """The deployment section: every artifact exported from one run's final parameters."""
+
+    source_run: int | None
+    params_sha256: str
+    threads: int
+    rows: list[DeployRow]
+    summary: str
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def deploy_row(r: DeployRecord) -> DeployRow:
+    b1 = r.latency_at(1)
+    bn = max(r.latency, key=lambda lat: lat.batch, default=None)
+    loss = (r.loss_artifact - r.loss_reference
+            if r.loss_artifact is not None and r.loss_reference is not None else None)
+    return {
+        "label": r.label, "framework": r.framework, "format": r.format, "runtime": r.runtime,
+        "status": r.status, "error": r.error, "parity": r.parity, "max_rel": r.max_rel,
+        "argmax_agree": r.argmax_agree, "loss_change": loss, "probe": r.probe,
+        "probe_detail": r.probe_detail, "generation_match": r.generation_match,
+        "b1_ms": _ms(b1.p50_s) if b1 else None, "b1_low_ms": _ms(b1.low_s) if b1 else None,
+        "b1_high_ms": _ms(b1.high_s) if b1 else None,
+        "bn_ms": _ms(bn.p50_s) if bn and bn.batch != 1 else None,
+        "bn_batch": bn.batch if bn and bn.batch != 1 else None,
+        "cold_start_s": r.cold_start_s,
+        "size_mb": None if r.size_bytes is None else r.size_bytes / 1e6,
+        "rss_mb": None if r.peak_rss_bytes is None else r.peak_rss_bytes / 2**20,
+        "targets": list(r.targets),
+    }
+
+
+def _deployment(records: Sequence[DeployRecord]) -> Deployment | None:
+    if not records:
+        return None
+    ok = [r for r in records if r.status == "ok"]
+    matched = sum(r.parity == "match" for r in ok)
+    quantized = sum(r.parity == "quantized" for r in ok)
+    failed = sum(r.status == "failed" for r in records)
+    missing = sum(r.status == "unavailable" for r in records)
+    parts = [f"{matched} of {len(records)} artifacts serve the trainer's logits"]
+    parts += [f"{n} {what}" for n, what in (
+        (len(ok) - matched - quantized, "mismatched"), (quantized, "quantized"),
+        (failed, "failed"), (missing, "not available here")) if n]
+    return {"source_run": records[0].source_run, "params_sha256": records[0].params_sha256,
+            "threads": records[0].threads, "rows": [deploy_row(r) for r in records],
+            "summary": "; ".join(parts)}
 
 
 def _throughput(run: RunRecord) -> tuple[float | None, float | None, float | None]:
@@ -670,8 +752,8 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
 
 def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
                  profile_path: str | None = None, group_id: str | None = None,
-                 machine: Any = None, related: Sequence[RunRecord] | None = None
-                 ) -> Report:
+                 machine: Any = None, related: Sequence[RunRecord] | None = None,
+                 deployments: Sequence[DeployRecord] = ()) -> Report:
     """The report of `runs` (one compare group, oldest first; the first is the reference).
     `machine`: a planner Catalogue with this machine's calibration, for the scaling
     prediction (None: measured points only). `related`: every stored run of the workload,
@@ -690,7 +772,7 @@ def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
         _trial_fields(row, trials, groups[0])
     _colour_index(rows)
     parity = _parity(runs, ref)
-    claims = [c.to_dict() for c in check_claims(every_run)]
+    claims = [c.to_dict() for c in check_claims(every_run, deployments=deployments)]
     scaling = _scaling(rows)
     _predict(scaling, runs, machine)
     workload = ref.workload_dict()
@@ -713,6 +795,7 @@ def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
         "compile": _compile(rows),
         "layouts": _layouts(runs),
         "environment": _environment(runs, ref),
+        "deployment": _deployment(deployments),
     }
 
 

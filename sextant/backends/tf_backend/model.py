@@ -71,6 +71,16 @@ def _layer_norm(x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
     return (x - mean) * tf.math.rsqrt(var + LAYER_NORM_EPS) * scale + bias
 
 
+def _seq(idx: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    """The sequence length (static where traced with one, as in training; a tensor in a
+    serving signature of any length) and the causal mask of that length."""
+    T = idx.shape[1]
+    if T is not None:
+        return T, tf.constant(np.tril(np.ones((T, T), dtype=bool)))
+    T = tf.shape(idx)[1]
+    return T, tf.cast(tf.linalg.band_part(tf.ones((T, T)), -1, 0), tf.bool)
+
+
 def _mlp_logits(spec: MLPSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
     n = len(spec.hidden) + 1
     for i in range(n):
@@ -82,11 +92,10 @@ def _mlp_logits(spec: MLPSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tens
 
 def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Tensor:
     """(B, T) int token ids -> (B*T, V) logits. Dense layers work on (B*T, C) rows."""
-    B, T = tf.shape(idx)[0], idx.shape[1]
+    B, (T, causal) = tf.shape(idx)[0], _seq(idx)
     C, nh, hd = spec.d_model, spec.n_heads, spec.head_dim
     x = tf.gather(p["wte"], idx) + p["wpe"][:T]  # (B, T, C)
     x = tf.reshape(x, (-1, C))
-    causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
     scale = 1.0 / math.sqrt(hd)
 
     def heads(t: tf.Tensor) -> tf.Tensor:  # (B*T, C) -> (B, nh, T, hd)
@@ -116,12 +125,11 @@ def _rms_norm(x: tf.Tensor, scale: tf.Tensor, eps: float) -> tf.Tensor:
 def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Tensor:
     """(B, T) int token ids -> (B*T, V) logits: RMSNorm, rotary, grouped-query attention
     (each key/value head repeated for its group of query heads), SwiGLU."""
-    B, T = tf.shape(idx)[0], idx.shape[1]
+    B, (T, causal) = tf.shape(idx)[0], _seq(idx)
     C, nh, nkv, hd = spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim
     x = tf.reshape(tf.gather(p["wte"], idx), (-1, C))  # (B*T, C)
     compute = p["blocks.0.attn.q.weight"].dtype if spec.n_layers else x.dtype
-    cos, sin = (tf.constant(t[:T, None, :], tf.float32) for t in rope_tables(spec))
-    causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
+    cos, sin = (tf.constant(t[:, None, :], tf.float32)[:T] for t in rope_tables(spec))
     scale = 1.0 / math.sqrt(hd)
 
     def heads(t: tf.Tensor, n: int, rotary: bool) -> tf.Tensor:  # (B*T, n*hd) -> (B, nh, T, hd)
@@ -152,18 +160,22 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> t
     return _dense(x, p["head.weight"])
 
 
+def logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
+    """(B, classes) for the MLP; (B*T, V) rows for the decoders."""
+    if isinstance(spec, MLPSpec):
+        return _mlp_logits(spec, p, x)
+    if isinstance(spec, LlamaSpec):
+        return _llama_logits(spec, p, x)
+    return _gpt_logits(spec, p, x)
+
+
 def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     """Mean softmax cross-entropy over every sample (MLP) or every token (GPT)."""
-    if isinstance(spec, MLPSpec):
-        logits = _mlp_logits(spec, p, x)
-    elif isinstance(spec, LlamaSpec):
-        logits = _llama_logits(spec, p, x)
-    else:
-        logits = _gpt_logits(spec, p, x)
+    logits_ = logits(spec, p, x)
     labels = tf.reshape(y, (-1,))
-    logits = tf.cast(logits, tf.float32)  # the loss in fp32 (a no-op in fp32)
+    logits_ = tf.cast(logits_, tf.float32)  # the loss in fp32 (a no-op in fp32)
     return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits_)
     )
 
 
