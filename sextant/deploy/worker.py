@@ -18,6 +18,12 @@ serve   loads the artifact through its runtime (sextant.deploy.runtimes), and me
         taken, so they are not counted in it. Writes result.json.
 
 A failure writes error.json (the exception's one line) and exits 1.
+
+Test hooks (SEXTANT_TEST_FAULT, comma-separated, each `<fault>@<framework>:<format>` for the
+row it breaks), deliberate bugs the tests must catch: `deploy-crash` kills the exporter's
+process; `deploy-weight` exports with one weight changed; `deploy-pad` serves an input
+shorter than the exported length left-padded to it and cut back, as an exporter that fixed
+the sequence length silently would.
 """
 
 from __future__ import annotations
@@ -60,6 +66,26 @@ def generate(forward: Forward, prompt: np.ndarray, tokens: int) -> list[int]:
     return out
 
 
+def faults(job: dict[str, Any]) -> set[str]:
+    """The test faults that apply to this job's row."""
+    row = f"@{job['framework']}:{job['format']}"
+    return {f[: -len(row)] for f in os.environ.get("SEXTANT_TEST_FAULT", "").split(",")
+            if f.endswith(row)}
+
+
+def _padded(forward: Forward, length: int) -> Forward:
+    """The deploy-pad fault: shorter inputs left-padded with token 0 to `length`."""
+
+    def wrong(tokens: np.ndarray) -> np.ndarray:
+        short = length - tokens.shape[1]
+        if short <= 0:
+            return forward(tokens)
+        padded = np.concatenate([np.zeros((tokens.shape[0], short), tokens.dtype), tokens], 1)
+        return forward(padded)[:, short:]
+
+    return wrong
+
+
 def export(job: dict[str, Any]) -> None:
     from sextant.workload import workload_from_dict
 
@@ -74,6 +100,12 @@ def export(job: dict[str, Any]) -> None:
     np.savez(out / "reference.npz", logits=reference(inputs["tokens"]),
              probe=reference(inputs["probe"]),
              generated=np.asarray(generate(reference, inputs["prompt"], job["generate"])))
+    if "deploy-crash" in faults(job):
+        os.abort()
+    if "deploy-weight" in faults(job):
+        name = next(n for n in params if n.endswith(".weight"))  # every token uses it
+        params[name] = params[name].copy()
+        params[name].flat[0] += 0.5
     start = time.perf_counter()
     meta = module.EXPORTERS[job["format"]](spec, params, inputs["tokens"], out)
     meta["export_s"] = time.perf_counter() - start
@@ -110,6 +142,8 @@ def serve(job: dict[str, Any]) -> None:
     started = time.perf_counter()
     forward = load(job["runtime"], artifact / meta["file"], meta, job["threads"])
     load_s = time.perf_counter() - started
+    if "deploy-pad" in faults(job):
+        forward = _padded(forward, inputs["tokens"].shape[1])
     logits = forward(inputs["tokens"])
     first_output = time.time()
     try:

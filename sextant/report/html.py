@@ -27,10 +27,12 @@ from sextant.report.charts import (
 from sextant.measure.agreement import FP32_ATOL as PARITY_ATOL
 from sextant.report.model import (
     ACCELERATOR_COLUMNS,
+    DEPLOY_COLUMNS,
     Report,
     Summary,
     accelerator_rows,
     build_report,
+    deploy_cells,
 )
 from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
@@ -105,7 +107,8 @@ VERDICT_CLASS = {HOLDS: "holds", NOT_HOLD: "nohold", INCONCLUSIVE: "inc", NOT_ME
 SECTIONS = (("claims", "Claims check"), ("speed", "Throughput"), ("scaling", "Scaling"),
             ("interconnect", "Interconnect"), ("comm", "Communication"), ("memory", "Memory"),
             ("layouts", "Parallel layouts"), ("parity", "Loss parity"),
-            ("compile", "Compile time"), ("env", "Environment"))
+            ("compile", "Compile time"), ("deployment", "Deployment"),
+            ("env", "Environment"))
 
 
 def _fmt_s(x: float | None) -> str:
@@ -552,6 +555,33 @@ def _compile(report: Report) -> str:
             f'(docs/methodology.md).</p>{chart}{table}</section>')
 
 
+def _deployment(report: Report) -> str:
+    dep = report.get("deployment")
+    head = '<section id="deployment"><h2>Deployment: the trained model where it serves</h2>'
+    if not dep:
+        return (head + '<p class="muted">No deployment measured: <code>sextant compare '
+                'deploy</code> exports this workload\'s trained weights through each '
+                'framework\'s own exporters and measures every artifact.</p></section>')
+    chart = hbar_chart(
+        [{"name": r["label"], "value": r["b1_ms"], "low": r["b1_low_ms"], "high": r["b1_high_ms"],
+          "colour": colour_for(r["framework"], 0)} for r in dep["rows"]
+         if r["status"] == "ok" and r["b1_ms"] is not None],
+        label="latency at batch 1", unit="ms per call (median, 95% CI)",
+        fmt=lambda v: f"{v:.2f} ms")
+    table = _table(DEPLOY_COLUMNS, [deploy_cells(r) for r in dep["rows"]], left=5)
+    source = (f'run {dep["source_run"]}' if dep["source_run"] is not None else "one run")
+    return (head + f'<p class="small">Every artifact holds the final weights of {e(source)} '
+            f'(sha256 {e(dep["params_sha256"][:12])}), exported by its framework\'s own '
+            f'exporter and served in a fresh process on {dep["threads"]} pinned thread(s). '
+            f'Parity: the largest logit difference over the largest reference logit, against '
+            f'the training framework\'s eager forward on held-out batches (match within '
+            f'1e-4; a quantized artifact shows its held-out loss change instead). Other '
+            f'shape: run at another batch and sequence length than exported (works, refused, '
+            f'or silently wrong). Generation: 32 greedy tokens against the trainer\'s. Cold '
+            f'start: process start to first output.</p><p>{e(dep["summary"])}.</p>'
+            f'{chart}{table}</section>')
+
+
 def _env(report: Report) -> str:
     env = report["environment"]
     rows = [(k, "-" if v is None else v) for k, v in sorted(env["fingerprint"].items())]
@@ -620,6 +650,7 @@ def html_from_report(report: Report) -> str:
 {_layouts(report)}
 {_parity(report)}
 {_compile(report)}
+{_deployment(report)}
 {_advice_details(report)}
 {_env(report)}
 <footer>sextant {e(report['sextant'])} · group {e(report.get('group_id') or '-')} · written

@@ -211,6 +211,30 @@ def deploy_row(r: DeployRecord) -> DeployRow:
     }
 
 
+DEPLOY_COLUMNS = ("artifact", "status", "parity (max rel)", "other shape", "generation",
+                  "batch 1 ms [95% CI]", "batch N ms", "cold start s", "MB", "RSS MB")
+
+
+def deploy_cells(r: DeployRow) -> tuple[Any, ...]:
+    if r["status"] != "ok":
+        return (r["label"], r["status"], r["error"] or "", *["-"] * 7)
+    parity = (f'{r["parity"]} ({_loss_change(r["loss_change"])})' if r["parity"] == "quantized"
+              else f'{r["parity"]} ({r["max_rel"]:.1e})' if r["max_rel"] is not None
+              else "-")
+    b1 = (f'{r["b1_ms"]:.2f}' + (f' [{r["b1_low_ms"]:.2f}-{r["b1_high_ms"]:.2f}]'
+                                  if r["b1_low_ms"] is not None and r["b1_high_ms"] is not None
+                                  else "")) if r["b1_ms"] is not None else "-"
+    bn = f'{r["bn_ms"]:.2f} (b{r["bn_batch"]})' if r["bn_ms"] is not None else "-"
+    return (r["label"], "ok", parity, r["probe"] or "-",
+            {True: "same", False: "differs", None: "-"}[r["generation_match"]], b1, bn,
+            f'{r["cold_start_s"]:.2f}' if r["cold_start_s"] is not None else "-", f'{r["size_mb"]:.2f}' if r["size_mb"] is not None
+            else "-", f'{r["rss_mb"]:.0f}' if r["rss_mb"] is not None else "-")
+
+
+def _loss_change(v: float | None) -> str:
+    return "-" if v is None else f"held-out loss {v:+.4f}"
+
+
 def _deployment(records: Sequence[DeployRecord]) -> Deployment | None:
     if not records:
         return None

@@ -5,7 +5,8 @@
                 sequence length symbolic, the latter bounded by the model's seq_len)
     savedmodel  jax2tf (native serialization: the same StableHLO inside an XlaCallModule op)
                 saved as a SavedModel with a `serving_default` signature
-    litert      the LiteRT converter's flatbuffer of that SavedModel
+    litert      the LiteRT converter's flatbuffer of such a SavedModel at a fixed sequence
+                length
     onnx        jax2onnx's conversion, served by ONNX Runtime (symbolic batch only)
 
 Tokens are int32 (JAX's default integer width). Imported only in an export process.
@@ -55,17 +56,24 @@ def jax_export(spec: ModelSpec, params: dict[str, np.ndarray], sample: np.ndarra
     return {"file": path.name, "dynamic": ["batch", "seq"], "input_dtype": "int32"}
 
 
-def _saved_model(spec: ModelSpec, params: dict[str, np.ndarray], path: Path) -> None:
+def _saved_model(spec: ModelSpec, params: dict[str, np.ndarray], path: Path,
+                 dynamic_seq: bool = True) -> None:
+    """jax2tf's SavedModel; `dynamic_seq` False fixes the sequence length, as a LiteRT model
+    is converted (the LiteRT converter refuses the shape-polymorphic StableHLO of the
+    rotary tables' slice)."""
     import tensorflow as tf
     from jax.experimental import jax2tf
 
     seq_len = getattr(spec, "seq_len")
-    converted = jax2tf.convert(_forward(spec, params), polymorphic_shapes=["(b, t)"],
-                               polymorphic_constraints=(f"t <= {seq_len}",))
+    converted = jax2tf.convert(
+        _forward(spec, params), with_gradient=False,
+        polymorphic_shapes=["(b, t)" if dynamic_seq else f"(b, {seq_len})"],
+        polymorphic_constraints=(f"t <= {seq_len}",) if dynamic_seq else ())
     module = tf.Module()
     module.serve = tf.function(
         lambda tokens: {"logits": converted(tokens)}, autograph=False,
-        input_signature=[tf.TensorSpec([None, None], tf.int32, name="tokens")])
+        input_signature=[tf.TensorSpec([None, None if dynamic_seq else seq_len], tf.int32,
+                                       name="tokens")])
     tf.saved_model.save(module, str(path), signatures={SIGNATURE: module.serve})
 
 
@@ -81,11 +89,11 @@ def litert(spec: ModelSpec, params: dict[str, np.ndarray], sample: np.ndarray,
     import tensorflow as tf
 
     staging = out / "staging_saved_model"
-    _saved_model(spec, params, staging)
+    _saved_model(spec, params, staging, dynamic_seq=False)
     path = out / "model.tflite"
     path.write_bytes(tf.lite.TFLiteConverter.from_saved_model(str(staging)).convert())
     shutil.rmtree(staging)
-    return {"file": path.name, "dynamic": ["batch", "seq"], "input_dtype": "int32",
+    return {"file": path.name, "dynamic": ["batch"], "input_dtype": "int32",
             "signature": SIGNATURE}
 
 
