@@ -97,8 +97,10 @@ def test_missing_runtime_is_a_row_with_its_install_hint(gpt_matrix):
 def test_report_and_claims_read_the_matrix(gpt_matrix):
     html = (gpt_matrix["home"] / "report.html").read_text()  # type: ignore[operator]
     assert 'id="deployment"' in html and "latency at batch 1" in html
-    done = run_cli("report", "--format", "json", "--db", str(gpt_matrix["db"]))
-    report = json.loads(done.stdout)
+    out = gpt_matrix["home"] / "report.json"  # type: ignore[operator]
+    done = run_cli("report", "--format", "json", "--out", str(out), "--db", str(gpt_matrix["db"]))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
     assert len(report["deployment"]["rows"]) == len(_every_format())
     claims = {c["id"]: c for c in report["claims"]}
     for key in ("tf-deploy", "torch-tools", "jax-deploy"):

@@ -393,10 +393,12 @@ def _apply_constraints(rules: RuleSet, facts: Facts,
     return excluded
 
 
-def _apply_rules(rules: RuleSet, facts: Facts, points: _Points, fired: list[Fired]) -> None:
-    """The rules of thumb that match the profile, on the candidates not excluded."""
+def _apply_rules(rules: RuleSet, facts: Facts, points: _Points, fired: list[Fired],
+                 measured_metrics: set[str]) -> None:
+    """The rules of thumb that match the profile, on the candidates not excluded, less those
+    whose assumption a measured metric answers."""
     for rule in rules.rules:
-        if not rule.when.matches(facts):
+        if not rule.when.matches(facts) or rule.replaced_by in measured_metrics:
             continue
         applied = tuple((c, d) for c, d in rule.effect if c in points.fit)
         idle = [c for c, _ in rule.effect if c not in points.fit]
@@ -536,8 +538,8 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
         # Only a custom rules file can get here; the shipped constraints leave candidates.
         raise UserError("the rules' constraints exclude every candidate stack for this profile")
     points = _Points(usable)
-    _apply_rules(rules, facts, points, fired)
     measured = {(e.candidate, e.metric): e for e in evidence if e.source == MEASURED}
+    _apply_rules(rules, facts, points, fired, {metric for _, metric in measured})
     _apply_evidence_rules(rules, facts, measured, points, fired)
 
     hours, hours_source = reference_hours(profile, rules, planned)

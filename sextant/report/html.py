@@ -687,10 +687,12 @@ def render(runs: Sequence[RunRecord], fmt: str = "html", *, advice: Any = None,
 
 
 def load_advice(profile: str | Path, runs: Sequence[RunRecord],
-                plan: str | Path | None = None) -> Any:
-    """The advisor's Advice for a team profile, with these runs as measured evidence (and a
-    planner result for the training hours, when given)."""
+                plan: str | Path | None = None, deployments: Sequence[DeployRecord] = ()
+                ) -> Any:
+    """The advisor's Advice for a team profile, with these runs and deployment rows as
+    measured evidence (and a planner result for the training hours, when given)."""
     from sextant.advisor import advise, evidence_from_runs, load_profile
+    from sextant.advisor.evidence import evidence_from_deployments
     from sextant.advisor.planned import load_plan
 
     team = load_profile(profile)
@@ -698,7 +700,8 @@ def load_advice(profile: str | Path, runs: Sequence[RunRecord],
     from sextant.advisor.evidence import applicable
 
     runs, elsewhere = applicable(runs, team.hardware)
-    evidence = evidence_from_runs(runs)
+    evidence = evidence_from_runs(runs) + evidence_from_deployments(deployments,
+                                                                    team.deployment)
     notes = [elsewhere] if elsewhere else []
     if not any(x.metric == "throughput_ratio" for x in evidence):
         notes.append("No two frameworks measured on the same configuration in this report: "
@@ -723,12 +726,13 @@ def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = 
     if not runs:
         raise UserError(f"no runs of group {group!r} in {store.path}; "
                         "'sextant runs list' shows the stored runs")
-    advice = load_advice(profile, runs, plan) if profile is not None else None
+    deployments = deployments_of(store, runs[0].workload_hash, deploy_group)
+    advice = load_advice(profile, runs, plan, deployments) if profile is not None else None
     return render(runs, fmt, advice=advice,
                   profile_path=str(profile) if profile is not None else None, group_id=group,
                   machine=load_machine(calibration, Path(store.path).parent),
                   related=store.runs(workload_hash=runs[0].workload_hash),
-                  deployments=deployments_of(store, runs[0].workload_hash, deploy_group))
+                  deployments=deployments)
 
 
 def deployments_of(store: ResultsStore, workload_hash: str, group: str | None = None
