@@ -71,6 +71,7 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
         "steps_timed": steady["n"],
         "first_step_s": first,
         "compile_s": max(0.0, first - median) if first is not None and median else None,
+        **_edit_run(ranks[0].get("startup") or {}),
         "samples_per_s": per_second(samples),
         "tokens_per_s": per_second(tokens),
         "tokens_per_step": tokens,
@@ -108,6 +109,19 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
     # After the all-reduce every rank holds the same gradients, so rank 0's norm is the job's.
     return {"metrics": metrics, "losses": [float(x) for x in losses],
             "grad_norms": [float(x) for x in ranks[0]["grad_norms"]]}
+
+
+def _edit_run(startup: dict[str, Any]) -> dict[str, float | None]:
+    """The edit-run loop of rank 0: process start to its first finished step, and its parts
+    (the framework's import; set-up: building the model, placing it, the rendezvous; the
+    first step, tracing and compilation included, is first_step_s)."""
+    start, loop, first = (startup.get(k) for k in ("process_start_time", "loop_start_time",
+                                                   "first_step_end_time"))
+    import_s = startup.get("import_s")
+    total = first - start if first is not None and start is not None else None
+    setup = (loop - start - (import_s or 0.0)
+             if loop is not None and start is not None else None)
+    return {"time_to_first_step_s": total, "import_s": import_s, "setup_s": setup}
 
 
 def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]],

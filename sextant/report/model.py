@@ -90,6 +90,9 @@ class RunRow(TypedDict):
     speedup_vs_reference: float | None
     first_step_s: float | None
     compile_s: float | None
+    time_to_first_step_s: float | None
+    import_s: float | None
+    setup_s: float | None
     achieved_flops_per_s: float | None
     peak_rss_bytes: float | None
     peak_rss_total_bytes: float | None
@@ -298,6 +301,9 @@ def _run_row(run: RunRecord, ref: RunRecord, index: int) -> RunRow:
         "speedup_vs_reference": (ref_med / med) if med and ref_med and not not_ranked else None,
         "first_step_s": run.metrics.first_step_s,
         "compile_s": run.metrics.compile_s,
+        "time_to_first_step_s": run.metrics.time_to_first_step_s,
+        "import_s": run.metrics.import_s,
+        "setup_s": run.metrics.setup_s,
         "achieved_flops_per_s": run.metrics.achieved_flops_per_s,
         "peak_rss_bytes": run.metrics.peak_rss_bytes,
         "peak_rss_total_bytes": run.metrics.peak_rss_total_bytes,
@@ -582,7 +588,9 @@ def _compile(rows: list[RunRow]) -> list[dict[str, Any]]:
                     "first_step_s": first, "steady_step_s": steady,
                     "compile_s": row["compile_s"] if row["compile_s"] is not None
                     else max(0.0, first - steady),
-                    "first_over_steady": first / steady if steady else None})
+                    "first_over_steady": first / steady if steady else None,
+                    "time_to_first_step_s": row["time_to_first_step_s"],
+                    "import_s": row["import_s"], "setup_s": row["setup_s"]})
     return out
 
 

@@ -137,6 +137,12 @@ class Metrics:
     steps_timed: int | None = _kind(int)
     first_step_s: float | None = _kind(float)
     compile_s: float | None = _kind(float)
+    time_to_first_step_s: float | None = _kind(float)
+    """The edit-run loop: rank 0's process start to its first finished step."""
+    import_s: float | None = _kind(float)
+    """Importing the framework (part of time_to_first_step_s)."""
+    setup_s: float | None = _kind(float)
+    """Building the model, placing it and joining the other ranks, before the first step."""
     samples_per_s: float | None = _kind(float)
     tokens_per_s: float | None = _kind(float)
     tokens_per_step: float | None = _kind(float)
