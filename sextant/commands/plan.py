@@ -262,21 +262,6 @@ def register(subparsers: Any) -> None:
     ls.set_defaults(func=run_list)
 
 
-def _trainable(spec: str) -> bool:
-    """Whether --workload names a workload sextant can train (an hf: config, a bundled name,
-    or a TOML file of family gpt, llama or mlp), not a planner-only shape."""
-    from sextant.tomlfile import read_toml
-    from sextant.workload import BUNDLED_DIR, HF_PREFIX
-
-    if spec.startswith(HF_PREFIX) or (BUNDLED_DIR / f"{spec}.toml").is_file():
-        return True
-    try:
-        family = (read_toml(spec, "workload").get("model") or {}).get("family")
-    except (UserError, OSError):
-        return True  # unreadable: resolve_workload says why, in one line
-    return family in ("gpt", "llama", "mlp")
-
-
 def run_plan(args: argparse.Namespace) -> int:
     doc = plan_from_args(args)
     if args.json:
@@ -322,8 +307,6 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_PLAN_GLOBAL_BATCH = 1 << 24
-"""Sequences per step: 16 times the largest published batches (2^63 made the search hang)."""
 MAX_PLAN_TOKENS = 1e17
 """Tokens to train: a thousand times today's largest runs (1e308 printed a 300-digit time)."""
 
@@ -335,12 +318,8 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from sextant.planner.plan import PlanRequest, make_plan
 
     _check_args(args)
-    if args.workload and _trainable(args.workload):
-        # The validation `run` applies, before its shape is read (a planner-only shape,
-        # family 'transformer', is the planner's to validate).
-        from sextant.sources import resolve_workload
-
-        resolve_workload(args.workload)
+    # Only the shape is read, at the planner's bounds (models.PLAN_BOUNDS): a plan builds no
+    # model and reads no data, so the training bounds and [data] are run's to check.
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     measured = _measured(args, cat)
@@ -383,6 +362,8 @@ def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:
 
 def _check_args(args: argparse.Namespace) -> None:
     """The flags' own ranges and the combinations the plan needs, each one clear error."""
+    from sextant.planner.models import MAX_PLAN_GLOBAL_BATCH
+
     if bool(args.model) == bool(args.workload):
         raise UserError(
             "give exactly one of --model PRESET or --workload FILE (see 'sextant plan list')"

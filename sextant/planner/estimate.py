@@ -178,7 +178,7 @@ _OPTION_CHECKS: tuple[tuple[str, Check], ...] = (
     ("global_batch", int_at_least(1)),
     ("compute_efficiency", _number_in(0.0, 1.0, low_open=True)),
     ("link_efficiency", _number_in(0.0, 1.0, low_open=True)),
-    ("target_mfu", _number_in(0.0, 1.0, low_open=True, high_open=True, optional=True)),
+    ("target_mfu", _number_in(0.0, 1.0, low_open=True, optional=True)),
     ("overlap", _number_in(0.0, 1.0)),
     ("tp_overlap", _number_in(0.0, 1.0)),
     ("fragmentation", _at_least(0.0)),

@@ -16,6 +16,25 @@ from typing import Any
 
 from sextant.errors import UserError
 
+MAX_PLAN_WIDTH = 1 << 22
+"""The planner's bound on any width, head count, vocabulary or sequence length: 64 times the
+largest published d_ff (MT-NLG's 81,920) and 32 times a 128K context. The training bounds
+(sextant.workload.MAX_WIDTH) stay with run, compare and check, which build the model."""
+MAX_PLAN_LAYERS = 1 << 16
+MAX_PLAN_GLOBAL_BATCH = 1 << 24
+"""Sequences per step: 16 times the largest published batches."""
+PLAN_BOUNDS = {
+    "n_layers": MAX_PLAN_LAYERS,
+    "d_model": MAX_PLAN_WIDTH,
+    "n_heads": MAX_PLAN_WIDTH,
+    "n_kv_heads": MAX_PLAN_WIDTH,
+    "d_ff": MAX_PLAN_WIDTH,
+    "vocab_size": MAX_PLAN_WIDTH,
+    "seq_len": MAX_PLAN_WIDTH,
+    "global_batch": MAX_PLAN_GLOBAL_BATCH,
+}
+"""What a planned transformer's integer hyper-parameters may be (each at least 1)."""
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class TransformerShape:
@@ -80,19 +99,11 @@ class TransformerShape:
     """MLA: the per-head value width (0 = head_dim)."""
 
     def __post_init__(self) -> None:
-        for key in (
-            "n_layers",
-            "d_model",
-            "n_heads",
-            "n_kv_heads",
-            "d_ff",
-            "vocab_size",
-            "seq_len",
-            "global_batch",
-        ):
+        for key, most in PLAN_BOUNDS.items():
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"model.{key} must be an integer >= 1. Received: {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise UserError(f"model.{key} must be an integer in [1, {most}]. "
+                                f"Received: {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise UserError(
                 "n_kv_heads must divide n_heads. "
@@ -817,7 +828,15 @@ def shape_from_workload(
     raw: dict[str, Any], *, where: str = "workload"
 ) -> TransformerShape | MLPShape:
     """Build a shape from a parsed sextant workload (only name, global_batch and [model] are
-    read; the rest of the file belongs to the runner)."""
+    read; [data] and the rest belong to the runner, and may be left out)."""
+    from dataclasses import fields
+
+    from sextant.workload import Workload
+
+    allowed = sorted(f.name for f in fields(Workload))
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:  # worded as run words it, so one file gets one answer from both
+        raise UserError(f"{where}: unknown key {unknown[0]}; allowed keys: {', '.join(allowed)}")
     model = raw.get("model")
     if not isinstance(model, dict):
         raise UserError(f"{where} has no [model] table")
@@ -827,11 +846,7 @@ def shape_from_workload(
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise UserError(f"{where}: global_batch must be an integer >= 1. Received: {batch!r}")
     if family == "gpt":
-        values = {}
-        for key in _GPT_KEYS:
-            if key not in model:
-                raise UserError(f"{where}: model.{key} is required for a gpt model")
-            values[key] = model[key]
+        values = _decoder_values(model, "gpt", where)
         # sextant's gpt (sextant/init.py): pre-LayerNorm, GELU MLP, learned positions,
         # biases on every linear layer except the untied output head, no dropout.
         return TransformerShape(
@@ -845,7 +860,7 @@ def shape_from_workload(
             dropout=False,
             global_batch=batch,
             source=where,
-            **values,
+            **{k: values[k] for k in _GPT_KEYS},
         )
     if family == "transformer":
         return _transformer_from_workload(model, name=name, batch=batch, where=where)
@@ -903,23 +918,52 @@ _TRANSFORMER_OPTIONAL = {
 }
 
 
+def _decoder_values(model: dict[str, Any], family: str, where: str) -> dict[str, Any]:
+    """The [model] table of sextant's runnable gpt or llama family, held to the planner's
+    bounds (PLAN_BOUNDS), not the training ones: a plan builds no model, so a published
+    shape too wide to train on this machine (d_ff 81,920, a 128K context) is still planned.
+    Unknown keys are refused as the runner refuses them."""
+    from dataclasses import fields
+
+    from sextant.workload import GPTSpec, LlamaSpec
+
+    spec = GPTSpec if family == "gpt" else LlamaSpec
+    allowed = {f.name for f in fields(spec)}
+    unknown = sorted(set(model) - allowed)
+    if unknown:
+        raise UserError(f"{where}: unknown key model.{unknown[0]} for a {family} model; "
+                        f"allowed: {', '.join(sorted(allowed - {'family'}))}")
+    defaults = {f.name: f.default for f in fields(spec)}
+    values = {k: model.get(k, defaults[k]) for k in allowed - {"family"}}
+    ints = [k for k in values if k in PLAN_BOUNDS]
+    for key in ints:
+        value, most = values[key], PLAN_BOUNDS[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise UserError(f"{where}: model.{key} must be an integer in [1, {most}]. "
+                            f"Received: {value!r}")
+    for key in ("rope_theta", "norm_eps"):
+        value = values.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise UserError(f"{where}: model.{key} must be a number > 0. Received: {value!r}")
+    if not isinstance(values.get("tie_embeddings", False), bool):
+        raise UserError(f"{where}: model.tie_embeddings must be true or false. "
+                        f"Received: {values['tie_embeddings']!r}")
+    if values["d_model"] % values["n_heads"]:
+        raise UserError(f"{where}: model.n_heads must divide model.d_model. Received: "
+                        f"d_model={values['d_model']}, n_heads={values['n_heads']}")
+    return values
+
+
 def _llama_from_workload(model: dict[str, Any], *, name: str, batch: int, where: str
                          ) -> TransformerShape:
     """sextant's runnable llama family (sextant/init.py): RMSNorm, rotary positions,
-    grouped-query attention, SwiGLU, no biases, no dropout; validated by the runner's own
-    spec, so the planner and the runner accept the same files."""
-    from sextant.workload import LlamaSpec, workload_from_dict
-
-    try:
-        workload_from_dict({"name": name, "model": model,
-                            "data": {"dataset": "python-reference"}})
-    except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
-    spec = LlamaSpec(**{k: v for k, v in model.items() if k != "family"})
+    grouped-query attention, SwiGLU, no biases, no dropout."""
+    v = _decoder_values(model, "llama", where)
     return TransformerShape(
-        name=name, n_layers=spec.n_layers, d_model=spec.d_model, n_heads=spec.n_heads,
-        n_kv_heads=spec.n_kv_heads, d_ff=spec.d_ff, vocab_size=spec.vocab_size,
-        seq_len=spec.seq_len, gated_mlp=True, tied_embeddings=spec.tie_embeddings,
+        name=name, n_layers=v["n_layers"], d_model=v["d_model"], n_heads=v["n_heads"],
+        n_kv_heads=v["n_kv_heads"], d_ff=v["d_ff"], vocab_size=v["vocab_size"],
+        seq_len=v["seq_len"], gated_mlp=True, tied_embeddings=v["tie_embeddings"],
         learned_positions=False, biases=False, layernorm=False, dropout=False,
         global_batch=batch, source=where,
     )
@@ -967,12 +1011,38 @@ def _transformer_from_workload(
 
 
 def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
+    """The shape of `--workload`: a TOML file, a bundled workload's name or an hf: config.
+    Only the shape is read (no [data], no tokens made), at the planner's bounds."""
     from sextant.tomlfile import read_toml
+    from sextant.workload import BUNDLED_DIR, HF_PREFIX
 
-    if str(path).startswith("hf:"):  # a Hugging Face config (sextant.hf)
-        from sextant.hf import parse_spec, workload_from_hf
-
-        config, options = parse_spec(str(path))
-        return shape_from_workload(workload_from_hf(config, **options), where=str(path))
-    raw = read_toml(Path(path), "workload")
+    if str(path).startswith(HF_PREFIX):
+        return _hf_shape(str(path))
+    file = Path(path)
+    if not file.exists() and file.suffix == "" and (BUNDLED_DIR / f"{file}.toml").is_file():
+        file = BUNDLED_DIR / f"{file}.toml"
+    raw = read_toml(file, "workload")
     return shape_from_workload(raw, where=str(path))
+
+
+def _hf_shape(spec: str) -> TransformerShape | MLPShape:
+    """A Hugging Face config's model at its full context (max_position_embeddings), mapped
+    and refused as `run` maps and refuses it (sextant.hf), without the training bounds."""
+    from sextant import hf
+
+    path, options = hf.parse_spec(spec)
+    config = hf.read_config(path)
+    kind = config.get("model_type")
+    if kind in hf.LLAMA_TYPES:
+        model, _, context = hf._llama(path, config)
+    elif kind in hf.GPT_TYPES:
+        model, _, context = hf._gpt(path, config)
+    else:  # its one-line refusal, with the reason
+        return shape_from_workload(hf.workload_from_hf(path, **options), where=spec)
+    model["seq_len"] = options.get("seq_len", context)
+    model = hf.scaled(model, scale=options.get("scale"), layers=options.get("layers"),
+                      width=options.get("width"))
+    name = "hf-" + (str(config.get("_name_or_path") or path.parent.name or path.stem)
+                    .split("/")[-1].lower())
+    raw = {"name": name, "global_batch": options.get("global_batch", 16), "model": model}
+    return shape_from_workload(raw, where=spec)
