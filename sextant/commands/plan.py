@@ -314,7 +314,8 @@ MAX_PLAN_TOKENS = 1e17
 def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import resolve_hardware
-    from sextant.planner.models import load_workload_shape, preset
+    from sextant.planner.models import preset
+    from sextant.planner.workload_shapes import load_workload_shape
     from sextant.planner.plan import PlanRequest, make_plan
 
     _check_args(args)
@@ -466,7 +467,7 @@ def _pinned(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _list(cat: Any, as_json: bool) -> int:
-    from sextant.planner.models import ALIASES, PRESETS
+    from sextant.planner.presets import ALIASES, PRESETS
 
     doc: dict[str, Any] = {
         "presets": {

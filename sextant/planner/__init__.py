@@ -21,11 +21,10 @@ from sextant.planner.models import (
     MLPShape,
     ModelCost,
     TransformerShape,
-    load_workload_shape,
     preset,
-    shape_from_workload,
 )
 from sextant.planner.plan import PlanRequest, make_plan
+from sextant.planner.workload_shapes import load_workload_shape, shape_from_workload
 from sextant.planner.search import enumerate_layouts, scaling_curve, search
 
 __all__ = [

@@ -72,7 +72,7 @@ def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, preci
     where it cannot say."""
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-    from sextant.planner.models import shape_from_workload
+    from sextant.planner.workload_shapes import shape_from_workload
     from sextant.planner.profiles import DEFAULT_STACK, profile
 
     key = catalogue_key(device_name)

@@ -18,7 +18,8 @@ from sextant.paths import calibration_in
 from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
 from sextant.planner.comms import STRATEGY_ZERO_STAGE
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-from sextant.planner.models import MLPShape, TransformerShape, shape_from_workload
+from sextant.planner.models import MLPShape, TransformerShape
+from sextant.planner.workload_shapes import shape_from_workload
 
 if TYPE_CHECKING:
     from sextant.results.record import RunRecord

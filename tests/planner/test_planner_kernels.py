@@ -14,7 +14,7 @@ from sextant.errors import UserError
 from sextant.planner import efficiency
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-from sextant.planner.models import PRESETS
+from sextant.planner.presets import PRESETS
 from sextant.planner.profiles import profile
 
 

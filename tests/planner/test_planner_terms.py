@@ -11,20 +11,17 @@ import pytest
 
 from sextant.planner import estimate
 from sextant.planner.catalogue import load_catalogue
-from sextant.planner.estimate import (
-    Layout,
-    PlanOptions,
+from sextant.planner.context import layout_context, links
+from sextant.planner.estimate import Layout, PlanOptions, resolve_hardware
+from sextant.planner.terms import (
     bubble_term,
     compute_term,
     cp_term,
     dp_term,
     ep_term,
-    layout_context,
-    links,
     memory_term,
     optimizer_term,
     pp_term,
-    resolve_hardware,
     tp_term,
 )
 from sextant.planner.models import preset

@@ -14,9 +14,9 @@ from sextant.planner.estimate import (
     Layout,
     PlanOptions,
     evaluate_one,
-    gathered_again,
     resolve_hardware,
 )
+from sextant.planner.terms import gathered_again
 from sextant.planner.models import MLPShape, megatron_gpt, preset
 from sextant.planner.profiles import profile
 
@@ -61,7 +61,7 @@ def test_gathering_every_tensor_pays_the_ring_latency_per_tensor(devices, mbs, m
     # gradients. Per layer and step that is 2 x 4 + 12 - 3 = 17 more collectives over every
     # rank than gathering per layer, each paying NCCL's ring latency over all of them
     # ((n - nodes) NVLink steps + (nodes - 1) network steps).
-    monkeypatch.setattr("sextant.planner.estimate.HOST_OP_SECONDS", 0.0)
+    monkeypatch.setattr("sextant.planner.terms.HOST_OP_SECONDS", 0.0)
     layer = _gpt175_zero3(devices, mbs, "layer")
     tensor = _gpt175_zero3(devices, mbs, "tensor")
     cat = load_catalogue(calibration=None)
@@ -118,7 +118,7 @@ def test_per_tensor_collectives_pay_the_host_work_of_their_per_rank_lists(device
     # copies back. One micro-batch: 2 x 4 gathers, 3 more for the recomputed forward (the
     # MLP-out weight stays gathered for its backward) and 12 reduce-scatters per layer.
     with_host = _gpt175_zero3(devices, mbs, "tensor")
-    monkeypatch.setattr("sextant.planner.estimate.HOST_OP_SECONDS", 0.0)
+    monkeypatch.setattr("sextant.planner.terms.HOST_OP_SECONDS", 0.0)
     without = _gpt175_zero3(devices, mbs, "tensor")
     calls = 96 * ((2 * 4 + 3) * 2 + 12 * 3) + 2 + 96 * 8 * 4
     expected = calls * devices * 2e-6
