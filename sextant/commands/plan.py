@@ -16,12 +16,15 @@ import argparse
 import json
 import math
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.commands.common import add_store_args, db_path
 from sextant.display import console
 from sextant.errors import UserError
 from sextant.paths import DEFAULT_CALIBRATION
+
+if TYPE_CHECKING:
+    from sextant.planner.plan_doc import Plan
 
 EPILOG = """examples:
   sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
@@ -263,13 +266,13 @@ def register(subparsers: Any) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    doc = plan_from_args(args)
+    plan = plan_from_args(args)
     if args.json:
-        print(json.dumps(doc, indent=2, default=float))
+        print(json.dumps(plan.to_json(), indent=2, default=float))
     else:
         from sextant.planner.render import render_plan
 
-        render_plan(doc, _console())
+        render_plan(plan, _console())
     return 0
 
 
@@ -311,7 +314,7 @@ MAX_PLAN_TOKENS = 1e17
 """Tokens to train: a thousand times today's largest runs (1e308 printed a 300-digit time)."""
 
 
-def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def plan_from_args(args: argparse.Namespace) -> Plan:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import resolve_hardware
     from sextant.planner.models import preset

@@ -87,9 +87,8 @@ def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, preci
                            stack=profile(DEFAULT_STACK).with_overrides(
                                fused_elementwise=compiled))
         hw = resolve_hardware(cat, key, options=opts)
-        figures = evaluate_one(shape.cost(flash_attention=True), hw, opts,
-                               Layout(dp=1, mbs=shape.global_batch)).figures
+        step = evaluate_one(shape.cost(flash_attention=True), hw, opts,
+                            Layout(dp=1, mbs=shape.global_batch)).step
     except (UserError, ValueError, KeyError):
         return None
-    step = figures.get("step")
     return float(step) if step else None

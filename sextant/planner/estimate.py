@@ -29,13 +29,13 @@ Step time (per optimizer step, on the slowest device):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
 from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from sextant.planner import efficiency
-from sextant.planner.context import layout_context, links
+from sextant.planner.context import LayoutContext, layout_context, links
 from sextant.planner.hardware import (
     Hardware,
     attention_kernel,
@@ -43,6 +43,17 @@ from sextant.planner.hardware import (
     kernel_seconds,
     per_device_peak,
     resolve_hardware,
+)
+from sextant.planner.evaluation import (
+    ComputeFigures,
+    Evaluation,
+    HostFigures,
+    MemoryPart,
+    Ranking,
+    StepPart,
+    concatenate,
+    sum_parts,
+    tree_map,
 )
 from sextant.planner.layout import KNOBS, OFFLOAD, RECOMPUTE, Layout, check_layout
 from sextant.planner.models import ModelCost
@@ -55,6 +66,7 @@ from sextant.planner.terms import (
     ep_term,
     host_load_term,
     memory_term,
+    MemoryTerm,
     optimizer_term,
     pp_term,
     tp_hidden_term,
@@ -62,159 +74,137 @@ from sextant.planner.terms import (
 )
 
 __all__ = [
-    "COMPONENTS", "KNOBS", "OFFLOAD", "RECOMPUTE", "Hardware", "Layout", "PlanOptions",
+    "KNOBS", "OFFLOAD", "RECOMPUTE", "Hardware", "Layout", "PlanOptions",
     "attention_kernel", "check_layout", "evaluate", "evaluate_one", "head_flops_per_token",
-    "kernel_seconds", "overhead_cause", "per_device_peak", "resolve_hardware", "solve_mfu",
+    "kernel_seconds", "overhead_cause", "per_device_peak", "rank", "resolve_hardware", "solve_mfu",
     "with_options",
 ]
-
-COMPONENTS = (
-    "compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed"
-)
 
 CHUNK = 16384  # rows per pass: keeps numpy temporaries in cache (about 1.5x faster)
 
 
 def evaluate(
-    cost: ModelCost,
-    hw: Hardware,
-    opts: PlanOptions,
-    lay: dict[str, np.ndarray],
-    keys: tuple[str, ...] | None = None,
-) -> dict[str, np.ndarray]:
-    """Memory and time of every layout in `lay` (arrays of equal length; see KNOBS).
-    `keys` limits the figures returned (the search keeps three for a million rows)."""
+    cost: ModelCost, hw: Hardware, opts: PlanOptions, lay: dict[str, np.ndarray]
+) -> Evaluation:
+    """Memory and time of every layout in `lay` (arrays of equal length; see KNOBS)."""
     rows = len(lay["dp"])
     if rows <= CHUNK:
-        res = _evaluate(cost, hw, opts, lay)
-        return res if keys is None else {k: res[k] for k in keys}
-    parts = []
-    for i in range(0, rows, CHUNK):
-        res = _evaluate(cost, hw, opts, {k: v[i : i + CHUNK] for k, v in lay.items()})
-        parts.append(res if keys is None else {k: res[k] for k in keys})
-    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+        return _evaluate(cost, hw, opts, lay)
+    return concatenate([
+        _evaluate(cost, hw, opts, {k: v[i : i + CHUNK] for k, v in lay.items()})
+        for i in range(0, rows, CHUNK)
+    ])
+
+
+def rank(cost: ModelCost, hw: Hardware, opts: PlanOptions, lay: dict[str, np.ndarray]
+         ) -> Ranking:
+    """What the search ranks by, for a table of any length (a million rows keep three
+    figures, chunk by chunk)."""
+    rows = len(lay["dp"])
+    parts = [
+        _evaluate(cost, hw, opts, {k: v[i : i + CHUNK] for k, v in lay.items()}).ranking()
+        for i in range(0, rows, CHUNK)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return tree_map(lambda *a: np.concatenate(a), *parts)
 
 
 def _evaluate(
     cost: ModelCost, hw: Hardware, opts: PlanOptions, lay: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
+) -> Evaluation:
+    """The fold: each term of terms.py over one LayoutContext, gathered into named parts.
+    The step is the parts' sum in this order."""
     c = layout_context(cost, hw, opts, lay)
     lk = links(c)
     mem = memory_term(c)
     load = host_load_term(c, mem.host_per_node)
     comp = compute_term(c)
-    t_opt = optimizer_term(c)
     t_tp, t_cp, t_ep, t_pp = tp_term(c, lk), cp_term(c, lk, comp.peak), ep_term(c, lk), pp_term(c, lk)
     tp_hidden = tp_hidden_term(c, t_tp, comp.seconds)
     t_tp = t_tp - tp_hidden
-    t_bubble = bubble_term(c, comp.seconds + t_tp + t_cp + t_ep + t_pp)
     dp = dp_term(c, lk, comp.seconds - tp_hidden)
-    step = comp.seconds + t_opt + t_tp + t_cp + t_ep + t_pp + t_bubble + dp.exposed
+    parts = _step_parts(c, comp.seconds, optimizer_term(c), t_tp, t_cp, t_ep, t_pp, dp.exposed)
+    step = sum_parts(parts)
     tokens_per_s = c.tokens_step / step
     per_peak = tokens_per_s / (c.n * hw.accelerator.peak(opts.precision))
+    return Evaluation(
+        devices=c.n,
+        microbatches=c.m,
+        params_per_device=c.psi_stage,
+        memory_parts=_memory_parts(mem),
+        memory=mem.memory,
+        capacity=mem.capacity,
+        fits=mem.fits & load.fits,
+        host=HostFigures(offload=mem.psi_worst * mem.coef["host"], per_node=mem.host_per_node,
+                         load_per_rank=load.per_rank, load_per_node=load.per_node),
+        compute=ComputeFigures(
+            flops_bound=comp.flops_bound, scaled_bound=comp.scaled_bound,
+            memory_ops=comp.memory_ops, weights_bound=comp.weights_bound,
+            hw_flops_per_token=comp.hw_flops_per_token * np.ones_like(c.n),
+        ),
+        step_parts=parts,
+        step=step,
+        dp_comm=dp.seconds,
+        step_no_overlap=step + dp.hidden,
+        tokens_per_s=tokens_per_s,
+        mfu=cost.model_flops_per_token * per_peak,
+        mfu_6n=(cost.model_flops_per_token - cost.attention_flops_per_token) * per_peak,
+        hfu=comp.hw_flops_per_token * per_peak,
+        offload=c.off >= 1,
+        weights_bound=comp.weights_bound > comp.flops_bound + comp.memory_ops,
+    )
+
+
+def _step_parts(c: LayoutContext, t_compute: Any, t_opt: Any, t_tp: Any, t_cp: Any,
+                t_ep: Any, t_pp: Any, t_dp: Any) -> tuple[StepPart, ...]:
+    """The step's parts in the order they are added, each with the link it runs on; the
+    pipeline bubble idles for (p - 1) / (v m) of the work of every part before it but the
+    optimizer step."""
+    parts = (
+        StepPart(name="compute", label="compute", cause="compute", seconds=t_compute),
+        StepPart(name="optimizer", label="optimizer step / offload", cause="optimizer step",
+                 seconds=t_opt),
+        StepPart(name="tp_comm", label="tensor-parallel communication", cause="TP all-reduces",
+                 seconds=t_tp, crosses=c.tp_out > 1, names_link=True),
+        StepPart(name="cp_comm", label="context-parallel K/V exchange (exposed)",
+                 cause="context-parallel K/V exchange", seconds=t_cp),
+        StepPart(name="ep_comm", label="expert all-to-alls", cause="expert all-to-alls",
+                 seconds=t_ep),
+        StepPart(name="pp_comm", label="pipeline sends", cause="pipeline sends", seconds=t_pp,
+                 crosses=(c.n > c.g) & c.multi, names_link=True),
+    )
+    work = sum_parts(p for p in parts if p.name != "optimizer")
+    return parts + (
+        StepPart(name="bubble", label="pipeline bubble", cause="pipeline bubble",
+                 seconds=bubble_term(c, work)),
+        StepPart(name="dp_exposed", label="exposed data-parallel communication",
+                 cause="exposed DP sync", seconds=t_dp, crosses=c.dp_out > 1, names_link=True),
+    )
+
+
+def _memory_parts(mem: MemoryTerm) -> tuple[MemoryPart, ...]:
     psi = mem.psi_worst
-    return {
-        "devices": c.n,
-        "microbatches": c.m,
-        "fits": mem.fits & load.fits,
-        "memory": mem.memory,
-        "capacity": mem.capacity,
-        "mem_params": psi * mem.coef["params"],
-        "mem_grads": psi * mem.coef["grads"],
-        "mem_optimizer": psi * mem.coef["optimizer"],
-        "mem_host": psi * mem.coef["host"],
-        "host_per_node": mem.host_per_node,
-        "host_load_per_rank": load.per_rank,
-        "host_load_per_node": load.per_node,
-        "mem_gather": mem.gather,
-        "mem_activations": mem.activations,
-        "mem_overhead": mem.memory - mem.raw,
-        "params_per_device": c.psi_stage,
-        "compute": comp.seconds,
-        "compute_flops_bound": comp.flops_bound,
-        "compute_scaled_bound": comp.scaled_bound,
-        "compute_memory_ops": comp.memory_ops,
-        "compute_memory_bound": comp.weights_bound,
-        "optimizer": t_opt,
-        "tp_comm": t_tp,
-        "cp_comm": t_cp,
-        "ep_comm": t_ep,
-        "pp_comm": t_pp,
-        "bubble": t_bubble,
-        "dp_comm": dp.seconds,
-        "dp_exposed": dp.exposed,
-        "step": step,
-        "step_no_overlap": step + dp.hidden,
-        "tokens_per_s": tokens_per_s,
-        "mfu": cost.model_flops_per_token * per_peak,
-        "hfu": comp.hw_flops_per_token * per_peak,
-        "hw_flops_per_token": comp.hw_flops_per_token * np.ones_like(c.n),
-        "tp_inter": c.tp_out > 1,
-        "dp_inter": c.dp_out > 1,
-        "pp_inter": (c.n > c.g) & c.multi,
-        "offload": c.off >= 1,
-        "weights_bound": comp.weights_bound > comp.flops_bound + comp.memory_ops,
-    }
+    return (
+        MemoryPart(name="params", label="parameters", bytes=psi * mem.coef["params"]),
+        MemoryPart(name="grads", label="gradients", bytes=psi * mem.coef["grads"]),
+        MemoryPart(name="optimizer", label="optimizer state", bytes=psi * mem.coef["optimizer"]),
+        MemoryPart(name="zero3_buffers", label="ZeRO-3 gathered layers", bytes=mem.gather),
+        MemoryPart(name="activations", label="activations", bytes=mem.activations),
+        MemoryPart(name="allowance", label="allowance (fragmentation + runtime)",
+                   bytes=mem.memory - mem.raw),
+    )
 
 
-def overhead_cause(res: dict[str, np.ndarray], i: int, hw: Hardware) -> tuple[str, float]:
+def overhead_cause(ev: Evaluation, i: int, hw: Hardware) -> tuple[str, float]:
     """The largest non-compute part of row i's step, named with the link it runs on."""
-    parts = {
-        "tp_comm": res["tp_comm"][i],
-        "cp_comm": res["cp_comm"][i],
-        "ep_comm": res["ep_comm"][i],
-        "pp_comm": res["pp_comm"][i],
-        "bubble": res["bubble"][i],
-        "dp_exposed": res["dp_exposed"][i],
-        "optimizer": res["optimizer"][i],
-    }
-    key = max(parts, key=lambda k: parts[k])
-    share = float(parts[key] / res["step"][i])
-    if key == "bubble":
-        return "pipeline bubble", share
-    if key == "optimizer":
-        return (
-            "CPU offload (host link and host optimizer step)"
-            if bool(res["offload"][i])
-            else "optimizer step"
-        ), share
-    if key in ("cp_comm", "ep_comm"):
-        what = "context-parallel K/V exchange" if key == "cp_comm" else "expert all-to-alls"
-        return what, share
-    inter_flag = {"tp_comm": "tp_inter", "pp_comm": "pp_inter", "dp_exposed": "dp_inter"}[key]
-    crosses = bool(res[inter_flag][i])
-    link = hw.inter if crosses else hw.intra
-    what = {
-        "tp_comm": "TP all-reduces",
-        "pp_comm": "pipeline sends",
-        "dp_exposed": "exposed DP sync",
-    }[key]
-    bw = hw.inter_bw_per_device if crosses else hw.intra.bandwidth
-    where = "inter-node" if crosses else "intra-node"
-    if hw.torus is not None:
-        # A slice's groups each have the bandwidth of the ICI axes they lie on (the plan's
-        # slice line gives it); between slices, the data-centre network.
-        where = "between slices" if crosses else "the slice's ICI axes"
-        if not crosses:
-            return f"{what} on {link.key} ({where})", share
-    return f"{what} on {link.key} ({where}, {bw / 1e9:.3g} GB/s/device)", share
+    return ev.row(i).overhead(hw)
 
 
-@dataclass(kw_only=True, slots=True)
-class Evaluated:
-    """One layout's figures as plain Python numbers."""
-
-    layout: Layout
-    figures: dict[str, Any] = field(default_factory=dict)
-
-
-def evaluate_one(cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layout) -> Evaluated:
-    res = evaluate(cost, hw, opts, layout.arrays())
-    figures = {k: (bool(v[0]) if v.dtype == bool else float(v[0])) for k, v in res.items()}
-    cause, share = overhead_cause(res, 0, hw)
-    figures["overhead_cause"] = cause
-    figures["overhead_share"] = share
-    return Evaluated(layout=layout, figures=figures)
+def evaluate_one(cost: ModelCost, hw: Hardware, opts: PlanOptions, layout: Layout
+                 ) -> Evaluation:
+    """One layout's Evaluation, its figures Python numbers."""
+    return evaluate(cost, hw, opts, layout.arrays()).row(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,17 +226,17 @@ def solve_mfu(
     efficiency <= 1 reaches the target (the rest of the step, communication, bubble and
     memory-bound work, is too long), the options stay as given and `reachable` is False."""
     given = replace(opts, target_mfu=None)
-    ceiling = float(evaluate_one(cost, hw, replace(given, compute_efficiency=1.0), layout)
-                    .figures["mfu"])
+    ceiling = float(evaluate_one(cost, hw, replace(given, compute_efficiency=1.0), layout).mfu)
     if opts.target_mfu is None:
         return MfuSolution(options=given, reachable=True, ceiling=ceiling)
     current = given
     for _ in range(iterations):
-        f = evaluate_one(cost, hw, current, layout).figures
-        bubble_share = f["bubble"] / max(f["compute"] + f["tp_comm"] + f["pp_comm"], 1e-300)
-        flops_part = 0.0 if f["weights_bound"] else f["compute_scaled_bound"] * (1 + bubble_share)
+        f = evaluate_one(cost, hw, current, layout)
+        bubble_share = f.seconds("bubble") / max(
+            f.seconds("compute") + f.seconds("tp_comm") + f.seconds("pp_comm"), 1e-300)
+        flops_part = 0.0 if f.weights_bound else f.compute.scaled_bound * (1 + bubble_share)
         new = efficiency.solve_for_mfu(
-            f["mfu"], opts.target_mfu, flops_part / f["step"], current.compute_efficiency
+            f.mfu, opts.target_mfu, flops_part / f.step, current.compute_efficiency
         )
         if not math.isfinite(new) or new > 1.0:
             return MfuSolution(options=given, reachable=False, ceiling=ceiling)

@@ -19,6 +19,7 @@ from sextant.errors import UserError
 from sextant.planner import comms
 from sextant.planner.catalogue import Catalogue, Link, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.evaluation import Evaluation
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
 from sextant.planner.models import TransformerShape, megatron_gpt, preset
 from sextant.planner.profiles import default_stack, profile
@@ -190,9 +191,9 @@ def megatron_choice(
             f = evaluate_one(
                 cost, hw, opts,
                 replace(sized, recompute=recompute, sp=sp, interleave=int(v)),
-            ).figures
-            if f["fits"] or micro_batch == "layout":
-                steps.append((float(f["step"]), mbs, int(v)))
+            )
+            if f.fits or micro_batch == "layout":
+                steps.append((float(f.step), mbs, int(v)))
     if not steps:
         raise UserError(f"reference setting does not fit at any micro-batch size: {shape.name}")
     return min(steps)
@@ -258,15 +259,20 @@ def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict
     return replace(hw, accelerator=acc)
 
 
-def _figure(f: dict[str, Any], figure: str, devices: int) -> float:
+FIGURES = ("step", "tokens_per_s", "mfu", "mfu_6n", "hfu", "memory")
+"""Figures of an Evaluation a record may name, besides the two per-device ones below."""
+
+
+def _figure(f: Evaluation, figure: str, devices: int) -> float:
     """One figure of an evaluated layout, per device where the source counts per device."""
     if figure == "tokens_per_s_per_device":
-        return float(f["tokens_per_s"]) / devices
+        return float(f.tokens_per_s) / devices
     if figure == "memory_gib":
-        return float(f["memory"]) / 2**30
-    if figure not in f:
-        raise UserError(f"unknown figure {figure!r}; allowed: {', '.join(sorted(f))}")
-    return float(f[figure])
+        return float(f.memory) / 2**30
+    if figure not in FIGURES:
+        allowed = ", ".join(sorted([*FIGURES, "tokens_per_s_per_device", "memory_gib"]))
+        raise UserError(f"unknown figure {figure!r}; allowed: {allowed}")
+    return float(getattr(f, figure))
 
 
 @evaluator
@@ -288,9 +294,9 @@ def pinned(
     hw = _hardware(accelerator, network, opts, hardware or {})
     shape = _shape(model, batch)
     lay = _layout(layout)
-    f = evaluate_one(shape.cost(flash_attention=opts.flash_attention), hw, opts, lay).figures
+    f = evaluate_one(shape.cost(flash_attention=opts.flash_attention), hw, opts, lay)
     if flops == "megatron-eq3":
-        return _megatron_eq3_flops(shape, batch) / (float(f["step"]) * lay.devices) / 1e12
+        return _megatron_eq3_flops(shape, batch) / (float(f.step) * lay.devices) / 1e12
     return _figure(f, figure, lay.devices)
 
 
@@ -303,7 +309,8 @@ def best(
     batch: int | None = None,
     fixed: dict[str, int] | None = None,
     options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Evaluation:
+    """The Evaluation of the fastest fitting layout the search finds."""
     shape = _shape(model, batch)
     opts = _options(shape.global_batch, options or {}, accelerator)
     hw = resolve_hardware(_cat(), accelerator, network, options=opts)
@@ -311,10 +318,7 @@ def best(
     found = res.best()
     if found is None:
         raise UserError(f"reference setting does not fit: {shape.name} on {devices} {accelerator}")
-    row = res.row(found)
-    return {k: float(v[0]) for k, v in row.items() if v.dtype != bool} | {
-        "layout": res.layout(found).label()
-    }
+    return res.row(found)
 
 
 @evaluator
@@ -348,7 +352,7 @@ def searched_tokens_days(
 ) -> float:
     """Days to train on `tokens` with the best layout the search finds."""
     f = best(model, devices, accelerator, network, batch=batch, fixed=fixed, options=options)
-    return tokens / f["tokens_per_s"] / 86400
+    return tokens / f.tokens_per_s / 86400
 
 
 @evaluator
@@ -364,7 +368,7 @@ def gpu_hours(
     """Device-hours to train on `tokens` with the best layout, at a stated goodput (published
     totals are wall time)."""
     f = best(model, devices, accelerator, network)
-    return tokens / f["tokens_per_s"] * devices / 3600 / goodput
+    return tokens / f.tokens_per_s * devices / 3600 / goodput
 
 
 @evaluator

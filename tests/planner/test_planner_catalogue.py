@@ -91,7 +91,7 @@ def test_the_h800_is_an_h100_with_a_slower_nvlink():
     cost = preset("llama3-70b").cost()
     lay = Layout(dp=8, tp=8, zero=1, mbs=1)
     tp = {key: evaluate_one(cost, resolve_hardware(cat, key, options=opts), opts, lay)
-          .figures["tp_comm"] for key in ("h800", "h100-sxm")}
+          .seconds("tp_comm") for key in ("h800", "h100-sxm")}
     assert tp["h800"] > 2 * tp["h100-sxm"]
 
 

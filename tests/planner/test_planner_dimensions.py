@@ -17,15 +17,15 @@ from sextant.planner.models import preset
 def _eval(layout: Layout, devices_per_node=None, **opts):
     o = PlanOptions(global_batch=1024, **opts)
     hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", "ib-ndr", options=o)
-    return evaluate_one(preset("llama2-70b").cost(), hw, o, layout).figures
+    return evaluate_one(preset("llama2-70b").cost(), hw, o, layout)
 
 
 def test_fp8_speeds_up_the_gemms_not_the_attention():
     lay = Layout(dp=64, tp=8, pp=2, zero=1, mbs=1)
     bf16, fp8 = _eval(lay), _eval(lay, fp8=True)
-    ratio = fp8["compute_flops_bound"] / bf16["compute_flops_bound"]
+    ratio = fp8.compute.flops_bound / bf16.compute.flops_bound
     assert 0.5 < ratio < 0.6  # 1979 vs 989 TFLOP/s for the GEMMs, attention unchanged
-    assert fp8["mfu"] > bf16["mfu"]  # MFU stays relative to the bf16 peak
+    assert fp8.mfu > bf16.mfu  # MFU stays relative to the bf16 peak
 
 
 def test_fp8_on_an_accelerator_without_fp8_is_a_one_line_error(capsys):
@@ -37,7 +37,7 @@ def test_fp8_on_an_accelerator_without_fp8_is_a_one_line_error(capsys):
 def test_hybrid_sharding_divides_states_by_the_node_and_keeps_gathers_inside_it():
     full = _eval(Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full"))
     hybrid = _eval(Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full", hsdp=True))
-    assert hybrid["mem_optimizer"] == pytest.approx(full["mem_optimizer"] * 128 / 8)
+    assert hybrid.memory_of("optimizer") == pytest.approx(full.memory_of("optimizer") * 128 / 8)
     # With one 400 Gb/s port per GPU the node's network (8 x 50 GB/s) is nearly as fast as
     # its NVLink ring, so a ring over all ranks (pipelined through both) costs about what the
     # gathers on NVLink plus the replicas' all-reduce do. With two ports per node the
@@ -48,7 +48,7 @@ def test_hybrid_sharding_divides_states_by_the_node_and_keeps_gathers_inside_it(
     hybrid = _eval(
         Layout(dp=128, tp=1, pp=1, zero=3, mbs=1, recompute="full", hsdp=True), **slow
     )
-    assert hybrid["dp_comm"] < full["dp_comm"]  # gathers on NVLink instead of the network
+    assert hybrid.dp_comm < full.dp_comm  # gathers on NVLink instead of the network
 
 
 def test_hsdp_needs_a_zero_stage():
@@ -60,17 +60,17 @@ def test_oversubscription_slows_collectives_across_leaves():
     lay = Layout(dp=128, tp=8, pp=1, zero=1, mbs=1, recompute="full")
     flat = _eval(lay)
     tapered = _eval(lay, oversubscription=3.0, nodes_per_leaf=32)
-    assert tapered["dp_comm"] > flat["dp_comm"]
+    assert tapered.dp_comm > flat.dp_comm
     same_leaf = _eval(lay, oversubscription=3.0, nodes_per_leaf=1024)
-    assert same_leaf["dp_comm"] == pytest.approx(flat["dp_comm"])
+    assert same_leaf.dp_comm == pytest.approx(flat.dp_comm)
 
 
 def test_host_memory_per_node_limits_offload(capsys):
     lay = Layout(dp=16, tp=1, pp=1, zero=3, mbs=1, recompute="full", offload="optimizer")
     free = _eval(lay)
-    assert free["host_per_node"] > 100e9
+    assert free.host.per_node > 100e9
     limited = _eval(lay, host_memory_gb=64)
-    assert bool(limited["fits"]) is False
+    assert bool(limited.fits) is False
 
 
 def test_cli_flags(capsys):
@@ -92,8 +92,8 @@ def test_torchtitan_checkpointing_modes_sit_between_none_and_full():
         rc: _eval(Layout(dp=128, tp=8, pp=1, zero=1, mbs=1, recompute=rc))
         for rc in ("none", "op", "alternate", "full")
     }
-    acts = {rc: f["mem_activations"] for rc, f in figs.items()}
-    flops = {rc: f["hw_flops_per_token"] for rc, f in figs.items()}
+    acts = {rc: f.memory_of("activations") for rc, f in figs.items()}
+    flops = {rc: f.compute.hw_flops_per_token for rc, f in figs.items()}
     assert acts["full"] < acts["op"] < acts["none"]
     assert acts["full"] < acts["alternate"] < acts["none"]
     assert flops["none"] < flops["op"] < flops["full"]
