@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from sextant.commands.common import add_store_args, db_path
@@ -293,7 +293,7 @@ def run_references_cmd(args: argparse.Namespace) -> int:
     if args.markdown:
         print(references_markdown(rows))
     elif args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([asdict(r) for r in rows], indent=2))
     else:
         render_references(rows, _console())
     return 0
