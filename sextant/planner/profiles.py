@@ -65,6 +65,12 @@ class StackProfile:
     attention_kernels: tuple[str, ...] = ("flash2",)
     """The attention kernels the stack runs, preferred first (catalogue.ATTENTION_KERNELS):
     on an accelerator the first one with a published rate is used (efficiency.py)."""
+    host_buffer_factor: float = 1.0
+    """What host memory the stack asks for over the bytes it keeps there (offloaded states,
+    the model while it is built): DeepSpeed's estimators multiply their CPU figure by their
+    `additional_buffer_factor`, 1.5 by default (estimate_zero2_model_states_mem_needs in
+    runtime/zero/stage_1_and_2.py and estimate_zero3_model_states_mem_needs in
+    runtime/zero/stage3.py, DeepSpeed 0.19.8); its device figure has none."""
     async_collectives: bool = False
     """The compiler runs the tensor-parallel collectives asynchronously, overlapped with the
     layers' compute (XLA on TPU with async collective fusion, the LIBTPU_INIT_ARGS of
@@ -90,6 +96,10 @@ class StackProfile:
             if kernel not in ATTENTION_KERNELS:
                 raise UserError(f"attention_kernels must be among "
                                 f"{', '.join(ATTENTION_KERNELS)}. Received: {kernel!r}")
+        factor = self.host_buffer_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                1.0 <= factor <= 16.0):
+            raise UserError(f"host_buffer_factor must be in [1, 16]. Received: {factor!r}")
         bucket = self.dp_bucket_bytes
         if bucket is not None and (
             isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0
@@ -158,6 +168,7 @@ PROFILES: dict[str, StackProfile] = {
             balanced_stages=True,
             load="full",
             cp_method="ring",
+            host_buffer_factor=1.5,
             fused_elementwise=False,
         ),
         StackProfile(

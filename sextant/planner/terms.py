@@ -195,7 +195,8 @@ def memory_term(c: LayoutContext) -> MemoryTerm:
     mem = raw * (1.0 + opts.fragmentation) + opts.fixed_overhead_gb * 1e9
     g = np.minimum(c.n, c.g)
     capacity = acc.memory_bytes / g if acc.shared_node else np.full_like(c.n, acc.memory_bytes)
-    host_per_node = psi_worst * coef["host"] * c.per_host
+    # The host memory a node's ranks ask for: their offloaded bytes and the stack's buffers.
+    host_per_node = psi_worst * coef["host"] * c.per_host * opts.stack.host_buffer_factor
     fits = mem <= capacity
     if opts.host_memory_gb is not None:
         fits = fits & (host_per_node <= opts.host_memory_gb * 1e9)
@@ -220,7 +221,7 @@ def host_load_term(c: LayoutContext, offload_per_node: np.ndarray) -> HostLoad:
     With --host-memory-gb, the larger of this and the offloaded states must fit a node."""
     params = float(c.cost.total_params) * np.ones_like(c.n)
     per_rank = 4.0 * params if c.opts.stack.load == "full" else np.zeros_like(c.n)
-    per_node = per_rank * c.per_host
+    per_node = per_rank * c.per_host * c.opts.stack.host_buffer_factor
     ram = c.opts.host_memory_gb
     fits = (
         np.ones_like(c.n, dtype=bool)

@@ -20,7 +20,7 @@ QUIRKS = {"memory_model", "dp_schedule", "zero3_gather", "balanced_stages", "cp_
           "dp_bucket_bytes"}
 
 
-def _figures(stack: str, layout: Layout, model: str = "llama3-8b", batch: int = 64) -> dict:
+def _figures(stack: str, layout: Layout, model: str = "llama3-8b", batch: int = 64):
     opts = PlanOptions(global_batch=batch, stack=profile(stack))
     hw = resolve_hardware(CAT, "h100-sxm", "ib-ndr", options=opts)
     return evaluate_one(preset(model).cost(), hw, opts, layout)
@@ -133,7 +133,8 @@ def test_host_memory_at_load_follows_how_the_stack_builds_the_model(capsys):
     ds = _figures("deepspeed", lay, model="llama3-70b", batch=8)
     tt = _figures("torchtitan", lay, model="llama3-70b", batch=8)
     assert ds.host.load_per_rank == pytest.approx(4 * params)
-    assert ds.host.load_per_node == pytest.approx(8 * 4 * params)
+    # DeepSpeed's estimators ask 1.5 x what they keep on the host (additional_buffer_factor).
+    assert ds.host.load_per_node == pytest.approx(1.5 * 8 * 4 * params)
     assert tt.host.load_per_node == 0
     base = ["plan", "--model", "llama3-70b", "--gpus", "64", "--no-curve",
             "--host-memory-gb", "1000"]
@@ -143,4 +144,30 @@ def test_host_memory_at_load_follows_how_the_stack_builds_the_model(capsys):
     assert "does not fit" not in capsys.readouterr().out
     assert main([*base, "--stack", "deepspeed", "--json"]) == 0
     mem = json.loads(capsys.readouterr().out)["memory"]
-    assert mem["host_load_per_node"] == pytest.approx(8 * 4 * params)
+    assert mem["host_load_per_node"] == pytest.approx(1.5 * 8 * 4 * params)
+
+
+@pytest.mark.parametrize("zero, offload, nodes", [(2, "optimizer", 1), (3, "params", 1),
+                                                  (3, "params", 4), (3, "optimizer", 2)])
+def test_deepspeed_memory_is_its_own_estimator(zero, offload, nodes):
+    """The deepspeed profile against DeepSpeed's estimators themselves (its model built
+    whole on every rank: zero_init off): the host memory a node asks for, buffer factor 1.5
+    included, and the device's model states, ZeRO-3 keeping its largest layer whole on the
+    device even with the parameters offloaded."""
+    z12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    z3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    devices = 8 * nodes
+    f = _figures("deepspeed", Layout(dp=devices, zero=zero, mbs=1, offload=offload),
+                 model="llama2-7b", batch=devices)
+    cost = preset("llama2-7b").cost()
+    total, largest = cost.total_params, cost.largest_module_params
+    if zero == 3:
+        cpu, gpu, _ = z3.estimate_zero3_model_states_mem_needs(
+            total, largest, num_gpus_per_node=8, num_nodes=nodes, cpu_offload=True,
+            cpu_offload_params=offload == "params", zero_init=False)
+    else:
+        cpu, gpu = z12.estimate_zero2_model_states_mem_needs(
+            total, num_gpus_per_node=8, num_nodes=nodes, cpu_offload=True)
+    states = sum(f.memory_of(k) for k in ("params", "grads", "optimizer", "zero3_buffers"))
+    assert max(f.host.per_node, f.host.load_per_node) == pytest.approx(cpu, rel=1e-6)
+    assert states == pytest.approx(gpu, rel=1e-6)
