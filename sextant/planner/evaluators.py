@@ -21,7 +21,7 @@ from sextant.planner.catalogue import Catalogue, Link, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.evaluation import Evaluation
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
-from sextant.planner.models import TransformerShape, megatron_gpt, preset
+from sextant.planner.models import ModelCost, TransformerShape, megatron_gpt, preset
 from sextant.planner.profiles import default_stack, profile
 from sextant.planner.search import MAX_MICRO_BATCH, divisors, search
 
@@ -260,17 +260,39 @@ def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict
 
 
 FIGURES = ("step", "tokens_per_s", "mfu", "mfu_6n", "hfu", "memory")
-"""Figures of an Evaluation a record may name, besides the two per-device ones below."""
+"""Figures of an Evaluation a record may name, besides the per-device ones below."""
+
+MFU_CONVENTIONS = {
+    "mfu": "PaLM's (Chowdhery et al. 2022, appendix B): 6 x the parameters a token passes "
+    "through but the input embedding, + 12 L H Q T for the attention (no causal half)",
+    "mfu_6n": "6N: 6 x those parameters, the attention left out",
+    "mfu_maxtext_2023": "MaxText's train.py calculate_training_tflops at commit ebb226da8 "
+    "(2023-10-24, the v5e table's commit): 6 x every parameter (the input embedding "
+    "included) + 12 L H Q T",
+    "mfu_maxtext_2024": "MaxText's maxtext_utils.py calculate_tflops_training_per_device at "
+    "commit 04262f3cf (2024-03-22, the v5p table's commit): 6 x every parameter + half of "
+    "12 L H Q T ('due to causality in attention')",
+}
+"""How a source counts the model FLOPs of its MFU: the figure its records name."""
 
 
-def _figure(f: Evaluation, figure: str, devices: int) -> float:
-    """One figure of an evaluated layout, per device where the source counts per device."""
+def _figure(f: Evaluation, figure: str, devices: int, cost: ModelCost | None = None
+            ) -> float:
+    """One figure of an evaluated layout, per device where the source counts per device;
+    an MFU in the source's own convention (MFU_CONVENTIONS)."""
     if figure == "tokens_per_s_per_device":
         return float(f.tokens_per_s) / devices
     if figure == "memory_gib":
         return float(f.memory) / 2**30
+    if figure in ("mfu_maxtext_2023", "mfu_maxtext_2024") and cost is not None:
+        attention = cost.attention_flops_per_token
+        if figure == "mfu_maxtext_2024":
+            attention = attention / 2.0
+        flops = 6.0 * cost.total_params + attention
+        return float(f.mfu) * flops / cost.model_flops_per_token
     if figure not in FIGURES:
-        allowed = ", ".join(sorted([*FIGURES, "tokens_per_s_per_device", "memory_gib"]))
+        allowed = ", ".join(sorted([*FIGURES, *MFU_CONVENTIONS, "tokens_per_s_per_device",
+                                    "memory_gib"]))
         raise UserError(f"unknown figure {figure!r}; allowed: {allowed}")
     return float(getattr(f, figure))
 
@@ -294,10 +316,11 @@ def pinned(
     hw = _hardware(accelerator, network, opts, hardware or {})
     shape = _shape(model, batch)
     lay = _layout(layout)
-    f = evaluate_one(shape.cost(flash_attention=opts.flash_attention), hw, opts, lay)
+    cost = shape.cost(flash_attention=opts.flash_attention)
+    f = evaluate_one(cost, hw, opts, lay)
     if flops == "megatron-eq3":
         return _megatron_eq3_flops(shape, batch) / (float(f.step) * lay.devices) / 1e12
-    return _figure(f, figure, lay.devices)
+    return _figure(f, figure, lay.devices, cost)
 
 
 def best(
@@ -335,7 +358,7 @@ def searched(
 ) -> float:
     """A figure of the best layout the planner's search finds (`fixed` pins knobs)."""
     f = best(model, devices, accelerator, network, batch=batch, fixed=fixed, options=options)
-    return _figure(f, figure, devices)
+    return _figure(f, figure, devices, _shape(model, batch).cost())
 
 
 @evaluator

@@ -163,6 +163,9 @@ class Row:
     quote: str
     setting: str
     command: str
+    convention: str = ""
+    """For an MFU row: the figure the planner answers with, named after the way the source
+    counts model FLOPs (evaluators.MFU_CONVENTIONS)."""
 
 
 def check(ref: Reference, source: Source) -> Row:
@@ -190,6 +193,7 @@ def check(ref: Reference, source: Source) -> Row:
         quote=ref.quote,
         setting=ref.setting,
         command=ref.command or f"sextant plan references --only {ref.id}",
+        convention=str(ref.query.get("figure", "")) if ref.unit == "MFU" else "",
     )
 
 
@@ -303,7 +307,8 @@ def references_markdown(rows: list[Row]) -> str:
     for r in rows:
         unit = "" if r.unit in ("MFU", "x") else f" {r.unit}"
         lines.append(
-            f"| `{r.id}` | {r.split} | {r.kind} | {r.quantity}: "
+            f"| `{r.id}` | {r.split} | {r.kind} | {r.quantity}"
+            + (f" (counted as `{r.convention}`)" if r.convention else "") + ": "
             f"**{_fmt(r.published, r.unit)}{unit}** "
             f"({r.source}) | {_predicted(r)}{unit} | {r.error:+.1%} |"
         )

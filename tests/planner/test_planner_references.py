@@ -282,3 +282,42 @@ def test_per_source_shares_add_up_to_the_split_shares(rows):
     for split in ("tuning", "held-out"):
         parts = [(h, n) for _, sp, h, n in by_source(rows) if sp == split]
         assert (sum(h for h, _ in parts), sum(n for _, n in parts)) == s[split]
+
+
+def test_maxtext_rows_are_counted_as_maxtext_counts_them():
+    """MaxText's README MFU is its own TFLOP count over the peak: 6 x every parameter
+    x tokens + 12 H L D S^2 B for the attention (train.py at the v5e table's commit),
+    halved for causality at the v5p table's commit (maxtext_utils.py)."""
+    from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+    from sextant.planner.evaluators import pinned
+    from sextant.planner.profiles import profile
+
+    model = {"name": "m", "n_layers": 8, "d_model": 1024, "n_heads": 8, "n_kv_heads": 8,
+             "d_ff": 4096, "vocab_size": 32000, "seq_len": 2048, "gated_mlp": True,
+             "tied_embeddings": False, "learned_positions": False, "biases": False,
+             "layernorm": False, "dropout": False}
+    query = {"model": model, "layout": {"dp": 8, "zero": 3, "mbs": 2}, "accelerator": "tpu-v5e",
+             "network": "ethernet-100g", "batch": 16}
+    shape = _shape_of(model, 16)
+    opts = PlanOptions(global_batch=16, stack=profile("maxtext"),
+                       compute_efficiency=load_catalogue(calibration=None)
+                       .accelerator("tpu-v5e").kernel_efficiency)
+    hw = resolve_hardware(load_catalogue(calibration=None), "tpu-v5e", "ethernet-100g",
+                          options=opts)
+    step = evaluate_one(shape.cost(), hw, opts, Layout(dp=8, zero=3, mbs=2)).step
+    per_device = 16 / 8  # sequences per chip and step
+    s, heads, layers, head_dim = 2048, 8, 8, 128
+    weights = 6 * shape.total_params() * s * per_device
+    attention = 12 * heads * layers * head_dim * s**2 * per_device
+    peak = hw.accelerator.peak("bf16")
+    for figure, attn in (("mfu_maxtext_2023", attention), ("mfu_maxtext_2024", attention / 2)):
+        expected = (weights + attn) / step / peak
+        assert pinned(**query, figure=figure) == pytest.approx(expected, rel=1e-9)
+    assert pinned(**query, figure="mfu_6n") < pinned(**query, figure="mfu")
+
+
+def _shape_of(model, batch):
+    from sextant.planner.evaluators import _shape
+
+    return _shape(model, batch)
