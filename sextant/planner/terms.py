@@ -14,6 +14,10 @@ from sextant.planner.context import LayoutContext, Links
 from sextant.planner.hardware import head_flops_per_token, kernel_seconds, per_device_peak
 from sextant.planner.models import ModelCost
 
+SELECTIVE_HFU_EXTRA = 2.0
+"""Selective recomputation in HFU: Korthikanti et al.'s Eq. 8 counts 12 L s h FLOPs a token
+over Eq. 7 (s/3h against s/6h), 3 x the 4 L s h of the forward re-run that their text names
+and that the step's time pays; HFU adds the other 2 x."""
 HOST_OP_SECONDS = 2e-6
 """Host time of one PyTorch call on a tensor ("on the order of 2 us" from Python, PyTorch's
 benchmarks/overrides_benchmark/README.md; a call from C++ that launches a copy is counted at
@@ -330,7 +334,13 @@ def compute_term(c: LayoutContext) -> ComputeTerm:
     return ComputeTerm(
         seconds=np.maximum(t_flops + t_memops, t_weights), flops_bound=t_flops,
         scaled_bound=t_gemm if c.attention is not None else t_flops, memory_ops=t_memops,
-        weights_bound=t_weights, hw_flops_per_token=hw_flops_tok, peak=peak,
+        weights_bound=t_weights, peak=peak,
+        # Hardware FLOPs as Korthikanti et al. 2022 count selective recomputation (Eq. 8:
+        # 72 B L s h^2 (1 + s/3h + v/12hL), its Table 5's HFU): the attention core's forward
+        # and backward again, 3 x the forward that the step's time pays (their text's
+        # "additional forward pass").
+        hw_flops_per_token=hw_flops_tok + (c.rc == 1) * SELECTIVE_HFU_EXTRA
+        * cost.selective_recompute_flops_per_token,
     )
 
 

@@ -3,6 +3,8 @@ per node; each impossible combination a one-line error."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 
 import pytest
@@ -11,6 +13,7 @@ from sextant.cli import main
 from sextant.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.profiles import profile
 from sextant.planner.models import preset
 
 
@@ -133,3 +136,27 @@ def test_pinned_torchtitan_modes_reach_the_search(capsys):
     assert "rc-op" in out
     # The torch memory model is below torchtitan's published peak memory: the plan says so.
     assert any("lower bound" in w for w in json.loads(out)["warnings"])
+
+
+def test_selective_recomputation_hfu_is_korthikantis_count():
+    """Korthikanti et al. 2022, Appendix A: model FLOPs 72 B L s h^2 (1 + s/6h + v/12hL)
+    (Eq. 7), hardware FLOPs with selective recomputation 72 B L s h^2 (1 + s/3h + v/12hL)
+    (Eq. 8), the ratio behind Table 5's HFU; the step pays the forward re-run only."""
+    from sextant.planner.models import megatron_gpt
+
+    L, h, s, v = 105, 20480, 2048, 51200  # the 530B model of their Table 3
+    shape = megatron_gpt(n_layers=L, d_model=h, n_heads=128, seq_len=s, vocab_size=v,
+                         global_batch=8)
+    opts = PlanOptions(global_batch=8, stack=profile("megatron-lm-2021"))
+    hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
+    lay = Layout(tp=8, pp=1, dp=1, mbs=1, recompute="selective", sp=True)
+    sel = evaluate_one(shape.cost(flash_attention=False), hw, opts, lay)
+    none = evaluate_one(shape.cost(flash_attention=False), hw, opts,
+                        replace(lay, recompute="none"))
+    eq7 = 1 + s / (6 * h) + v / (12 * h * L)
+    eq8 = 1 + s / (3 * h) + v / (12 * h * L)
+    assert sel.hfu / sel.mfu == pytest.approx(eq8 / eq7, rel=1e-3)
+    # The time pays 4 L s h a token (the attention core's forward again), not Eq. 8's 12.
+    extra = sel.seconds("compute") - none.seconds("compute")
+    attention_fwd = 4 * L * s * h * 8 * s / (8 * hw.accelerator.peak("bf16"))
+    assert 0 < extra < 1.5 * attention_fwd / opts.compute_efficiency
