@@ -164,6 +164,13 @@ class Link:
     the plateau at every size."""
 
     @property
+    def achievable_published(self) -> bool:
+        """Whether a published measurement gives what collectives reach on this link (an
+        nccl-tests bus bandwidth or sweep, or this machine's calibration); False: priced at
+        the nominal rate, which collectives do not reach."""
+        return self.measured or self.bus_bandwidth is not None or bool(self.sweep)
+
+    @property
     def collective_bandwidth(self) -> float:
         """What collectives reach: the achievable bus bandwidth, else the nominal rate."""
         return min(self.bandwidth, self.bus_bandwidth or self.bandwidth)

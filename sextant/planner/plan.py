@@ -480,6 +480,13 @@ def _hardware_warnings(req: PlanRequest, hw: Hardware, layout: Layout) -> list[s
     for link in {lk.key: lk for lk in used}.values():
         if link.latency_assumed:
             out.append(f"{link.key}: latency not published, assumed")
+        if not link.achievable_published and hw.torus is None and (
+                link is hw.intra or req.devices > node):
+            out.append(
+                f"{link.key}: no published collective benchmark in the catalogue, so its "
+                f"collectives are priced at the nominal {link.bandwidth / 1e9:.3g} GB/s, "
+                "which nccl-tests runs do not reach: communication is optimistic (measure "
+                "yours with sextant calibrate, or give --link-efficiency)")
     return out
 
 

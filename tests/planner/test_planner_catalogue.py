@@ -182,3 +182,17 @@ def test_links_with_published_sweeps_carry_a_ramp():
         assert link.ramp is not None and "29c6b70" in link.sweep_source
         assert 0 < min(link.ramp[1]) and max(link.ramp[1]) <= 1.0
     assert cat.link("ib-hdr").ramp is None  # no published sweep: plateau at every size
+
+
+def test_a_link_without_a_published_benchmark_is_said_to_be_nominal(capsys):
+    from sextant.cli import main
+
+    cat = load_catalogue(calibration=None)
+    assert not cat.link("ib-hdr").achievable_published
+    assert cat.link("nvlink4").achievable_published and cat.link("ib-ndr").achievable_published
+    base = ["plan", "--model", "llama2-7b", "--gpus", "64", "--no-curve"]
+    assert main([*base, "--accelerator", "a100-80gb", "--network", "ib-hdr"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ib-hdr: no published collective benchmark" in out and "nominal 25 GB/s" in out
+    assert main([*base, "--accelerator", "h100-sxm", "--network", "ib-ndr"]) == 0
+    assert "no published collective benchmark" not in capsys.readouterr().out
