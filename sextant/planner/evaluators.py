@@ -17,7 +17,7 @@ from typing import Any
 
 from sextant.errors import UserError
 from sextant.planner import comms
-from sextant.planner.catalogue import Catalogue, Link, fit_ramp, load_catalogue
+from sextant.planner.catalogue import Catalogue, Link, Table, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.evaluation import Evaluation
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
@@ -39,21 +39,27 @@ def _cat() -> Catalogue:
     return load_catalogue(calibration=None)
 
 
-def _layout(spec: dict[str, Any]) -> Layout:
-    return Layout(**spec)
+def _fields(table: Table) -> dict[str, Any]:
+    """A record's table as keyword arguments: where the file's untyped values meet the typed
+    dataclasses, which check each one (Layout, TransformerShape, PlanOptions)."""
+    return dict(table)
 
 
-def _shape(model: str | dict[str, Any], batch: int | None = None) -> TransformerShape:
+def _layout(spec: Table) -> Layout:
+    return Layout(**_fields(spec))
+
+
+def _shape(model: str | Table, batch: int | None = None) -> TransformerShape:
     """A preset by name, or a shape given field by field (a record's own `model` table)."""
     if isinstance(model, str):
         shape = preset(model)
     elif "preset" in model:
-        shape = replace(preset(model["preset"]), **{k: v for k, v in model.items() if k != "preset"})
+        shape = replace(preset(str(model["preset"])),
+                        **{k: v for k, v in _fields(model).items() if k != "preset"})
     elif model.get("family") == "megatron-gpt":
-        args = {k: v for k, v in model.items() if k != "family"}
-        shape = megatron_gpt(**args)
+        shape = megatron_gpt(**{k: v for k, v in _fields(model).items() if k != "family"})
     else:
-        shape = TransformerShape(**model)
+        shape = TransformerShape(**_fields(model))
     if batch is not None:
         shape = replace(shape, global_batch=batch)
     return shape
@@ -83,7 +89,7 @@ def weights_gb(*, params: float) -> float:
 
 @evaluator
 def parameters_b(
-    *, model: str | dict[str, Any], part: str = "total", unit: float = 1e9
+    *, model: str | Table, part: str = "total", unit: float = 1e9
 ) -> float:
     """Parameters of a model in `unit`s (billions by default): total, or active per token
     (MoE)."""
@@ -201,7 +207,7 @@ def megatron_choice(
 
 @evaluator
 def megatron_tflops(
-    *, model: dict[str, Any], layout: dict[str, Any], batch: int, **options: Any
+    *, model: Table, layout: Table, batch: int, **options: Any
 ) -> float:
     """TFLOP/s per GPU of a Megatron-LM run as Narayanan et al. count it (eq. 3) over the
     planner's step time."""
@@ -213,7 +219,7 @@ def megatron_tflops(
 
 @evaluator
 def megatron_days(
-    *, model: dict[str, Any], layout: dict[str, Any], batch: int, tokens: float, **options: Any
+    *, model: Table, layout: Table, batch: int, tokens: float, **options: Any
 ) -> float:
     """Days to train on `tokens` at the planner's step time for a Megatron-LM run."""
     shape = _shape(model, batch)
@@ -222,7 +228,7 @@ def megatron_days(
 
 
 @evaluator
-def pinned_ratio(*, numerator: dict[str, Any], denominator: dict[str, Any]) -> float:
+def pinned_ratio(*, numerator: Table, denominator: Table) -> float:
     """The ratio of two pinned runs' figures (a published speed-up)."""
     return pinned(**numerator) / pinned(**denominator)
 
@@ -230,32 +236,33 @@ def pinned_ratio(*, numerator: dict[str, Any], denominator: dict[str, Any]) -> f
 # --- searched and pinned layouts -----------------------------------------------------------
 
 
-def _options(batch: int, options: dict[str, Any], accelerator: str) -> PlanOptions:
+def _options(batch: int, options: Table, accelerator: str) -> PlanOptions:
     """PlanOptions from a record's `options` table; its `stack` names a profile, else the
     accelerator's default (default_stack: maxtext on a TPU), `elementwise` ("fused" or
     "eager") overrides its elementwise kernels; the kernel efficiency the
     accelerator's published GEMM rate where it has one (Accelerator.kernel_efficiency)."""
-    rest = {k: v for k, v in options.items() if k not in ("stack", "elementwise")}
+    rest = {k: v for k, v in _fields(options).items() if k not in ("stack", "elementwise")}
     acc = _cat().accelerator(accelerator)
     rest.setdefault("compute_efficiency", acc.kernel_efficiency)
-    name = options.get("stack") or default_stack(acc)
+    name = str(options.get("stack") or default_stack(acc))
     elementwise = options.get("elementwise")
     stack = profile(name).with_overrides(
         fused_elementwise=None if elementwise is None else elementwise == "fused")
     return PlanOptions(global_batch=batch, stack=stack, **rest)
 
 
-def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict[str, Any]):
+def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: Table):
     hw = resolve_hardware(_cat(), accelerator, network, options=opts)
     if not overrides:
         return hw
     acc = hw.accelerator
-    if "peak_of" in overrides:
-        acc = replace(acc, peak_flops=dict(_cat().accelerator(overrides["peak_of"]).peak_flops))
-    if "memory_gib" in overrides:
-        acc = replace(acc, memory_bytes=overrides["memory_gib"] * 2**30)
-    if "memory_bw_gbs" in overrides:
-        acc = replace(acc, memory_bw=overrides["memory_bw_gbs"] * 1e9)
+    given = _fields(overrides)
+    if "peak_of" in given:
+        acc = replace(acc, peak_flops=dict(_cat().accelerator(str(given["peak_of"])).peak_flops))
+    if "memory_gib" in given:
+        acc = replace(acc, memory_bytes=float(given["memory_gib"]) * 2**30)
+    if "memory_bw_gbs" in given:
+        acc = replace(acc, memory_bw=float(given["memory_bw_gbs"]) * 1e9)
     return replace(hw, accelerator=acc)
 
 
@@ -300,14 +307,14 @@ def _figure(f: Evaluation, figure: str, devices: int, cost: ModelCost | None = N
 @evaluator
 def pinned(
     *,
-    model: str | dict[str, Any],
-    layout: dict[str, Any],
+    model: str | Table,
+    layout: Table,
     accelerator: str,
     network: str,
     batch: int,
     figure: str,
-    options: dict[str, Any] | None = None,
-    hardware: dict[str, Any] | None = None,
+    options: Table | None = None,
+    hardware: Table | None = None,
     flops: str = "",
 ) -> float:
     """A figure of the planner for a published layout (nothing searched). `flops`
@@ -324,14 +331,14 @@ def pinned(
 
 
 def best(
-    model: str | dict[str, Any],
+    model: str | Table,
     devices: int,
     accelerator: str,
     network: str,
     *,
     batch: int | None = None,
     fixed: dict[str, int] | None = None,
-    options: dict[str, Any] | None = None,
+    options: Table | None = None,
 ) -> Evaluation:
     """The Evaluation of the fastest fitting layout the search finds."""
     shape = _shape(model, batch)
@@ -347,14 +354,14 @@ def best(
 @evaluator
 def searched(
     *,
-    model: str | dict[str, Any],
+    model: str | Table,
     devices: int,
     accelerator: str,
     network: str,
     figure: str,
     batch: int | None = None,
     fixed: dict[str, int] | None = None,
-    options: dict[str, Any] | None = None,
+    options: Table | None = None,
 ) -> float:
     """A figure of the best layout the planner's search finds (`fixed` pins knobs)."""
     f = best(model, devices, accelerator, network, batch=batch, fixed=fixed, options=options)
@@ -364,14 +371,14 @@ def searched(
 @evaluator
 def searched_tokens_days(
     *,
-    model: str | dict[str, Any],
+    model: str | Table,
     devices: int,
     accelerator: str,
     network: str,
     tokens: float,
     batch: int | None = None,
     fixed: dict[str, int] | None = None,
-    options: dict[str, Any] | None = None,
+    options: Table | None = None,
 ) -> float:
     """Days to train on `tokens` with the best layout the search finds."""
     f = best(model, devices, accelerator, network, batch=batch, fixed=fixed, options=options)
@@ -397,12 +404,12 @@ def gpu_hours(
 @evaluator
 def megatron_eq3_tflops(
     *,
-    model: dict[str, Any],
-    layout: dict[str, Any],
+    model: Table,
+    layout: Table,
     accelerator: str,
     network: str,
     batch: int,
-    options: dict[str, Any] | None = None,
+    options: Table | None = None,
 ) -> float:
     """TFLOP/s per device as Narayanan et al. count them (eq. 3) for a pinned layout."""
     return pinned(
@@ -445,7 +452,7 @@ def all_reduce_busbw_gbs(
     return 2.0 * (n - 1) / n * payload_bytes / t / 1e9
 
 
-def evaluate(name: str, query: dict[str, Any]) -> float:
+def evaluate(name: str, query: Table) -> float:
     """The planner's figure for one record: evaluator `name` applied to `query`."""
     fn = EVALUATORS.get(name)
     if fn is None:

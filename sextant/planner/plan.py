@@ -122,7 +122,7 @@ def _best_or_smallest(result: Any) -> int:
 
 
 def _solve_target(
-    cost: Any, hw: Hardware, opts: PlanOptions, devices: int, knobs: dict[str, Any],
+    cost: ModelCost, hw: Hardware, opts: PlanOptions, devices: int, knobs: dict[str, int],
     layout: Layout, result: Any,
 ) -> tuple[Layout, PlanOptions, MfuTarget, SearchResult]:
     """--mfu: solve the kernel efficiency on the chosen layout, search again with it (the

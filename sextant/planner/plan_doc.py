@@ -276,7 +276,7 @@ class Plan:
     training: Training | None = None
     scaling: Scaling | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.planner.catalogue import Table
 from sextant.planner.evaluators import EVALUATORS, evaluate
 
 DATA = Path(__file__).with_name("references.toml")
@@ -53,14 +54,14 @@ class Reference:
     expected: float
     kind: str
     evaluator: str
-    query: dict[str, Any]
+    query: Table
     setting: str = ""
     quote: str = ""
     command: str = ""
     printed: float | None = None
     """The precision the source prints (0.1 for "1.9 GB"): formula points are compared after
     rounding the planner's figure to it."""
-    bound: dict[str, Any] = field(default_factory=dict)
+    bound: Table = field(default_factory=dict)
     """Where the source bounds an input instead of stating it (a GPU's peak "between SXM and
     NVL"), the query's changes at the bound's other end: the row's prediction is then the
     interval between the two, and its error the distance from the published figure to the
@@ -72,7 +73,7 @@ _REFERENCE_KEYS = set(Reference.__slots__)
 _REQUIRED = {"id", "source", "where", "quantity", "unit", "expected", "kind", "evaluator", "query"}
 
 
-def _check_keys(where: str, got: dict[str, Any], allowed: set[str], required: set[str]) -> None:
+def _check_keys(where: str, got: Table, allowed: set[str], required: set[str]) -> None:
     unknown = sorted(set(got) - allowed)
     missing = sorted(required - set(got))
     if unknown or missing:
@@ -136,10 +137,12 @@ def interval_error(low: float, high: float, published: float) -> float:
     return ((lo if published < lo else hi) - published) / published
 
 
-def _merged(query: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+def _merged(query: Table, changes: Table) -> dict[str, object]:
     out = dict(query)
     for key, value in changes.items():
-        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+        inner = out.get(key)
+        out[key] = (_merged(inner if isinstance(inner, dict) else {}, value)
+                    if isinstance(value, dict) else value)
     return out
 
 

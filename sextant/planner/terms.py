@@ -132,12 +132,15 @@ def _state_coefficients(c: LayoutContext) -> dict[str, np.ndarray]:
     layer's expert states are sharded over the dp x cp / ep ranks holding the same experts,
     the coefficients averaged over the dense and expert parts."""
     opts, cost = c.opts, c.cost
-    kw: dict[str, Any] = {"precision": opts.precision, "optimizer": opts.optimizer,
-                          "offload": c.off, "memory_model": opts.stack.memory_model}
-    coef = memory.state_coefficients(c.shard, c.zero, **kw)
+    def coefficients(ranks: np.ndarray) -> dict[str, np.ndarray]:
+        return memory.state_coefficients(ranks, c.zero, precision=opts.precision,
+                                         optimizer=opts.optimizer, offload=c.off,
+                                         memory_model=opts.stack.memory_model)
+
+    coef = coefficients(c.shard)
     if not cost.n_experts:
         return coef
-    coef_e = memory.state_coefficients(np.maximum(c.shard / c.ep, 1.0), c.zero, **kw)
+    coef_e = coefficients(np.maximum(c.shard / c.ep, 1.0))
     psi_e = np.where(c.multi, c.lps, float(cost.n_layers)) * cost.expert_params / (c.ep * c.tp)
     share_e = psi_e / np.maximum(c.psi_first, 1.0)
     return {k: coef[k] * (1.0 - share_e) + coef_e[k] * share_e for k in coef}

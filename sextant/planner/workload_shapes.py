@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.planner.catalogue import Table
 from sextant.planner.models import PLAN_BOUNDS, MLPShape, TransformerShape
 
 # --- workload files --------------------------------------------------------------------------
@@ -18,7 +19,7 @@ _MLP_KEYS = ("input_dim", "hidden", "num_classes")
 
 
 def shape_from_workload(
-    raw: dict[str, Any], *, where: str = "workload"
+    raw: Table, *, where: str = "workload"
 ) -> TransformerShape | MLPShape:
     """Build a shape from a parsed sextant workload (only name, global_batch and [model] are
     read; [data] and the rest belong to the runner, and may be left out)."""
@@ -111,7 +112,7 @@ _TRANSFORMER_OPTIONAL = {
 }
 
 
-def _decoder_values(model: dict[str, Any], family: str, where: str) -> dict[str, Any]:
+def _decoder_values(model: Table, family: str, where: str) -> dict[str, Any]:
     """The [model] table of sextant's runnable gpt or llama family, held to the planner's
     bounds (PLAN_BOUNDS), not the training ones: a plan builds no model, so a published
     shape too wide to train on this machine (d_ff 81,920, a 128K context) is still planned.
@@ -130,7 +131,7 @@ def _decoder_values(model: dict[str, Any], family: str, where: str) -> dict[str,
         if key not in model:
             raise UserError(f"{where}: model.{key} is required for a {family} model")
     defaults = {f.name: f.default for f in fields(spec)}
-    values = {k: model.get(k, defaults[k]) for k in allowed - {"family"}}
+    values: dict[str, Any] = {k: model.get(k, defaults[k]) for k in allowed - {"family"}}
     ints = [k for k in values if k in PLAN_BOUNDS]
     for key in ints:
         value, most = values[key], PLAN_BOUNDS[key]
@@ -151,7 +152,7 @@ def _decoder_values(model: dict[str, Any], family: str, where: str) -> dict[str,
     return values
 
 
-def _llama_from_workload(model: dict[str, Any], *, name: str, batch: int, where: str
+def _llama_from_workload(model: Table, *, name: str, batch: int, where: str
                          ) -> TransformerShape:
     """sextant's runnable llama family (sextant/init.py): RMSNorm, rotary positions,
     grouped-query attention, SwiGLU, no biases, no dropout."""
@@ -166,7 +167,7 @@ def _llama_from_workload(model: dict[str, Any], *, name: str, batch: int, where:
 
 
 def _transformer_from_workload(
-    model: dict[str, Any], *, name: str, batch: int, where: str
+    model: Table, *, name: str, batch: int, where: str
 ) -> TransformerShape:
     """A planner-only model family for `plan --workload`: any decoder-only transformer with
     grouped-query attention (n_kv_heads), SwiGLU (gated_mlp), tied embeddings, dropout,
@@ -196,7 +197,7 @@ def _transformer_from_workload(
             if kind is float
             else isinstance(value, int) and not isinstance(value, bool)
         )
-        if not ok or (kind is float and not math.isfinite(float(value))):
+        if not ok or (isinstance(value, float) and not math.isfinite(value)):
             raise UserError(
                 f"{where}: model.{key} must be {'true/false' if kind is bool else 'a number'}. "
                 f"Received: {value!r}"
