@@ -55,6 +55,9 @@ from sextant.planner.search import (
 )
 
 SLOW_NETWORK_BPS = 10e9 / 8  # 10 Gb/s
+Pin = int | str | bool
+"""A pinned layout knob's value (a Layout field: degrees, the recompute and offload names,
+sequence parallelism and hybrid sharding on or off)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,7 +70,7 @@ class PlanRequest:
     network: str | None = None
     intra_link: str | None = None
     options: PlanOptions
-    pinned: dict[str, Any] = field(default_factory=dict)
+    pinned: dict[str, Pin] = field(default_factory=dict)
     """Layout knobs the user fixed (Layout field names); the rest is searched."""
     tokens: float | None = None
     """Tokens to train, for time and cost."""
@@ -103,15 +106,16 @@ _PIN_TO_KNOB = {
 }
 
 
-def _pins_as_knobs(pinned: dict[str, Any]) -> dict[str, int]:
+def _pins_as_knobs(pinned: dict[str, Pin]) -> dict[str, int]:
+    """The pins as the search's table columns (estimate.KNOBS), the named choices as their
+    index."""
     out = {}
     for key, value in pinned.items():
-        knob = _PIN_TO_KNOB[key]
-        if key == "recompute":
-            value = RECOMPUTE.index(value)
-        elif key == "offload":
-            value = OFFLOAD.index(value)
-        out[knob] = int(value)
+        if key in ("recompute", "offload"):
+            out[_PIN_TO_KNOB[key]] = (RECOMPUTE if key == "recompute" else OFFLOAD).index(
+                str(value))
+        else:
+            out[_PIN_TO_KNOB[key]] = int(value)
     return out
 
 
@@ -287,7 +291,8 @@ def _searched(req: PlanRequest, cost: ModelCost, hw: Hardware, knobs: dict[str, 
         )
     if result.count == 0:
         # Nothing valid: let the layout checks say why, with the numbers.
-        guess = Layout(**{**_default_layout(req.devices, req.pinned), **req.pinned})
+        pins: dict[str, Any] = dict(req.pinned)  # Layout checks each value
+        guess = replace(Layout(dp=_default_dp(req.devices, req.pinned)), **pins)
         check_layout(cost, guess, req.devices, opts.global_batch)
         raise UserError(
             f"no valid layout of {cost.name} on {req.devices} devices with global batch "
@@ -338,9 +343,9 @@ def _scaling(req: PlanRequest, cost: ModelCost, hw: Hardware, opts: PlanOptions,
     )
 
 
-def _default_layout(devices: int, pinned: dict[str, Any]) -> dict[str, Any]:
+def _default_dp(devices: int, pinned: dict[str, Pin]) -> int:
     tp, pp, cp = int(pinned.get("tp", 1)), int(pinned.get("pp", 1)), int(pinned.get("cp", 1))
-    return {"dp": max(devices // max(tp * pp * cp, 1), 1)}
+    return max(devices // max(tp * pp * cp, 1), 1)
 
 
 def _why(result: SearchResult, best: int) -> Why | None:
