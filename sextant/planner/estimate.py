@@ -172,7 +172,7 @@ def _step_parts(c: LayoutContext, t_compute: Any, t_opt: Any, t_tp: Any, t_cp: A
         StepPart(name="ep_comm", label="expert all-to-alls", cause="expert all-to-alls",
                  seconds=t_ep),
         StepPart(name="pp_comm", label="pipeline sends", cause="pipeline sends", seconds=t_pp,
-                 crosses=(c.n > c.g) & c.multi, names_link=True),
+                 crosses=(c.n > c.g) & c.multi, names_link=True, point_to_point=True),
     )
     work = sum_parts(p for p in parts if p.name != "optimizer")
     return parts + (

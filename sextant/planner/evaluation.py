@@ -38,6 +38,9 @@ class StepPart:
     """Whether it runs over the network between nodes (or between TPU slices)."""
     names_link: bool = False
     """A collective or send whose link (intra-node or network) the cause names."""
+    point_to_point: bool = False
+    """Sends between two ranks, at the link's nominal rate (collectives run at its
+    achievable bus bandwidth)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +166,10 @@ class Evaluation:
             return worst.cause, share
         crosses = bool(worst.crosses)
         link = hw.inter if crosses else hw.intra
-        bw = hw.inter_bw_per_device if crosses else hw.intra.bandwidth
+        if worst.point_to_point:
+            bw = hw.inter_bw_per_device if crosses else hw.intra.bandwidth
+        else:
+            bw = hw.inter_coll_bw_per_device if crosses else hw.intra.collective_bandwidth
         where = "inter-node" if crosses else "intra-node"
         if hw.torus is not None:
             # A slice's groups each have the bandwidth of the ICI axes they lie on (the

@@ -50,7 +50,14 @@ class HardwareSummary:
     intra_link: str
     network: str
     inter_bw_per_device: float
+    """The network's nominal rate, a device's share of its node's ports (bytes/s)."""
     intra_bw: float
+    """The intra-node link's nominal rate (bytes/s)."""
+    inter_bus_bw_per_device: float
+    """What collectives achieve over the network, a device's share (the catalogue's
+    published bus bandwidth; the nominal rate where none is published)."""
+    intra_bus_bw: float
+    """What collectives achieve on the intra-node link."""
     peak_flops: float
     memory_bytes: float
     precision: str
@@ -358,7 +365,8 @@ def hardware_section(hw: Hardware, cat: Catalogue, devices: int, precision: str,
         accelerator=acc.key, accelerator_name=acc.name, devices=devices, devices_per_node=node,
         nodes=-(-devices // node), slices=slices, intra_link=hw.intra.key,
         network=hw.inter.key, inter_bw_per_device=hw.inter_bw_per_device,
-        intra_bw=hw.intra.bandwidth, peak_flops=acc.peak(precision), memory_bytes=capacity,
+        intra_bw=hw.intra.bandwidth, inter_bus_bw_per_device=hw.inter_coll_bw_per_device,
+        intra_bus_bw=hw.intra.collective_bandwidth, peak_flops=acc.peak(precision), memory_bytes=capacity,
         precision=precision, catalogue=cat.path,
     )
 

@@ -196,3 +196,19 @@ def test_a_link_without_a_published_benchmark_is_said_to_be_nominal(capsys):
     assert "ib-hdr: no published collective benchmark" in out and "nominal 25 GB/s" in out
     assert main([*base, "--accelerator", "h100-sxm", "--network", "ib-ndr"]) == 0
     assert "no published collective benchmark" not in capsys.readouterr().out
+
+
+def test_the_plan_gives_each_link_its_nominal_and_its_achievable_rate(capsys):
+    import json
+
+    from sextant.cli import main
+
+    argv = ["plan", "--model", "llama3-70b", "--gpus", "64", "--accelerator", "h800",
+            "--no-curve"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    hw = doc["hardware"]
+    # DeepSeek-V3's achievable 160 GB/s for the H800's NVLink, beside its nominal 200.
+    assert (hw["intra_bw"], hw["intra_bus_bw"]) == (200e9, 160e9)
+    assert doc["time"]["main_overhead"].startswith("TP all-reduces on nvlink4-h800")
+    assert "160 GB/s/device" in doc["time"]["main_overhead"]
