@@ -140,7 +140,10 @@ def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, 
     devices = strategy.workers * strategy.devices_per_worker
     flops = flops_per_step(workload.model, workload.global_batch) / devices  # per device
     figure = mfu(flops, step_s, fp.get("gpu"), effective)
-    out.update(mfu=figure["mfu"], mfu_note=figure["note"], peak_flops=figure["peak_flops"])
+    from sextant.planner.version import PLANNER_VERSION, catalogue_hash
+
+    out.update(mfu=figure["mfu"], mfu_note=figure["note"], peak_flops=figure["peak_flops"],
+               planner_version=PLANNER_VERSION, catalogue_hash=catalogue_hash())
     if devices == 1:
         predicted = predicted_step_s(workload.to_dict(), fp.get("gpu"), effective,
                                      compiled=strategy.mode == "compiled")

@@ -147,8 +147,11 @@ def test_jax_and_tensorflow_switches_are_set_and_read_back(
 
 def _gpu_run(framework: str, mode: str, step: float, effective: str, **kw: object
              ) -> RunRecord:
+    from sextant.planner.version import PLANNER_VERSION, catalogue_hash
+
+    stamp = {"planner_version": PLANNER_VERSION, "catalogue_hash": catalogue_hash()}
     return make_run(framework, mode, step=step, device="gpu",  # type: ignore[arg-type]
-                    accelerator="NVIDIA H200", effective_precision=effective, **kw)
+                    accelerator="NVIDIA H200", effective_precision=effective, **{**stamp, **kw})
 
 
 def test_runs_of_another_effective_precision_are_never_ranked() -> None:
@@ -219,3 +222,11 @@ def test_report_scaling_efficiency_holds_the_total_compute_equal() -> None:
                   for run in (single, dp))
     point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
     assert point["efficiency"] == pytest.approx(0.4)  # two GPUs against one
+
+
+def test_the_report_marks_another_planners_figures_stale() -> None:
+    from sextant.report.html import render
+
+    old = _gpu_run("torch", "eager", 0.032, "bf16", precision="bf16", mfu=0.37,
+                   planner_step_s=0.0254, planner_error=-0.2, planner_version="2000.1.1")
+    assert "37% (stale planner)" in render([old], "md")

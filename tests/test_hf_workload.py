@@ -145,7 +145,7 @@ def test_hf_specs_are_workloads_everywhere(tmp_path: Path) -> None:
 
 
 def test_the_planner_reads_the_same_config() -> None:
-    from sextant.planner.models import load_workload_shape
+    from sextant.planner.workload_shapes import load_workload_shape
 
     shape = load_workload_shape(f"hf:{TINYLLAMA}")
     assert shape.total_params() == count_params(workload_from_dict(

@@ -73,6 +73,8 @@ class RunRow(TypedDict):
     mfu: float | None
     planner_step_s: float | None
     planner_error: float | None
+    planner_stale: bool
+    """Its planner figures were made by another planner or catalogue than today's."""
     device_peak_bytes: float | None
     index: int
     label: str
@@ -282,6 +284,7 @@ def _run_row(run: RunRecord, ref: RunRecord, index: int) -> RunRow:
         "mfu": run.metrics.mfu,
         "planner_step_s": run.metrics.planner_step_s,
         "planner_error": run.metrics.planner_error,
+        "planner_stale": _planner_stale(run.metrics),
         "device_peak_bytes": run.metrics.device_peak_bytes,
         "index": index,
         "label": run.label,
@@ -834,14 +837,27 @@ def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
 MODEL_PARALLEL = ("tp", "tp-manual", "pp")
 
 
+def _planner_stale(metrics: Any) -> bool:
+    """Whether a run's planner-derived figures (MFU against a catalogue peak, the predicted
+    step) came from another planner version or catalogue than the one installed."""
+    if metrics.mfu is None and metrics.planner_step_s is None:
+        return False
+    from sextant.planner.version import is_current
+
+    return not is_current(metrics.planner_version, metrics.catalogue_hash)
+
+
 def accelerator_cells(mfu: float | None, device_peak_bytes: float | None,
-                      planner_step_s: float | None, planner_error: float | None) -> list[str]:
+                      planner_step_s: float | None, planner_error: float | None,
+                      stale: bool = False) -> list[str]:
     """MFU (blank where the device is not catalogued), device memory peak, and the planner's
-    predicted step with its error against the measured one (one-device runs)."""
+    predicted step with its error against the measured one (one-device runs); planner
+    figures of another planner or catalogue marked stale."""
     from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
 
-    return [fmt_share(mfu), fmt_bytes_mb(device_peak_bytes),
-            f"{fmt_ms(planner_step_s)} ({planner_error:+.1%})" if planner_error is not None
+    mark = " (stale planner)" if stale else ""
+    return [fmt_share(mfu) + (mark if mfu is not None else ""), fmt_bytes_mb(device_peak_bytes),
+            f"{fmt_ms(planner_step_s)} ({planner_error:+.1%}){mark}" if planner_error is not None
             else "-"]
 
 
@@ -850,7 +866,8 @@ def accelerator_rows(report: Report) -> list[tuple[Any, ...]]:
     accelerator; [] when none was."""
     return [(r["label"], str(r.get("accelerator") or "GPU"), str(r.get("effective_precision")),
              *accelerator_cells(r.get("mfu"), r.get("device_peak_bytes"),
-                                r.get("planner_step_s"), r.get("planner_error")))
+                                r.get("planner_step_s"), r.get("planner_error"),
+                                bool(r.get("planner_stale"))))
             for r in report["runs"] if r.get("device") == "gpu"]
 
 

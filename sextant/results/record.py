@@ -175,6 +175,10 @@ class Metrics:
     peak_flops: float | None = _kind(float)
     planner_step_s: float | None = _kind(float)
     planner_error: float | None = _kind(float)
+    planner_version: str | None = _kind(str)
+    catalogue_hash: str | None = _kind(str)
+    """The planner and catalogue that made mfu, peak_flops and planner_step_s
+    (sextant.planner.version); None in records from before they were kept."""
     disturbed: bool = _kind(bool, False)
     """Other programs used the machine while it trained (sextant.measure.interference)."""
     trial: int | None = _kind(int)
