@@ -18,30 +18,28 @@ import numpy as np
 Forward = Callable[[np.ndarray], np.ndarray]
 
 
-def _torch(path: Path, meta: dict[str, Any], threads: int) -> Forward:
+def _torch_call(model: Any, threads: int) -> Forward:
     import torch
 
     torch.set_num_threads(threads)
-    module = torch.export.load(str(path)).module()
-
-    def forward(tokens: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return module(torch.from_numpy(tokens)).numpy()
-
-    return forward
-
-
-def _aoti(path: Path, meta: dict[str, Any], threads: int) -> Forward:
-    import torch
-
-    torch.set_num_threads(threads)
-    model = torch._inductor.aoti_load_package(str(path))
 
     def forward(tokens: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return model(torch.from_numpy(tokens)).numpy()
 
     return forward
+
+
+def _torch(path: Path, meta: dict[str, Any], threads: int) -> Forward:
+    import torch
+
+    return _torch_call(torch.export.load(str(path)).module(), threads)
+
+
+def _aoti(path: Path, meta: dict[str, Any], threads: int) -> Forward:
+    import torch
+
+    return _torch_call(torch._inductor.aoti_load_package(str(path)), threads)
 
 
 def _executorch(path: Path, meta: dict[str, Any], threads: int) -> Forward:
