@@ -55,6 +55,7 @@ METRIC_ORDER = (
     "exposed_comm_share",
     "compile_time_s",
     "deploy_formats",
+    "serving_latency_ratio",
 )
 
 
@@ -262,6 +263,7 @@ def evidence_from_deployments(rows: Sequence[DeployRecord], target: str) -> list
         if row.framework in FRAMEWORK_CANDIDATES:
             by_fw.setdefault(row.framework, []).append(row)
     evidence = []
+    fastest: dict[str, DeployRecord] = {}
     for fw, fw_rows in sorted(by_fw.items()):
         if all(r.status == "unavailable" for r in fw_rows):
             continue
@@ -273,7 +275,26 @@ def evidence_from_deployments(rows: Sequence[DeployRecord], target: str) -> list
             evidence.append(Evidence(candidate=cand, metric="deploy_formats",
                                      value=float(len(reach)), source=MEASURED, detail=detail,
                                      run_ids=tuple(f"deployment {r.id}" for r in reach)))
+        timed = [r for r in reach if r.latency_at(1) is not None and not r.quantized]
+        if timed:
+            fastest[fw] = min(timed, key=_latency)
+    # Serving cost is relative, as training throughput is: the measured model is not the
+    # one the team will serve, but the stacks' artifacts ran the same model side by side.
+    best = min((_latency(r) for r in fastest.values()), default=None)
+    for fw, row in sorted(fastest.items()):
+        ratio = _latency(row) / best if best else 1.0
+        for cand in FRAMEWORK_CANDIDATES[fw]:
+            evidence.append(Evidence(
+                candidate=cand, metric="serving_latency_ratio", value=ratio, source=MEASURED,
+                detail=f"{row.format} at batch 1: {_latency(row) * 1e3:.2f} ms, {ratio:.2f}x "
+                       f"the fastest stack's artifact for {target}",
+                run_ids=(f"deployment {row.id}",)))
     return evidence
+
+
+def _latency(row: DeployRecord) -> float:
+    lat = row.latency_at(1)
+    return lat.p50_s if lat is not None else float("inf")
 
 
 def load_measured_deployments(path: Path) -> list[DeployRecord]:
