@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from sextant.errors import UserError
 from sextant.paths import calibration_in
 from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
-from sextant.planner.comms import STRATEGY_ZERO_STAGE
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.evaluation import Evaluation
 from sextant.planner.models import MLPShape, TransformerShape
 from sextant.planner.workload_shapes import shape_from_workload
+from sextant.strategy import ZERO_STAGE
 
 if TYPE_CHECKING:
     from sextant.results.record import RunRecord
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 DEFAULT_EFFICIENCY = 0.5
 """Compute efficiency assumed when no single-process run is there to fit it."""
 FIXED_OVERHEAD_GB = 0.3
-ZERO_STAGE = STRATEGY_ZERO_STAGE
-"""sextant's parallel strategies as the planner's ZeRO stage of a data-parallel layout."""
 
 
 def load_machine(calibration: str | Path | None = None,
