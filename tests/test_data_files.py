@@ -185,6 +185,17 @@ def test_a_half_written_token_file_is_never_used(parquet_corpus: Path,
      r"c.parquet is not a readable Parquet file"),
     (lambda d: (d / "c.jsonl").write_text('{"text": "ok"}\nnot json\n'),
      r"c.jsonl:2 is not a JSON object"),
+    (lambda d: (d / "c.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "\xff\xfe"}\n'),
+     r"c.jsonl:2 is not UTF-8 text \(byte 10 of the line\)"),
+    (lambda d: (d / "c.jsonl").write_text('{"text": "a \\ud800 b"}\n'),
+     r"c.jsonl:1: field 'text' holds \\ud800, a lone surrogate, which is not text"),
+    (lambda d: (d / "c.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n"),
+     r"c.jsonl:1 is not a JSON object: nested too deeply"),
+    (lambda d: (d / "c.txt").write_bytes(b"good text " * 10 + b"\xc3\x28"),
+     r"c.txt is not UTF-8 text \(byte 100\)"),
+    (lambda d: pq.write_table(pa.table({"text": pa.array(
+        [b"fine", b"bad \xff"], pa.binary()).view(pa.string())}), d / "c.parquet"),
+     r"c.parquet: column 'text' holds a value that is not UTF-8, in rows 0..1"),
 ])
 def test_bad_files_are_refused_in_one_line(tmp_path: Path, make, message: str) -> None:
     made = make(tmp_path)
@@ -519,3 +530,16 @@ def test_a_long_document_tokenizes_in_bounded_memory(tmp_path: Path) -> None:
                          env={**os.environ, "SEXTANT_CACHE": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) < 300, out.stdout  # MB
+
+
+def test_a_dictionary_encoded_string_column_is_read(tmp_path: Path) -> None:
+    """pandas' `category` columns are stored dictionary-encoded: strings all the same."""
+    docs = corpus_documents(20)
+    pq.write_table(pa.table({"text": pa.array(docs).dictionary_encode()}),
+                   tmp_path / "c.parquet")
+    write_parquet(tmp_path / "d.parquet", docs)
+    plain = workload_file(tmp_path, 'files = ["d.parquet"]\ntokenizer = "bytes"', vocab=256)
+    encoded = tmp_path / "e.toml"
+    encoded.write_text(plain.read_text().replace("d.parquet", "c.parquet"))
+    a, b = resolve_workload(plain), resolve_workload(encoded)
+    assert np.array_equal(np.array(files.tokens(a)), np.array(files.tokens(b)))

@@ -495,8 +495,11 @@ def _jsonl_documents(path: Path, text_field: str, f: IO[bytes]) -> Iterator[list
             continue
         try:
             record = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            why = str(exc).splitlines()[0] if str(exc) else "nested too deeply"
+        except RecursionError:
+            raise UserError(f"{path}:{number} is not a JSON object: nested too "
+                            f"deeply") from None
+        except ValueError as exc:  # also integers past Python's digit limit
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UserError(f"{path}:{number} is not a JSON object: {why[:200]}") from None
         if not isinstance(record, dict) or text_field not in record:
             keys = sorted(record)[:20] if isinstance(record, dict) else type(record).__name__
