@@ -127,32 +127,39 @@ def _cache_write_error(root: Path, exc: OSError) -> UserError:
 # --- what the data is ------------------------------------------------------------------------
 
 
-def matched_files(patterns: tuple[str, ...]) -> list[Path]:
+def matched_files(patterns: tuple[str, ...]) -> list[str]:
     """Every regular file the patterns name, by its real path, sorted by path; a pattern
-    that names none is refused. One lstat a file and one realpath a folder (a corpus of
-    100,000 files is listed in about a second)."""
-    found: set[str] = set()
+    that names none is refused. Strings, one lstat a file and one realpath a folder: a
+    corpus of 100,000 files is listed in about a second."""
+    return [path for path, _ in _listed(patterns)]
+
+
+def _listed(patterns: tuple[str, ...]) -> list[tuple[str, os.stat_result]]:
+    """matched_files() with each file's status as it was listed."""
+    found: dict[str, os.stat_result] = {}
     real_dirs: dict[str, str] = {}
     for pattern in patterns:
         before = len(found)
         for match in glob.glob(pattern, recursive=True):
             try:
-                mode = os.lstat(match).st_mode
+                st = os.lstat(match)
+                if stat.S_ISLNK(st.st_mode):
+                    match = os.path.realpath(match)
+                    st = os.stat(match)
+                    real = match
+                else:
+                    folder, name = os.path.split(match)
+                    if folder not in real_dirs:
+                        real_dirs[folder] = os.path.realpath(folder or ".")
+                    real = os.path.join(real_dirs[folder], name)
             except OSError:
                 continue
-            if stat.S_ISLNK(mode):
-                real = os.path.realpath(match)
-                if os.path.isfile(real):
-                    found.add(real)
-            elif stat.S_ISREG(mode):
-                folder, name = os.path.split(match)
-                if folder not in real_dirs:
-                    real_dirs[folder] = os.path.realpath(folder or ".")
-                found.add(os.path.join(real_dirs[folder], name))
+            if stat.S_ISREG(st.st_mode):
+                found[real] = st
         if len(found) == before and not any(
                 os.path.isfile(m) for m in glob.glob(pattern, recursive=True)):
             raise UserError(f"data.files: no file matches {pattern!r}")
-    return [Path(p) for p in sorted(found, key=lambda p: p.split(os.sep))]
+    return sorted(found.items(), key=lambda item: item[0].split(os.sep))
 
 
 def _identity(st: os.stat_result) -> FileIdentity:
@@ -162,7 +169,7 @@ def _identity(st: os.stat_result) -> FileIdentity:
 @dataclasses.dataclass(frozen=True)
 class Seen:
     """A data file as it was when its content hash was taken."""
-    path: Path
+    path: str
     identity: FileIdentity
     sha256: str
 
@@ -249,35 +256,37 @@ def _changed(path: Path, what: str) -> UserError:
                      f"longer changes")
 
 
-def _survey_one(path: Path) -> Seen:
+def _survey_one(path: str, st: os.stat_result | None = None) -> Seen:
     try:
-        identity = _identity(os.stat(path))
+        identity = _identity(st if st is not None else os.stat(path))
     except OSError as exc:
         raise UserError(f"cannot read data file {path}: {exc.strerror}") from None
-    known = _INDEX.get(str(path), identity)
+    known = _INDEX.get(path, identity)
     if known is not None:
         return Seen(path, identity, known)
-    with _open_data_file(path) as f:
+    with _open_data_file(Path(path)) as f:
         before = _identity(os.fstat(f.fileno()))
-        sha256 = _hash_open_file(f, path)
+        sha256 = _hash_open_file(f, Path(path))
         after = _identity(os.fstat(f.fileno()))
     if before != after:
-        raise _changed(path, "it was read")
-    _INDEX.put(str(path), after, sha256)
+        raise _changed(Path(path), "it was read")
+    _INDEX.put(path, after, sha256)
     return Seen(path, after, sha256)
 
 
-def survey(files: list[Path]) -> list[Seen]:
-    """Each file's identity and content hash (from the index when the file is unchanged)."""
+def survey(files: list[str] | list[tuple[str, os.stat_result]]) -> list[Seen]:
+    """Each file's identity and content hash (from the index when the file is unchanged);
+    `files` are paths, or (path, status as listed) pairs."""
     _INDEX.load()
     try:
-        return [_survey_one(f) for f in files]
+        return [_survey_one(*f) if isinstance(f, tuple) else _survey_one(str(f))
+                for f in files]
     finally:
         _INDEX.save()
 
 
 def content_hash(path: Path) -> str:
-    return survey([path])[0].sha256
+    return survey([str(path)])[0].sha256
 
 
 def reset_process_cache() -> None:
@@ -668,7 +677,7 @@ def _tokenize_file(out: IO[bytes], sha: Any, one: Seen, tokenizer: Tokenizer,
                    text_field: str, dtype: np.dtype) -> int:
     """Write the tokens of one data file; its identity is checked before and after, and
     the bytes read are the ones whose hash the digest was made from."""
-    path = one.path
+    path = Path(one.path)
     with _open_data_file(path) as f:
         if _identity(os.fstat(f.fileno())) != one.identity:
             raise _changed(path, "its hash was taken")
@@ -713,7 +722,7 @@ def _tokenize(seen: list[Seen], tokenizer: Tokenizer, text_field: str, digest: s
     description = json.dumps({
         "dtype": dtype.name, "tokens": total, "vocab_size": tokenizer.vocab_size,
         "sha256": sha.hexdigest(), "tokenizer": tokenizer.spec, "text_field": text_field,
-        "files": [str(s.path) for s in seen]}, indent=1) + "\n"
+        "files": [s.path for s in seen]}, indent=1) + "\n"
     with atomic_output(root / f"{digest}.json") as f:
         f.write(description.encode("utf-8"))
     _VERIFIED[digest] = _identity(os.stat(root / f"{digest}.bin"))
@@ -735,7 +744,7 @@ def with_tokens(workload: Workload) -> Workload:
             f"model.vocab_size must be at least the tokenizer's vocabulary: the data has ids "
             f"up to {tokenizer.vocab_size - 1}. Received: vocab_size={vocab}, "
             f"tokenizer={spec.tokenizer!r} ({tokenizer.vocab_size} tokens)")
-    files = matched_files(spec.files)
+    files = _listed(spec.files)
     seen = survey(files)
     digest = data_digest(seen, tokenizer, spec.text_field)
     made = token_file(seen, tokenizer, spec.text_field, digest)
