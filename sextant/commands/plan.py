@@ -271,10 +271,12 @@ def _trainable(spec: str) -> bool:
     if spec.startswith(HF_PREFIX) or (BUNDLED_DIR / f"{spec}.toml").is_file():
         return True
     try:
-        family = (read_toml(spec, "workload").get("model") or {}).get("family")
+        model = read_toml(spec, "workload").get("model")
     except (UserError, OSError):
         return True  # unreadable: resolve_workload says why, in one line
-    return family in ("gpt", "llama", "mlp")
+    if not isinstance(model, dict):
+        return True  # not a table: resolve_workload says why, in one line
+    return model.get("family") in ("gpt", "llama", "mlp")
 
 
 def run_plan(args: argparse.Namespace) -> int:
