@@ -130,8 +130,11 @@ def _int(path: Path, config: dict[str, Any], key: str, default: int | None = Non
 
 
 def _positive(path: Path, where: str, value: Any) -> None:
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not (math.isfinite(value) and value > 0)):
+    try:  # an integer too large for a float is no finite number here either
+        number = float(value) if isinstance(value, (int, float)) else math.nan
+    except OverflowError:
+        number = math.inf
+    if isinstance(value, bool) or not (math.isfinite(number) and number > 0):
         raise UserError(f"{path}: {where} must be a finite number > 0. Received: "
                         f"{_shown(value)}")
 

@@ -543,3 +543,30 @@ def test_a_dictionary_encoded_string_column_is_read(tmp_path: Path) -> None:
     encoded.write_text(plain.read_text().replace("d.parquet", "c.parquet"))
     a, b = resolve_workload(plain), resolve_workload(encoded)
     assert np.array_equal(np.array(files.tokens(a)), np.array(files.tokens(b)))
+
+
+def test_a_worker_hashes_the_token_file_only_when_it_changed(
+        tmp_path: Path, token_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command verifies the token file's sha256 in full; a worker (tokens() in a fresh
+    process) trusts a file whose identity is the one recorded when it was written, and
+    hashes, and refuses, one that was written since."""
+    path, body = _text_corpus(tmp_path)
+    w = resolve_workload(path)
+    hashed: list[str] = []
+    real = files._hash_open_file
+    monkeypatch.setattr(files, "_hash_open_file",
+                        lambda f, p: (p.suffix == ".bin" and hashed.append(p.name)) or real(f, p))
+    files.reset_process_cache()
+    assert np.array(files.tokens(w)).tobytes() == body
+    assert hashed == []
+    files.reset_process_cache()
+    resolve_workload(path)  # the command: always in full
+    assert hashed == [f"{w.data.digest}.bin"]
+    bin_path = token_cache / f"{w.data.digest}.bin"
+    poisoned = bytearray(bin_path.read_bytes())
+    poisoned[3] ^= 0xFF
+    bin_path.write_bytes(bytes(poisoned))
+    files.reset_process_cache()
+    hashed.clear()
+    assert np.array(files.tokens(w)).tobytes() == body  # hashed, refused, made again
+    assert hashed[0] == f"{w.data.digest}.bin"

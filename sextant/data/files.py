@@ -6,16 +6,28 @@
 The token file is named by a digest of the files' contents (in the sorted order of their
 paths, which is the order their documents are concatenated), the tokenizer's contents and
 the text field: a changed file or tokenizer names a different token file, and an unchanged
-corpus is tokenized once whatever its files are called. The token file and its description
-(`<digest>.json`) are each written to a temporary name and renamed into place, the
-description last and recording the token count, so a token file written halfway (a killed
-process, a full disk) is never used: a token file is trusted only when its description
-exists and its size matches. Concurrent workers take a file lock, so one tokenizes and the
-others wait for its result.
+corpus is tokenized once whatever its files are called. The content hashes of files seen
+before are kept in the cache's hash index with each file's identity (device, inode, size,
+modification and change times), read once per process and written once per survey.
+
+The token file and its description (`<digest>.json`, with the token file's own sha256) are
+each written to a temporary name and renamed into place, the description last: a token file
+is trusted only when its description exists, its size matches and its bytes hash to the
+recorded sha256 (checked once per process, on the descriptor that is then memory-mapped).
+While a file is tokenized its identity is checked before and after, and the bytes read are
+hashed and compared with the hash the digest was made from: a file changed meanwhile, even
+changed back, publishes nothing and the run names it. Every cache file is opened without
+following a symbolic link and refused unless it is a regular file, and created with O_EXCL
+where new, so a link planted in a shared cache points no write elsewhere. Concurrent workers
+take a file lock, so one tokenizes (removing the temporary files a killed writer of that
+digest left) and the others wait for its result.
 
 Documents are concatenated without separators: each document's token ids, as the tokenizer
 encodes them with no special tokens added, then the next document's. A .txt file is one
-document; each Parquet row and each JSON Lines line is one.
+document; each Parquet row and each JSON Lines line is one. A long document is encoded in
+pieces of at most PIECE_CHARS characters, cut before a space that has a non-space on each
+side (where a word-level pre-tokenizer starts a word anyway), at most CHUNK_CHARS characters
+at a time, and a .txt file is read a block at a time: memory does not grow with a document.
 
 Batches: global batch i draws its B window offsets from the generator keyed by (seed, i),
 exactly as for the bundled corpus, so it is a pure function of (data, seed, i). Rank r of N
@@ -596,9 +608,12 @@ def _is_sha256(value: Any) -> bool:
             and all(c in "0123456789abcdef" for c in value))
 
 
-def _open_entry(digest: str) -> tuple[TokenFile, IO[bytes]] | None:
+def _open_entry(digest: str, *, verify: bool = True) -> tuple[TokenFile, IO[bytes]] | None:
     """The token file of `digest` and the file opened, if it is complete and its bytes match
-    the hash its description records; else None (with a warning when it does not match)."""
+    the hash its description records; else None (with a warning when it does not match).
+    Without `verify` (a worker, once the command that started it verified the file), a file
+    whose identity is still the one recorded when it was written is not hashed again: any
+    write to it, or a file put in its place, changes that identity."""
     info = _description(digest)
     if info is None:
         return None
@@ -613,7 +628,8 @@ def _open_entry(digest: str) -> tuple[TokenFile, IO[bytes]] | None:
     if identity[2] != made.tokens * made.dtype.itemsize:
         f.close()
         return None
-    if _VERIFIED.get(digest) != identity:
+    unchanged = not verify and info.get("identity") == list(identity)
+    if _VERIFIED.get(digest) != identity and not unchanged:
         if _hash_open_file(f, path) != info["sha256"]:
             f.close()
             sys.stderr.write(f"sextant: warning: token file {path} does not match the hash "
@@ -624,9 +640,9 @@ def _open_entry(digest: str) -> tuple[TokenFile, IO[bytes]] | None:
     return made, f
 
 
-def _read_description(digest: str) -> TokenFile | None:
+def _read_description(digest: str, *, verify: bool = True) -> TokenFile | None:
     """The token file of `digest` if it is complete and intact, else None."""
-    opened = _open_entry(digest)
+    opened = _open_entry(digest, verify=verify)
     if opened is None:
         return None
     opened[1].close()
@@ -719,13 +735,16 @@ def _tokenize(seen: list[Seen], tokenizer: Tokenizer, text_field: str, digest: s
     with atomic_output(root / f"{digest}.bin") as out:
         for one in seen:
             total += _tokenize_file(out, sha, one, tokenizer, text_field, dtype)
+    # The identity the token file has now, as written: a worker finding it unchanged need
+    # not hash it again (the command that starts the workers verifies it in full).
+    identity = _identity(os.stat(root / f"{digest}.bin"))
     description = json.dumps({
         "dtype": dtype.name, "tokens": total, "vocab_size": tokenizer.vocab_size,
-        "sha256": sha.hexdigest(), "tokenizer": tokenizer.spec, "text_field": text_field,
-        "files": [s.path for s in seen]}, indent=1) + "\n"
+        "sha256": sha.hexdigest(), "identity": list(identity), "tokenizer": tokenizer.spec,
+        "text_field": text_field, "files": [s.path for s in seen]}, indent=1) + "\n"
     with atomic_output(root / f"{digest}.json") as f:
         f.write(description.encode("utf-8"))
-    _VERIFIED[digest] = _identity(os.stat(root / f"{digest}.bin"))
+    _VERIFIED[digest] = identity
     return TokenFile(root / f"{digest}.bin", dtype, total, tokenizer.vocab_size)
 
 
@@ -759,7 +778,7 @@ def with_tokens(workload: Workload) -> Workload:
 def _memmap(digest: str) -> np.memmap:
     """The token file mapped from the very descriptor whose bytes were checked against the
     description's hash."""
-    opened = _open_entry(digest)
+    opened = _open_entry(digest, verify=False)
     if opened is None:
         raise UserError(f"the token file {cache_dir() / digest}.bin is missing, incomplete "
                         f"or damaged")
@@ -773,7 +792,7 @@ def tokens(workload: Workload) -> np.memmap:
     A process that does not find it (another host's cache) makes it from the files, and
     refuses files that are not the ones the workload was resolved with."""
     digest = workload.data.digest
-    if not digest or _read_description(digest) is None:
+    if not digest or _read_description(digest, verify=False) is None:
         made = with_tokens(workload).data.digest
         if digest and made != digest:
             raise UserError(f"the data files here are not the ones the workload was loaded "
