@@ -318,6 +318,8 @@ PLAN_FLAGS = ("--gpus", "--accelerator", "--network", "--gpus-per-node", "--toke
 
 
 @cases(60)
+@example("llama2-7b", [("--gpus", "10" * 30)], True)  # a search that never ended
+@example("llama2-7b", [("--gpus-per-node", "10" * 30)], False)  # numpy's OverflowError
 @given(st.sampled_from(["llama2-7b", "gpt3-175b", "llama3-8b", "x"]),
        st.lists(st.tuples(st.sampled_from(PLAN_FLAGS), FLAG_VALUES), max_size=4),
        st.booleans())
