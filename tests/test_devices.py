@@ -45,6 +45,8 @@ def test_nvidia_smi_output_is_parsed() -> None:
     (None, [0, 1]), ("1", [1]), ("1,0", [1, 0]), ("", []), ("-1", []),
     ("GPU-1b2c", [1]), ("0,7,1", [0]),  # CUDA stops at the first entry it cannot match
     ("0,0", [0]),
+    ("\u00b2", []), ("--1", []), ("1,\u00b2,0", [1]), ("0,--1", [0]),  # no index: the end
+    ("\u0661", []),  # an Arabic-Indic digit is not CUDA's index either
 ])
 def test_cuda_visible_devices_is_honoured(visible: str | None, expected: list[int]) -> None:
     found, _ = devices.parse_nvidia_smi(SMI)

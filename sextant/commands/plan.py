@@ -310,6 +310,8 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_PLAN_DEVICES = 1 << 24
+"""Devices, and devices per node: past it numpy overflows or the search hangs."""
 MAX_PLAN_TOKENS = 1e17
 """Tokens to train: a thousand times today's largest runs (1e308 printed a 300-digit time)."""
 
@@ -398,6 +400,11 @@ def _check_args(args: argparse.Namespace) -> None:
          f"--global-batch must be from 1 to {MAX_PLAN_GLOBAL_BATCH}. Received: "
          f"{args.global_batch}"),
         (args.top >= 0, f"--top must be >= 0. Received: {args.top}"),
+        *((value is None or value <= MAX_PLAN_DEVICES,  # past it: an overflow or a hang
+           f"{flag} must be an integer from 1 to {MAX_PLAN_DEVICES}. Received: {value}")
+          for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
+                              ("--nics-per-node", args.nics_per_node),
+                              ("--nodes-per-leaf", args.nodes_per_leaf))),
         (0 < args.threshold <= 1, f"--threshold must be in (0, 1]. Received: {args.threshold}"),
     ):
         if not ok:

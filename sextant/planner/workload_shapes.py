@@ -229,6 +229,7 @@ def _hf_shape(spec: str) -> TransformerShape | MLPShape:
 
     path, options = hf.parse_spec(spec)
     config = hf.read_config(path)
+    hf.check_values(path, config)  # the same one-line refusals as a training workload's
     kind = config.get("model_type")
     if kind in hf.LLAMA_TYPES:
         model, _, context = hf._llama(path, config)
