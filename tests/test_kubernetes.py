@@ -303,7 +303,8 @@ def test_the_pods_environment_trains_like_the_local_launcher(
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-3000:]
-    assert not (tmp_path / "pod-1" / "sextant-results").exists()  # only rank 0 stores it
+    # Rank 1 keeps only its logs (the run directory's path in its pod); rank 0 stores the run.
+    assert not (tmp_path / "pod-1" / "sextant-results" / "results.db").exists()
     with ResultsStore(tmp_path / "pod-0" / "sextant-results" / "results.db",
                       create=False) as store:
         (run,) = store.runs()
