@@ -311,3 +311,186 @@ def test_the_pods_environment_trains_like_the_local_launcher(
         stored = store.get(run.id)
     assert stored.strategy.workers == 2 and stored.strategy.threads == 1
     same_training(stored, local_run)
+
+
+# --- applying: the official client against a stand-in API server --------------------------
+
+class StandInCluster:
+    """An HTTP server on loopback that answers the Kubernetes API calls sextant makes (create
+    a Secret and a custom resource, list pods, delete both) and plays the operator: when the
+    job is created it starts each replica as a local process with the command and
+    environment replicas() gives it, and deletes them when the job is deleted. The client,
+    its HTTP requests, the collector, the training and the stored run are real; the API
+    server and the operator are this stand-in."""
+
+    def __init__(self, root: Path, fail_rank: int | None = None) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.root, self.fail_rank = root, fail_rank
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.requests: list[str] = []
+        self.procs: list[subprocess.Popen[str]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(f"POST {self.path}")
+                outer.objects[body["kind"]] = body
+                if body["kind"] != "Secret":
+                    outer.start(body)
+                self._send(201, body)
+
+            def do_GET(self) -> None:
+                outer.requests.append(f"GET {self.path.split('?')[0]}")
+                self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                                 "items": outer.pods()})
+
+            def do_DELETE(self) -> None:
+                outer.requests.append(f"DELETE {self.path.split('?')[0]}")
+                if "/secrets/" not in self.path:
+                    outer.stop()
+                self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                 "status": "Success"})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.kubeconfig = root / "kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+            "clusters": [{"name": "stand-in", "cluster": {
+                "server": f"http://127.0.0.1:{self.server.server_address[1]}"}}],
+            "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in",
+                                                          "user": "u"}}]}))
+
+    def start(self, job: dict[str, Any]) -> None:
+        base = {k: v for k, v in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(k)}
+        base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
+        port = str(free_port())
+        for i, (command, env) in enumerate(replicas([self.objects["Secret"], job])):
+            here = {k: "127.0.0.1" if k.endswith("MASTER_ADDR") else
+                    port if k.endswith("MASTER_PORT") else v for k, v in env.items()}
+            if i == self.fail_rank:
+                command = [sys.executable, "-c", "import sys; sys.exit(3)"]
+            (self.root / f"pod-{i}").mkdir()
+            self.procs.append(subprocess.Popen(
+                command, env={**base, **here}, cwd=self.root / f"pod-{i}", text=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def pods(self) -> list[dict[str, Any]]:
+        phases = {None: "Running", 0: "Succeeded"}
+        return [{"metadata": {"name": f"pod-{i}"},
+                 "status": {"phase": phases.get(p.poll(), "Failed")}}
+                for i, p in enumerate(self.procs)]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def close(self) -> None:
+        self.stop()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def cluster_env(cluster: StandInCluster) -> dict[str, str]:
+    return {"KUBECONFIG": str(cluster.kubeconfig), "SEXTANT_COLLECTOR_ADDR": "127.0.0.1"}
+
+
+@pytest.mark.slow
+@needs_torch
+def test_applying_the_job_collects_the_run_here(workload_file: Path, local_run: Any,
+                                                tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes")
+    cluster = StandInCluster(tmp_path)
+    try:
+        db = tmp_path / "here.db"
+        out = run_cli("run", "--launcher", "kubernetes", "--parallel", "dp", "--workers", "2",
+                      "--cpu", "1", "--device", "cpu", "--workload", str(workload_file),
+                      "--db", str(db), "--timeout", "180", "--collective-timeout", "60",
+                      env=cluster_env(cluster), timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    finally:
+        cluster.close()
+    name = cluster.objects["TrainJob"]["metadata"]["name"]
+    assert cluster.requests[:2] == [
+        "POST /api/v1/namespaces/default/secrets",
+        "POST /apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs"]
+    assert cluster.requests[-2:] == [
+        f"DELETE /apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs/{name}",
+        f"DELETE /api/v1/namespaces/default/secrets/{name}-collector"]
+    env = {e["name"]: e.get("value") for e in cluster.objects["TrainJob"]["spec"]["trainer"]["env"]}
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", env["SEXTANT_COLLECTOR"])
+    with ResultsStore(db, create=False) as store:  # stored here, not in a pod
+        (run,) = store.runs()
+        stored = store.get(run.id)
+    assert not (tmp_path / "pod-0" / "sextant-results" / "results.db").exists()
+    same_training(stored, local_run)
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_failed_pod_fails_the_run_and_deletes_the_job(workload_file: Path,
+                                                        tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes")
+    cluster = StandInCluster(tmp_path, fail_rank=1)
+    try:
+        db = tmp_path / "here.db"
+        out = run_cli("run", "--launcher", "kubernetes", "--k8s-kind", "jobset", "--parallel",
+                      "dp", "--workers", "2", "--cpu", "1", "--device", "cpu", "--workload",
+                      str(workload_file), "--db", str(db), "--timeout", "120",
+                      "--collective-timeout", "30", env=cluster_env(cluster), timeout=300)
+        assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr[-3000:]
+        assert "pod pod-1 failed: Failed" in out.stderr
+        assert cluster.requests[-2][:7] == "DELETE " and "/jobsets/" in cluster.requests[-2]
+        assert all(p.poll() is not None for p in cluster.procs)  # nothing left running
+        with ResultsStore(db, create=False) as store:
+            assert [r.status for r in store.runs()] == ["failed"]
+    finally:
+        cluster.close()
+
+
+def test_applying_without_a_cluster_or_the_client_is_one_line(tmp_path: Path) -> None:
+    env = {"KUBECONFIG": "", "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": ""}
+    out = run_cli("run", "--launcher", "kubernetes", "--parallel", "dp", env=env, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "needs a cluster: set KUBECONFIG" in out.stderr
+    hidden = run_cli("run", "--launcher", "kubernetes", "--parallel", "dp", env=env,
+                     timeout=120, prelude="import sys; sys.modules['kubernetes'] = None")
+    assert hidden.returncode == 2 and "needs the kubernetes package" in hidden.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("SEXTANT_TEST_KUBECONFIG"),
+                    reason="needs a real Kubernetes cluster with the Kubeflow Trainer: set "
+                           "SEXTANT_TEST_KUBECONFIG and SEXTANT_TEST_IMAGE (an image with "
+                           "sextant and torch) to run it")
+def test_a_real_cluster_trains_a_trainjob(workload_file: Path, tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    out = run_cli("run", "--launcher", "kubernetes", "--parallel", "dp", "--workers", "2",
+                  "--cpu", "1", "--image", os.environ.get("SEXTANT_TEST_IMAGE", ""),
+                  "--db", str(db), "--timeout", "600",
+                  env={"KUBECONFIG": os.environ["SEXTANT_TEST_KUBECONFIG"]}, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with ResultsStore(db, create=False) as store:
+        assert [r.status for r in store.runs()] == ["ok"]

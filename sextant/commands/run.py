@@ -234,8 +234,10 @@ def write_manifest(args: argparse.Namespace, job: Any) -> int:
 
 
 def kubernetes_launcher(job: Any) -> Any:
-    raise UserError("--launcher kubernetes without --dry-run (applying the job to a cluster) "
-                    "is not built yet: write the manifest with --dry-run and kubectl apply it")
+    from sextant.launch import kubernetes
+
+    kubernetes.client()  # no package or no cluster: one line now, not after the progress bar
+    return kubernetes.launcher(job)
 
 
 def print_config(workload: Workload, strategy: Strategy) -> int:

@@ -31,18 +31,25 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import secrets
-from dataclasses import dataclass, field
+import socket
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from sextant import __version__
-from sextant.errors import UserError
-from sextant.launch.collector import SECRET_ENV
+from sextant.errors import RunFailed, UserError
+from sextant.launch.collector import ENV as COLLECTOR_ENV
+from sextant.launch.collector import SECRET_ENV, Collector, gather, new_secret
 
 if TYPE_CHECKING:
+    from sextant.launch.local import EventHandler, Launcher
     from sextant.strategy import Strategy
+    from sextant.workload import Workload
 
 KINDS = ("trainjob", "pytorchjob", "jobset")
 KUBERNETES_VERSION = "1.37"
@@ -93,6 +100,9 @@ class Job:
     gpus_per_rank: int = 0
     """`nvidia.com/gpu` per pod: 1 on GPU runs, none on CPU runs."""
     labels: dict[str, str] = field(default_factory=dict)
+    collector: str | None = None
+    """host:port of the collector the pods report to (SEXTANT_COLLECTOR) when sextant applies
+    the job itself; None in a written manifest, where rank 0 hosts it."""
 
     @property
     def secret_name(self) -> str:
@@ -135,7 +145,6 @@ class Job:
         if strategy.threads is None and cpu.isdigit():
             # The pod sees the node's cores but may use only its limit: the ranks' threads
             # follow the limit, not os.cpu_count().
-            from dataclasses import replace
             strategy = replace(strategy, threads=int(cpu))
         world = len(layout_of(strategy).roles)
         return cls(name=name or job_name(strategy.label), namespace=namespace, kind=kind,
@@ -193,16 +202,19 @@ def _secret_env(job: Job) -> dict[str, Any]:
             "valueFrom": {"secretKeyRef": {"name": job.secret_name, "key": SECRET_KEY}}}
 
 
-def _one_rank_env() -> list[dict[str, Any]]:
+def _one_rank_env(job: Job) -> list[dict[str, Any]]:
     """Every pod is one rank: its local rank and local world are 0 and 1 (without them
     `sextant join` takes the whole world as local)."""
-    return [{"name": "LOCAL_RANK", "value": "0"}, {"name": "LOCAL_WORLD_SIZE", "value": "1"},
-            {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    env = [{"name": "LOCAL_RANK", "value": "0"}, {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if job.collector:
+        env.append({"name": COLLECTOR_ENV, "value": job.collector})
+    return env
 
 
 def _container(job: Job, env: list[dict[str, Any]]) -> dict[str, Any]:
     return {"name": CONTAINER[job.kind], "image": job.image, "command": job.command,
-            "env": [*env, *_one_rank_env(), _secret_env(job)], "resources": _resources(job),
+            "env": [*env, *_one_rank_env(job), _secret_env(job)], "resources": _resources(job),
             "ports": [{"name": "rendezvous" if job.kind != "pytorchjob" else "pytorchjob-port",
                        "containerPort": job.master_port}]}
 
@@ -219,7 +231,7 @@ def _trainjob(job: Job) -> dict[str, Any]:
             "activeDeadlineSeconds": _deadline(job),
             "trainer": {"image": job.image, "command": job.command, "numNodes": job.ranks,
                         "numProcPerNode": 1, "resourcesPerNode": _resources(job),
-                        "env": [*_one_rank_env(), _secret_env(job)]}}
+                        "env": [*_one_rank_env(job), _secret_env(job)]}}
 
 
 def _pod_template(job: Job, env: list[dict[str, Any]]) -> dict[str, Any]:
@@ -385,3 +397,170 @@ def validate(objects: list[dict[str, Any]]) -> list[str]:
                   "metadata": {"name": f"{obj['metadata']['name']}-{i}"},
                   "template": template}, f"{what} pod template {i}")
     return problems
+
+
+# --- applying to a cluster ------------------------------------------------------------------
+
+PLURALS = {"trainjob": "trainjobs", "pytorchjob": "pytorchjobs", "jobset": "jobsets"}
+POLL_S = 5.0
+"""Seconds between two looks at the job's pods while the run trains."""
+API_TIMEOUT_S = 30
+
+
+def client() -> Any:
+    """The official client, configured from KUBECONFIG (or ~/.kube/config, or the pod's
+    service account inside a cluster); UserError in one line without the package or a
+    configuration."""
+    try:
+        from kubernetes import client as k8s
+        from kubernetes import config
+    except ImportError:
+        raise UserError("--launcher kubernetes needs the kubernetes package to apply the job "
+                        "(pip install 'sextant[kubernetes]'); --dry-run writes the manifest "
+                        "without it") from None
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        elif os.environ.get("KUBECONFIG") or Path("~/.kube/config").expanduser().exists():
+            config.load_kube_config()
+        else:
+            raise UserError("--launcher kubernetes needs a cluster: set KUBECONFIG (or run in "
+                            "a pod); --dry-run writes the manifest without one")
+    except config.ConfigException as exc:
+        raise UserError(f"cannot load the Kubernetes configuration: {_one_line(exc)}") from None
+    return k8s
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300]
+
+
+def _collector_bind(k8s: Any) -> str:
+    """This host's address on the network the pods reach it by: SEXTANT_COLLECTOR_ADDR, else
+    the source address of the route to the API server."""
+    if os.environ.get("SEXTANT_COLLECTOR_ADDR"):
+        return os.environ["SEXTANT_COLLECTOR_ADDR"]
+    url = urlparse(k8s.Configuration.get_default_copy().host)
+    try:
+        server = socket.gethostbyname(url.hostname or "")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((server, url.port or 443))  # UDP: only the route is chosen
+            return str(s.getsockname()[0])
+    except OSError as exc:
+        raise UserError(f"cannot find this host's address towards the API server "
+                        f"{url.hostname}: {exc}; set SEXTANT_COLLECTOR_ADDR") from None
+
+
+def _api_error(exc: Any, what: str) -> RunFailed:
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    hint = (" (is its operator installed? its CRD is missing)" if status == 404 else "")
+    return RunFailed(f"Kubernetes refused {what}: {status} {reason}{hint}")
+
+
+def apply(k8s: Any, objects: list[dict[str, Any]], job: Job) -> list[tuple[str, str]]:
+    """Create the Secret, then the job; returns what was created (kind, name), for delete."""
+    from kubernetes.client.rest import ApiException
+
+    created: list[tuple[str, str]] = []
+    secret_doc, job_doc = objects
+    try:
+        k8s.CoreV1Api().create_namespaced_secret(job.namespace,
+                                                 k8s.V1Secret.from_dict(secret_doc),
+                                                 _request_timeout=API_TIMEOUT_S)
+        created.append(("Secret", secret_doc["metadata"]["name"]))
+        group, version = job_doc["apiVersion"].split("/")
+        k8s.CustomObjectsApi().create_namespaced_custom_object(
+            group, version, job.namespace, PLURALS[job.kind], job_doc,
+            _request_timeout=API_TIMEOUT_S)
+        created.append((job_doc["kind"], job.name))
+    except ApiException as exc:
+        delete(k8s, job, created)
+        raise _api_error(exc, f"the {'job' if created else 'Secret'} of {job.name}") from None
+    return created
+
+
+def delete(k8s: Any, job: Job, created: list[tuple[str, str]]) -> None:
+    """Delete what apply created, the job first (its pods go with it); errors are ignored:
+    the run's outcome is already decided."""
+    from kubernetes.client.rest import ApiException
+
+    api, kind = API_VERSIONS[job.kind]
+    for what, name in reversed(created):
+        try:
+            if what == "Secret":
+                k8s.CoreV1Api().delete_namespaced_secret(name, job.namespace,
+                                                         _request_timeout=API_TIMEOUT_S)
+            else:
+                group, version = api.split("/")
+                k8s.CustomObjectsApi().delete_namespaced_custom_object(
+                    group, version, job.namespace, PLURALS[job.kind], name,
+                    propagation_policy="Background", _request_timeout=API_TIMEOUT_S)
+        except (ApiException, OSError):
+            pass
+
+
+def pods_state(k8s: Any, job: Job) -> tuple[str, str | None]:
+    """What the job's pods are doing ('2 pods: Running, Pending (ImagePullBackOff)'), and a
+    reason to stop when one has failed."""
+    pods = k8s.CoreV1Api().list_namespaced_pod(
+        job.namespace, label_selector=f"app.kubernetes.io/instance={job.name}",
+        _request_timeout=API_TIMEOUT_S).items
+    states, failed = [], None
+    for pod in pods:
+        phase, why = pod.status.phase, None
+        for c in pod.status.container_statuses or []:
+            waiting, ended = c.state.waiting, c.state.terminated
+            why = (waiting.reason if waiting else None) or (
+                f"{ended.reason}, exit code {ended.exit_code}" if ended and ended.exit_code
+                else None)
+        states.append(f"{phase} ({why})" if why else str(phase))
+        if phase == "Failed" or why in ("ErrImagePull", "InvalidImageName",
+                                        "CreateContainerConfigError"):
+            failed = f"pod {pod.metadata.name} failed: {why or phase}"
+    return f"{len(pods)} pod(s): {', '.join(states) or 'none yet'}", failed
+
+
+def launcher(job: Job) -> Launcher:
+    """A launcher for runner.execute: apply the manifest with the official client, host the
+    collector here, follow the pods, gather, then delete the job and its Secret."""
+    from sextant.backends.base import layout_of
+    from sextant.launch.local import base_plan
+
+    def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
+               collective_timeout_s: float, on_event: EventHandler | None = None,
+               resume_step: int | None = None, **_: Any) -> list[dict[str, Any]]:
+        k8s = client()
+        layout = layout_of(strategy)
+        plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,
+                         resume_step)
+        secret = new_secret()
+        collector = Collector(_collector_bind(k8s), plan, job.ranks, secret=secret,
+                              join_timeout_s=collective_timeout_s + START_UP_S)
+        applied = replace(job, collector=collector.address)
+        created: list[tuple[str, str]] = []
+        polled, last = [0.0], [""]
+
+        def ended() -> str | None:
+            if time.monotonic() - polled[0] < POLL_S:
+                return None
+            polled[0] = time.monotonic()
+            try:
+                last[0], failed = pods_state(k8s, applied)
+            except Exception:  # the API server's hiccup is not the run's failure
+                return None
+            return failed
+
+        try:
+            created = apply(k8s, manifest(applied, secret), applied)
+            return gather(collector, layout.primary, label=strategy.label, on_event=on_event,
+                          deadline=time.monotonic() + timeout_s + START_UP_S, alive=ended)
+        except RunFailed as exc:
+            if not created or not last[0]:
+                raise
+            raise RunFailed(f"{exc} ({job.kind} {job.name}: {last[0]})") from exc
+        finally:
+            delete(k8s, applied, created)
+            collector.close()
+
+    return launch
