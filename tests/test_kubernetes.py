@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -331,6 +332,7 @@ class StandInCluster:
         self.root, self.fail_rank = root, fail_rank
         self.objects: dict[str, dict[str, Any]] = {}
         self.requests: list[str] = []
+        self.queries: list[str] = []
         self.procs: list[subprocess.Popen[str]] = []
         outer = self
 
@@ -356,6 +358,7 @@ class StandInCluster:
 
             def do_GET(self) -> None:
                 outer.requests.append(f"GET {self.path.split('?')[0]}")
+                outer.queries.append(self.path.partition("?")[2])
                 self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
                                  "items": outer.pods()})
 
@@ -440,7 +443,10 @@ def test_applying_the_job_collects_the_run_here(workload_file: Path, local_run: 
     assert cluster.requests[-2:] == [
         f"DELETE /apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs/{name}",
         f"DELETE /api/v1/namespaces/default/secrets/{name}-collector"]
-    env = {e["name"]: e.get("value") for e in cluster.objects["TrainJob"]["spec"]["trainer"]["env"]}
+    assert parse_qs(cluster.queries[0])["labelSelector"] == [
+        f"jobset.sigs.k8s.io/jobset-name={name}"]
+    env = {e["name"]: e.get("value")
+           for e in cluster.objects["TrainJob"]["spec"]["trainer"]["env"]}
     assert re.fullmatch(r"127\.0\.0\.1:\d+", env["SEXTANT_COLLECTOR"])
     with ResultsStore(db, create=False) as store:  # stored here, not in a pod
         (run,) = store.runs()

@@ -186,6 +186,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.launcher == "kubernetes":
         if args.dry_run:
             return write_manifest(args, kubernetes_job(args, strategy))
+        if args.out is not None:
+            raise UserError("--out goes with --dry-run (the manifest it writes)")
         launcher = kubernetes_launcher(kubernetes_job(args, strategy))
     elif args.dry_run:
         raise UserError("--dry-run goes with --launcher slurm or kubernetes")

@@ -500,12 +500,20 @@ def delete(k8s: Any, job: Job, created: list[tuple[str, str]]) -> None:
             pass
 
 
+def pod_selector(job: Job) -> str:
+    """The label of the job's pods: sextant's own where it writes the pod template; for a
+    TrainJob, whose pods come from the runtime's template, the label of the JobSet the Trainer
+    makes under the TrainJob's name (kubeflow/trainer v2.3.0, plugins/jobset/jobset.go)."""
+    if job.kind == "trainjob":
+        return f"jobset.sigs.k8s.io/jobset-name={job.name}"
+    return f"app.kubernetes.io/instance={job.name}"
+
+
 def pods_state(k8s: Any, job: Job) -> tuple[str, str | None]:
     """What the job's pods are doing ('2 pods: Running, Pending (ImagePullBackOff)'), and a
     reason to stop when one has failed."""
     pods = k8s.CoreV1Api().list_namespaced_pod(
-        job.namespace, label_selector=f"app.kubernetes.io/instance={job.name}",
-        _request_timeout=API_TIMEOUT_S).items
+        job.namespace, label_selector=pod_selector(job), _request_timeout=API_TIMEOUT_S).items
     states, failed = [], None
     for pod in pods:
         phase, why = pod.status.phase, None
