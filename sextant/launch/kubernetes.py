@@ -17,8 +17,10 @@ then the training job, one pod per rank, each running `sextant join`:
   `batch.kubernetes.io/job-completion-index`, MASTER_ADDR the first pod's DNS name
   (`<name>-node-0-0.<name>`, kubernetes-sigs/jobset v0.12.0, api/jobset/v1alpha2).
 
-`sextant join` reads either set (sextant.launch.join). Rank 0 hosts the run's collector at
-MASTER_PORT + 1 and stores the run in its own results database (--db inside the pod).
+`sextant join` reads either set (sextant.launch.join). In a manifest applied by hand rank 0
+hosts the run's collector at MASTER_PORT + 1 and stores the run in its own results database
+(inside its pod); `launcher` applies the manifest itself with the official client, the pods
+report to a collector on this host, and the run is stored here.
 
 The secret reaches each container through `secretKeyRef` (SEXTANT_COLLECTOR_SECRET from the
 Secret's key `secret`): its value is written in the Secret document only, never in a pod
