@@ -155,9 +155,10 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
-    # Under Slurm the ranks run on the cluster's nodes, not here: --device gpu is taken as
-    # asked (the nodes check it); auto still looks at this host.
-    remote = getattr(args, "launcher", "local") == "slurm" and args.device == "gpu"
+    # Under Slurm or Kubernetes the ranks run on the cluster's nodes, not here: --device gpu
+    # is taken as asked (the nodes check it); auto still looks at this host.
+    remote = getattr(args, "launcher", "local") in ("slurm", "kubernetes") and (
+        args.device == "gpu")
     device = "gpu" if remote else resolve_device(args.device, detect())
     return {"precision": args.precision, "device": device,
             "grad_accum": args.grad_accum,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
@@ -26,6 +28,7 @@ from sextant.display import console
 from sextant.backends.base import layout_of
 from sextant.devices import check_ranks_fit, detect
 from sextant.errors import RunFailed, UserError
+from sextant.fsutil import atomic_output
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import TENSOR_PARALLEL, Strategy
@@ -41,10 +44,11 @@ def register(sub: Any) -> None:
     add_monitor_args(p)
     add_strategy_args(p)
     add_repeats_arg(p, 1)
-    p.add_argument("--launcher", default="local", choices=("local", "slurm"),
+    p.add_argument("--launcher", default="local", choices=("local", "slurm", "kubernetes"),
                    help="local (default: processes on this machine, or on the hosts of "
-                        "--cluster) or slurm (a batch job through sbatch, or srun inside an "
-                        "allocation; see docs/multi-host.md)")
+                        "--cluster), slurm (a batch job through sbatch, or srun inside an "
+                        "allocation) or kubernetes (a Kubeflow TrainJob, PyTorchJob or "
+                        "JobSet; see docs/multi-host.md)")
     p.add_argument("--nodes", type=int, default=None,
                    help="with --launcher slurm: nodes of the job (default: one per worker)")
     p.add_argument("--tasks-per-node", type=int, default=None,
@@ -52,11 +56,39 @@ def register(sub: Any) -> None:
                         "evenly over --nodes)")
     p.add_argument("--partition", default=None, help="with --launcher slurm: the partition")
     p.add_argument("--dry-run", action="store_true",
-                   help="with --launcher slurm: print the batch script and stop")
+                   help="with --launcher slurm: print the batch script and stop; with "
+                        "--launcher kubernetes: write the manifest and stop")
+    add_kubernetes_args(p)
     p.add_argument("--print-config", action="store_true",
                    help="print the framework configuration sextant generates for this run "
                         "(deepspeed: its JSON config) and stop without training")
     p.set_defaults(func=cmd_run)
+
+
+def add_kubernetes_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `--launcher kubernetes` (sextant.launch.kubernetes)."""
+    from sextant.launch.kubernetes import KINDS
+
+    p.add_argument("--k8s-kind", default=None, metavar="KIND",
+                   help=f"with --launcher kubernetes: {', '.join(KINDS)} (default: trainjob, "
+                        f"a Kubeflow Trainer v2 TrainJob)")
+    p.add_argument("--image", default=None,
+                   help="with --launcher kubernetes: the pods' image, with sextant and the "
+                        "framework installed (default: sextant:<version>)")
+    p.add_argument("--cpu", default=None,
+                   help="with --launcher kubernetes: CPU per pod, requested and limited "
+                        "(default: --threads, else 4)")
+    p.add_argument("--memory", default=None,
+                   help="with --launcher kubernetes: memory per pod, requested and limited "
+                        "(default: 4Gi)")
+    p.add_argument("--namespace", default=None,
+                   help="with --launcher kubernetes: the namespace (default: default)")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="with --launcher kubernetes --dry-run: write the manifest to FILE "
+                        "(mode 0600: it holds the run's secret) instead of printing it")
+
+
+KUBERNETES_FLAGS = ("k8s_kind", "image", "cpu", "memory", "namespace", "out")
 
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
@@ -132,6 +164,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     strategy = strategy_from_args(args)
     if args.print_config:
         return print_config(workload, strategy)
+    given = [f"--{f.replace('_', '-')}" for f in KUBERNETES_FLAGS
+             if getattr(args, f) is not None]
+    if given and args.launcher != "kubernetes":
+        raise UserError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with "
+                        f"--launcher kubernetes")
     launcher = None
     if args.launcher == "slurm":
         from sextant.launch import slurm
@@ -144,15 +181,65 @@ def cmd_run(args: argparse.Namespace) -> int:
             console().print(slurm.batch_script(job), markup=False, soft_wrap=True)
             return 0
         launcher = slurm.launcher(job)
-    elif args.dry_run or args.nodes or args.tasks_per_node or args.partition:
-        raise UserError("--nodes, --tasks-per-node, --partition and --dry-run go with "
-                        "--launcher slurm")
+    elif args.nodes or args.tasks_per_node or args.partition:
+        raise UserError("--nodes, --tasks-per-node and --partition go with --launcher slurm")
+    elif args.launcher == "kubernetes":
+        if args.dry_run:
+            return write_manifest(args, kubernetes_job(args, strategy))
+        if args.out is not None:
+            raise UserError("--out goes with --dry-run (the manifest it writes)")
+        launcher = kubernetes_launcher(kubernetes_job(args, strategy))
+    elif args.dry_run:
+        raise UserError("--dry-run goes with --launcher slurm or kubernetes")
     elif args.cluster is None:  # every rank on this host: one GPU each
         check_ranks_fit(strategy.device, len(layout_of(strategy).primary), detect())
     if args.repeats > 1:
         return run_trials(args, workload, strategy, launcher=launcher)
     return run_and_show(args, workload, strategy, launcher=launcher,
                         tensorboard=args.tensorboard)
+
+
+def kubernetes_job(args: argparse.Namespace, strategy: Strategy) -> Any:
+    from sextant.launch import kubernetes
+
+    return kubernetes.Job.for_run(
+        strategy, workload=str(args.workload), timeout_s=args.timeout,
+        collective_timeout_s=args.collective_timeout, steps=args.steps,
+        kind=args.k8s_kind or "trainjob", image=args.image, cpu=args.cpu,
+        memory=args.memory or "4Gi", namespace=args.namespace or "default")
+
+
+def write_manifest(args: argparse.Namespace, job: Any) -> int:
+    """`--launcher kubernetes --dry-run`: the manifest, with a fresh secret, on stdout or in
+    --out; checked against the pinned schemas first where kubernetes-validate is installed."""
+    from sextant.launch import kubernetes
+    from sextant.launch.collector import new_secret
+
+    objects = kubernetes.manifest(job, new_secret())
+    header = kubernetes.header(job)
+    if importlib.util.find_spec("kubernetes_validate") is not None:
+        problems = kubernetes.validate(objects)
+        if problems:
+            raise RunFailed(f"the rendered manifest breaks its schema ({len(problems)} "
+                            f"problem(s)); the first: {problems[0]}")
+        header += (f"Checked offline against Kubernetes {kubernetes.KUBERNETES_VERSION} and "
+                   f"the vendored CRD schemas (sextant/launch/crds).",)
+    text = kubernetes.render(objects, header)
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    with atomic_output(args.out) as f:  # mkstemp: 0600 from the start
+        f.write(text.encode())
+    console().print(f"wrote {args.out} (a Secret and a {objects[1]['kind']}); apply it with "
+                    f"kubectl apply -f {args.out}", markup=False, soft_wrap=True)
+    return 0
+
+
+def kubernetes_launcher(job: Any) -> Any:
+    from sextant.launch import kubernetes
+
+    kubernetes.client()  # no package or no cluster: one line now, not after the progress bar
+    return kubernetes.launcher(job)
 
 
 def print_config(workload: Workload, strategy: Strategy) -> int:

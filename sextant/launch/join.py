@@ -2,7 +2,10 @@
 
 A rank's identity comes from the environment its launcher set:
 - torchrun, Kubernetes training operators and MPI wrappers that export them: RANK,
-  WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+  WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the Training
+  Operator's PyTorchJob, a JobSet rendered by sextant);
+- the Kubeflow Trainer's TrainJob nodes: PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR,
+  PET_MASTER_PORT (torchrun's own variables, which the Trainer sets for it), one rank a node;
 - Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
   SLURM_TASKS_PER_NODE and SLURM_JOB_NODELIST (MASTER_ADDR is the first node of the job,
   MASTER_PORT is SEXTANT_MASTER_PORT or 29500).
@@ -60,7 +63,7 @@ class Identity:
     master_addr: str
     master_port: int
     source: str
-    """'torchrun' or 'slurm': which variables it came from."""
+    """'torchrun', 'kubeflow-trainer' or 'slurm': which variables it came from."""
 
 
 def identity_from_env(env: dict[str, str]) -> Identity:
@@ -74,6 +77,9 @@ def identity_from_env(env: dict[str, str]) -> Identity:
                         local_world=_int(env, "LOCAL_WORLD_SIZE", world),
                         master_addr=env["MASTER_ADDR"], master_port=_int(env, "MASTER_PORT"),
                         source="torchrun")
+    trainer = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+    if all(k in env for k in trainer):
+        return _trainer_identity(env)
     slurm = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST")
     if all(k in env for k in slurm):
         per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", env["SLURM_NTASKS"]))
@@ -86,8 +92,22 @@ def identity_from_env(env: dict[str, str]) -> Identity:
                         source="slurm")
     raise UserError(
         "sextant join needs its rank from the launcher: RANK, WORLD_SIZE, MASTER_ADDR and "
-        "MASTER_PORT (torchrun and similar), or Slurm's SLURM_PROCID, SLURM_NTASKS and "
-        "SLURM_JOB_NODELIST (srun); none of these sets is complete here")
+        "MASTER_PORT (torchrun and similar), the Kubeflow Trainer's PET_NNODES, "
+        "PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, or Slurm's SLURM_PROCID, "
+        "SLURM_NTASKS and SLURM_JOB_NODELIST (srun); none of these sets is complete here")
+
+
+def _trainer_identity(env: dict[str, str]) -> Identity:
+    """A Kubeflow Trainer node (torchrun's PET_* variables, set for `torchrun` itself): one
+    rank per node, since no torchrun starts more processes in it."""
+    per_node = env.get("PET_NPROC_PER_NODE", "1")
+    if per_node != "1":
+        raise UserError(f"sextant join runs one rank per Trainer node: set the TrainJob's "
+                        f"trainer.numProcPerNode to 1. Received: PET_NPROC_PER_NODE="
+                        f"{per_node[:40]!r}")
+    return Identity(rank=_int(env, "PET_NODE_RANK"), world=_int(env, "PET_NNODES"),
+                    local_rank=0, local_world=1, master_addr=env["PET_MASTER_ADDR"],
+                    master_port=_int(env, "PET_MASTER_PORT"), source="kubeflow-trainer")
 
 
 def _int(env: dict[str, str], key: str, default: int | None = None) -> int:
