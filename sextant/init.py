@@ -6,12 +6,12 @@ of a dense layer is (in, out): y = x @ W + b.
 
 GPT layout of the fused attention input projection `blocks.{i}.attn.qkv.weight`: shape
 (d_model, 3 * d_model), columns [q | k | v]; within each, head h owns columns
-[h * head_dim, (h + 1) * head_dim).
+[h * head_dim, (h + 1) * head_dim). `head.weight` is absent when the embeddings are tied.
 
 Llama layout: separate `attn.q/k/v/o.weight` ((d_model, n_heads * head_dim) for q,
 (d_model, n_kv_heads * head_dim) for k and v, head h at columns [h * head_dim, (h + 1) *
 head_dim)), SwiGLU `mlp.gate/up.weight` (d_model, d_ff) and `mlp.down.weight` (d_ff, d_model),
-RMSNorm `scale`s, no biases; `head.weight` is absent when the embeddings are tied (the head is
+RMSNorm `scale`s; `attn.q/k/v.bias` only with `qkv_bias` (Qwen2); `head.weight` is absent when the embeddings are tied (the head is
 `wte` transposed).
 
 Each array is drawn from its own generator keyed by (seed, name), so adding a parameter never
@@ -61,7 +61,8 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.proj.bias"] = (d,)
     shapes["ln_f.scale"] = (d,)
     shapes["ln_f.bias"] = (d,)
-    shapes["head.weight"] = (d, model.vocab_size)
+    if not model.tie_embeddings:
+        shapes["head.weight"] = (d, model.vocab_size)
     return shapes
 
 
@@ -71,9 +72,11 @@ def _llama_shapes(model: LlamaSpec) -> dict[str, tuple[int, ...]]:
     for i in range(model.n_layers):
         p = f"blocks.{i}."
         shapes[p + "attn_norm.scale"] = (d,)
-        shapes[p + "attn.q.weight"] = (d, model.n_heads * hd)
-        shapes[p + "attn.k.weight"] = (d, model.n_kv_heads * hd)
-        shapes[p + "attn.v.weight"] = (d, model.n_kv_heads * hd)
+        for proj, heads in (("q", model.n_heads), ("k", model.n_kv_heads),
+                            ("v", model.n_kv_heads)):
+            shapes[p + f"attn.{proj}.weight"] = (d, heads * hd)
+            if model.qkv_bias:
+                shapes[p + f"attn.{proj}.bias"] = (heads * hd,)
         shapes[p + "attn.o.weight"] = (model.n_heads * hd, d)
         shapes[p + "mlp_norm.scale"] = (d,)
         shapes[p + "mlp.gate.weight"] = (d, f)

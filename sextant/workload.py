@@ -69,7 +69,7 @@ class MLPSpec:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class GPTSpec:
     """A decoder-only transformer: pre-LayerNorm, GELU (tanh form), learned positions,
-    causal attention, untied output head."""
+    causal attention, an output head of its own or tied to the embedding."""
 
     family: str = "gpt"
     vocab_size: int = 256
@@ -85,9 +85,13 @@ class GPTSpec:
     """Attention heads; must divide d_model."""
     d_ff: int = 256
     """Hidden width of each block's MLP."""
+    tie_embeddings: bool = False
+    """The output head reuses the token embedding (transposed) instead of its own matrix, as
+    GPT-2 does."""
 
     def __post_init__(self) -> None:
         _check_decoder(self, ("seq_len", "d_model", "n_heads", "d_ff"))
+        _check_bool("model.tie_embeddings", self.tie_embeddings)
 
     @property
     def head_dim(self) -> int:
@@ -111,7 +115,8 @@ def _check_decoder(spec: GPTSpec | LlamaSpec, widths: tuple[str, ...]) -> None:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class LlamaSpec:
     """A Llama-shaped decoder: pre-RMSNorm, rotary position embeddings (rotate-half form),
-    grouped-query causal attention, SwiGLU MLP, no biases; embeddings tied or not."""
+    grouped-query causal attention, SwiGLU MLP, biases on the query, key and value projections
+    or none (Qwen2 has them); embeddings tied or not."""
 
     family: str = "llama"
     vocab_size: int = 256
@@ -135,6 +140,9 @@ class LlamaSpec:
     """Base of the rotary frequencies: pair i of a head turns at rope_theta^(-2i/head_dim)."""
     norm_eps: float = 1e-5
     """RMSNorm's epsilon, inside the root."""
+    qkv_bias: bool = False
+    """The query, key and value projections add a bias (Qwen2); the output projection and
+    the MLP have none either way."""
 
     def __post_init__(self) -> None:
         _check_decoder(self, ("seq_len", "d_model", "n_heads", "n_kv_heads", "d_ff"))
@@ -150,15 +158,25 @@ class LlamaSpec:
                 f"group of query heads). Received: n_heads={self.n_heads}, "
                 f"n_kv_heads={self.n_kv_heads}"
             )
-        if not isinstance(self.tie_embeddings, bool):
-            raise UserError("model.tie_embeddings must be true or false. "
-                            f"Received: {_short(self.tie_embeddings)}")
+        _check_bool("model.tie_embeddings", self.tie_embeddings)
+        _check_bool("model.qkv_bias", self.qkv_bias)
         _positive_float("model.rope_theta", self.rope_theta)
         _positive_float("model.norm_eps", self.norm_eps)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+def model_features(model: MLPSpec | GPTSpec | LlamaSpec) -> tuple[str, ...]:
+    """The optional parts a model uses, which a backend's model code must have (its
+    Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's)."""
+    out = []
+    if isinstance(model, LlamaSpec) and model.qkv_bias:
+        out.append("qkv_bias")
+    if isinstance(model, GPTSpec) and model.tie_embeddings:
+        out.append("tied_gpt_head")
+    return tuple(out)
 
 
 ModelSpec = MLPSpec | GPTSpec | LlamaSpec
@@ -287,10 +305,20 @@ class Workload:
     data: DataSpec
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
+    weights: str = ""
+    """A folder of pretrained weights (`*.safetensors` as Hugging Face saves them, sharded or
+    not) that replace the seeded initial parameters (sextant.weights); empty: seeded ones.
+    Relative to the workload file, stored absolute."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise UserError(f"name must be a non-empty string. Received: {self.name!r}")
+        if not isinstance(self.weights, str):
+            raise UserError(f"weights must be the path of a folder of *.safetensors files. "
+                            f"Received: {_short(self.weights)}")
+        if self.weights and isinstance(self.model, MLPSpec):
+            raise UserError("weights (a pretrained checkpoint) are for the gpt and llama "
+                            "families, not mlp")
         if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION:
             raise UserError(f"description must be a string of at most {MAX_DESCRIPTION} "
                             f"characters. Received: {str(self.description)[:40]!r}... "
@@ -326,6 +354,13 @@ class Workload:
         out["data"]["files"] = list(self.data.files)
         if not self.data.files:  # a bundled dataset is named by its name alone
             out["data"] = {"dataset": self.data.dataset}
+        # Fields added after results were stored appear only when set, so the content hash
+        # of every workload that does not use them stays what it was.
+        for key in _SET_ONLY.get(self.model.family, ()):
+            if out["model"][key] is False:
+                del out["model"][key]
+        if not self.weights:
+            del out["weights"]
         return out
 
     def content_hash(self) -> str:
@@ -340,6 +375,10 @@ class Workload:
 
     def replace(self, **changes: Any) -> Workload:
         return dataclasses.replace(self, **changes)
+
+
+_SET_ONLY = {"gpt": ("tie_embeddings",), "llama": ("qkv_bias",)}
+"""Model switches added after results were stored: written only when on (see to_dict)."""
 
 
 def _hash(payload: dict[str, Any], drop: tuple[str, ...]) -> str:
@@ -390,6 +429,10 @@ def workload_from_dict(raw: dict[str, Any], base: Path | None = None) -> Workloa
                         + ("" if family == "mlp" else ", or data.files (your own text)"))
     if "files" in data_raw:
         data_raw["files"] = _file_patterns(data_raw["files"], base)
+    weights = raw.get("weights")
+    if isinstance(weights, str) and weights and base is not None \
+            and not Path(weights).is_absolute():
+        raw["weights"] = str(base / weights)
     tokenizer = data_raw.get("tokenizer")
     if isinstance(tokenizer, str) and tokenizer not in ("", "bytes") and base is not None \
             and not Path(tokenizer).is_absolute():
@@ -474,6 +517,11 @@ def _positive_int(name: str, value: Any, most: int | None = None) -> None:
         raise UserError(f"{name} must be an integer >= 1. Received: {_short(value)}")
     if most is not None and value > most:
         raise UserError(f"{name} must be at most {most}. Received: {_short(value)}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise UserError(f"{name} must be true or false. Received: {_short(value)}")
 
 
 def _short(value: Any) -> str:

@@ -14,12 +14,14 @@ def register(sub: Any) -> None:
                     "uses one directly (see docs/your-model-and-data.md).")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(p))
     hf = verbs.add_parser(
-        "from-hf", help="a workload for a Llama/Mistral/GPT-2-style config.json",
-        description="Map a decoder-only Hugging Face config.json (Llama 1-3, Mistral without "
-                    "a sliding window, GPT-2 with an untied head) onto sextant's llama or gpt "
-                    "family; anything those cannot express is refused, naming the field. "
-                    "Trains on the bundled byte-level corpus until [data] names your files.")
-    hf.add_argument("config", help="path of the config.json")
+        "from-hf", help="a workload for a Llama/Mistral/Qwen2/GPT-2-style model",
+        description="Map a decoder-only Hugging Face config.json (Llama 1-3, Mistral inside "
+                    "its sliding window, Qwen2, GPT-2) onto sextant's llama or gpt family; "
+                    "anything those cannot express is refused, naming the field. Given the "
+                    "model's folder, training starts from its *.safetensors weights. Trains "
+                    "on the bundled byte-level corpus until [data] names your files.")
+    hf.add_argument("config", help="path of the config.json, or of the model's folder "
+                                   "(config.json and *.safetensors)")
     hf.add_argument("--seq-len", type=int, default=None,
                     help="tokens per sequence (default: the config's context length)")
     hf.add_argument("--global-batch", type=int, default=None,

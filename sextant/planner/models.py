@@ -833,14 +833,15 @@ def shape_from_workload(
                 raise UserError(f"{where}: model.{key} is required for a gpt model")
             values[key] = model[key]
         # sextant's gpt (sextant/init.py): pre-LayerNorm, GELU MLP, learned positions,
-        # biases on every linear layer except the untied output head, no dropout.
+        # biases on every linear layer except the output head (its own, or the embedding's
+        # when tied), no dropout.
         return TransformerShape(
             name=name,
             n_kv_heads=values["n_heads"],
             learned_positions=True,
             biases=True,
             layernorm=True,
-            tied_embeddings=False,
+            tied_embeddings=model.get("tie_embeddings") is True,
             gated_mlp=False,
             dropout=False,
             global_batch=batch,

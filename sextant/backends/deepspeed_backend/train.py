@@ -53,7 +53,7 @@ from sextant.backends.torch_backend.train import (
     select_device,
 )
 from sextant.backends import precision
-from sextant.init import init_params
+from sextant.weights import initial_params
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
     import deepspeed
 
     workload, strategy = ctx.workload, ctx.strategy
-    params = init_params(workload.model, workload.seed)
+    params = initial_params(workload)
     net = dm.build(workload.model)
     dm.load_canonical(net, params)
     names = dm.canonical_names(net, params)

@@ -103,7 +103,8 @@ def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array, remat: bool = False,
     x = p["wte"][idx] + p["wpe"][:T]
     for i in range(spec.n_layers):
         x = block(block_params(p, i), x)
-    return _mm(_layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]), p["head.weight"], nx)
+    head = p["wte"].T if spec.tie_embeddings else p["head.weight"]
+    return _mm(_layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]), head, nx)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -172,14 +173,21 @@ def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: 
     h = f(rms_norm(x, bp["attn_norm.scale"], spec.norm_eps))
     # RoPE against the fp32 tables, its result cast for the attention (autocast does the
     # same: the product promotes to fp32, scaled_dot_product_attention casts it back).
-    q = rotate(_mm(h, bp["attn.q.weight"], nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
-    k = rotate(_mm(h, bp["attn.k.weight"], nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
-    v = _mm(h, bp["attn.v.weight"], nx).reshape(B, T, -1, hd)
+    q = rotate(_proj(h, bp, "q", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    k = rotate(_proj(h, bp, "k", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    v = _proj(h, bp, "v", nx).reshape(B, T, -1, hd)
     y = _attention(q, k, v, 1.0 / math.sqrt(hd), nx)  # GQA: K, V heads broadcast
     x = x + g(_mm(y.reshape(B, T, -1), bp["attn.o.weight"], nx))
     h = f(rms_norm(x, bp["mlp_norm.scale"], spec.norm_eps))
     gated = jax.nn.silu(_mm(h, bp["mlp.gate.weight"], nx)) * _mm(h, bp["mlp.up.weight"], nx)
     return x + g(_mm(gated, bp["mlp.down.weight"], nx))
+
+
+def _proj(h: jax.Array, bp: Params, name: str, nx: Numerics) -> jax.Array:
+    """A q, k or v projection, with its bias where the model has one (Qwen2)."""
+    bias = bp.get(f"attn.{name}.bias")
+    w = bp[f"attn.{name}.weight"]
+    return _mm(h, w, nx) if bias is None else _dense(h, w, bias, nx)
 
 
 def _identity(x: jax.Array) -> jax.Array:
@@ -240,17 +248,22 @@ def gather_vocab(axis: str) -> Any:
     return gather
 
 
+def model_logits(spec: ModelSpec, p: Params, x: jax.Array, remat: bool = False,
+                 tp_axis: str | None = None, nx: Numerics = FP32) -> jax.Array:
+    """The model's logits: (B, classes) for the MLP, (B, T, V) for the decoders."""
+    if isinstance(spec, MLPSpec):
+        return mlp_logits(spec, p, x, nx)
+    if isinstance(spec, LlamaSpec):
+        return llama_logits(spec, p, x, remat, tp_axis, nx)
+    return gpt_logits(spec, p, x, remat, nx)
+
+
 def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
             remat: bool = False, tp_axis: str | None = None, nx: Numerics = FP32
             ) -> jax.Array:
     """Mean softmax cross-entropy over every target in the batch, in fp32 whatever the
     compute dtype (`remat`: see gpt_logits; `tp_axis`: see llama_block)."""
-    if isinstance(spec, MLPSpec):
-        logits = mlp_logits(spec, p, x, nx)
-    elif isinstance(spec, LlamaSpec):
-        logits = llama_logits(spec, p, x, remat, tp_axis, nx)
-    else:
-        logits = gpt_logits(spec, p, x, remat, nx)
+    logits = model_logits(spec, p, x, remat, tp_axis, nx)
     logits = logits.reshape(-1, logits.shape[-1])
     if "loss-in-compute-dtype" not in TEST_FAULTS:  # the broken twin keeps bf16 logits
         logits = logits.astype(jnp.float32)

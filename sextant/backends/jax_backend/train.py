@@ -46,7 +46,8 @@ from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
 from sextant.devices import detect
 from sextant.errors import UserError
-from sextant.init import decays, init_params
+from sextant.init import decays
+from sextant.weights import initial_params
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
@@ -92,6 +93,8 @@ def _fsdp_spec(shape: tuple[int, ...], n: int) -> Any:
 
 COLUMN_PARALLEL = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.gate.weight",
                    "mlp.up.weight")
+COLUMN_BIASES = ("attn.q.bias", "attn.k.bias", "attn.v.bias")
+"""Split as their projections' columns: each shard adds the bias of its own heads."""
 ROW_PARALLEL = ("attn.o.weight", "mlp.down.weight")
 
 
@@ -103,6 +106,8 @@ def _tp_spec(name: str) -> Any:
         return P(None, "model")
     if name.endswith(ROW_PARALLEL) or name == "wte":  # embedding rows: over the vocabulary
         return P("model", None)
+    if name.endswith(COLUMN_BIASES):
+        return P("model")
     return P()
 
 
@@ -161,7 +166,7 @@ def _initial_params(workload: Any, strategy: Any) -> dict[str, np.ndarray]:
     """Canonical parameters, or the pipeline's stacked layout of them (parallel pp)."""
     from sextant.backends.jax_backend import pipeline
 
-    params = init_params(workload.model, workload.seed)
+    params = initial_params(workload)
     return pipeline.stack(params, workload.model, strategy.pp) if strategy.pp > 1 else params
 
 

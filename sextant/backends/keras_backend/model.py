@@ -171,13 +171,17 @@ class GPT(Trainable):
         self.wpe = PositionEmbedding(spec.seq_len, spec.d_model, name="wpe")
         self.blocks = [Block(spec, name=f"blocks_{i}") for i in range(spec.n_layers)]
         self.ln_f = layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name="ln_f")
-        self.head = layers.Dense(spec.vocab_size, use_bias=False, name="head")
+        self.head = (None if spec.tie_embeddings
+                     else layers.Dense(spec.vocab_size, use_bias=False, name="head"))
 
     def call(self, idx: Any, training: bool = False) -> Any:  # (B, T) token ids -> (B, T, V) logits
         x = self.wpe(self.wte(idx))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        if self.head is None:  # tied: the embedding, transposed
+            return ops.matmul(x, ops.transpose(self.wte.embeddings))
+        return self.head(x)
 
     def canonical(self) -> dict[str, Any]:
         out: dict[str, Any] = {"wte": self.wte.embeddings, "wpe": self.wpe.embeddings}
@@ -189,7 +193,8 @@ class GPT(Trainable):
                                 ("mlp.fc", b.fc), ("mlp.proj", b.mlp_proj)):
                 out[p + name + ".weight"], out[p + name + ".bias"] = dense.kernel, dense.bias
         out["ln_f.scale"], out["ln_f.bias"] = self.ln_f.gamma, self.ln_f.beta
-        out["head.weight"] = self.head.kernel
+        if self.head is not None:
+            out["head.weight"] = self.head.kernel
         return out
 
     def dummy_input(self) -> np.ndarray:
@@ -203,9 +208,9 @@ class RotaryAttention(layers.Layer):
     def __init__(self, spec: LlamaSpec, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.nh, self.nkv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        self.q = layers.Dense(self.nh * self.hd, use_bias=False, name="q")
-        self.k = layers.Dense(self.nkv * self.hd, use_bias=False, name="k")
-        self.v = layers.Dense(self.nkv * self.hd, use_bias=False, name="v")
+        self.q = layers.Dense(self.nh * self.hd, use_bias=spec.qkv_bias, name="q")
+        self.k = layers.Dense(self.nkv * self.hd, use_bias=spec.qkv_bias, name="k")
+        self.v = layers.Dense(self.nkv * self.hd, use_bias=spec.qkv_bias, name="v")
         self.o = layers.Dense(spec.d_model, use_bias=False, name="o")
         cos, sin = rope_tables(spec)  # (T, hd)
         self.cos, self.sin = cos[:, None, :], sin[:, None, :]  # (T, 1, hd): over the heads
@@ -276,6 +281,8 @@ class Llama(Trainable):
                                 ("attn.v", b.attn.v), ("attn.o", b.attn.o),
                                 ("mlp.gate", b.gate), ("mlp.up", b.up), ("mlp.down", b.down)):
                 out[p + name + ".weight"] = dense.kernel
+                if dense.use_bias:
+                    out[p + name + ".bias"] = dense.bias
         out["norm_f.scale"] = self.norm_f.scale
         if self.head is not None:
             out["head.weight"] = self.head.kernel

@@ -41,7 +41,8 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
-from sextant.init import decays, init_params, param_shapes
+from sextant.init import decays, param_shapes
+from sextant.weights import initial_params
 from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
 
@@ -152,7 +153,7 @@ def _train(ctx: WorkerContext, keras: Any) -> RankResult:
     workload, strategy = ctx.workload, ctx.strategy
     backend = keras.backend.backend()
     dist, wrapping = _distribution(keras, ctx)
-    params0 = init_params(workload.model, workload.seed)
+    params0 = initial_params(workload)
     model, variables = km.build(workload.model, params0)
     # The test hook SEXTANT_TEST_FAULT=keras-stock-adamw trains with Keras' own AdamW update,
     # so the tests can show the parity tolerance sees its eps placement.

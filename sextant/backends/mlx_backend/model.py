@@ -79,7 +79,8 @@ def gpt_logits(spec: GPTSpec, p: Tree, idx: mx.array) -> mx.array:  # (B, T) -> 
     x = p["wte"][idx] + p["wpe"][:T]
     for bp in p["blocks"]:
         x = gpt_block(spec, bp, x)
-    return _layer_norm(x, p["ln_f"]) @ p["head"]["weight"]
+    return _layer_norm(x, p["ln_f"]) @ (p["wte"].T if spec.tie_embeddings
+                                        else p["head"]["weight"])
 
 
 def _rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
@@ -92,15 +93,20 @@ def _rms_norm(x: mx.array, scale: mx.array, eps: float) -> mx.array:
     return x * mx.rsqrt(mx.mean(mx.square(x), axis=-1, keepdims=True) + eps) * scale
 
 
+def _proj(h: mx.array, p: Tree) -> mx.array:
+    """A q, k or v projection, with its bias where the model has one (Qwen2)."""
+    return h @ p["weight"] + p["bias"] if "bias" in p else h @ p["weight"]
+
+
 def llama_block(spec: LlamaSpec, bp: Tree, x: mx.array, cos: mx.array, sin: mx.array
                 ) -> mx.array:
     B, T, _ = x.shape
     hd = spec.head_dim
     attn, mlp = bp["attn"], bp["mlp"]
     h = _rms_norm(x, bp["attn_norm"]["scale"], spec.norm_eps)
-    q = _rotate((h @ attn["q"]["weight"]).reshape(B, T, -1, hd), cos, sin)
-    k = _rotate((h @ attn["k"]["weight"]).reshape(B, T, -1, hd), cos, sin)
-    v = (h @ attn["v"]["weight"]).reshape(B, T, -1, hd)
+    q = _rotate(_proj(h, attn["q"]).reshape(B, T, -1, hd), cos, sin)
+    k = _rotate(_proj(h, attn["k"]).reshape(B, T, -1, hd), cos, sin)
+    v = _proj(h, attn["v"]).reshape(B, T, -1, hd)
     x = x + _attention(q, k, v) @ attn["o"]["weight"]
     h = _rms_norm(x, bp["mlp_norm"]["scale"], spec.norm_eps)
     gate = h @ mlp["gate"]["weight"]
@@ -118,14 +124,18 @@ def llama_logits(spec: LlamaSpec, p: Tree, idx: mx.array) -> mx.array:
     return x @ (p["wte"].T if spec.tie_embeddings else p["head"]["weight"])
 
 
+def model_logits(spec: ModelSpec, p: Tree, x: mx.array) -> mx.array:
+    """The model's logits: (B, classes) for the MLP, (B, T, V) for the decoders."""
+    if isinstance(spec, MLPSpec):
+        return mlp_logits(spec, p, x)
+    if isinstance(spec, LlamaSpec):
+        return llama_logits(spec, p, x)
+    return gpt_logits(spec, p, x)
+
+
 def loss_fn(spec: ModelSpec, p: Tree, x: mx.array, y: mx.array) -> mx.array:
     """Mean softmax cross-entropy over every target in the batch."""
-    if isinstance(spec, MLPSpec):
-        logits = mlp_logits(spec, p, x)
-    elif isinstance(spec, LlamaSpec):
-        logits = llama_logits(spec, p, x)
-    else:
-        logits = gpt_logits(spec, p, x)
+    logits = model_logits(spec, p, x)
     logits = logits.reshape(-1, logits.shape[-1]).astype(mx.float32)
     logz = mx.logsumexp(logits, axis=-1)
     picked = mx.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]

@@ -31,7 +31,8 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
-from sextant.init import decays, init_params, param_shapes
+from sextant.init import decays, param_shapes
+from sextant.weights import initial_params
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
 from sextant.schedule import lr_table
@@ -92,7 +93,7 @@ def _train(ctx: WorkerContext, group: Any) -> RankResult:
 
     workload, strategy = ctx.workload, ctx.strategy
     spec = workload.model
-    params0 = init_params(spec, workload.seed)
+    params0 = initial_params(workload)
     params = mm.to_tree(params0)
     optimizer = _optimizer(ctx)
     optimizer.init(params)

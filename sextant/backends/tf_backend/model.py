@@ -105,6 +105,16 @@ def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Te
                     _dense(h, p[b + "mlp.fc.weight"], p[b + "mlp.fc.bias"]))
         x = _add(x, _dense(h, p[b + "mlp.proj.weight"], p[b + "mlp.proj.bias"]))
     x = _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"])
+    return _head(spec, p, x)
+
+
+def _head(spec: GPTSpec | LlamaSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
+    """The output head, or with tied embeddings the embedding transposed (in the compute
+    dtype of the matmul weights, as the untied head would be)."""
+    if spec.tie_embeddings:
+        compute = p["blocks.0.mlp.fc.weight" if isinstance(spec, GPTSpec)
+                    else "blocks.0.attn.q.weight"].dtype if spec.n_layers else x.dtype
+        return tf.matmul(tf.cast(x, compute), tf.cast(p["wte"], compute), transpose_b=True)
     return _dense(x, p["head.weight"])
 
 
@@ -137,9 +147,9 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> t
     for i in range(spec.n_layers):
         b = f"blocks.{i}."
         h = _rms_norm(x, p[b + "attn_norm.scale"], spec.norm_eps)
-        q = heads(_dense(h, p[b + "attn.q.weight"]), nh, True)
-        k = heads(_dense(h, p[b + "attn.k.weight"]), nkv, True)
-        v = heads(_dense(h, p[b + "attn.v.weight"]), nkv, False)
+        q = heads(_dense(h, p[b + "attn.q.weight"], p.get(b + "attn.q.bias")), nh, True)
+        k = heads(_dense(h, p[b + "attn.k.weight"], p.get(b + "attn.k.bias")), nkv, True)
+        v = heads(_dense(h, p[b + "attn.v.weight"], p.get(b + "attn.v.bias")), nkv, False)
         y = tf.reshape(tf.transpose(_attention(q, k, v, causal, scale), (0, 2, 1, 3)), (-1, C))
         x = _add(x, _dense(y, p[b + "attn.o.weight"]))
         h = _rms_norm(x, p[b + "mlp_norm.scale"], spec.norm_eps)
@@ -147,23 +157,24 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> t
             h, p[b + "mlp.up.weight"])
         x = _add(x, _dense(gated, p[b + "mlp.down.weight"]))
     x = _rms_norm(x, p["norm_f.scale"], spec.norm_eps)
-    if spec.tie_embeddings:
-        return tf.matmul(tf.cast(x, compute), tf.cast(p["wte"], compute), transpose_b=True)
-    return _dense(x, p["head.weight"])
+    return _head(spec, p, x)
+
+
+def model_logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
+    """The model's logits: (B, classes) for the MLP, (B*T, V) for the decoders."""
+    if isinstance(spec, MLPSpec):
+        return _mlp_logits(spec, p, x)
+    if isinstance(spec, LlamaSpec):
+        return _llama_logits(spec, p, x)
+    return _gpt_logits(spec, p, x)
 
 
 def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     """Mean softmax cross-entropy over every sample (MLP) or every token (GPT)."""
-    if isinstance(spec, MLPSpec):
-        logits = _mlp_logits(spec, p, x)
-    elif isinstance(spec, LlamaSpec):
-        logits = _llama_logits(spec, p, x)
-    else:
-        logits = _gpt_logits(spec, p, x)
     labels = tf.reshape(y, (-1,))
-    logits = tf.cast(logits, tf.float32)  # the loss in fp32 (a no-op in fp32)
+    out = tf.cast(model_logits(spec, p, x), tf.float32)  # the loss in fp32 (a no-op in fp32)
     return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=out)
     )
 
 

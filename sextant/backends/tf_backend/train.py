@@ -42,7 +42,8 @@ from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
 from sextant.errors import UserError
-from sextant.init import init_params, param_shapes
+from sextant.init import param_shapes
+from sextant.weights import initial_params
 from sextant.measure.guard import guard_recompiles
 from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
@@ -123,7 +124,7 @@ def run(ctx: WorkerContext) -> RankResult:
     spec = workload.model
     shapes = param_shapes(spec)
     names = list(shapes)
-    params0 = init_params(spec, workload.seed)
+    params0 = initial_params(workload)
     opt = tm.AdamW(workload.optimizer, lr_table(workload.optimizer, workload.steps), names, shapes)
 
     with dist.scope() if dist is not None else contextlib.nullcontext():

@@ -63,6 +63,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layers))
         self.ln_f = nn.LayerNorm(spec.d_model, eps=LAYER_NORM_EPS)
         self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        if spec.tie_embeddings:
+            self.head.weight = self.wte.weight
         self.register_buffer("positions", torch.arange(spec.seq_len), persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
@@ -79,7 +81,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    """Grouped-query causal attention with rotary embeddings, no biases.
+    """Grouped-query causal attention with rotary embeddings; biases on q, k and v only with
+    `qkv_bias` (Qwen2).
 
     Head counts and the sequence length are read from the projections' outputs
     (`view(B, T, -1, hd)`), so the same code runs on a tensor-parallel shard that holds a
@@ -90,9 +93,9 @@ class Attention(nn.Module):
         super().__init__()
         d, hd = spec.d_model, spec.head_dim
         self.head_dim = hd
-        self.q = nn.Linear(d, spec.n_heads * hd, bias=False)
-        self.k = nn.Linear(d, spec.n_kv_heads * hd, bias=False)
-        self.v = nn.Linear(d, spec.n_kv_heads * hd, bias=False)
+        self.q = nn.Linear(d, spec.n_heads * hd, bias=spec.qkv_bias)
+        self.k = nn.Linear(d, spec.n_kv_heads * hd, bias=spec.qkv_bias)
+        self.v = nn.Linear(d, spec.n_kv_heads * hd, bias=spec.qkv_bias)
         self.o = nn.Linear(spec.n_heads * hd, d, bias=False)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,8 @@ from sextant.backends.harness import Description, Trainer
 from sextant.backends.torch_backend import model as tm
 from sextant.backends.torch_backend import parallel as par
 from sextant.errors import UserError
-from sextant.init import decays, init_params
+from sextant.init import decays
+from sextant.weights import initial_params
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
@@ -534,7 +535,7 @@ def _probe(ctx: WorkerContext, p: _Parallelized, step: _Step, batch: Any) -> dic
 
 def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
     workload, strategy = ctx.workload, ctx.strategy
-    params = init_params(workload.model, workload.seed)
+    params = initial_params(workload)
     net = tm.build(workload.model)
     tm.load_canonical(net, params)
     names = tm.canonical_names(net, params)
