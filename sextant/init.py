@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workload import FinetuneSpec, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT convention
 
@@ -86,6 +86,45 @@ def _llama_shapes(model: LlamaSpec) -> dict[str, tuple[int, ...]]:
     if not model.tie_embeddings:
         shapes["head.weight"] = (d, model.vocab_size)
     return shapes
+
+
+def adapter_shapes(model: ModelSpec, finetune: FinetuneSpec) -> dict[str, tuple[int, ...]]:
+    """LoRA's adapters, after the base parameters in the canonical order: for each block and
+    target projection `P` (canonical weight (in, out)), `P.lora_a` (in, rank) and `P.lora_b`
+    (rank, out). Empty unless finetune.method is 'lora'."""
+    if not finetune.lora or not isinstance(model, LlamaSpec):
+        return {}
+    base = param_shapes(model)
+    module = {"q": "attn", "k": "attn", "v": "attn", "o": "attn",
+              "gate": "mlp", "up": "mlp", "down": "mlp"}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(model.n_layers):
+        for target in finetune.targets:
+            prefix = f"blocks.{i}.{module[target]}.{target}."
+            fan_in, fan_out = base[prefix + "weight"]
+            shapes[prefix + "lora_a"] = (fan_in, finetune.rank)
+            shapes[prefix + "lora_b"] = (finetune.rank, fan_out)
+    return shapes
+
+
+def init_adapters(model: ModelSpec, finetune: FinetuneSpec, seed: int
+                  ) -> dict[str, np.ndarray]:
+    """LoRA's initial adapters: A uniform in +-1/sqrt(in), PEFT's (torch's kaiming_uniform
+    with a = sqrt(5) on its (rank, in) matrix), drawn from each name's own generator as every
+    canonical array is; B = 0, so the adapted model starts as the base model."""
+    out: dict[str, np.ndarray] = {}
+    for name, shape in adapter_shapes(model, finetune).items():
+        if name.endswith(".lora_b"):
+            out[name] = np.zeros(shape, np.float32)
+        else:
+            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+            bound = 1.0 / math.sqrt(shape[0])
+            out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return out
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith((".lora_a", ".lora_b"))
 
 
 def _std(model: ModelSpec, name: str, shape: tuple[int, ...]) -> float:

@@ -193,14 +193,19 @@ def check_model_features(workload: Workload, strategy: Strategy) -> None:
     """The backend's model code has every optional part the workload's model uses."""
     from sextant.backends.base import get_backend
 
-    needed = model_features(workload.model)
+    if workload.finetune.lora and (strategy.parallel not in ("single", "dp")
+                                   or strategy.precision != "fp32"):
+        raise UserError(f"finetune.method = 'lora' runs with --parallel single or dp in fp32 "
+                        f"so far. Received: {strategy.label}")
+    needed = model_features(workload.model, workload.finetune.lora)
     if not needed:
         return
     have = get_backend(strategy.framework).capabilities().model_features
     missing = [f for f in needed if f not in have]
     if missing:
         what = {"qkv_bias": "query/key/value biases (Qwen2's)",
-                "tied_gpt_head": "GPT output head tied to the embedding (GPT-2's)"}
+                "tied_gpt_head": "GPT output head tied to the embedding (GPT-2's)",
+                "lora": "LoRA adapters (finetune.method = 'lora')"}
         raise UserError(f"{strategy.framework}'s model code has no {what[missing[0]]}; "
                         f"workload {workload.name!r} needs it. Frameworks that have it: "
                         + ", ".join(_with_feature(missing[0])))

@@ -34,6 +34,7 @@ dtype of every backend.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from pathlib import Path
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from sextant.errors import UserError
-from sextant.init import init_params, param_shapes
+from sextant.init import adapter_shapes, init_adapters, init_params, is_adapter, param_shapes
 from sextant.workload import GPTSpec, LlamaSpec, ModelSpec, Workload
 
 INDEX = "model.safetensors.index.json"
@@ -53,10 +54,27 @@ _NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
 
 def initial_params(workload: Workload) -> dict[str, np.ndarray]:
     """The parameters every backend starts from: the workload's pretrained weights when it
-    names a folder of them, else the seeded ones of sextant.init (float32, canonical order)."""
+    names a folder of them, else the seeded ones of sextant.init (float32, canonical order);
+    then, for LoRA, its adapters (sextant.init.init_adapters)."""
     if workload.weights:
-        return load_weights(workload.model, Path(workload.weights))
-    return init_params(workload.model, workload.seed)
+        base = load_weights(workload.model, Path(workload.weights))
+    else:
+        base = init_params(workload.model, workload.seed)
+    return {**base, **init_adapters(workload.model, workload.finetune, workload.seed)}
+
+
+def trainable(workload: Workload, name: str) -> bool:
+    """Whether the optimizer updates canonical parameter `name`: all of them in full
+    fine-tuning, only the adapters under LoRA (the base, norms included, is frozen)."""
+    return not workload.finetune.lora or is_adapter(name)
+
+
+def trainable_count(workload: Workload) -> tuple[int, int]:
+    """(trainable parameters, all parameters), the figures PEFT prints."""
+    shapes = {**param_shapes(workload.model),
+              **adapter_shapes(workload.model, workload.finetune)}
+    total = sum(math.prod(s) for s in shapes.values())
+    return sum(math.prod(s) for n, s in shapes.items() if trainable(workload, n)), total
 
 
 def has_weights(folder: Path) -> bool:

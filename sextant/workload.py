@@ -168,10 +168,12 @@ class LlamaSpec:
         return self.d_model // self.n_heads
 
 
-def model_features(model: MLPSpec | GPTSpec | LlamaSpec) -> tuple[str, ...]:
+def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False
+                   ) -> tuple[str, ...]:
     """The optional parts a model uses, which a backend's model code must have (its
-    Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's)."""
-    out = []
+    Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's), 'lora'
+    (adapters beside frozen projections, finetune.method = 'lora')."""
+    out = ["lora"] if lora else []
     if isinstance(model, LlamaSpec) and model.qkv_bias:
         out.append("qkv_bias")
     if isinstance(model, GPTSpec) and model.tie_embeddings:
@@ -290,6 +292,56 @@ class MeasureSpec:
         _positive_int("measure.log_every", self.log_every, MAX_STEPS)
 
 
+FINETUNE_METHODS = ("full", "lora")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The llama family's projections a LoRA adapter may sit on (attention q, k, v, o; SwiGLU's
+gate, up, down)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class FinetuneSpec:
+    """What trains. 'full': every parameter. 'lora': only low-rank adapters beside the
+    `targets` projections of every block, y = x W + (x A) B * alpha / rank, the base frozen;
+    A drawn from the canonical generator, B = 0 (so step 0 is the base model), as PEFT's
+    LoRA defines them (sextant.init.adapter_shapes)."""
+
+    method: str = "full"
+    """'full' or 'lora'."""
+    rank: int = 8
+    """LoRA's rank r (A is (in, r), B is (r, out))."""
+    alpha: float = 16.0
+    """LoRA's alpha: the adapter's output is scaled by alpha / rank (PEFT's meaning)."""
+    targets: tuple[str, ...] = ("q", "v")
+    """Projections that get an adapter: any of q, k, v, o, gate, up, down (PEFT's default
+    for Llama is q and v)."""
+    base_dtype: str = "fp32"
+    """The frozen base's dtype. fp32 only so far."""
+
+    def __post_init__(self) -> None:
+        if self.method not in FINETUNE_METHODS:
+            raise UserError(f"finetune.method must be one of {list(FINETUNE_METHODS)}. "
+                            f"Received: {_short(self.method)}")
+        _positive_int("finetune.rank", self.rank, MAX_WIDTH)
+        _positive_float("finetune.alpha", self.alpha)
+        if not (isinstance(self.targets, tuple) and self.targets
+                and all(t in LORA_TARGETS for t in self.targets)
+                and len(set(self.targets)) == len(self.targets)):
+            raise UserError(f"finetune.targets must list distinct projections among "
+                            f"{list(LORA_TARGETS)}. Received: {_short(list(self.targets))}")
+        if self.base_dtype != "fp32":
+            raise UserError("finetune.base_dtype must be 'fp32' (a bf16 frozen base is not "
+                            f"built yet). Received: {_short(self.base_dtype)}")
+
+    @property
+    def lora(self) -> bool:
+        return self.method == "lora"
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: what the adapter's output is multiplied by."""
+        return self.alpha / self.rank
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Workload:
     """One framework-neutral training job."""
@@ -305,6 +357,7 @@ class Workload:
     data: DataSpec
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
+    finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
     weights: str = ""
     """A folder of pretrained weights (`*.safetensors` as Hugging Face saves them, sharded or
     not) that replace the seeded initial parameters (sextant.weights); empty: seeded ones.
@@ -319,6 +372,9 @@ class Workload:
         if self.weights and isinstance(self.model, MLPSpec):
             raise UserError("weights (a pretrained checkpoint) are for the gpt and llama "
                             "families, not mlp")
+        if self.finetune.lora and not isinstance(self.model, LlamaSpec):
+            raise UserError(f"finetune.method = 'lora' adapts the llama family's projections "
+                            f"({', '.join(LORA_TARGETS)}); this is a {self.model.family} model")
         if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION:
             raise UserError(f"description must be a string of at most {MAX_DESCRIPTION} "
                             f"characters. Received: {str(self.description)[:40]!r}... "
@@ -361,6 +417,10 @@ class Workload:
                 del out["model"][key]
         if not self.weights:
             del out["weights"]
+        if self.finetune == FinetuneSpec():
+            del out["finetune"]
+        else:
+            out["finetune"]["targets"] = list(self.finetune.targets)
         return out
 
     def content_hash(self) -> str:
@@ -438,10 +498,13 @@ def workload_from_dict(raw: dict[str, Any], base: Path | None = None) -> Workloa
             and not Path(tokenizer).is_absolute():
         data_raw["tokenizer"] = str(base / tokenizer)
     parts: dict[str, Any] = {"model": _build(model_cls, model_raw), "data": DataSpec(**data_raw)}
-    for table, cls in (("optimizer", OptimizerSpec), ("measure", MeasureSpec)):
+    for table, cls in (("optimizer", OptimizerSpec), ("measure", MeasureSpec),
+                       ("finetune", FinetuneSpec)):
         if table in raw:
             sub = _table(table, raw.pop(table))
             _reject_unknown(f"{table}.", sub, _field_names(cls))
+            if isinstance(sub.get("targets"), list):
+                sub["targets"] = tuple(sub["targets"])
             parts[table] = _build(cls, sub)
     if "name" not in raw:
         raise UserError("missing required key 'name'")

@@ -28,7 +28,7 @@ from sextant.commands.common import (
     open_store,
     runs_dir,
 )
-from sextant.commands.run import load_with_steps
+from sextant.commands.run import load_with_steps, trainable_line
 from sextant.commands.trials import (
     DEFAULT_REPEATS,
     add_repeats_arg,
@@ -473,6 +473,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         records, failures = _run_interleaved(args, workload, strategies, store, group, out)
         if records:
             _print_comparison(args, workload, records, out)
+            line = trainable_line(workload, records)
+            if line:
+                out.print(line, markup=False)
         for line in disturbed_lines(records):
             out.print(Text(line, style="yellow"))
         if records:

@@ -186,5 +186,29 @@ def run_and_show(args: argparse.Namespace, workload: Workload, strategy: Strateg
             raise
         progress.finish(strategy.label, record)
     out.print(comparison_table([record], f"{escape(workload.name)}: run {record.id}"))
+    line = trainable_line(workload, [record])
+    if line:
+        out.print(line, markup=False)
     out.print(f"stored as run {record.id} in {store.path}", markup=False)
     return 0
+
+
+def trainable_line(workload: Workload, records: list[Any]) -> str | None:
+    """For LoRA, the trainable parameters as each framework counted them (PEFT's
+    `print_trainable_parameters` figures); None for full fine-tuning."""
+    ft = workload.finetune
+    if not ft.lora:
+        return None
+    counts = {r.label: (r.ranks[0].memory_accounting.get("trainable_parameters"),
+                        r.ranks[0].memory_accounting.get("parameters"))
+              for r in records if r.ranks}
+    if not counts:
+        return None
+    head = (f"LoRA rank {ft.rank}, alpha {ft.alpha:g} (scale {ft.scale:g}) on "
+            f"{', '.join(ft.targets)}: trainable parameters ")
+    if len(set(counts.values())) == 1:
+        trained, total = next(iter(counts.values()))
+        where = "" if len(counts) == 1 else f", equal on all {len(counts)} runs"
+        return head + f"{trained:,} of {total:,} ({100 * trained / total:.3f} %){where}"
+    return head + "differ: " + "; ".join(f"{label} {t:,} of {n:,}"
+                                         for label, (t, n) in counts.items())

@@ -36,6 +36,8 @@ class Numerics:
 
     compute: Any = jnp.float32
     attention: str | None = None
+    lora_scale: float = 1.0
+    """LoRA's alpha / rank, for the projections whose parameters hold an adapter."""
 
 
 FP32 = Numerics()
@@ -173,21 +175,26 @@ def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: 
     h = f(rms_norm(x, bp["attn_norm.scale"], spec.norm_eps))
     # RoPE against the fp32 tables, its result cast for the attention (autocast does the
     # same: the product promotes to fp32, scaled_dot_product_attention casts it back).
-    q = rotate(_proj(h, bp, "q", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
-    k = rotate(_proj(h, bp, "k", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
-    v = _proj(h, bp, "v", nx).reshape(B, T, -1, hd)
+    q = rotate(_linear(h, bp, "attn.q", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    k = rotate(_linear(h, bp, "attn.k", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    v = _linear(h, bp, "attn.v", nx).reshape(B, T, -1, hd)
     y = _attention(q, k, v, 1.0 / math.sqrt(hd), nx)  # GQA: K, V heads broadcast
-    x = x + g(_mm(y.reshape(B, T, -1), bp["attn.o.weight"], nx))
+    x = x + g(_linear(y.reshape(B, T, -1), bp, "attn.o", nx))
     h = f(rms_norm(x, bp["mlp_norm.scale"], spec.norm_eps))
-    gated = jax.nn.silu(_mm(h, bp["mlp.gate.weight"], nx)) * _mm(h, bp["mlp.up.weight"], nx)
-    return x + g(_mm(gated, bp["mlp.down.weight"], nx))
+    gated = jax.nn.silu(_linear(h, bp, "mlp.gate", nx)) * _linear(h, bp, "mlp.up", nx)
+    return x + g(_linear(gated, bp, "mlp.down", nx))
 
 
-def _proj(h: jax.Array, bp: Params, name: str, nx: Numerics) -> jax.Array:
-    """A q, k or v projection, with its bias where the model has one (Qwen2)."""
-    bias = bp.get(f"attn.{name}.bias")
-    w = bp[f"attn.{name}.weight"]
-    return _mm(h, w, nx) if bias is None else _dense(h, w, bias, nx)
+def _linear(h: jax.Array, bp: Params, name: str, nx: Numerics) -> jax.Array:
+    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    plus its LoRA adapter where the parameters hold one: (h A) B * alpha / rank, computed
+    low-rank, so the frozen W's gradient is never formed."""
+    bias = bp.get(f"{name}.bias")
+    w = bp[f"{name}.weight"]
+    y = _mm(h, w, nx) if bias is None else _dense(h, w, bias, nx)
+    if f"{name}.lora_a" in bp:
+        y = y + _mm(_mm(h, bp[f"{name}.lora_a"], nx), bp[f"{name}.lora_b"], nx) * nx.lora_scale
+    return y
 
 
 def _identity(x: jax.Array) -> jax.Array:

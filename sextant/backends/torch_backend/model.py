@@ -99,14 +99,14 @@ class Attention(nn.Module):
         self.o = nn.Linear(spec.n_heads * hd, d, bias=False)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.q(h), self.k(h), self.v(h)
+        q, k, v = project(self.q, h), project(self.k, h), project(self.v, h)
         B, T, hd = q.shape[0], q.shape[1], self.head_dim
         q = rotate(q.view(B, T, -1, hd), cos, sin).transpose(1, 2)
         k = rotate(k.view(B, T, -1, hd), cos, sin).transpose(1, 2)
         v = v.view(B, T, -1, hd).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            enable_gqa=q.shape[1] != k.shape[1])
-        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+        return project(self.o, y.transpose(1, 2).reshape(B, T, -1))
 
 
 class SwiGLU(nn.Module):
@@ -117,7 +117,27 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(h)) * self.up(h))
+        return project(self.down, F.silu(project(self.gate, h)) * project(self.up, h))
+
+
+def project(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+    """A llama projection, plus its LoRA adapter where add_adapters gave it one:
+    h W + (h A) B * alpha / rank, computed low-rank (the full weight's gradient is never
+    formed, and none is kept for the frozen W)."""
+    a = getattr(linear, "lora_a", None)
+    if a is None:
+        return linear(h)
+    return linear(h) + (h @ a) @ linear.lora_b * linear.lora_scale
+
+
+def add_adapters(net: nn.Module, shapes: dict[str, tuple[int, ...]], scale: float) -> None:
+    """LoRA's A (in, rank) and B (rank, out) registered on their nn.Linear under the
+    canonical names (`blocks.0.attn.q.lora_a`); load_canonical then fills them."""
+    for name, shape in shapes.items():
+        path, kind = name.rsplit(".", 1)
+        linear = net.get_submodule(path)
+        linear.register_parameter(kind, nn.Parameter(torch.zeros(shape)))
+        linear.lora_scale = scale
 
 
 class LlamaBlock(nn.Module):
