@@ -83,6 +83,29 @@ def test_what_lora_is_not_built_for_is_refused_before_any_worker() -> None:
         check_layout(w, Strategy(framework="torch", parallel="fsdp", workers=2))
     with pytest.raises(UserError, match=r"runs with --parallel single or dp in fp32"):
         check_layout(w, Strategy(framework="torch", precision="bf16"))
+    # compare leaves those rows out with the reason, unless the frameworks were named.
+    from sextant.commands.compare import _model_supported
+    from sextant.display import console
+
+    rows = [Strategy(framework=f) for f in ("torch", "keras", "jax")]
+    assert [s.framework for s in _model_supported(w, rows, console(), False)] == ["torch", "jax"]
+    with pytest.raises(UserError, match=r"^keras's model code has no LoRA"):
+        _model_supported(w, rows, console(), True)
+
+
+def test_from_hf_writes_the_finetune_table(tmp_path: Path) -> None:
+    out = run_cli("workload", "from-hf", str(REPO / "tests/data/hf/qwen2-0.5b/config.json"),
+                  "--layers", "2", "--width", "126", "--seq-len", "64", "--lora-rank", "4",
+                  "--lora-targets", "q,k,v,o", timeout=120)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "w.toml").write_text(out.stdout)
+    w = load_workload(tmp_path / "w.toml")
+    assert w.finetune == FinetuneSpec(method="lora", rank=4, alpha=8.0,
+                                      targets=("q", "k", "v", "o"))
+    assert w.model.qkv_bias
+    bad = run_cli("workload", "from-hf", str(REPO / "tests/data/hf/qwen2-0.5b/config.json"),
+                  "--lora-targets", "q", timeout=120)
+    assert bad.returncode == 2 and "--lora-targets go with --lora-rank" in bad.stderr
 
 
 @needs_torch

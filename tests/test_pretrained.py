@@ -199,15 +199,16 @@ def test_sharded_and_bf16_checkpoints_load(checkpoints: dict, tmp_path: Path) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "frameworks"), [
-    ("qwen2", ("torch", "jax", "tensorflow")),
-    ("gpt2", ("torch", "keras", "mlx")),
+@pytest.mark.parametrize(("family", "frameworks", "lora"), [
+    ("qwen2", ("torch", "jax", "tensorflow"), False),
+    ("gpt2", ("torch", "keras", "mlx"), False),
+    ("qwen2", ("torch", "jax", "tensorflow"), True),
 ])
 def test_runs_from_hf_dir_start_from_the_pretrained_weights(
-        checkpoints: dict, family: str, frameworks: tuple[str, ...]) -> None:
+        checkpoints: dict, family: str, frameworks: tuple[str, ...], lora: bool) -> None:
     """The workers load the checkpoint: torch's first loss is transformers' loss on global
     batch 0, and the other frameworks train the same numbers from it (Qwen2's biases and
-    GPT-2's tied head get their gradients alike)."""
+    GPT-2's tied head get their gradients alike; LoRA on the pretrained model too)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -219,6 +220,11 @@ def test_runs_from_hf_dir_start_from_the_pretrained_weights(
     folder = checkpoints[family][0]
     w = resolve_workload(f"hf:{folder},seq_len={SEQ},global_batch=4,steps=4")
     w = w.replace(measure=w.measure.__class__(warmup_steps=1, nosync_steps=0, log_every=1))
+    if lora:
+        from sextant.workload import FinetuneSpec
+
+        w = w.replace(finetune=FinetuneSpec(method="lora", rank=2, alpha=4.0,
+                                            targets=("q", "k", "v", "o", "up")))
     x, y = global_batch(w, 0)
     with torch.no_grad():
         logits = AutoModelForCausalLM.from_pretrained(folder)(torch.from_numpy(x)).logits

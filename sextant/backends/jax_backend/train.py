@@ -499,6 +499,8 @@ def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch:
     return Description(
         device_peak_bytes=int(stats["peak_bytes_in_use"]) if stats else None,
         memory={"params": params_bytes,
+                "frozen_params": local_bytes({k: v for k, v in state["params"].items()
+                                              if not trainable(ctx.workload, k)}),
                 "grads": None,  # live only inside the compiled step; XLA does not expose them
                 "optimizer_state": local_bytes(state["opt"])},
         details=details,

@@ -194,6 +194,8 @@ def run(ctx: WorkerContext) -> RankResult:
         return Description(
             device_peak_bytes=int(peak) if peak is not None else None,
             memory={"params": nbytes(params0.values()) * n_local,
+                    "frozen_params": nbytes(params0[n] for n in names
+                                            if n not in train_names) * n_local,
                     "grads": None,  # live only inside the traced step
                     "optimizer_state": 2 * nbytes(params0[n] for n in train_names) * n_local},
             details=_details(ctx, dist is not None, wrapping, collectives, n_local,

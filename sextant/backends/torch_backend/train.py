@@ -338,9 +338,12 @@ class _Step:
     as a tensor: no host transfer."""
 
     def __init__(self, ctx: WorkerContext, p: _Parallelized, optimizer: torch.optim.Optimizer,
-                 trainable: list[torch.Tensor], device: torch.device) -> None:
+                 trainable: list[torch.Tensor], device: torch.device,
+                 frozen: list[torch.Tensor] | None = None) -> None:
         self.ctx, self.p, self.optimizer, self.trainable, self.device = (
             ctx, p, optimizer, trainable, device)
+        self.frozen = frozen or []
+        """Parameters that do not train (LoRA's base)."""
         self.lrs = lr_table(ctx.workload.optimizer, ctx.workload.steps).tolist()
         self.updates = 0
         """Optimizer updates so far (the schedule's index; set on resume)."""
@@ -377,7 +380,8 @@ class _Step:
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
         if "optimizer_state" not in accounting:
-            accounting["params"] = _nbytes(trainable)
+            accounting["params"] = _nbytes(trainable) + _nbytes(self.frozen)
+            accounting["frozen_params"] = _nbytes(self.frozen)
             accounting["optimizer_state"] = _optimizer_state_bytes(self.optimizer)
         return norm
 
@@ -554,8 +558,9 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
     optimizer, optimizer_impl = _adamw(p.stage or net, names, params, ctx)
     if strategy.mode == "compiled":
         p.module = torch.compile(p.module)
-    step = _Step(ctx, p, optimizer, [t for t in (p.stage or net).parameters()
-                                     if t.requires_grad], device)
+    module = p.stage or net
+    step = _Step(ctx, p, optimizer, [t for t in module.parameters() if t.requires_grad],
+                 device, frozen=[t for t in module.parameters() if not t.requires_grad])
     save, restore, barrier = _checkpointing(net, optimizer, step)
 
     # Model-parallel peers read the same rows: their data-parallel rank's.
