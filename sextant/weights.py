@@ -262,3 +262,18 @@ def load_weights(model: ModelSpec, folder: Path) -> dict[str, np.ndarray]:
             raise UserError(f"weights: tensor lm_head.weight in {path} differs from the "
                             "embedding, but the model ties them (tie_embeddings = true)")
     return out
+
+
+def merge_adapters(params: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
+    """The fine-tuned model as plain base parameters: each adapted W becomes
+    W + A B * scale (scale = alpha / rank), the adapters dropped; what exports and serves
+    like the base model (a model without adapters comes back unchanged)."""
+    out = {k: v for k, v in params.items() if not is_adapter(k)}
+    for name in params:
+        if name.endswith(".lora_a"):
+            prefix = name[: -len("lora_a")]
+            a = params[name].astype(np.float64)
+            b = params[prefix + "lora_b"].astype(np.float64)
+            out[prefix + "weight"] = (out[prefix + "weight"] + (a @ b) * scale
+                                      ).astype(np.float32)
+    return out

@@ -1,6 +1,7 @@
 """LoRA: one definition on every framework that has it (A from the canonical generator,
 B = 0, scale alpha / rank, the base frozen), so step 0 is the base model, the trainable
-counts agree, and torch, JAX, TensorFlow, DeepSpeed and MLX train the same numbers."""
+counts agree, and torch, JAX, TensorFlow, DeepSpeed, MLX and Keras train the same
+numbers."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.helpers import REPO, needs_torch, run_cli, same_training, short
 
 LORA = FinetuneSpec(method="lora", rank=4, alpha=8.0,
                     targets=("q", "k", "v", "o", "gate", "up", "down"))
-PARITY = [f for f in ("torch", "jax", "tensorflow", "deepspeed", "mlx")
+PARITY = [f for f in ("torch", "jax", "tensorflow", "deepspeed", "mlx", "keras")
           if importlib.util.find_spec(f)]
 
 
@@ -77,7 +78,7 @@ def test_adapters_are_peft_s_and_counted() -> None:
 
 def test_what_lora_is_not_built_for_is_refused_before_any_worker() -> None:
     w = short("llama-tiny", 5).replace(finetune=LORA)
-    for framework in ("keras", "paddle", "mindspore"):
+    for framework in ("paddle", "mindspore"):
         with pytest.raises(UserError, match=rf"^{framework}'s model code has no LoRA adapters"):
             check_layout(w, Strategy(framework=framework))
     with pytest.raises(UserError, match=r"runs with --parallel single or dp in fp32"):
@@ -88,9 +89,9 @@ def test_what_lora_is_not_built_for_is_refused_before_any_worker() -> None:
     from sextant.commands.compare import _model_supported
     from sextant.display import console
 
-    rows = [Strategy(framework=f) for f in ("torch", "keras", "jax")]  # keras: not built
+    rows = [Strategy(framework=f) for f in ("torch", "paddle", "jax")]
     assert [s.framework for s in _model_supported(w, rows, console(), False)] == ["torch", "jax"]
-    with pytest.raises(UserError, match=r"^keras's model code has no LoRA"):
+    with pytest.raises(UserError, match=r"^paddle's model code has no LoRA"):
         _model_supported(w, rows, console(), True)
 
 
@@ -160,3 +161,32 @@ def test_run_prints_the_trainable_parameters(tmp_path: Path) -> None:
     trained, total = trainable_count(load_workload(toml))
     assert (f"LoRA rank 4, alpha 8 (scale 2) on q, v: trainable parameters {trained:,} of "
             f"{total:,}") in out.stdout.replace("\n", " ")
+
+
+@needs_torch
+def test_the_merged_model_is_the_adapted_model() -> None:
+    """merge_adapters folds W + A B * alpha / rank: the plain model it gives computes the
+    adapted model's logits (torch, fp32), with nonzero B so the merge has work to do."""
+    import torch
+
+    from sextant.backends.torch_backend.model import add_adapters, build, load_canonical
+    from sextant.weights import merge_adapters
+
+    w = short("llama-tiny", 5).replace(finetune=LORA)
+    params = initial_params(w)
+    rng = np.random.default_rng(0)
+    params = {k: (rng.standard_normal(v.shape).astype(np.float32) * 0.05
+                  if k.endswith("lora_b") else v) for k, v in params.items()}
+    adapted = build(w.model)
+    add_adapters(adapted, adapter_shapes(w.model, LORA), LORA.scale)
+    load_canonical(adapted, params)
+    merged = build(w.model)
+    load_canonical(merged, merge_adapters(params, LORA.scale))
+    tokens = torch.from_numpy(rng.integers(0, 256, (2, 16)))
+    with torch.no_grad():
+        a, m = adapted(tokens).numpy(), merged(tokens).numpy()
+        base = build(w.model)
+        load_canonical(base, {k: v for k, v in params.items() if k in param_shapes(w.model)})
+        b = base(tokens).numpy()
+    assert np.abs(a - m).max() < 1e-4 * np.abs(a).max()
+    assert np.abs(a - b).max() > 1e-2 * np.abs(a).max()  # the adapters changed the model
