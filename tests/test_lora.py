@@ -190,3 +190,18 @@ def test_the_merged_model_is_the_adapted_model() -> None:
         b = base(tokens).numpy()
     assert np.abs(a - m).max() < 1e-4 * np.abs(a).max()
     assert np.abs(a - b).max() > 1e-2 * np.abs(a).max()  # the adapters changed the model
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs JAX")
+def test_a_killed_lora_run_resumes_where_it_was(tmp_path: Path) -> None:
+    """JAX's masked optimizer state (moments for the adapters only) goes through its
+    checkpoint and back: the resumed run continues the uninterrupted one."""
+    import functools
+
+    from tests.helpers import kill_then_resume
+
+    w = short("llama-tiny", 8).replace(finetune=LORA)
+    whole = execute(w, Strategy(framework="jax"), runs_dir=tmp_path / "a")
+    resumed = kill_then_resume(w, functools.partial(Strategy, framework="jax"), tmp_path)
+    same_training(resumed, whole, b_from=3)
