@@ -67,10 +67,10 @@ def main() -> int:
     print("eager elementwise passes: torchtitan compiled / eager, planner (published)")
     for e in EAGER_PASSES:
         found = rows(EAGER_ELEMENTWISE_PASSES=e)
-        by_id = {r["id"]: r for r in found}
+        by_id = {r.id: r for r in found}
         ratios = ", ".join(
-            f"{by_id[a]['planner'] / by_id[b]['planner']:.3f} "
-            f"({by_id[a]['published'] / by_id[b]['published']:.3f})"
+            f"{by_id[a].planner / by_id[b].planner:.3f} "
+            f"({by_id[a].published / by_id[b].published:.3f})"
             for a, b in EAGER_PAIRS
         )
         s = references.shares(found)

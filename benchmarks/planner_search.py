@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/planner_search.py [--repeats 5]
 
 Three measurements, each the median of --repeats runs:
-1. `evaluate` alone, as the search calls it (every figure computed, the three the ranking needs
+1. `rank` alone, as the search calls it (every figure computed, the three the ranking needs
    kept), on a table of real layouts: every valid layout of Llama-2 70B for every device count
    8, 16, ..., 4096 (multiples of 8), repeated to at least 1M rows;
 2. the whole search for 4096 devices: enumerate + evaluate + rank;
@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sextant.planner.catalogue import load_catalogue  # noqa: E402
-from sextant.planner.estimate import KNOBS, PlanOptions, evaluate, resolve_hardware  # noqa: E402
+from sextant.planner.estimate import KNOBS, PlanOptions, evaluate, rank, resolve_hardware  # noqa: E402
 from sextant.planner.models import preset  # noqa: E402
-from sextant.planner.search import RANK_KEYS, enumerate_layouts, search  # noqa: E402
+from sextant.planner.search import enumerate_layouts, search  # noqa: E402
 
 
 def main() -> int:
@@ -58,7 +58,7 @@ def main() -> int:
     t_eval, c_eval = [], []
     for _ in range(args.repeats):
         t0, c0 = time.perf_counter(), time.process_time()
-        evaluate(cost, hw, opts, table, keys=RANK_KEYS)
+        rank(cost, hw, opts, table)
         t_eval.append(time.perf_counter() - t0)
         c_eval.append(time.process_time() - c0)
 

@@ -23,7 +23,7 @@ if __name__ == "__main__" or sys.argv[0].rsplit("/", 1)[-1] == "sextant":
 
 import argparse  # noqa: E402 - after the handler above
 import importlib  # noqa: E402
-from typing import NoReturn  # noqa: E402
+from typing import Any, NoReturn  # noqa: E402
 
 from sextant import __version__  # noqa: E402
 from sextant.errors import RunFailed, UserError  # noqa: E402
@@ -34,6 +34,7 @@ from sextant.errors import RunFailed, UserError  # noqa: E402
 COMMAND_MODULES = (
     "sextant.commands.run",
     "sextant.commands.compare",
+    "sextant.commands.export",
     "sextant.commands.runs",
     "sextant.commands.capabilities",
     "sextant.commands.env",
@@ -59,7 +60,12 @@ def one_line(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2."""
+    """argparse, but a usage error is one line on stderr and exit code 2, and a flag is
+    taken only as written (`advise --rules` is no `--rules-file`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"sextant: error: {one_line(message)} (see '{self.prog} --help')\n")

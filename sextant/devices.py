@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, MutableMapping
@@ -74,6 +75,9 @@ class Inventory:
                 "accelerators": [asdict(a) for a in self.accelerators]}
 
 
+_INDEX = re.compile(r"-?[0-9]+")
+
+
 def visible(accelerators: tuple[Accelerator, ...], cuda_visible: str | None
             ) -> tuple[Accelerator, ...]:
     """The devices CUDA_VISIBLE_DEVICES leaves, in its order. Unset: all of them; empty or
@@ -85,7 +89,7 @@ def visible(accelerators: tuple[Accelerator, ...], cuda_visible: str | None
     for entry in (e.strip() for e in cuda_visible.split(",")):
         if not entry:
             break
-        if entry.lstrip("-").isdigit():
+        if _INDEX.fullmatch(entry):  # ASCII digits only: '²' and '--1' are no index
             match = [a for a in accelerators if a.index == int(entry)]
         else:
             match = [a for a in accelerators if a.uuid and a.uuid.startswith(entry)]

@@ -66,14 +66,31 @@ SPEC_KEYS = ("scale", "layers", "width", "seq_len", "global_batch", "steps")
 """What an hf: spec may set after its path (`hf:config.json,scale=0.01,seq_len=64`)."""
 
 
+MAX_CONFIG_BYTES = 16 << 20
+"""A config.json is a few kilobytes; a larger file is not read whole."""
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.exists() and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file (a FIFO, device or socket)"
+        raise UserError(f"Hugging Face config {path} is {what}; give a config.json")
     if not path.is_file():
         raise UserError(f"Hugging Face config not found: {path}")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path} is not a JSON config.json: {exc}") from None
+        with open(path, "rb") as f:  # a regular file: never a FIFO that would hang
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UserError(f"{path} is over {MAX_CONFIG_BYTES >> 20} MiB: not a config.json")
+        config = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not a JSON config.json: not UTF-8 text (byte "
+                        f"{exc.start})") from None
+    except RecursionError:
+        raise UserError(f"{path} is not a JSON config.json: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
+        raise UserError(f"{path} is not a JSON config.json: "
+                        f"{one_line_text(str(exc).splitlines()[0])[:200]}") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     if not isinstance(config, dict):
@@ -81,17 +98,75 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
+def one_line_text(text: str) -> str:
+    """`text` with everything unprintable (line breaks, terminal escape sequences, lone
+    surrogates, bidirectional overrides) written as a visible escape: what a config's author
+    wrote can neither add a line to a written workload nor reach a terminal raw."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    """A config value as JSON, on one line and cut at `limit` characters."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        text = f"a {type(value).__name__} nested too deeply"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _refuse(path: Path, field: str, value: Any, why: str) -> UserError:
-    return UserError(f"{path}: {field} = {json.dumps(value)} is not supported: {why}")
+    return UserError(f"{path}: {field} = {_shown(value)} is not supported: {why}")
+
+
+MAX_CONFIG_INT = 2 ** 53
+"""The largest integer a config field may hold (far above any model's)."""
 
 
 def _int(path: Path, config: dict[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if value is None and default is not None:
         value = default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"{path}: {key} must be an integer >= 1. Received: {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 1 <= value <= MAX_CONFIG_INT):
+        raise UserError(f"{path}: {key} must be an integer from 1 to 2**53. Received: "
+                        f"{_shown(value)}")
     return value
+
+
+def _positive(path: Path, where: str, value: Any) -> None:
+    try:  # an integer too large for a float is no finite number here either
+        number = float(value) if isinstance(value, (int, float)) else math.nan
+    except OverflowError:
+        number = math.inf
+    if isinstance(value, bool) or not (math.isfinite(number) and number > 0):
+        raise UserError(f"{path}: {where} must be a finite number > 0. Received: "
+                        f"{_shown(value)}")
+
+
+def check_values(path: Path, config: dict[str, Any]) -> None:
+    """Refuse, in one line, a config whose fields have types the mapping cannot read: a
+    non-table rope_parameters, a rope_theta or norm epsilon that is not a positive number,
+    a head_dim that is not an integer, more key/value heads than heads."""
+    rope = config.get("rope_parameters")
+    if rope is not None and not isinstance(rope, dict):
+        raise UserError(f"{path}: rope_parameters must be a table (a JSON object). "
+                        f"Received: {_shown(rope)}")
+    for where, table, key in (("rope_theta", config, "rope_theta"),
+                              ("rope_parameters.rope_theta", rope or {}, "rope_theta"),
+                              ("rms_norm_eps", config, "rms_norm_eps"),
+                              ("layer_norm_epsilon", config, "layer_norm_epsilon")):
+        if key in table:
+            _positive(path, where, table[key])
+    if config.get("head_dim") is not None:
+        _int(path, config, "head_dim")
+    if config.get("model_type") in LLAMA_TYPES and "num_key_value_heads" in config:
+        heads = _int(path, config, "num_attention_heads")
+        kv = _int(path, config, "num_key_value_heads", heads)
+        if kv > heads or heads % kv:
+            raise UserError(f"{path}: num_attention_heads must be a multiple of "
+                            f"num_key_value_heads (each key/value head serves a group of "
+                            f"query heads). Received: num_attention_heads={heads}, "
+                            f"num_key_value_heads={kv}")
 
 
 def _check_fields(path: Path, config: dict[str, Any], mapped: set[str]) -> list[str]:
@@ -292,6 +367,7 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
                         "layers and width apply to a config.json alone (name the config.json "
                         "to train a smaller model from scratch)")
     config = read_config(path)
+    check_values(path, config)
     model_type = config.get("model_type")
     model, dropped, context, window = _family(path, config)
     for name, value, most in (("--seq-len", seq_len, MAX_WIDTH),
@@ -317,8 +393,9 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
         count = count_params(spec_cls(**spec))
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
-    source = config.get("_name_or_path") or path.parent.name or path.stem
-    text = (f"{source} from {path} ({model_type}, {human_count(full_count)} parameters "
+    source = one_line_text(str(config.get("_name_or_path") or path.parent.name or path.stem))
+    text = (f"{source} from {one_line_text(str(path))} ({model_type}, "
+            f"{human_count(full_count)} parameters "
             f"at seq_len {model['seq_len']})")
     if small != full:
         text += (f"; scaled{f' by {scale:g}' if scale is not None else ''} to "
@@ -327,9 +404,9 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
                  f"{human_count(count)} parameters) from {full['n_layers']} x "
                  f"{full['d_model']}")
     if dropped:
-        text += f"; without dropout ({', '.join(dropped)})"
+        text += f"; without dropout ({one_line_text(', '.join(dropped))[:500]})"
     if weights is not None:
-        text += f"; starting from its pretrained weights in {weights}"
+        text += f"; starting from its pretrained weights in {one_line_text(str(weights))}"
     name = "hf-" + "".join(c if c.isalnum() or c in "-_." else "-"
                            for c in str(source).split("/")[-1].lower())
     if small != full:
@@ -380,13 +457,33 @@ def workload_from_spec(spec: str) -> Workload:
     return workload_from_dict(workload_from_hf(path, **options))
 
 
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string in printable ASCII: quotes, backslashes, control and
+    non-ASCII characters escaped (a lone surrogate, which TOML cannot hold, as the visible
+    text of its escape), so a value cannot end its line or reach a terminal raw."""
+    out = ['"']
+    for c in text:
+        o = ord(c)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif 0x20 <= o < 0x7F:
+            out.append(c)
+        elif 0xD800 <= o <= 0xDFFF:
+            out.append(f"\\\\u{o:04x}")
+        elif o <= 0xFFFF:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(f"\\U{o:08x}")
+    return "".join(out) + '"'
+
+
 def to_toml(workload: dict[str, Any]) -> str:
     """A workload dict as a TOML document (strings, numbers, booleans and flat tables)."""
     def value(v: Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, str):
-            return json.dumps(v)
+            return toml_string(v)
         if isinstance(v, float):
             return repr(v) if math.isfinite(v) else "nan"
         if isinstance(v, list):

@@ -71,6 +71,7 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
         "steps_timed": steady["n"],
         "first_step_s": first,
         "compile_s": max(0.0, first - median) if first is not None and median else None,
+        **_edit_run(ranks[0].get("startup") or {}),
         "samples_per_s": per_second(samples),
         "tokens_per_s": per_second(tokens),
         "tokens_per_step": tokens,
@@ -110,6 +111,19 @@ def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]
             "grad_norms": [float(x) for x in ranks[0]["grad_norms"]]}
 
 
+def _edit_run(startup: dict[str, Any]) -> dict[str, float | None]:
+    """The edit-run loop of rank 0: process start to its first finished step, and its parts
+    (the framework's import; set-up: building the model, placing it, the rendezvous; the
+    first step, tracing and compilation included, is first_step_s)."""
+    start, loop, first = (startup.get(k) for k in ("process_start_time", "loop_start_time",
+                                                   "first_step_end_time"))
+    import_s = startup.get("import_s")
+    total = first - start if first is not None and start is not None else None
+    setup = (loop - start - (import_s or 0.0)
+             if loop is not None and start is not None else None)
+    return {"time_to_first_step_s": total, "import_s": import_s, "setup_s": setup}
+
+
 def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]],
                   step_s: float | None) -> dict[str, Any]:
     """What a run can be compared with: where it computed, on which accelerator, in the
@@ -126,7 +140,10 @@ def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, 
     devices = strategy.workers * strategy.devices_per_worker
     flops = flops_per_step(workload.model, workload.global_batch) / devices  # per device
     figure = mfu(flops, step_s, fp.get("gpu"), effective)
-    out.update(mfu=figure["mfu"], mfu_note=figure["note"], peak_flops=figure["peak_flops"])
+    from sextant.planner.version import PLANNER_VERSION, catalogue_hash
+
+    out.update(mfu=figure["mfu"], mfu_note=figure["note"], peak_flops=figure["peak_flops"],
+               planner_version=PLANNER_VERSION, catalogue_hash=catalogue_hash())
     if devices == 1:
         predicted = predicted_step_s(workload.to_dict(), fp.get("gpu"), effective,
                                      compiled=strategy.mode == "compiled")

@@ -40,6 +40,12 @@ MODES = ("eager", "compiled")
 #              `microbatches`, run by a `schedule` (gpipe or 1f1b); dp x pp likewise
 PARALLEL = ("single", "dp", "dp-manual", "zero1", "zero2", "zero3", "fsdp", "ps", "tp",
             "tp-manual", "pp")
+ZERO_STAGE = {"single": 0, "dp": 0, "dp-manual": 0, "zero1": 1, "zero2": 2, "zero3": 3,
+              "fsdp": 3}
+"""The data-parallel strategies as ZeRO stages: what each shards (1: optimizer state, 2: and
+gradients, 3: and parameters; FSDP is stage 3). The one table: DeepSpeed's config, the bytes
+measured and planned, and the planner's layout of a run read it."""
+DATA_PARALLEL = tuple(p for p in ZERO_STAGE if p != "single")
 TENSOR_PARALLEL = ("tp", "tp-manual")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 # Numerical precision, with one meaning on every framework and device:

@@ -36,7 +36,7 @@ def _logits(framework: str, spec: Any, params: dict[str, np.ndarray], tokens: np
     if framework == "tensorflow":
         import tensorflow as tf
 
-        from sextant.backends.tf_backend.model import model_logits as tf_logits
+        from sextant.backends.tf_backend.model import logits as tf_logits
 
         p = {k: tf.constant(v) for k, v in params.items()}
         return tf_logits(spec, p, tf.constant(tokens)).numpy().reshape(B, T, -1)

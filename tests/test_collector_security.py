@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sextant.errors import UserError
+from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import (
     MAX_HELLO,
     MAX_LINE,
@@ -199,6 +199,124 @@ def test_a_flood_of_silent_connections_costs_bounded_threads() -> None:
         ch = connect(collector.address, 0, 30, secret)  # retries while the slots free up
         ch.close()
     finally:
+        collector.close()
+
+
+class _SlowSenders:
+    """`count` connections that each send one byte of a hello every `every_s` seconds and
+    come back at once when closed: holding the collector's slots for as little as possible."""
+
+    def __init__(self, address: str, count: int, every_s: float) -> None:
+        host, port = address.rsplit(":", 1)
+        self._where, self._every = (host, int(port)), every_s
+        self._stop = threading.Event()
+        self.reopened = 0
+        self._socks = [self._open() for _ in range(count)]
+        self._thread = threading.Thread(target=self._drip, daemon=True)
+        self._thread.start()
+
+    def _open(self) -> socket.socket:
+        s = socket.create_connection(self._where, timeout=2)
+        s.setblocking(False)
+        return s
+
+    def _drip(self) -> None:
+        while not self._stop.wait(self._every):
+            for i, s in enumerate(self._socks):
+                try:
+                    s.send(b"{")
+                    if s.recv(65536, socket.MSG_PEEK) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass  # nothing to read: still open
+                except OSError:
+                    s.close()
+                    self.reopened += 1
+                    try:
+                        self._socks[i] = self._open()
+                    except OSError:
+                        pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for s in self._socks:
+            s.close()
+
+
+def test_a_slow_sender_is_closed_at_the_hello_deadline(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """The hello limit runs from the accept: a byte every 0.2 s does not extend it."""
+    import sextant.launch.collector as collector_module
+
+    monkeypatch.setattr(collector_module, "HELLO_TIMEOUT_S", 1.0)
+    collector, _, log = _collector(world=1)
+    host, port = collector.address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            started = time.monotonic()
+            s.recv(4096)  # the challenge
+            closed_after = None
+            while time.monotonic() - started < 5:
+                try:
+                    s.sendall(b" ")
+                except OSError:
+                    closed_after = time.monotonic() - started
+                    break
+                s.settimeout(0.2)
+                try:
+                    if s.recv(4096) == b"":
+                        closed_after = time.monotonic() - started
+                        break
+                except TimeoutError:
+                    pass
+        assert closed_after is not None and closed_after < 2.5, closed_after
+        assert any("no hello within 1 s of connecting" in line for line in log), log
+    finally:
+        collector.close()
+
+
+def test_a_rank_joins_while_slow_senders_hold_every_slot() -> None:
+    """64 connections that drip a byte a second and reconnect when closed hold every
+    pre-authentication slot; a real rank still joins within 12 s (a newcomer takes the
+    slot of the oldest unauthenticated connection, or is told the collector is busy and
+    retries)."""
+    collector, secret, log = _collector(world=1)
+    slow = _SlowSenders(collector.address, MAX_PENDING, every_s=1.0)
+    try:
+        time.sleep(1.5)  # every slot taken, and each holder past EVICT_AFTER_S
+        started = time.monotonic()
+        ch = connect(collector.address, 0, 12, secret)
+        took = time.monotonic() - started
+        ch.close()
+    finally:
+        slow.close()
+        collector.close()
+    assert took < 12, took
+    assert collector.joined.keys() == {0}
+    assert any("every slot was taken" in line for line in log), log
+
+
+def test_a_rank_told_the_collector_is_busy_retries() -> None:
+    """A flood of new connections leaves no slot old enough to take: the rank is told
+    why, and joins once the flood stops."""
+    collector, secret, log = _collector(world=1)
+    host, port = collector.address.rsplit(":", 1)
+    flood = [socket.create_connection((host, int(port)), timeout=10)
+             for _ in range(MAX_PENDING)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(collector._pending) < MAX_PENDING:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(RunFailed, match="is busy"):
+            Channel(collector.address, 0, 1, secret)
+        threading.Timer(0.5, lambda: [s.close() for s in flood]).start()
+        ch = connect(collector.address, 0, 20, secret)
+        ch.close()
+    finally:
+        for s in flood:
+            s.close()
         collector.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -29,7 +30,7 @@ VOCAB = 320
 def token_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "cache"
     monkeypatch.setenv("SEXTANT_CACHE", str(cache))
-    files._memmap.cache_clear()
+    files.reset_process_cache()
     return cache / "tokens"
 
 
@@ -184,6 +185,17 @@ def test_a_half_written_token_file_is_never_used(parquet_corpus: Path,
      r"c.parquet is not a readable Parquet file"),
     (lambda d: (d / "c.jsonl").write_text('{"text": "ok"}\nnot json\n'),
      r"c.jsonl:2 is not a JSON object"),
+    (lambda d: (d / "c.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "\xff\xfe"}\n'),
+     r"c.jsonl:2 is not UTF-8 text \(byte 10 of the line\)"),
+    (lambda d: (d / "c.jsonl").write_text('{"text": "a \\ud800 b"}\n'),
+     r"c.jsonl:1: field 'text' holds \\ud800, a lone surrogate, which is not text"),
+    (lambda d: (d / "c.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n"),
+     r"c.jsonl:1 is not a JSON object: nested too deeply"),
+    (lambda d: (d / "c.txt").write_bytes(b"good text " * 10 + b"\xc3\x28"),
+     r"c.txt is not UTF-8 text \(byte 100\)"),
+    (lambda d: pq.write_table(pa.table({"text": pa.array(
+        [b"fine", b"bad \xff"], pa.binary()).view(pa.string())}), d / "c.parquet"),
+     r"c.parquet: column 'text' holds a value that is not UTF-8, in rows 0..1"),
 ])
 def test_bad_files_are_refused_in_one_line(tmp_path: Path, make, message: str) -> None:
     made = make(tmp_path)
@@ -301,15 +313,16 @@ def test_loader_check_fires_on_a_slow_reader_only(parquet_corpus: Path, tmp_path
 def test_unchanged_files_are_not_read_again(parquet_corpus: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     w = resolve_workload(parquet_corpus)
-    files._cached_hash.cache_clear()  # a new process: only the cache's hash index is left
+    files.reset_process_cache()  # a new process: only the cache's hash index is left
     read: list[Path] = []
-    real = files._file_hash
-    monkeypatch.setattr(files, "_file_hash", lambda p: read.append(p) or real(p))
+    real = files._hash_open_file
+    monkeypatch.setattr(files, "_hash_open_file",
+                        lambda f, p: (p.suffix == ".parquet" and read.append(p)) or real(f, p))
     assert resolve_workload(parquet_corpus).data.digest == w.data.digest
     assert read == []
     a = parquet_corpus.parent / "corpus" / "a.parquet"
-    a.write_bytes(a.read_bytes())  # same content, a new modification time: read again
-    files._cached_hash.cache_clear()
+    a.write_bytes(a.read_bytes())  # same content, new modification and change times
+    files.reset_process_cache()
     assert resolve_workload(parquet_corpus).data.digest == w.data.digest
     assert read == [a.resolve()]
 
@@ -328,3 +341,232 @@ def test_a_worker_without_the_token_file_makes_it_or_refuses_other_files(
     write_parquet(parquet_corpus.parent / "corpus" / "a.parquet", ["other text " * 40])
     with pytest.raises(UserError, match=r"not the ones the workload was loaded with"):
         files.tokens(w)
+
+
+# --- the cache under change and attack -------------------------------------------------------
+
+TEXT_WORKLOAD = 'files = ["doc.txt"]\ntokenizer = "bytes"'
+
+
+def _text_corpus(tmp_path: Path, size: int = 4000) -> tuple[Path, bytes]:
+    text = "\n\n".join(corpus_documents())
+    body = text.encode("utf-8")[:size].decode("utf-8", errors="ignore").encode("utf-8")
+    (tmp_path / "doc.txt").write_bytes(body)
+    return workload_file(tmp_path, TEXT_WORKLOAD, vocab=256), body
+
+
+def test_a_file_changed_and_restored_while_tokenized_is_not_kept(
+        tmp_path: Path, token_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer swaps the file's content after its hash is taken and puts it back
+    (modification time too) while it is tokenized: the run names the file and publishes
+    nothing; the next run makes the tokens of the true content."""
+    path, body = _text_corpus(tmp_path)
+    doc = tmp_path / "doc.txt"
+    stamp = doc.stat().st_mtime_ns
+    monkeypatch.setattr(files, "READ_BYTES", 512)
+    monkeypatch.setattr(files, "PIECE_CHARS", 200)
+    real, calls = files.Tokenizer.encode, []
+
+    def meddling(self: files.Tokenizer, texts: list[str]):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            doc.write_bytes(b"x" * len(body))
+            os.utime(doc, ns=(stamp, stamp))
+        elif len(calls) == 3:
+            doc.write_bytes(body)
+            os.utime(doc, ns=(stamp, stamp))
+        return real(self, texts)
+
+    monkeypatch.setattr(files.Tokenizer, "encode", meddling)
+    with pytest.raises(UserError, match=r"doc.txt changed while it was tokenized") as caught:
+        resolve_workload(path)
+    assert "\n" not in str(caught.value)
+    assert not list(token_cache.glob("*.bin"))
+    assert [p.name for p in token_cache.glob("*.json")] == ["hashes.json"]
+    assert not list(token_cache.glob(".*.tmp"))
+    monkeypatch.setattr(files.Tokenizer, "encode", real)
+    files.reset_process_cache()
+    w = resolve_workload(path)
+    assert np.array(files.tokens(w)).tobytes() == body
+
+
+def test_a_planted_link_in_the_cache_leaves_its_target_untouched(tmp_path: Path,
+                                                                 token_cache: Path) -> None:
+    path, body = _text_corpus(tmp_path)
+    seen = files.survey(files.matched_files((str(tmp_path / "doc.txt"),)))
+    digest = files.data_digest(seen, files.Tokenizer("bytes"), "text")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    token_cache.mkdir(parents=True, exist_ok=True)
+    (token_cache / f"{digest}.lock").symlink_to(victim)
+    files.reset_process_cache()
+    with pytest.raises(UserError, match=r"holds a symbolic link .*\.lock, which sextant never "
+                                        r"makes; it was not followed"):
+        resolve_workload(path)
+    assert victim.read_text() == "precious\n"
+    (token_cache / f"{digest}.lock").unlink()
+    # The hash index: read through no link, and replaced (never written through) by a file.
+    (token_cache / "hashes.json").unlink()
+    (token_cache / "hashes.json").symlink_to(victim)
+    files.reset_process_cache()
+    (tmp_path / "doc.txt").write_bytes(body)  # a new change time: its hash is learned again
+    w = resolve_workload(path)
+    assert victim.read_text() == "precious\n"
+    assert not (token_cache / "hashes.json").is_symlink()
+    assert np.array(files.tokens(w)).tobytes() == body
+    # A link in place of a token file is refused, not read.
+    (token_cache / f"{digest}.bin").unlink()
+    (token_cache / f"{digest}.bin").symlink_to(victim)
+    files.reset_process_cache()
+    with pytest.raises(UserError, match=r"symbolic link .*\.bin"):
+        resolve_workload(path)
+
+
+def test_a_token_file_that_does_not_match_its_hash_is_made_again(
+        tmp_path: Path, token_cache: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path, body = _text_corpus(tmp_path)
+    w = resolve_workload(path)
+    bin_path = token_cache / f"{w.data.digest}.bin"
+    poisoned = bytearray(bin_path.read_bytes())
+    poisoned[10] ^= 0xFF  # same size: only the content hash can tell
+    bin_path.write_bytes(bytes(poisoned))
+    files.reset_process_cache()
+    w = resolve_workload(path)
+    assert "does not match the hash its description records" in capfd.readouterr().err
+    assert np.array(files.tokens(w)).tobytes() == body
+
+
+def test_the_hash_index_is_read_once_and_written_once(tmp_path: Path, token_cache: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(200):
+        (folder / f"{i:03d}.txt").write_text(f"document number {i} " * 5)
+    path = workload_file(tmp_path, 'files = ["many/*.txt"]\ntokenizer = "bytes"', vocab=256)
+    reads: list[str] = []
+    writes: list[str] = []
+    real_read, real_output = files._read_cache_file, files.atomic_output
+    monkeypatch.setattr(files, "_read_cache_file",
+                        lambda p, limit: reads.append(p.name) or real_read(p, limit))
+    monkeypatch.setattr(files, "atomic_output",
+                        lambda p: writes.append(p.name) or real_output(p))
+    files.reset_process_cache()
+    resolve_workload(path)  # cold
+    assert reads.count("hashes.json") == 1 and writes.count("hashes.json") == 1
+    files.reset_process_cache()
+    reads.clear(), writes.clear()
+    resolve_workload(path)  # warm, as a new process
+    assert reads.count("hashes.json") == 1 and writes == []
+
+
+def test_a_full_cache_disk_is_one_line(tmp_path: Path) -> None:
+    """A write refused for want of space (here: a file-size limit, EFBIG, as a full disk's
+    ENOSPC is met by the same code) ends in one line, with nothing half-made kept."""
+    path, _ = _text_corpus(tmp_path, size=20000)
+    limit = ("import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))")
+    result = run_cli("run", "--workload", str(path), "--framework", "torch", "--db",
+                     str(tmp_path / "r.db"), env={
+        "SEXTANT_CACHE": str(tmp_path / "cache")}, timeout=120, prelude=limit)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "cannot write the token cache" in result.stderr
+    assert "File too large (free some space" in result.stderr
+    assert not list((tmp_path / "cache" / "tokens").glob("*.bin"))
+    assert not list((tmp_path / "cache" / "tokens").glob(".*.tmp"))
+
+
+def test_long_documents_are_cut_where_the_tokens_stay_the_same(tmp_path: Path) -> None:
+    """A 300,000-character document is encoded in pieces cut between words: the ids are
+    those of the whole document, through a real byte-level BPE tokenizer."""
+    docs = corpus_documents()
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json", docs)
+    text = ("\n\n".join(docs) * 40)[:300_000]
+    tokenizer = files.Tokenizer(str(tok_path))
+    assert tokenizer.splits_exactly
+    assert len(list(files.pieces(text))) > 4
+    whole = tokenizers.Tokenizer.from_file(str(tok_path)).encode(
+        text, add_special_tokens=False).ids
+    assert np.concatenate(list(tokenizer.encode([text]))).tolist() == whole
+
+
+def test_a_tokenizer_that_cannot_be_cut_exactly_is_named(tmp_path: Path) -> None:
+    """A tokenizer that prepends a marker to every text (sentencepiece's style) encodes a
+    cut text differently: the probe finds it, and a long document says so once."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, normalizers, trainers
+
+    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    tok.train_from_iterator(corpus_documents(), trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>"], show_progress=False))
+    tok.save(str(tmp_path / "sp.json"))
+    assert not files.Tokenizer(str(tmp_path / "sp.json")).splits_exactly
+    assert files.Tokenizer("bytes").splits_exactly
+
+
+def test_a_long_document_tokenizes_in_bounded_memory(tmp_path: Path) -> None:
+    """A 4 MB single-document .txt through a real BPE tokenizer: the process grows by far
+    less than the about 100 bytes per character the tokenizer holds for what it encodes at
+    once (a whole-document encode grew by about 860 MB for 4 MB)."""
+    docs = corpus_documents()
+    make_tokenizer(tmp_path / "tokenizer.json", docs)
+    (tmp_path / "doc.txt").write_text(("\n\n".join(docs) * 200)[:4_000_000])
+    path = workload_file(tmp_path, 'files = ["doc.txt"]\ntokenizer = "tokenizer.json"')
+    code = ("import resource, sys\nfrom sextant.data import files\n"
+            "from sextant.sources import resolve_workload\n"
+            "files.Tokenizer('bytes')\n"
+            "import tokenizers, pyarrow\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "resolve_workload(sys.argv[1])\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, timeout=300,
+                         env={**os.environ, "SEXTANT_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) < 300, out.stdout  # MB
+
+
+def test_a_dictionary_encoded_string_column_is_read(tmp_path: Path) -> None:
+    """pandas' `category` columns are stored dictionary-encoded: strings all the same."""
+    docs = corpus_documents(20)
+    pq.write_table(pa.table({"text": pa.array(docs).dictionary_encode()}),
+                   tmp_path / "c.parquet")
+    write_parquet(tmp_path / "d.parquet", docs)
+    plain = workload_file(tmp_path, 'files = ["d.parquet"]\ntokenizer = "bytes"', vocab=256)
+    encoded = tmp_path / "e.toml"
+    encoded.write_text(plain.read_text().replace("d.parquet", "c.parquet"))
+    a, b = resolve_workload(plain), resolve_workload(encoded)
+    assert np.array_equal(np.array(files.tokens(a)), np.array(files.tokens(b)))
+
+
+def test_a_worker_hashes_the_token_file_only_when_it_changed(
+        tmp_path: Path, token_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command verifies the token file's sha256 in full; a worker (tokens() in a fresh
+    process) trusts a file whose identity is the one recorded when it was written, and
+    hashes, and refuses, one that was written since."""
+    path, body = _text_corpus(tmp_path)
+    w = resolve_workload(path)
+    hashed: list[str] = []
+    real = files._hash_open_file
+    monkeypatch.setattr(files, "_hash_open_file",
+                        lambda f, p: (p.suffix == ".bin" and hashed.append(p.name)) or real(f, p))
+    files.reset_process_cache()
+    assert np.array(files.tokens(w)).tobytes() == body
+    assert hashed == []
+    files.reset_process_cache()
+    resolve_workload(path)  # the command: always in full
+    assert hashed == [f"{w.data.digest}.bin"]
+    bin_path = token_cache / f"{w.data.digest}.bin"
+    poisoned = bytearray(bin_path.read_bytes())
+    poisoned[3] ^= 0xFF
+    bin_path.write_bytes(bytes(poisoned))
+    files.reset_process_cache()
+    hashed.clear()
+    assert np.array(files.tokens(w)).tobytes() == body  # hashed, refused, made again
+    assert hashed[0] == f"{w.data.digest}.bin"

@@ -45,6 +45,8 @@ def test_nvidia_smi_output_is_parsed() -> None:
     (None, [0, 1]), ("1", [1]), ("1,0", [1, 0]), ("", []), ("-1", []),
     ("GPU-1b2c", [1]), ("0,7,1", [0]),  # CUDA stops at the first entry it cannot match
     ("0,0", [0]),
+    ("\u00b2", []), ("--1", []), ("1,\u00b2,0", [1]), ("0,--1", [0]),  # no index: the end
+    ("\u0661", []),  # an Arabic-Indic digit is not CUDA's index either
 ])
 def test_cuda_visible_devices_is_honoured(visible: str | None, expected: list[int]) -> None:
     found, _ = devices.parse_nvidia_smi(SMI)
@@ -147,8 +149,11 @@ def test_jax_and_tensorflow_switches_are_set_and_read_back(
 
 def _gpu_run(framework: str, mode: str, step: float, effective: str, **kw: object
              ) -> RunRecord:
+    from sextant.planner.version import PLANNER_VERSION, catalogue_hash
+
+    stamp = {"planner_version": PLANNER_VERSION, "catalogue_hash": catalogue_hash()}
     return make_run(framework, mode, step=step, device="gpu",  # type: ignore[arg-type]
-                    accelerator="NVIDIA H200", effective_precision=effective, **kw)
+                    accelerator="NVIDIA H200", effective_precision=effective, **{**stamp, **kw})
 
 
 def test_runs_of_another_effective_precision_are_never_ranked() -> None:
@@ -219,3 +224,11 @@ def test_report_scaling_efficiency_holds_the_total_compute_equal() -> None:
                   for run in (single, dp))
     point = build_report([single, dp])["scaling"]["series"][0]["points"][-1]
     assert point["efficiency"] == pytest.approx(0.4)  # two GPUs against one
+
+
+def test_the_report_marks_another_planners_figures_stale() -> None:
+    from sextant.report.html import render
+
+    old = _gpu_run("torch", "eager", 0.032, "bf16", precision="bf16", mfu=0.37,
+                   planner_step_s=0.0254, planner_error=-0.2, planner_version="2000.1.1")
+    assert "37% (stale planner)" in render([old], "md")

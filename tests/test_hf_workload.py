@@ -106,7 +106,8 @@ def test_a_mistral_window_no_shorter_than_the_sequence_maps(tmp_path: Path) -> N
     ({"hidden_act": "gelu"}, r'hidden_act = "gelu" is not supported'),
     ({"head_dim": 128}, r"head_dim = 128 is not supported: .* must be hidden_size / "),
     ({"parallel_attn": True}, r"parallel_attn = true is not supported: sextant cannot tell"),
-    ({"num_hidden_layers": "22"}, r'num_hidden_layers must be an integer >= 1. Received: '),
+    ({"num_hidden_layers": "22"}, r'num_hidden_layers must be an integer from 1 to 2\*\*53. '
+                                  r'Received: "22"'),
 ])
 def test_what_the_families_cannot_express_is_refused_in_one_line(
         tmp_path: Path, change: dict, message: str) -> None:
@@ -174,7 +175,7 @@ def test_hf_specs_are_workloads_everywhere(tmp_path: Path) -> None:
 
 
 def test_the_planner_reads_the_same_config() -> None:
-    from sextant.planner.models import load_workload_shape
+    from sextant.planner.workload_shapes import load_workload_shape
 
     for path in (TINYLLAMA, GPT2):  # GPT-2's tied head counted once by both
         shape = load_workload_shape(f"hf:{path}")
@@ -206,3 +207,72 @@ def test_a_scaled_tinyllama_trains_alike_on_every_framework() -> None:
         same_training(record, runs["torch"], norm_rtol=PARITY_RTOL["fp32-torch-cpu-norm"])
     if "tensorflow" in runs:
         same_training(runs["tensorflow"], runs["jax"])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"rope_parameters": [1, 2]}, r"rope_parameters must be a table \(a JSON object\). "
+                                  r"Received: \[1, 2\]"),
+    ({"rope_parameters": "default"}, r"rope_parameters must be a table"),
+    ({"rope_theta": "10000"}, r'rope_theta must be a finite number > 0. Received: "10000"'),
+    ({"rope_theta": [1.0]}, r"rope_theta must be a finite number > 0"),
+    ({"rope_theta": None}, r"rope_theta must be a finite number > 0. Received: null"),
+    ({"rope_parameters": {"rope_theta": None}},
+     r"rope_parameters.rope_theta must be a finite number > 0"),
+    ({"rms_norm_eps": "1e-5"}, r"rms_norm_eps must be a finite number > 0"),
+    ({"rms_norm_eps": None}, r"rms_norm_eps must be a finite number > 0"),
+    ({"head_dim": {"x": 1}}, r'head_dim must be an integer from 1 to 2\*\*53. Received: '
+                             r'\{"x": 1\}'),
+    ({"num_key_value_heads": 64}, r"num_attention_heads must be a multiple of "
+                                  r"num_key_value_heads .* Received: num_attention_heads=32, "
+                                  r"num_key_value_heads=64"),
+    ({"vocab_size": 10 ** 400}, r"vocab_size must be an integer from 1 to 2\*\*53. "
+                                r"Received: 1000000000\d{190}\.\.\.$"),
+])
+def test_config_values_of_the_wrong_type_are_refused_in_one_line(
+        tmp_path: Path, change: dict, message: str) -> None:
+    path = write(tmp_path, {**config(TINYLLAMA), **change})
+    with pytest.raises(UserError, match=message) as caught:
+        workload_from_hf(path, scale=0.1)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"vocab_size": 1' + "0" * 5000 + "}", r"is not a JSON config.json: Exceeds the limit"),
+    ("[" * 100_000 + "]" * 100_000, r"is not a JSON config.json: nested too deeply"),
+    (b"\xff\xfe{}", r"is not a JSON config.json: not UTF-8 text \(byte 0\)"),
+])
+def test_unreadable_configs_are_refused_in_one_line(tmp_path: Path, text: str | bytes,
+                                                    message: str) -> None:
+    path = tmp_path / "config.json"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(UserError, match=message) as caught:
+        workload_from_hf(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_from_hf_output_stays_one_workload_whatever_the_config_says(tmp_path: Path) -> None:
+    """A newline in `_name_or_path` cannot add TOML lines (a seed, an optimizer); escape
+    sequences, a lone surrogate and line separators reach neither the file nor the terminal
+    raw: the output is printable ASCII and loads as the workload sextant means."""
+    hostile = ('x\nseed = 7\n[optimizer]\nlr = 0.5\n# \x1b]0;owned\x07\x1b[2J \u2028 \ud800 '
+               '\u202e "q" \\ \U0001f600 \u00e9')
+    cfg = {**config(TINYLLAMA), "_name_or_path": hostile}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))  # JSON's \ud800 escape: a lone surrogate once read
+    result = run_cli("workload", "from-hf", str(path), "--scale", "0.01", timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert all(32 <= ord(c) < 127 for c in out.replace("\n", "")), out
+    (tmp_path / "w.toml").write_text(out)
+    written = load_workload(tmp_path / "w.toml")
+    expected = workload_from_dict(workload_from_hf(path, scale=0.01))
+    assert written.seed == expected.seed and written.optimizer == expected.optimizer
+    assert written.model == expected.model
+    assert out.splitlines()[0].startswith("# x\\nseed = 7\\n[optimizer]")
+    import tomllib
+
+    assert set(tomllib.loads(out)) == {"name", "description", "steps", "global_batch",
+                                       "model", "data"}

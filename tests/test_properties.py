@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import os
 import signal
@@ -199,16 +200,25 @@ RUN_FLAGS = ("--steps", "--timeout", "--workers", "--devices-per-worker", "--ps"
 def test_run_command_lines(flags: list[tuple[str, str]], resume: bool) -> None:
     """`sextant run` with generated flags. --db names a directory, so a command line that
     passes every check stops at the store and nothing is launched."""
-    from sextant.cli import main
-
     argv = ["run", "--db", tempfile.gettempdir()]
     for flag, value in flags:
         argv += [flag, value]
     if resume:
         argv += ["--resume", "--checkpoint-dir", "/nonexistent/ckpt"]
-    err = io.StringIO()
+    code, _, err = in_process(argv)
+    assert code == 2, (argv, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sextant: error: "), (argv, err)
+
+
+def in_process(argv: list[str]) -> tuple[Any, str, str]:
+    """sextant's main() with `argv` in this process: (exit code, stdout, stderr). Anything
+    but SystemExit that escapes main() fails the test with its traceback."""
+    from sextant.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse's usage errors
@@ -216,6 +226,107 @@ def test_run_command_lines(flags: list[tuple[str, str]], resume: bool) -> None:
         finally:  # main() installs its own; pytest's must stay
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-    assert code == 2, (argv, err.getvalue())
-    lines = err.getvalue().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sextant: error: "), (argv, err.getvalue())
+    return code, out.getvalue(), err.getvalue()
+
+
+def exit_0_or_one_line(argv: list[str]) -> tuple[Any, str]:
+    """Run `argv`; assert it succeeded or ended in sextant's one-line error (exit 2)."""
+    code, out, err = in_process(argv)
+    assert code in (0, 2), (argv, code, err[-2000:])
+    assert "Traceback" not in err, (argv, err[-2000:])
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("sextant: error: "), (argv, err)
+    return code, out
+
+
+# --- Hugging Face configs (issue 50) -------------------------------------------------------
+
+HF_DIR = REPO / "tests" / "data" / "hf"
+HF_BASES = [json.loads((HF_DIR / name / "config.json").read_text())
+            for name in ("tinyllama-1.1b-chat-v1.0", "gpt2")]
+HOSTILE_TEXT = st.sampled_from([
+    "x\nseed = 7\n[optimizer]\nlr = 0.5", "\x1b]0;owned\x07\x1b[2J", "\ud800", "\u2028",
+    "\u202e", '"', "\\", "\U0001f600", "", "a" * 300])
+HF_VALUES = st.one_of(
+    ANY_VALUE, HOSTILE_TEXT, st.none(),
+    st.sampled_from([10**400, 2**53 + 1, -1, 0.0, 1e-300, [], {}, {"rope_type": "default"},
+                     {"rope_theta": None}, {"rope_theta": "x"}, [[[[1]]]]]),
+    st.recursive(st.integers(), lambda inner: st.lists(inner, max_size=2), max_leaves=6),
+)
+HF_KEYS = sorted({k for base in HF_BASES for k in base} | {
+    "rope_parameters", "head_dim", "num_key_value_heads", "rope_scaling", "sliding_window",
+    "_name_or_path", "attention_bias", "num_local_experts", "bogus"})
+HF_FLAGS = st.lists(st.tuples(st.sampled_from(["--scale", "--layers", "--width", "--seq-len",
+                                               "--global-batch", "--steps"]),
+                              st.sampled_from(["0.01", "0.5", "1", "2", "0", "-1", "nan",
+                                               "1e9", "64", "7", "x"])), max_size=2)
+
+
+@cases(60)
+@example(0, {"num_key_value_heads": 64}, [("--scale", "0.01")])  # a division by zero
+@example(0, {"rope_parameters": [1]}, [])
+@example(0, {"layer_norm_epsilon": 10**400}, [])  # OverflowError in math.isfinite
+@example(0, {"_name_or_path": "x\n[optimizer]\nlr = 0.5 \ud800"}, [])
+@given(st.integers(0, len(HF_BASES) - 1),
+       st.dictionaries(st.sampled_from(HF_KEYS), HF_VALUES, max_size=3), HF_FLAGS)
+def test_hf_configs_give_one_workload_or_one_line(base: int, changes: dict[str, Any],
+                                                  flags: list[tuple[str, str]]) -> None:
+    """`workload from-hf` over a real config with fields changed to anything: exit 0 with
+    printable-ASCII TOML that loads as exactly one workload, or exit 2 in one line; the same
+    config through `plan --workload hf:...` likewise."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps({**HF_BASES[base], **changes}))
+        argv = ["workload", "from-hf", str(path)]
+        for flag, value in flags:
+            argv += [flag, value]
+        code, out = exit_0_or_one_line(argv)
+        if code == 0:
+            assert all(32 <= ord(c) < 127 for c in out.replace("\n", "")), out
+            assert set(tomllib.loads(out)) == {"name", "description", "steps", "global_batch",
+                                               "model", "data"}
+            (Path(tmp) / "w.toml").write_text(out)
+            load_workload(Path(tmp) / "w.toml")
+        exit_0_or_one_line(["plan", "--workload", f"hf:{path}", "--gpus", "8", "--no-curve"])
+
+
+# --- workload files given to plan, and plan's flags (issue 50) ------------------------------
+
+PLAN_FRAGMENTS = st.sampled_from([
+    "model = 3", 'model = "gpt"', "model = [1, 2]", "model = {}", "[model]\nfamily = 7",
+    "[model]\nfamily = 'llama'\nn_kv_heads = 99", "[model]\nd_model = " + "9" * 400,
+    "[data]\nfiles = 3", "data = 'x'", "global_batch = {}", "steps = -1"])
+
+
+@cases(40)
+@example(0, "model = 3")  # AttributeError in plan's family check
+@given(st.integers(0, len(GOOD)), PLAN_FRAGMENTS)
+def test_plan_reads_any_workload_file(cut: int, fragment: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.toml"
+        path.write_text(GOOD[:cut] + "\n" + fragment + "\n" + GOOD[cut:])
+        exit_0_or_one_line(["plan", "--workload", str(path), "--gpus", "8", "--no-curve"])
+
+
+PLAN_FLAGS = ("--gpus", "--accelerator", "--network", "--gpus-per-node", "--tokens",
+              "--global-batch", "--precision", "--dp", "--tp", "--pp", "--zero", "--mbs",
+              "--cp", "--ep", "--mfu", "--stack", "--memory-model", "--overlap",
+              "--link-efficiency", "--fragmentation", "--overhead-gb", "--price-per-hour",
+              "--goodput", "--interleave", "--offload", "--recompute", "--optimizer",
+              "--host-memory-gb", "--oversubscription", "--kernel-efficiency", "--top")
+
+
+@cases(60)
+@example("llama2-7b", [("--gpus", "10" * 30)], True)  # a search that never ended
+@example("llama2-7b", [("--gpus-per-node", "10" * 30)], False)  # numpy's OverflowError
+@given(st.sampled_from(["llama2-7b", "gpt3-175b", "llama3-8b", "x"]),
+       st.lists(st.tuples(st.sampled_from(PLAN_FLAGS), FLAG_VALUES), max_size=4),
+       st.booleans())
+def test_plan_flags(model: str, flags: list[tuple[str, str]], search: bool) -> None:
+    argv = ["plan", "--model", model, "--gpus", "8", "--no-curve"]
+    for flag, value in flags:
+        argv += [flag, value]
+    if search:
+        argv.append("--search")
+    exit_0_or_one_line(argv)

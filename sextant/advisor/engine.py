@@ -71,15 +71,24 @@ class Cost:
     """compute_usd + people_usd."""
     calendar_days: float
     """Working days before training can start: ramp-up, plus migration shared by the team."""
+    serving_factor: float = 1.0
+    """This candidate's serving latency relative to the fastest measured artifact (1 without
+    a measured deployment matrix)."""
+    serving_hours: float = 0.0
+    """Device-hours of serving: the profile's serving hours x serving_factor (0 without the
+    profile's serving figures)."""
+    serving_usd: float = 0.0
+    """serving_hours x gpu_price_per_hour."""
 
     def linear(self, name: str) -> tuple[float, float]:
         """(a, b) with total_usd = a + b * x, x being the input `name` (others held)."""
         if name == "gpu_price_per_hour":
-            return self.people_usd, self.training_hours * self.devices
+            return self.people_usd, self.training_hours * self.devices + self.serving_hours
         if name == "training_hours":
-            return self.people_usd, self.devices * self.gpu_price_per_hour / self.throughput_factor
+            return (self.people_usd + self.serving_usd,
+                    self.devices * self.gpu_price_per_hour / self.throughput_factor)
         if name == "engineer_cost_per_day":
-            return self.compute_usd, self.person_days
+            return self.compute_usd + self.serving_usd, self.person_days
         raise ValueError(f"no sensitivity for {name!r}")
 
 
@@ -218,7 +227,8 @@ def reference_hours(profile: TeamProfile, rules: RuleSet,
 
 
 def _cost(candidate: str, profile: TeamProfile, rules: RuleSet, hours: float,
-          hours_source: str, factor: float, factor_source: str) -> Cost:
+          hours_source: str, factor: float, factor_source: str,
+          serving_factor: float = 1.0) -> Cost:
     level = profile.experience[BASE_FRAMEWORK[candidate]]
     ramp = rules.ramp_up_days[level] + rules.ramp_up_extra_days.get(candidate, 0.0)
     if candidate in rules.functional_stacks:
@@ -228,6 +238,8 @@ def _cost(candidate: str, profile: TeamProfile, rules: RuleSet, hours: float,
     compute = training_hours * profile.devices * profile.gpu_price_per_hour
     person_days = ramp * profile.team_size + migration
     people = person_days * profile.engineer_cost_per_day
+    serving_hours = profile.serving_hours() * serving_factor
+    serving = serving_hours * profile.gpu_price_per_hour
     return Cost(
         reference_hours=hours,
         hours_source=hours_source,
@@ -243,8 +255,11 @@ def _cost(candidate: str, profile: TeamProfile, rules: RuleSet, hours: float,
         person_days=person_days,
         engineer_cost_per_day=float(profile.engineer_cost_per_day),
         people_usd=people,
-        total_usd=compute + people,
+        total_usd=compute + serving + people,
         calendar_days=ramp + migration / profile.team_size,
+        serving_factor=serving_factor,
+        serving_hours=serving_hours,
+        serving_usd=serving,
     )
 
 
@@ -322,8 +337,9 @@ def _assumptions(profile: TeamProfile, rules: RuleSet, hours: float, hours_sourc
                  factors: dict[str, tuple[float, str]]) -> tuple[str, ...]:
     days = rules.ramp_up_days
     lines = [
-        "TCO = training hours x devices x price per device-hour + (ramp-up days x team size "
-        "+ migration person-days) x cost per engineer-day.",
+        "TCO = training hours x devices x price per device-hour + serving device-hours x "
+        "price per device-hour (when the profile gives serving figures) + (ramp-up days x "
+        "team size + migration person-days) x cost per engineer-day.",
         f"Training hours on the fastest stack: {hours:,.1f} ({hours_source}); each candidate "
         "takes that divided by its relative throughput.",
         f"Ramp-up days per engineer by experience: none {days['none']:g}, some "
@@ -352,6 +368,14 @@ def _assumptions(profile: TeamProfile, rules: RuleSet, hours: float, hours_sourc
     else:
         text += "others assumed 1 (no rule of thumb for this hardware)."
     lines.append(text)
+    if profile.serving_hours():
+        lines.append(
+            f"Serving: {profile.serving_requests_per_day:,.0f} requests a day x "
+            f"{profile.serving_days:g} days x {profile.serving_seconds_per_request:g} "
+            f"device-seconds on the fastest stack = {profile.serving_hours():,.1f} "
+            "device-hours at the same price per device-hour; each candidate's is that times "
+            "its measured batch-1 latency relative to the fastest (`sextant compare deploy`), "
+            "1 where none was measured.")
     lines.append(
         f"Score = rule points - deadline penalty ({rules.deadline_penalty:g} if ramp-up and "
         f"migration exceed {profile.deadline_weeks:g} weeks x {rules.working_days_per_week:g} "
@@ -393,10 +417,12 @@ def _apply_constraints(rules: RuleSet, facts: Facts,
     return excluded
 
 
-def _apply_rules(rules: RuleSet, facts: Facts, points: _Points, fired: list[Fired]) -> None:
-    """The rules of thumb that match the profile, on the candidates not excluded."""
+def _apply_rules(rules: RuleSet, facts: Facts, points: _Points, fired: list[Fired],
+                 measured_metrics: set[str]) -> None:
+    """The rules of thumb that match the profile, on the candidates not excluded, less those
+    whose assumption a measured metric answers."""
     for rule in rules.rules:
-        if not rule.when.matches(facts):
+        if not rule.when.matches(facts) or rule.replaced_by in measured_metrics:
             continue
         applied = tuple((c, d) for c, d in rule.effect if c in points.fit)
         idle = [c for c, _ in rule.effect if c not in points.fit]
@@ -536,8 +562,8 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
         # Only a custom rules file can get here; the shipped constraints leave candidates.
         raise UserError("the rules' constraints exclude every candidate stack for this profile")
     points = _Points(usable)
-    _apply_rules(rules, facts, points, fired)
     measured = {(e.candidate, e.metric): e for e in evidence if e.source == MEASURED}
+    _apply_rules(rules, facts, points, fired, {metric for _, metric in measured})
     _apply_evidence_rules(rules, facts, measured, points, fired)
 
     hours, hours_source = reference_hours(profile, rules, planned)
@@ -549,7 +575,10 @@ def advise(profile: TeamProfile, evidence: Iterable[Evidence] = (),
                                     source=PLANNED if planned is not None else RULE_OF_THUMB,
                                     detail=hours_source))
 
-    costs = {c: _cost(c, profile, rules, hours, hours_source, *factors[c]) for c in usable}
+    latency = {c: measured[(c, "serving_latency_ratio")].value for c in usable
+               if (c, "serving_latency_ratio") in measured}
+    costs = {c: _cost(c, profile, rules, hours, hours_source, *factors[c],
+                      serving_factor=latency.get(c, 1.0)) for c in usable}
     penalty = _deadline_penalties(profile, rules, costs, points, fired)
     ranking, base = _rank(points, penalty, costs, rules)
     return Advice(

@@ -17,7 +17,9 @@ from typing import Any
 
 from sextant.advisor.vocab import CANDIDATES, MEASURED, SOURCES
 from sextant.claims import compute_units, conditions
+from sextant.claims.deploy import works
 from sextant.errors import UserError
+from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 
 FRAMEWORK_CANDIDATES = {
@@ -52,6 +54,8 @@ METRIC_ORDER = (
     "scaling_efficiency",
     "exposed_comm_share",
     "compile_time_s",
+    "deploy_formats",
+    "serving_latency_ratio",
 )
 
 
@@ -247,6 +251,61 @@ def evidence_from_runs(runs: Sequence[RunRecord]) -> list[Evidence]:
     ]
     evidence.sort(key=lambda e: (CANDIDATES.index(e.candidate), METRIC_ORDER.index(e.metric)))
     return evidence
+
+
+def evidence_from_deployments(rows: Sequence[DeployRecord], target: str) -> list[Evidence]:
+    """Measured evidence from one deployment matrix (`sextant compare deploy`): per candidate
+    stack, how many of its framework's artifacts reach the team's deployment `target`
+    and work (exported, served, the trainer's logits; sextant.claims.deploy.works). A
+    framework whose rows were all unavailable here gives no evidence."""
+    by_fw: dict[str, list[DeployRecord]] = {}
+    for row in rows:
+        if row.framework in FRAMEWORK_CANDIDATES:
+            by_fw.setdefault(row.framework, []).append(row)
+    evidence = []
+    fastest: dict[str, DeployRecord] = {}
+    for fw, fw_rows in sorted(by_fw.items()):
+        if all(r.status == "unavailable" for r in fw_rows):
+            continue
+        reach = [r for r in fw_rows if works(r) and target in r.targets]
+        detail = (f"{len(reach)} working artifact(s) reach {target}: "
+                  + (", ".join(r.format for r in reach) or "none")
+                  + f" (of {len(fw_rows)} formats tried)")
+        for cand in FRAMEWORK_CANDIDATES[fw]:
+            evidence.append(Evidence(candidate=cand, metric="deploy_formats",
+                                     value=float(len(reach)), source=MEASURED, detail=detail,
+                                     run_ids=tuple(f"deployment {r.id}" for r in reach)))
+        timed = [r for r in reach if r.latency_at(1) is not None and not r.quantized]
+        if timed:
+            fastest[fw] = min(timed, key=_latency)
+    # Serving cost is relative, as training throughput is: the measured model is not the
+    # one the team will serve, but the stacks' artifacts ran the same model side by side.
+    best = min((_latency(r) for r in fastest.values()), default=None)
+    for fw, row in sorted(fastest.items()):
+        ratio = _latency(row) / best if best else 1.0
+        for cand in FRAMEWORK_CANDIDATES[fw]:
+            evidence.append(Evidence(
+                candidate=cand, metric="serving_latency_ratio", value=ratio, source=MEASURED,
+                detail=f"{row.format} at batch 1: {_latency(row) * 1e3:.2f} ms, {ratio:.2f}x "
+                       f"the fastest stack's artifact for {target}",
+                run_ids=(f"deployment {row.id}",)))
+    return evidence
+
+
+def _latency(row: DeployRecord) -> float:
+    lat = row.latency_at(1)
+    return lat.p50_s if lat is not None else float("inf")
+
+
+def load_measured_deployments(path: Path) -> list[DeployRecord]:
+    """The latest deployment matrix in the results store at `path` ([] without one)."""
+    from sextant.results.store import ResultsStore
+
+    if not path.is_file():
+        return []
+    with ResultsStore(path) as store:
+        group = store.latest_deployment_group()
+        return store.deployments(group_id=group) if group is not None else []
 
 
 def _scaling(runs: Sequence[RunRecord]) -> tuple[list[float], set[str], list[str]]:

@@ -94,6 +94,14 @@ class TeamProfile:
     """Engineers who must learn the chosen stack (ramp-up days are per engineer)."""
     deadline_weeks: float
     """Weeks until the model must be trained."""
+    serving_requests_per_day: float | None = None
+    """Requests the deployed model serves a day (with serving_seconds_per_request: the
+    serving term of the cost of ownership)."""
+    serving_seconds_per_request: float | None = None
+    """Device-seconds one request takes on the target hardware with the fastest stack's
+    artifact; each stack's is this times its measured latency relative to the fastest."""
+    serving_days: float = 365.0
+    """Days of serving the cost of ownership counts."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -133,6 +141,23 @@ class TeamProfile:
         _check_positive("engineer_cost_per_day", self.engineer_cost_per_day)
         _check_positive("team_size", self.team_size, integer=True)
         _check_positive("deadline_weeks", self.deadline_weeks)
+        serving = (self.serving_requests_per_day, self.serving_seconds_per_request)
+        if (serving[0] is None) != (serving[1] is None):
+            raise UserError("the serving term needs both serving_requests_per_day and "
+                            "serving_seconds_per_request, or neither. Received: "
+                            f"{serving[0]!r} and {serving[1]!r}")
+        for key, value in zip(("serving_requests_per_day", "serving_seconds_per_request"),
+                              serving):
+            if value is not None:
+                _check_positive(key, value)
+        _check_positive("serving_days", self.serving_days)
+
+    def serving_hours(self) -> float:
+        """Device-hours of serving on the fastest stack (0 without the serving figures)."""
+        if self.serving_requests_per_day is None or self.serving_seconds_per_request is None:
+            return 0.0
+        return (self.serving_requests_per_day * self.serving_days
+                * self.serving_seconds_per_request / 3600.0)
 
     def team_best(self) -> tuple[str, ...]:
         """Frameworks the team knows best (all at the highest level), or ('none',)."""
@@ -190,6 +215,9 @@ OPTIONAL = (
     "training_hours",
     "training_tokens",
     "team_size",
+    "serving_requests_per_day",
+    "serving_seconds_per_request",
+    "serving_days",
 )
 KEYS = REQUIRED + OPTIONAL
 

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from rich.console import JustifyMethod
 
 
+def _serving(advice: Advice) -> bool:
+    """Whether the cost of ownership has a serving term (the profile gave its figures)."""
+    return any(r.cost.serving_usd for r in advice.ranking)
+
+
 def _cost_dict(cost: Cost) -> dict[str, Any]:
     return {name: getattr(cost, name) for name in Cost.__slots__}
 
@@ -135,13 +140,15 @@ def render_markdown(advice: Advice) -> str:
         f"{_md(p.purpose)}, deploy to {_md(p.deployment)}; rules version "
         f"{advice.rules_version} ({_md(advice.rules_source)}).",
         "",
-        "| # | Candidate | Score | TCO | Compute | People | Key reasons |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| # | Candidate | Score | TCO | Compute |" + (" Serving |" if _serving(advice) else "")
+        + " People | Key reasons |",
+        "|---|---|---:|---:|---:|" + ("---:|" if _serving(advice) else "") + "---:|---|",
     ]
     for r in advice.ranking:
+        serving = f" {money(r.cost.serving_usd)} |" if _serving(advice) else ""
         lines.append(
             f"| {r.rank} | {_md(r.candidate)} | {r.score:.2f} | {money(r.cost.total_usd)} | "
-            f"{money(r.cost.compute_usd)} | {money(r.cost.people_usd)} | "
+            f"{money(r.cost.compute_usd)} |{serving} {money(r.cost.people_usd)} | "
             f"{_md(reasons_text(r))} |"
         )
     if advice.excluded:
@@ -193,13 +200,15 @@ def print_advice(advice: Advice, console: Any) -> None:
     table = Table(title="Ranking", title_justify="left")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("#", "right"), ("candidate", "left"), ("score", "right"), ("TCO", "right"),
-        ("compute", "right"), ("people", "right"), ("key reasons", "left"))
+        ("compute", "right"), *((("serving", "right"),) if _serving(advice) else ()),
+        ("people", "right"), ("key reasons", "left"))
     for name, justify in columns:
         table.add_column(name, justify=justify)
     for r in advice.ranking:
         style = "bold green" if r.rank == 1 else None
+        serving = (money(r.cost.serving_usd),) if _serving(advice) else ()
         table.add_row(str(r.rank), r.candidate, f"{r.score:.2f}", money(r.cost.total_usd),
-                      money(r.cost.compute_usd), money(r.cost.people_usd),
+                      money(r.cost.compute_usd), *serving, money(r.cost.people_usd),
                       escape(reasons_text(r)), style=style)
     console.print(table)
     for e in advice.excluded:

@@ -64,8 +64,10 @@ EVIDENCE_METRICS = (
     "scaling_efficiency",
     "exposed_comm_share",
     "compile_time_s",
+    "deploy_formats",
 )
-"""Metrics that evidence_from_runs produces and evidence rules may test."""
+"""Metrics that evidence_from_runs (and, for deploy_formats, evidence_from_deployments)
+produce and evidence rules may test."""
 
 
 def _fmt(value: float) -> str:
@@ -181,6 +183,9 @@ class Rule:
     """(candidate, score delta) pairs, in CANDIDATES order."""
     rationale: str
     """Why, in one sentence."""
+    replaced_by: str | None = None
+    """A measured metric (EVIDENCE_METRICS) that answers what this rule of thumb assumes:
+    with that evidence present, the rule stays silent and the evidence rules decide."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -434,15 +439,20 @@ def _rules(raw: Any, source: str) -> list[Rule]:
     rules = []
     for i, item in enumerate(_list(raw, f"{source} [[rule]]")):
         where = f"{source} [[rule]] #{i + 1}"
-        _check_keys(item, where, ("id", "when", "effect", "rationale"))
+        _check_keys(item, where, ("id", "when", "effect", "rationale"), ("replaced_by",))
         effect = _candidate_table(item["effect"], f"{where}.effect", signed=True)
         if not effect:
             raise UserError(f"{where}.effect: give at least one candidate = delta")
+        replaced_by = item.get("replaced_by")
+        if replaced_by is not None and replaced_by not in EVIDENCE_METRICS:
+            raise UserError(f"{where}.replaced_by: unknown metric {replaced_by!r}; "
+                            f"allowed: {allowed(EVIDENCE_METRICS)}")
         rules.append(Rule(
             id=_text(item["id"], f"{where}.id"),
             when=parse_condition(item["when"], where),
             effect=_ordered(effect),
             rationale=_text(item["rationale"], f"{where}.rationale"),
+            replaced_by=replaced_by,
         ))
     return rules
 

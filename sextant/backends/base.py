@@ -25,6 +25,34 @@ if TYPE_CHECKING:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
+class ExportFormat:
+    """One deployment artifact a backend builds with its framework's own exporter
+    (`<backend package>.export.EXPORTERS[name]`), served in a fresh process by `runtime`
+    (sextant.deploy.runtimes)."""
+
+    name: str
+    """The format's name within its framework ('onnx', 'savedmodel', ...)."""
+    runtime: str
+    """The serving runtime that loads it: 'torch', 'aoti', 'executorch', 'onnxruntime',
+    'tensorflow', 'litert' or 'jax'."""
+    needs: tuple[str, ...]
+    """Import names the export and the serving need, checked without importing them."""
+    install: str
+    """What installs what `needs` names (the unavailable row's hint)."""
+    targets: tuple[str, ...]
+    """Where the format is deployed ('server', 'mobile', 'edge', 'browser'), as its
+    framework documents it; measured here is its runtime on this machine's CPU."""
+    quantized: bool = False
+    """Weights stored in fewer bits: judged by its held-out loss change, never a match."""
+    compiler: bool = False
+    """Needs the host's C++ compiler at export time (AOTInductor)."""
+
+
+DEPLOY_INSTALL = "pip install 'sextant[deploy]'"
+"""The extra that installs the exporters and serving runtimes beside the frameworks."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class Capabilities:
     modes: tuple[str, ...]
     """Execution modes; the first is the default."""
@@ -45,6 +73,8 @@ class Capabilities:
     """(parallel strategy, reason) for strategies this backend does not run, where the
     reason is worth knowing (what the framework offers instead); shown by `sextant
     capabilities` and in the refusal."""
+    exports: tuple[ExportFormat, ...] = ()
+    """The deployment artifacts its framework's exporters build (`sextant compare deploy`)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

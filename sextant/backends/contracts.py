@@ -96,6 +96,9 @@ class _RankResultOptional(TypedDict, total=False):
     world: int
     device_peak_bytes: int
     """Accelerator allocator peak, where the framework reports one."""
+    startup: dict[str, float | None]
+    """Wall-clock marks of the edit-run loop (the timed loop's loop_start_time and
+    first_step_end_time; the worker's process_start_time and import_s)."""
 
 
 class RankResult(_RankResultOptional):

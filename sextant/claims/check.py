@@ -35,6 +35,7 @@ from sextant.measure.intervals import (
     verdict_at_least,
     verdict_below,
 )
+from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 
 NOT_MEASURED = "not measured"
@@ -536,10 +537,17 @@ CHECKS = (claim_compile, claim_jax, claim_mixed_precision, claim_compression, cl
           claim_tf_memory)
 
 
-def check_claims(runs: Sequence[RunRecord], *, workload_hash: str | None = None
-                 ) -> list[Claim]:
+def check_claims(runs: Sequence[RunRecord], *, workload_hash: str | None = None,
+                 deployments: Sequence[DeployRecord] = ()) -> list[Claim]:
     """Every claim, in a fixed order, over the successful runs of one workload (default:
-    the workload of the last run)."""
+    the workload of the last run), then the deployment claims over `deployments` (one
+    deployment group: sextant.claims.deploy)."""
+    from sextant.claims.deploy import deploy_claims
+
+    return _training_claims(runs, workload_hash) + deploy_claims(deployments)
+
+
+def _training_claims(runs: Sequence[RunRecord], workload_hash: str | None) -> list[Claim]:
     ok = [r for r in runs if r.status == "ok"]
     if not ok:
         workload: Mapping[str, Any] = runs[-1].workload if runs else {}

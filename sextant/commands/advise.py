@@ -103,7 +103,13 @@ def run_rules(args: argparse.Namespace) -> int:
 
 def run_advise(args: argparse.Namespace) -> int:
     from sextant.advisor.engine import advise
-    from sextant.advisor.evidence import applicable, evidence_from_runs, load_measured_runs
+    from sextant.advisor.evidence import (
+        applicable,
+        evidence_from_deployments,
+        evidence_from_runs,
+        load_measured_deployments,
+        load_measured_runs,
+    )
     from sextant.advisor.planned import load_plan
     from sextant.advisor.profile import ask_profile, load_profile
     from sextant.advisor.render import print_advice, render_markdown, to_dict
@@ -124,6 +130,8 @@ def run_advise(args: argparse.Namespace) -> int:
     runs, note = load_measured_runs(db_path(args))
     runs, elsewhere = applicable(runs, profile.hardware)
     evidence = evidence_from_runs(runs) if runs else []
+    evidence += evidence_from_deployments(load_measured_deployments(db_path(args)),
+                                          profile.deployment)
     notes = [n for n in (note, elsewhere) if n]
     if runs and not any(e.metric == "throughput_ratio" for e in evidence):
         notes.append(f"{len(runs)} run(s) measured, but no two frameworks on the same workload "

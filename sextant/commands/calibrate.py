@@ -81,7 +81,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def _device_section(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.device_calibration import calibrate_device
-    from sextant.planner.models import load_workload_shape, preset
+    from sextant.planner import load_workload_shape, preset
 
     if bool(args.model) == bool(args.workload):
         raise UserError("--device gpu times a workload's GEMMs: give exactly one of --model "

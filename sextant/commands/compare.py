@@ -28,6 +28,7 @@ from sextant.commands.common import (
     open_store,
     runs_dir,
 )
+from sextant.commands.export import add_deploy_verb
 from sextant.commands.run import load_with_steps, trainable_line
 from sextant.commands.trials import (
     DEFAULT_REPEATS,
@@ -71,6 +72,7 @@ def register(sub: Any) -> None:
         verb = verbs.add_parser(name, help=summary, description=description)
         _add_compare_args(verb)
         inherit_parent_flags(verb)
+    add_deploy_verb(verbs)
 
 
 def _add_compare_args(p: argparse.ArgumentParser) -> None:

@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import replace
-from typing import Any
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
 
 from sextant.commands.common import add_store_args, db_path
 from sextant.display import console
 from sextant.errors import UserError
 from sextant.paths import DEFAULT_CALIBRATION
+
+if TYPE_CHECKING:
+    from sextant.planner.plan_doc import Plan
 
 EPILOG = """examples:
   sextant plan --model llama-70b --gpus 1024 --accelerator h100-sxm --network ib-ndr --tokens 2e12
@@ -262,29 +265,14 @@ def register(subparsers: Any) -> None:
     ls.set_defaults(func=run_list)
 
 
-def _trainable(spec: str) -> bool:
-    """Whether --workload names a workload sextant can train (an hf: config, a bundled name,
-    or a TOML file of family gpt, llama or mlp), not a planner-only shape."""
-    from sextant.tomlfile import read_toml
-    from sextant.workload import BUNDLED_DIR, HF_PREFIX
-
-    if spec.startswith(HF_PREFIX) or (BUNDLED_DIR / f"{spec}.toml").is_file():
-        return True
-    try:
-        family = (read_toml(spec, "workload").get("model") or {}).get("family")
-    except (UserError, OSError):
-        return True  # unreadable: resolve_workload says why, in one line
-    return family in ("gpt", "llama", "mlp")
-
-
 def run_plan(args: argparse.Namespace) -> int:
-    doc = plan_from_args(args)
+    plan = plan_from_args(args)
     if args.json:
-        print(json.dumps(doc, indent=2, default=float))
+        print(json.dumps(plan.to_json(), indent=2, default=float))
     else:
         from sextant.planner.render import render_plan
 
-        render_plan(doc, _console())
+        render_plan(plan, _console())
     return 0
 
 
@@ -305,7 +293,7 @@ def run_references_cmd(args: argparse.Namespace) -> int:
     if args.markdown:
         print(references_markdown(rows))
     elif args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([asdict(r) for r in rows], indent=2))
     else:
         render_references(rows, _console())
     return 0
@@ -322,25 +310,22 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_PLAN_GLOBAL_BATCH = 1 << 24
-"""Sequences per step: 16 times the largest published batches (2^63 made the search hang)."""
+MAX_PLAN_DEVICES = 1 << 24
+"""Devices, and devices per node: past it numpy overflows or the search hangs."""
 MAX_PLAN_TOKENS = 1e17
 """Tokens to train: a thousand times today's largest runs (1e308 printed a 300-digit time)."""
 
 
-def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def plan_from_args(args: argparse.Namespace) -> Plan:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import resolve_hardware
-    from sextant.planner.models import load_workload_shape, preset
+    from sextant.planner.models import preset
+    from sextant.planner.workload_shapes import load_workload_shape
     from sextant.planner.plan import PlanRequest, make_plan
 
     _check_args(args)
-    if args.workload and _trainable(args.workload):
-        # The validation `run` applies, before its shape is read (a planner-only shape,
-        # family 'transformer', is the planner's to validate).
-        from sextant.sources import resolve_workload
-
-        resolve_workload(args.workload)
+    # Only the shape is read, at the planner's bounds (models.PLAN_BOUNDS): a plan builds no
+    # model and reads no data, so the training bounds and [data] are run's to check.
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     measured = _measured(args, cat)
@@ -383,6 +368,8 @@ def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:
 
 def _check_args(args: argparse.Namespace) -> None:
     """The flags' own ranges and the combinations the plan needs, each one clear error."""
+    from sextant.planner.models import MAX_PLAN_GLOBAL_BATCH
+
     if bool(args.model) == bool(args.workload):
         raise UserError(
             "give exactly one of --model PRESET or --workload FILE (see 'sextant plan list')"
@@ -413,6 +400,11 @@ def _check_args(args: argparse.Namespace) -> None:
          f"--global-batch must be from 1 to {MAX_PLAN_GLOBAL_BATCH}. Received: "
          f"{args.global_batch}"),
         (args.top >= 0, f"--top must be >= 0. Received: {args.top}"),
+        *((value is None or value <= MAX_PLAN_DEVICES,  # past it: an overflow or a hang
+           f"{flag} must be an integer from 1 to {MAX_PLAN_DEVICES}. Received: {value}")
+          for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node),
+                              ("--nics-per-node", args.nics_per_node),
+                              ("--nodes-per-leaf", args.nodes_per_leaf))),
         (0 < args.threshold <= 1, f"--threshold must be in (0, 1]. Received: {args.threshold}"),
     ):
         if not ok:
@@ -485,7 +477,7 @@ def _pinned(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _list(cat: Any, as_json: bool) -> int:
-    from sextant.planner.models import ALIASES, PRESETS
+    from sextant.planner.presets import ALIASES, PRESETS
 
     doc: dict[str, Any] = {
         "presets": {

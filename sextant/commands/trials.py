@@ -54,6 +54,13 @@ def by_config(records: Sequence[RunRecord]) -> list[list[RunRecord]]:
     return list(groups.values())
 
 
+def _first_step(trials: Sequence[RunRecord]) -> str:
+    """The edit-run loop (process start to the first finished step), median over trials."""
+    values = sorted(t.metrics.time_to_first_step_s for t in trials
+                    if t.metrics.time_to_first_step_s is not None)
+    return f"{values[len(values) // 2]:.1f}" if values else "-"
+
+
 def trials_table(records: Sequence[RunRecord], title: str) -> Table:
     """One row per configuration: its trials, the mean of their median steps, the range of
     those medians, and the speed-up against the first configuration with its interval.
@@ -63,7 +70,7 @@ def trials_table(records: Sequence[RunRecord], title: str) -> Table:
     gpu = any(r.metrics.device == "gpu" for r in records)
     names = ["run", "trials", "step ms", "trial medians", "tokens/s",
              f"speed-up [{CONFIDENCE:.0%} CI]", "RSS MB/proc", "exposed comm",
-             "final loss", "max |Δloss|"]
+             "to 1st step s", "final loss", "max |Δloss|"]
     if gpu:
         names[7:7] = ["MFU", "device MB", "planner"]
     for name in names:
@@ -103,7 +110,7 @@ def trials_table(records: Sequence[RunRecord], title: str) -> Table:
             f"{fmt_ms(min(medians))}-{fmt_ms(max(medians))}" if len(medians) > 1 else "-",
             fmt_rate(tokens if tokens is not None else m.tokens_per_s), speed,
             fmt_bytes_mb(m.peak_rss_bytes), fmt_share(m.exposed_comm_share),
-            fmt_loss(m.final_loss),
+            _first_step(pool), fmt_loss(m.final_loss),
             "ref" if i == 0 else (f"{diff:.1e}" if diff is not None else "-"),
         ]
         if gpu:

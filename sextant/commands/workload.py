@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
 
 def cmd_from_hf(args: argparse.Namespace) -> int:
     from sextant.errors import UserError
-    from sextant.hf import to_toml, workload_from_hf
+    from sextant.hf import one_line_text, to_toml, workload_from_hf
     from sextant.workload import workload_from_dict
 
     raw = workload_from_hf(args.config, seq_len=args.seq_len, global_batch=args.global_batch,
@@ -61,6 +61,8 @@ def cmd_from_hf(args: argparse.Namespace) -> int:
     elif args.lora_alpha is not None or args.lora_targets is not None:
         raise UserError("--lora-alpha and --lora-targets go with --lora-rank")
     workload_from_dict(raw)  # what is written loads
-    sys.stdout.write(f"# {raw['description']}\n")
+    # The comment in printable ASCII, as every string below it: one line whatever the config.
+    comment = one_line_text(raw["description"]).encode("ascii", "backslashreplace").decode()
+    sys.stdout.write(f"# {comment}\n")
     sys.stdout.write(to_toml(raw))
     return 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 import os
 import queue
@@ -46,7 +47,15 @@ from sextant.errors import RunFailed, UserError
 
 CONNECT_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0
-"""How long a new connection may take to authenticate before it is closed."""
+"""How long a new connection may take, from its accept, to authenticate before it is closed:
+a deadline for the whole hello, not a limit per read (a byte every few seconds does not
+extend it)."""
+EVICT_AFTER_S = 1.0
+"""When every pre-authentication slot is taken, a newcomer closes the oldest connection that
+has been unauthenticated this long (a rank proves the secret in one round trip), so holding
+the slots takes more than MAX_PENDING new connections a second, not a few bytes a second."""
+BUSY_PREFIX = "busy:"
+"""How a refusal for want of a free slot begins: the rank retries it (with backoff)."""
 ENV = "SEXTANT_COLLECTOR"
 SECRET_ENV = "SEXTANT_COLLECTOR_SECRET"
 """The run's secret, 64 hex digits (set by sextant for the ranks it starts)."""
@@ -61,8 +70,9 @@ RESULT_BYTES_PER_STEP = 256
 """Room per training step in a result line (its per-step records take about 90 bytes), so
 that a run of millions of steps is not refused its own result."""
 MAX_PENDING = 64
-"""Connections that may be proving the secret at once; more are closed at once (a flood
-costs no more than this many threads; a rank turned away retries)."""
+"""Connections that may be proving the secret at once (a flood costs no more than this many
+threads); a newcomer beyond them takes the slot of the oldest one past EVICT_AFTER_S, or is
+told the collector is busy and retries."""
 MAX_LOGGED = 20
 """Dropped messages logged one by one to stderr; later ones are counted."""
 
@@ -169,6 +179,43 @@ def _read_line(stream: IO[bytes], limit: int) -> bytes | None:
     return None if len(line) > limit else line
 
 
+def _read_hello(conn: socket.socket, deadline: float) -> tuple[bytes | None, bytes]:
+    """The first line from `conn` (b"" at the end of the stream, None past MAX_HELLO bytes)
+    and what was read after it, by `deadline` (TimeoutError after it)."""
+    buf = bytearray()
+    while b"\n" not in buf:
+        if len(buf) > MAX_HELLO:
+            return None, b""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
+        chunk = conn.recv(MAX_HELLO + 1 - len(buf))
+        if not chunk:
+            return b"", b""
+        buf += chunk
+    end = buf.index(b"\n") + 1
+    return (bytes(buf[:end]) if end <= MAX_HELLO else None), bytes(buf[end:])
+
+
+class _Prefixed(io.RawIOBase):
+    """A socket's stream with bytes already read from it put back in front."""
+
+    def __init__(self, prefix: bytes, conn: socket.socket) -> None:
+        self._prefix, self._conn = prefix, conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._prefix:
+            n = min(len(buffer), len(self._prefix))
+            buffer[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        return self._conn.recv_into(buffer)
+
+
 def _loads(line: bytes) -> Any:
     try:
         return json.loads(line)
@@ -200,7 +247,9 @@ class Collector:
         """Why each refused connection or dropped message was refused, in order."""
         self._all_joined = threading.Event()
         self._join_lock = threading.Lock()
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)
+        self._pending: dict[socket.socket, float] = {}
+        """Connections not yet authenticated -> when each was accepted (monotonic)."""
+        self._evicted: set[socket.socket] = set()
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self._sock = socket.create_server((bind, port))
         self._sock.settimeout(0.5)
@@ -230,30 +279,63 @@ class Collector:
                 conn, _ = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
-            if not self._pending.acquire(blocking=False):
+            if not self._admit(conn):
                 self._drop("a connection", f"more than {MAX_PENDING} connections are "
-                                           f"saying hello at once; closed")
+                                           f"saying hello at once; told it is busy")
+                self._refuse(conn, f"{BUSY_PREFIX} {MAX_PENDING} connections are saying "
+                                   f"hello at once; try again")
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, time.monotonic()),
+                             daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _admit(self, conn: socket.socket) -> bool:
+        """Give `conn` a pre-authentication slot, closing the oldest pending connection past
+        EVICT_AFTER_S when all are taken; False when none can be had."""
+        now = time.monotonic()
+        with self._join_lock:
+            if len(self._pending) >= MAX_PENDING:
+                oldest = min(self._pending, key=self._pending.__getitem__)
+                if now - self._pending[oldest] < EVICT_AFTER_S:
+                    return False
+                del self._pending[oldest]
+                self._evicted.add(oldest)
+                try:  # its reader wakes with the end of the stream and lets the socket go
+                    oldest.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._pending[conn] = now
+            return True
+
+    def _release(self, conn: socket.socket) -> bool:
+        """Free `conn`'s pre-authentication slot; True when a newcomer had taken it."""
+        with self._join_lock:
+            self._pending.pop(conn, None)
+            if conn in self._evicted:
+                self._evicted.discard(conn)
+                return True
+            return False
+
+    def _serve(self, conn: socket.socket, accepted: float) -> None:
         try:
             name = conn.getpeername()
         except OSError:
             conn.close()
-            self._pending.release()
+            self._release(conn)
             return
         peer = f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name or "local")
         rank = None
         try:
-            with conn, conn.makefile("rb") as lines:
+            with conn:
                 try:
-                    hello = self._hello(conn, lines, peer)
+                    hello, rest = self._hello(conn, peer, accepted + HELLO_TIMEOUT_S)
                 finally:
-                    self._pending.release()
+                    if self._release(conn):
+                        self._drop(peer, f"unauthenticated for over {EVICT_AFTER_S:g} s "
+                                         f"while every slot was taken; closed")
                 if hello is None or not self._welcome(conn, hello):
                     return
+                lines = io.BufferedReader(_Prefixed(rest, conn))
                 rank = hello["rank"]
                 while True:
                     raw = _read_line(lines, self.max_line)
@@ -275,23 +357,23 @@ class Collector:
             if rank is not None:
                 self.messages.put({"kind": "closed", "rank": rank})
 
-    def _hello(self, conn: socket.socket, lines: IO[bytes], peer: str
-               ) -> dict[str, Any] | None:
-        """The authenticated hello of a rank that had not said hello, now joined; None (and
-        the connection is to be closed) otherwise."""
+    def _hello(self, conn: socket.socket, peer: str, deadline: float
+               ) -> tuple[dict[str, Any] | None, bytes]:
+        """The authenticated hello of a rank that had not said hello, now joined, and the
+        bytes read after it; None (and the connection is to be closed) otherwise."""
         challenge = secrets.token_hex(32)
-        conn.settimeout(HELLO_TIMEOUT_S)
+        conn.settimeout(max(0.01, deadline - time.monotonic()))
         conn.sendall((json.dumps({"challenge": challenge}) + "\n").encode())
         try:
-            raw = _read_line(lines, MAX_HELLO)
+            raw, rest = _read_hello(conn, deadline)
         except TimeoutError:
-            self._drop(peer, f"no hello within {HELLO_TIMEOUT_S:g} s")
-            return None
+            self._drop(peer, f"no hello within {HELLO_TIMEOUT_S:g} s of connecting")
+            return None, b""
         if raw is None:
             self._drop(peer, f"a hello longer than {MAX_HELLO} bytes")
-            return None
+            return None, b""
         if not raw:
-            return None
+            return None, b""
         hello = _loads(raw)
         problem = check_hello(hello, self.world)
         if problem is None and not hmac.compare_digest(
@@ -309,11 +391,11 @@ class Collector:
         if problem is not None:
             self._drop(peer, problem)
             self._refuse(conn, problem)
-            return None
+            return None, b""
         conn.settimeout(None)
         self.messages.put({**{k: v for k, v in hello.items() if k != "digest"},
                            "address": self.joined[hello["rank"]][0]})
-        return dict(hello)
+        return dict(hello), rest
 
     def _welcome(self, conn: socket.socket, hello: dict[str, Any]) -> bool:
         """Once every rank has said hello, send this one the plan and the addresses, signed
@@ -332,6 +414,7 @@ class Collector:
     @staticmethod
     def _refuse(conn: socket.socket, why: str) -> None:
         try:
+            conn.settimeout(1.0)  # a peer that reads nothing cannot stall the collector
             conn.sendall((json.dumps({"refused": why}) + "\n").encode())
         except OSError:
             pass
@@ -363,6 +446,16 @@ class CollectorRefused(RunFailed):
     trying again cannot help."""
 
 
+class CollectorBusy(RunFailed):
+    """Every pre-authentication slot of the collector was taken: trying again can help."""
+
+
+def _printable(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, with anything unprintable escaped (what a peer
+    says reaches a terminal)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:limit])
+
+
 class Channel:
     """A rank's connection to its collector."""
 
@@ -381,6 +474,10 @@ class Channel:
         self._reader = self._sock.makefile("rb")
         try:
             opening = _loads(_read_line(self._reader, MAX_HELLO) or b"")
+            busy = opening.get("refused") if isinstance(opening, dict) else None
+            if isinstance(busy, str) and busy.startswith(BUSY_PREFIX):
+                raise CollectorBusy(f"rank {rank}: the collector at {address} is busy "
+                                    f"({_printable(busy[len(BUSY_PREFIX):], 200).strip()})")
             if not (isinstance(opening, dict) and _is_hex(opening.get("challenge"))):
                 raise RunFailed(f"rank {rank}: {address} did not answer as a sextant "
                                 f"collector")
@@ -398,7 +495,7 @@ class Channel:
         if isinstance(welcome, dict) and isinstance(welcome.get("refused"), str):
             self.close()
             raise CollectorRefused(f"rank {rank}: the collector at {address} refused it: "
-                                   f"{welcome['refused'][:200]} (is {SECRET_ENV} the same "
+                                   f"{_printable(welcome['refused'], 200)} (is {SECRET_ENV} the same "
                                    f"on every node?)")
         if not isinstance(welcome, dict):
             self.close()

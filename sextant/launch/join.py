@@ -20,6 +20,7 @@ rank 0's address and a free port each rank reports.
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import time
@@ -129,19 +130,28 @@ def run_secret(env: dict[str, str]) -> bytes:
     return secret
 
 
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 4.0
+
+
 def connect(address: str, rank: int, timeout_s: float, secret: bytes) -> Channel:
-    """Connect to the collector, retrying while it starts (rank 0 may be slower to start);
-    a refused hello is not retried."""
+    """Connect to the collector, retrying while it starts (rank 0 may be slower to start)
+    or while it is busy with other connections' hellos, with a jittered backoff (so ranks
+    turned away together do not come back together) until `timeout_s`; a refused hello is
+    not retried."""
     deadline = time.monotonic() + timeout_s
+    wait = RETRY_FIRST_S
     while True:
         try:
             return Channel(address, rank, free_port(""), secret)  # reached from other hosts
         except CollectorRefused:
             raise
         except RunFailed:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise
-            time.sleep(0.5)
+            time.sleep(min(left, wait * random.uniform(0.5, 1.0)))
+            wait = min(RETRY_MAX_S, 2 * wait)
 
 
 def context_for(channel: Channel, identity: Identity

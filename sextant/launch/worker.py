@@ -11,6 +11,7 @@ WorkerContext is defined in sextant.backends.contracts and re-exported here.
 
 from __future__ import annotations
 
+import importlib.abc
 import json
 import os
 import sys
@@ -87,12 +88,62 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
         remove_private_tempdirs()
 
 
+def process_start_time() -> float | None:
+    """Wall-clock time this process started (Linux: its start tick in /proc/self/stat against
+    the uptime), so the edit-run loop counts the interpreter's own start too."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+class ImportClock(importlib.abc.MetaPathFinder):
+    """Times the import of one top-level package where the backend itself imports it (a
+    backend sets its framework's environment first), without importing anything: the first
+    finder on sys.meta_path, it notes when the package's import starts and wraps its loader
+    to note when the module has executed."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+        self.seconds: float | None = None
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.package or self.seconds is not None:
+            return None
+        start = time.perf_counter()
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                run = spec.loader.exec_module
+
+                def exec_module(module: Any) -> None:
+                    try:
+                        run(module)
+                    finally:
+                        self.seconds = time.perf_counter() - start
+
+                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+
 def _train_rank(ctx: WorkerContext) -> int:
     from sextant.backends.base import get_backend
 
     try:
         backend = get_backend(ctx.strategy.framework)
-        result = backend.run(ctx)
+        clock = ImportClock(backend.package)
+        sys.meta_path.insert(0, clock)
+        try:
+            result = backend.run(ctx)
+        finally:
+            sys.meta_path.remove(clock)
+        result["startup"] = {**result.get("startup", {}), "import_s": clock.seconds,
+                             "process_start_time": process_start_time()}
         result["rank"], result["world"] = ctx.rank, ctx.world
         if ctx.fault and f"fingerprint-rank-{ctx.rank}" in ctx.fault.split(","):
             # Test hook: this rank reports another framework version, as a node with a

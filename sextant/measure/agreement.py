@@ -28,11 +28,41 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 FP32_ATOL = 1e-3
 """fp32 loss agreement the report's verdict calls "identical data flow"; the tests hold
 backends to tighter, per-case tolerances (tests/helpers.py)."""
 MIXED_FACTOR = 3.0
 MIXED_FLOOR = 1e-3
+EXPORT_RTOL = 1e-4
+"""An fp32 deployment artifact matches its framework's eager forward when the largest logit
+difference is within this fraction of the largest reference logit (`logits_parity`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogitsParity:
+    max_abs: float
+    max_rel: float
+    """max |out - ref| / max |ref|: one scale for the whole tensor, so that logits near zero
+    do not turn rounding into a large relative error."""
+    argmax_agree: float
+    """Fraction of positions whose most likely token is the same."""
+
+    @property
+    def ok(self) -> bool:
+        return self.max_rel <= EXPORT_RTOL
+
+
+def logits_parity(out: np.ndarray, ref: np.ndarray) -> LogitsParity:
+    """How far an artifact's logits are from the reference's, same shape (B, T, V). A NaN or a
+    shape that differs is a disagreement (max_rel infinite)."""
+    if out.shape != ref.shape or not np.all(np.isfinite(out)):
+        return LogitsParity(max_abs=math.inf, max_rel=math.inf, argmax_agree=0.0)
+    diff = float(np.max(np.abs(out.astype(np.float64) - ref)))
+    scale = float(np.max(np.abs(ref))) or 1.0
+    agree = float(np.mean(np.argmax(out, axis=-1) == np.argmax(ref, axis=-1)))
+    return LogitsParity(max_abs=diff, max_rel=diff / scale, argmax_agree=agree)
 
 
 @dataclass(frozen=True, slots=True)

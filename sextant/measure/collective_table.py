@@ -48,17 +48,6 @@ def _arr(x):
 # collectives, docs/methodology.md: zero1 and zero2 all-gather + all-reduce on CPU, where XLA
 # lowers the reduce-scatter to an all-reduce and a slice).
 DP_SCHEDULES = ("zero", "torch", "torch-no-sync")
-STRATEGY_ZERO_STAGE = {
-    "dp": 0,
-    "dp-manual": 0,
-    "ddp": 0,
-    "zero1": 1,
-    "zero2": 2,
-    "zero3": 3,
-    "fsdp": 3,
-}
-"""sextant's data-parallel strategies as ZeRO stages (the one mapping: measured bytes,
-local predictions)."""
 
 
 def dp_collectives(zero, microbatches, schedule: str = "zero") -> dict[str, np.ndarray]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sextant.measure.collective_table import STRATEGY_ZERO_STAGE as ZERO_STAGE
 from sextant.measure.collective_table import dp_bytes_sent, dp_collectives
+from sextant.strategy import ZERO_STAGE
 
 # The backends reduce once per step under accumulation (no_sync /
 # set_requires_gradient_sync(False)): the "torch-no-sync" schedule.

@@ -60,6 +60,20 @@ def _block_medians(x: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.n
     return np.median(x[idx], axis=1)
 
 
+def median_interval(samples: Sequence[float], confidence: float = CONFIDENCE
+                    ) -> tuple[float, float | None, float | None]:
+    """(median, low, high) of one series of timings (a served artifact's call latencies), by
+    the moving-block bootstrap the step times use; no interval under 3 samples."""
+    x = np.asarray(samples, dtype=np.float64)
+    point = float(np.median(x))
+    if len(x) < 3:
+        return point, None, None
+    reps = _block_medians(x, np.random.default_rng(SEED), N_BOOT)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(reps, [alpha, 1 - alpha])
+    return point, float(low), float(high)
+
+
 def step_time_replicates(trials: Sequence[np.ndarray | float], rng: np.random.Generator,
                          n_boot: int = N_BOOT) -> tuple[float, np.ndarray]:
     """(point estimate, bootstrap replicates) of a configuration's step time. Each trial is

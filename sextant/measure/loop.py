@@ -90,6 +90,7 @@ def timed_training(
     memory.reset_peak()
     rss_start = memory.current_rss()
     ctx.emit("start", steps=steps, start_step=start_step)
+    startup = {"loop_start_time": time.time()}
     for i in range(start_step, steps):
         data.prepare_ahead(workload, i)  # the next few global batches, before the clock
         t0 = time.perf_counter()
@@ -102,6 +103,7 @@ def timed_training(
         t2 = time.perf_counter()
         step_times.append(t2 - t0)
         data_times.append(t1 - t0)
+        startup.setdefault("first_step_end_time", time.time())
         rows.append((rows_of or _rows)(batch))
         pending.append(loss)
         faults.maybe_die(i + 1)
@@ -151,6 +153,7 @@ def timed_training(
         "rss_start_bytes": rss_start,
         "sync_step_times_s": sync_times,
         "nosync_step_times_s": nosync_times,
+        "startup": startup,
     }
 
 
@@ -183,11 +186,13 @@ class StepRecorder:
         self.checkpoint_times: list[float] = []
         self.rss_start: int | None = None
         self.last = 0.0
+        self.startup: dict[str, float] = {}
 
     def begin(self) -> None:
         memory.reset_peak()
         self.rss_start = memory.current_rss()
         self.ctx.emit("start", steps=self.ctx.workload.steps, start_step=self.start_step)
+        self.startup = {"loop_start_time": time.time()}
         data.prepare_ahead(self.ctx.workload, self.start_step)  # outside the step times
         self.last = time.perf_counter()
 
@@ -199,6 +204,7 @@ class StepRecorder:
         """Step `step` (0-based, global) has finished with these values."""
         self.faults.straggle()
         now = time.perf_counter()
+        self.startup.setdefault("first_step_end_time", time.time())
         self.step_times.append(now - self.last)
         self.rows.append(rows)
         self.losses.append(float(loss))
@@ -240,6 +246,7 @@ class StepRecorder:
             "rss_start_bytes": self.rss_start,
             "sync_step_times_s": [],
             "nosync_step_times_s": [],
+            "startup": self.startup,
         }
 
 

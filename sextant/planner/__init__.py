@@ -16,28 +16,33 @@ from sextant.planner.estimate import (
     evaluate_one,
     resolve_hardware,
 )
+from sextant.planner.evaluation import Evaluation, MemoryPart, StepPart
 from sextant.planner.memory import activation_bytes_per_layer, model_state_bytes
 from sextant.planner.models import (
     MLPShape,
     ModelCost,
     TransformerShape,
-    load_workload_shape,
     preset,
-    shape_from_workload,
 )
 from sextant.planner.plan import PlanRequest, make_plan
+from sextant.planner.plan_doc import Plan
 from sextant.planner.search import enumerate_layouts, scaling_curve, search
+from sextant.planner.workload_shapes import load_workload_shape, shape_from_workload
 
 __all__ = [
     "Accelerator",
     "Catalogue",
+    "Evaluation",
     "Hardware",
     "Layout",
     "Link",
     "MLPShape",
+    "MemoryPart",
     "ModelCost",
+    "Plan",
     "PlanOptions",
     "PlanRequest",
+    "StepPart",
     "TransformerShape",
     "activation_bytes_per_layer",
     "bus_factor",

@@ -72,7 +72,7 @@ def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, preci
     where it cannot say."""
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-    from sextant.planner.models import shape_from_workload
+    from sextant.planner.workload_shapes import shape_from_workload
     from sextant.planner.profiles import DEFAULT_STACK, profile
 
     key = catalogue_key(device_name)
@@ -87,9 +87,8 @@ def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, preci
                            stack=profile(DEFAULT_STACK).with_overrides(
                                fused_elementwise=compiled))
         hw = resolve_hardware(cat, key, options=opts)
-        figures = evaluate_one(shape.cost(flash_attention=True), hw, opts,
-                               Layout(dp=1, mbs=shape.global_batch)).figures
+        step = evaluate_one(shape.cost(flash_attention=True), hw, opts,
+                            Layout(dp=1, mbs=shape.global_batch)).step
     except (UserError, ValueError, KeyError):
         return None
-    step = figures.get("step")
     return float(step) if step else None

@@ -14,7 +14,8 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from sextant.planner.topology import Torus
 from sextant.tomlfile import read_toml
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
+Table = Mapping[str, object]
+"""A table of the catalogue file as read: every value is checked before it is used."""
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
 
 _ACC_KEYS = {
@@ -162,6 +165,13 @@ class Link:
     """Bandwidth efficiency versus bytes per rank fitted to the sweep: (log2 bytes per rank,
     e) arrays for comms.ramp_efficiency, filled by load_catalogue; None: no published sweep,
     the plateau at every size."""
+
+    @property
+    def achievable_published(self) -> bool:
+        """Whether a published measurement gives what collectives reach on this link (an
+        nccl-tests bus bandwidth or sweep, or this machine's calibration); False: priced at
+        the nominal rate, which collectives do not reach."""
+        return self.measured or self.bus_bandwidth is not None or bool(self.sweep)
 
     @property
     def collective_bandwidth(self) -> float:
@@ -327,13 +337,14 @@ def read_calibration(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _number(where: str, raw: dict[str, Any], key: str) -> float | None:
+def _number(where: str, raw: Table, key: str) -> float | None:
     value = raw.get(key)
     if value is None:
         return None
     try:
-        number = math.nan if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError, OverflowError):
+        number = (float(value) if isinstance(value, (int, float, str))
+                  and not isinstance(value, bool) else math.nan)
+    except (ValueError, OverflowError):
         number = math.nan
     if not (math.isfinite(number) and 0 < number <= MAX_FIGURE):
         raise UserError(f"{where}.{key} must be a finite number in (0, {MAX_FIGURE:g}]. "
@@ -347,7 +358,7 @@ MAX_DEVICES_PER_NODE = 1 << 16
 """A node, or a pod with one interconnect (TPU v5p: 8,960 chips), as the catalogue counts it."""
 
 
-def _count(where: str, raw: dict[str, Any], key: str, default: int) -> int:
+def _count(where: str, raw: Table, key: str, default: int) -> int:
     value = raw.get(key, default)
     if type(value) is not int or not 1 <= value <= MAX_DEVICES_PER_NODE:
         raise UserError(f"{where}.{key} must be an integer from 1 to {MAX_DEVICES_PER_NODE}. "
@@ -355,7 +366,7 @@ def _count(where: str, raw: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
-def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
+def _accelerator(key: str, raw: Table) -> Accelerator:
     where = f"accelerators.{key}"
     unknown = sorted(set(raw) - _ACC_KEYS)
     if unknown:
@@ -381,19 +392,25 @@ def _accelerator(key: str, raw: dict[str, Any]) -> Accelerator:
         memory_bytes=None if mem is None else mem * 2**30,
         memory_bw=None if bw is None else bw * 1e9,
         devices_per_node=_count(where, raw, "devices_per_node", 8),
-        intra_link=raw.get("intra_link") or None,
+        intra_link=_text(raw, "intra_link"),
         inter_link=str(raw.get("inter_link", "ib-ndr")),
         host_link=str(raw.get("host_link", "pcie4")),
         source=str(raw["source"]),
         verified=bool(raw.get("verified", True)),
         measured=measured,
         torus=_torus(where, raw.get("ici")),
-        architecture=raw.get("architecture") or None,
+        architecture=_text(raw, "architecture"),
         gemm_efficiency=_gemm_efficiency(where, raw),
     )
 
 
-def _fraction(where: str, raw: dict[str, Any], key: str) -> float | None:
+def _text(raw: Table, key: str) -> str | None:
+    """raw[key] as text, None when absent or empty."""
+    value = raw.get(key)
+    return str(value) if value else None
+
+
+def _fraction(where: str, raw: Table, key: str) -> float | None:
     """raw[key] as a fraction of peak in (0, 1], or None when absent."""
     value = _number(where, raw, key)
     if value is not None and not 0.0 < value <= 1.0:
@@ -402,7 +419,7 @@ def _fraction(where: str, raw: dict[str, Any], key: str) -> float | None:
     return value
 
 
-def _gemm_efficiency(where: str, raw: dict[str, Any]) -> float | None:
+def _gemm_efficiency(where: str, raw: Table) -> float | None:
     value = _fraction(where, raw, "gemm_efficiency")
     if value is None:
         return None
@@ -415,7 +432,7 @@ ATTENTION_KERNELS = ("flash2", "flash3", "triton-2023")
 """The attention kernels a catalogue may give rates for (efficiency.py names what each is)."""
 
 
-def _attention_rates(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
+def _attention_rates(raw: Table) -> dict[str, dict[str, float]]:
     """The [attention.ARCH] tables: per chip generation, each kernel's fraction of the 16-bit
     peak (0, 1], with the source the rates were read from."""
     tables: dict[str, dict[str, float]] = {}
@@ -479,7 +496,7 @@ def _torus(where: str, raw: Any) -> Torus | None:
     )
 
 
-def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
+def _link(key: str, raw: Table, base_latency: float) -> Link:
     where = f"links.{key}"
     unknown = sorted(set(raw) - _LINK_KEYS)
     if unknown:
@@ -492,6 +509,9 @@ def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
     bw = _number(where, raw, "bandwidth_gbs")
     bus = _number(where, raw, "bus_bandwidth_gbs")
     lat = raw.get("latency_us", 0.0)
+    if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not 0 <= lat <= MAX_FIGURE:
+        raise UserError(f"{where}.latency_us must be a number in [0, {MAX_FIGURE:g}]. "
+                        f"Received: {str(lat)[:40]!r}")
     if not measured and bw is None:
         raise UserError(f"{where} needs bandwidth_gbs")
     return Link(
@@ -508,7 +528,16 @@ def _link(key: str, raw: dict[str, Any], base_latency: float) -> Link:
     )
 
 
-def _sweep(where: str, raw: dict[str, Any]) -> dict[str, Any]:
+class _Sweep(TypedDict, total=False):
+    """A link's published sweep, as Link's fields."""
+
+    sweep: tuple[tuple[float, float], ...]
+    sweep_layout: tuple[int, int]
+    sweep_intra_link: str | None
+    sweep_source: str
+
+
+def _sweep(where: str, raw: Table) -> _Sweep:
     points = raw.get("sweep")
     if points is None:
         return {}
@@ -523,7 +552,7 @@ def _sweep(where: str, raw: dict[str, Any]) -> dict[str, Any]:
         )
         and all(a[0] < b[0] for a, b in zip(points, points[1:]))
     )
-    if not ok:
+    if not ok or not isinstance(points, list):
         raise UserError(
             f"{where}.sweep must be a list of [bytes, bus GB/s] pairs > 0, sizes increasing"
         )
@@ -535,14 +564,14 @@ def _sweep(where: str, raw: dict[str, Any]) -> dict[str, Any]:
         and len(layout) == 2
         and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in layout)
         and layout[0] * layout[1] >= 2
-    ):
+    ) or not isinstance(layout, list):
         raise UserError(f"{where}.sweep_layout must be [ranks per node, nodes], 2+ ranks")
     if layout[1] > 1 and not raw.get("sweep_intra_link"):
         raise UserError(f"{where}.sweep over several nodes needs sweep_intra_link")
     return {
         "sweep": tuple((float(m), float(bw) * 1e9) for m, bw in points),
         "sweep_layout": (int(layout[0]), int(layout[1])),
-        "sweep_intra_link": raw.get("sweep_intra_link") or None,
+        "sweep_intra_link": _text(raw, "sweep_intra_link"),
         "sweep_source": str(raw["sweep_source"]),
     }
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import numpy as np
 
 from sextant.measure.collective_table import DP_SCHEDULES as DP_SCHEDULES
-from sextant.measure.collective_table import STRATEGY_ZERO_STAGE as STRATEGY_ZERO_STAGE
 from sextant.measure.collective_table import bus_factor
 from sextant.measure.collective_table import dp_bytes_sent as dp_bytes_sent
 from sextant.measure.collective_table import dp_collectives as dp_collectives

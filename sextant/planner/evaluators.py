@@ -17,10 +17,11 @@ from typing import Any
 
 from sextant.errors import UserError
 from sextant.planner import comms
-from sextant.planner.catalogue import Catalogue, Link, fit_ramp, load_catalogue
+from sextant.planner.catalogue import Catalogue, Link, Table, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+from sextant.planner.evaluation import Evaluation
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
-from sextant.planner.models import TransformerShape, megatron_gpt, preset
+from sextant.planner.models import ModelCost, TransformerShape, megatron_gpt, preset
 from sextant.planner.profiles import default_stack, profile
 from sextant.planner.search import MAX_MICRO_BATCH, divisors, search
 
@@ -38,21 +39,27 @@ def _cat() -> Catalogue:
     return load_catalogue(calibration=None)
 
 
-def _layout(spec: dict[str, Any]) -> Layout:
-    return Layout(**spec)
+def _fields(table: Table) -> dict[str, Any]:
+    """A record's table as keyword arguments: where the file's untyped values meet the typed
+    dataclasses, which check each one (Layout, TransformerShape, PlanOptions)."""
+    return dict(table)
 
 
-def _shape(model: str | dict[str, Any], batch: int | None = None) -> TransformerShape:
+def _layout(spec: Table) -> Layout:
+    return Layout(**_fields(spec))
+
+
+def _shape(model: str | Table, batch: int | None = None) -> TransformerShape:
     """A preset by name, or a shape given field by field (a record's own `model` table)."""
     if isinstance(model, str):
         shape = preset(model)
     elif "preset" in model:
-        shape = replace(preset(model["preset"]), **{k: v for k, v in model.items() if k != "preset"})
+        shape = replace(preset(str(model["preset"])),
+                        **{k: v for k, v in _fields(model).items() if k != "preset"})
     elif model.get("family") == "megatron-gpt":
-        args = {k: v for k, v in model.items() if k != "family"}
-        shape = megatron_gpt(**args)
+        shape = megatron_gpt(**{k: v for k, v in _fields(model).items() if k != "family"})
     else:
-        shape = TransformerShape(**model)
+        shape = TransformerShape(**_fields(model))
     if batch is not None:
         shape = replace(shape, global_batch=batch)
     return shape
@@ -82,7 +89,7 @@ def weights_gb(*, params: float) -> float:
 
 @evaluator
 def parameters_b(
-    *, model: str | dict[str, Any], part: str = "total", unit: float = 1e9
+    *, model: str | Table, part: str = "total", unit: float = 1e9
 ) -> float:
     """Parameters of a model in `unit`s (billions by default): total, or active per token
     (MoE)."""
@@ -190,9 +197,9 @@ def megatron_choice(
             f = evaluate_one(
                 cost, hw, opts,
                 replace(sized, recompute=recompute, sp=sp, interleave=int(v)),
-            ).figures
-            if f["fits"] or micro_batch == "layout":
-                steps.append((float(f["step"]), mbs, int(v)))
+            )
+            if f.fits or micro_batch == "layout":
+                steps.append((float(f.step), mbs, int(v)))
     if not steps:
         raise UserError(f"reference setting does not fit at any micro-batch size: {shape.name}")
     return min(steps)
@@ -200,7 +207,7 @@ def megatron_choice(
 
 @evaluator
 def megatron_tflops(
-    *, model: dict[str, Any], layout: dict[str, Any], batch: int, **options: Any
+    *, model: Table, layout: Table, batch: int, **options: Any
 ) -> float:
     """TFLOP/s per GPU of a Megatron-LM run as Narayanan et al. count it (eq. 3) over the
     planner's step time."""
@@ -212,7 +219,7 @@ def megatron_tflops(
 
 @evaluator
 def megatron_days(
-    *, model: dict[str, Any], layout: dict[str, Any], batch: int, tokens: float, **options: Any
+    *, model: Table, layout: Table, batch: int, tokens: float, **options: Any
 ) -> float:
     """Days to train on `tokens` at the planner's step time for a Megatron-LM run."""
     shape = _shape(model, batch)
@@ -221,7 +228,7 @@ def megatron_days(
 
 
 @evaluator
-def pinned_ratio(*, numerator: dict[str, Any], denominator: dict[str, Any]) -> float:
+def pinned_ratio(*, numerator: Table, denominator: Table) -> float:
     """The ratio of two pinned runs' figures (a published speed-up)."""
     return pinned(**numerator) / pinned(**denominator)
 
@@ -229,57 +236,85 @@ def pinned_ratio(*, numerator: dict[str, Any], denominator: dict[str, Any]) -> f
 # --- searched and pinned layouts -----------------------------------------------------------
 
 
-def _options(batch: int, options: dict[str, Any], accelerator: str) -> PlanOptions:
+def _options(batch: int, options: Table, accelerator: str) -> PlanOptions:
     """PlanOptions from a record's `options` table; its `stack` names a profile, else the
     accelerator's default (default_stack: maxtext on a TPU), `elementwise` ("fused" or
     "eager") overrides its elementwise kernels; the kernel efficiency the
     accelerator's published GEMM rate where it has one (Accelerator.kernel_efficiency)."""
-    rest = {k: v for k, v in options.items() if k not in ("stack", "elementwise")}
+    rest = {k: v for k, v in _fields(options).items() if k not in ("stack", "elementwise")}
     acc = _cat().accelerator(accelerator)
     rest.setdefault("compute_efficiency", acc.kernel_efficiency)
-    name = options.get("stack") or default_stack(acc)
+    name = str(options.get("stack") or default_stack(acc))
     elementwise = options.get("elementwise")
     stack = profile(name).with_overrides(
         fused_elementwise=None if elementwise is None else elementwise == "fused")
     return PlanOptions(global_batch=batch, stack=stack, **rest)
 
 
-def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: dict[str, Any]):
+def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: Table):
     hw = resolve_hardware(_cat(), accelerator, network, options=opts)
     if not overrides:
         return hw
     acc = hw.accelerator
-    if "peak_of" in overrides:
-        acc = replace(acc, peak_flops=dict(_cat().accelerator(overrides["peak_of"]).peak_flops))
-    if "memory_gib" in overrides:
-        acc = replace(acc, memory_bytes=overrides["memory_gib"] * 2**30)
-    if "memory_bw_gbs" in overrides:
-        acc = replace(acc, memory_bw=overrides["memory_bw_gbs"] * 1e9)
+    given = _fields(overrides)
+    if "peak_of" in given:
+        acc = replace(acc, peak_flops=dict(_cat().accelerator(str(given["peak_of"])).peak_flops))
+    if "memory_gib" in given:
+        acc = replace(acc, memory_bytes=float(given["memory_gib"]) * 2**30)
+    if "memory_bw_gbs" in given:
+        acc = replace(acc, memory_bw=float(given["memory_bw_gbs"]) * 1e9)
     return replace(hw, accelerator=acc)
 
 
-def _figure(f: dict[str, Any], figure: str, devices: int) -> float:
-    """One figure of an evaluated layout, per device where the source counts per device."""
+FIGURES = ("step", "tokens_per_s", "mfu", "mfu_6n", "hfu", "memory")
+"""Figures of an Evaluation a record may name, besides the per-device ones below."""
+
+MFU_CONVENTIONS = {
+    "mfu": "PaLM's (Chowdhery et al. 2022, appendix B): 6 x the parameters a token passes "
+    "through but the input embedding, + 12 L H Q T for the attention (no causal half)",
+    "mfu_6n": "6N: 6 x those parameters, the attention left out",
+    "mfu_maxtext_2023": "MaxText's train.py calculate_training_tflops at commit ebb226da8 "
+    "(2023-10-24, the v5e table's commit): 6 x every parameter (the input embedding "
+    "included) + 12 L H Q T",
+    "mfu_maxtext_2024": "MaxText's maxtext_utils.py calculate_tflops_training_per_device at "
+    "commit 04262f3cf (2024-03-22, the v5p table's commit): 6 x every parameter + half of "
+    "12 L H Q T ('due to causality in attention')",
+}
+"""How a source counts the model FLOPs of its MFU: the figure its records name."""
+
+
+def _figure(f: Evaluation, figure: str, devices: int, cost: ModelCost | None = None
+            ) -> float:
+    """One figure of an evaluated layout, per device where the source counts per device;
+    an MFU in the source's own convention (MFU_CONVENTIONS)."""
     if figure == "tokens_per_s_per_device":
-        return float(f["tokens_per_s"]) / devices
+        return float(f.tokens_per_s) / devices
     if figure == "memory_gib":
-        return float(f["memory"]) / 2**30
-    if figure not in f:
-        raise UserError(f"unknown figure {figure!r}; allowed: {', '.join(sorted(f))}")
-    return float(f[figure])
+        return float(f.memory) / 2**30
+    if figure in ("mfu_maxtext_2023", "mfu_maxtext_2024") and cost is not None:
+        attention = cost.attention_flops_per_token
+        if figure == "mfu_maxtext_2024":
+            attention = attention / 2.0
+        flops = 6.0 * cost.total_params + attention
+        return float(f.mfu) * flops / cost.model_flops_per_token
+    if figure not in FIGURES:
+        allowed = ", ".join(sorted([*FIGURES, *MFU_CONVENTIONS, "tokens_per_s_per_device",
+                                    "memory_gib"]))
+        raise UserError(f"unknown figure {figure!r}; allowed: {allowed}")
+    return float(getattr(f, figure))
 
 
 @evaluator
 def pinned(
     *,
-    model: str | dict[str, Any],
-    layout: dict[str, Any],
+    model: str | Table,
+    layout: Table,
     accelerator: str,
     network: str,
     batch: int,
     figure: str,
-    options: dict[str, Any] | None = None,
-    hardware: dict[str, Any] | None = None,
+    options: Table | None = None,
+    hardware: Table | None = None,
     flops: str = "",
 ) -> float:
     """A figure of the planner for a published layout (nothing searched). `flops`
@@ -288,22 +323,24 @@ def pinned(
     hw = _hardware(accelerator, network, opts, hardware or {})
     shape = _shape(model, batch)
     lay = _layout(layout)
-    f = evaluate_one(shape.cost(flash_attention=opts.flash_attention), hw, opts, lay).figures
+    cost = shape.cost(flash_attention=opts.flash_attention)
+    f = evaluate_one(cost, hw, opts, lay)
     if flops == "megatron-eq3":
-        return _megatron_eq3_flops(shape, batch) / (float(f["step"]) * lay.devices) / 1e12
-    return _figure(f, figure, lay.devices)
+        return _megatron_eq3_flops(shape, batch) / (float(f.step) * lay.devices) / 1e12
+    return _figure(f, figure, lay.devices, cost)
 
 
 def best(
-    model: str | dict[str, Any],
+    model: str | Table,
     devices: int,
     accelerator: str,
     network: str,
     *,
     batch: int | None = None,
     fixed: dict[str, int] | None = None,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    options: Table | None = None,
+) -> Evaluation:
+    """The Evaluation of the fastest fitting layout the search finds."""
     shape = _shape(model, batch)
     opts = _options(shape.global_batch, options or {}, accelerator)
     hw = resolve_hardware(_cat(), accelerator, network, options=opts)
@@ -311,44 +348,41 @@ def best(
     found = res.best()
     if found is None:
         raise UserError(f"reference setting does not fit: {shape.name} on {devices} {accelerator}")
-    row = res.row(found)
-    return {k: float(v[0]) for k, v in row.items() if v.dtype != bool} | {
-        "layout": res.layout(found).label()
-    }
+    return res.row(found)
 
 
 @evaluator
 def searched(
     *,
-    model: str | dict[str, Any],
+    model: str | Table,
     devices: int,
     accelerator: str,
     network: str,
     figure: str,
     batch: int | None = None,
     fixed: dict[str, int] | None = None,
-    options: dict[str, Any] | None = None,
+    options: Table | None = None,
 ) -> float:
     """A figure of the best layout the planner's search finds (`fixed` pins knobs)."""
     f = best(model, devices, accelerator, network, batch=batch, fixed=fixed, options=options)
-    return _figure(f, figure, devices)
+    return _figure(f, figure, devices, _shape(model, batch).cost())
 
 
 @evaluator
 def searched_tokens_days(
     *,
-    model: str | dict[str, Any],
+    model: str | Table,
     devices: int,
     accelerator: str,
     network: str,
     tokens: float,
     batch: int | None = None,
     fixed: dict[str, int] | None = None,
-    options: dict[str, Any] | None = None,
+    options: Table | None = None,
 ) -> float:
     """Days to train on `tokens` with the best layout the search finds."""
     f = best(model, devices, accelerator, network, batch=batch, fixed=fixed, options=options)
-    return tokens / f["tokens_per_s"] / 86400
+    return tokens / f.tokens_per_s / 86400
 
 
 @evaluator
@@ -364,18 +398,18 @@ def gpu_hours(
     """Device-hours to train on `tokens` with the best layout, at a stated goodput (published
     totals are wall time)."""
     f = best(model, devices, accelerator, network)
-    return tokens / f["tokens_per_s"] * devices / 3600 / goodput
+    return tokens / f.tokens_per_s * devices / 3600 / goodput
 
 
 @evaluator
 def megatron_eq3_tflops(
     *,
-    model: dict[str, Any],
-    layout: dict[str, Any],
+    model: Table,
+    layout: Table,
     accelerator: str,
     network: str,
     batch: int,
-    options: dict[str, Any] | None = None,
+    options: Table | None = None,
 ) -> float:
     """TFLOP/s per device as Narayanan et al. count them (eq. 3) for a pinned layout."""
     return pinned(
@@ -418,7 +452,7 @@ def all_reduce_busbw_gbs(
     return 2.0 * (n - 1) / n * payload_bytes / t / 1e9
 
 
-def evaluate(name: str, query: dict[str, Any]) -> float:
+def evaluate(name: str, query: Table) -> float:
     """The planner's figure for one record: evaluator `name` applied to `query`."""
     fn = EVALUATORS.get(name)
     if fn is None:

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 from sextant.errors import UserError
 from sextant.paths import calibration_in
 from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
-from sextant.planner.comms import STRATEGY_ZERO_STAGE
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-from sextant.planner.models import MLPShape, TransformerShape, shape_from_workload
+from sextant.planner.evaluation import Evaluation
+from sextant.planner.models import MLPShape, TransformerShape
+from sextant.planner.workload_shapes import shape_from_workload
+from sextant.strategy import ZERO_STAGE
 
 if TYPE_CHECKING:
     from sextant.results.record import RunRecord
@@ -26,8 +28,6 @@ if TYPE_CHECKING:
 DEFAULT_EFFICIENCY = 0.5
 """Compute efficiency assumed when no single-process run is there to fit it."""
 FIXED_OVERHEAD_GB = 0.3
-ZERO_STAGE = STRATEGY_ZERO_STAGE
-"""sextant's parallel strategies as the planner's ZeRO stage of a data-parallel layout."""
 
 
 def load_machine(calibration: str | Path | None = None,
@@ -66,7 +66,7 @@ def shape_of(run: RunRecord) -> TransformerShape | MLPShape:
 
 
 def figures(cat: Catalogue, framework: str, shape: TransformerShape | MLPShape, layout: Layout,
-            precision: str, efficiency: float) -> dict[str, Any]:
+            precision: str, efficiency: float) -> Evaluation:
     """The planner's figures for one layout on this machine, with the GEMM rate of the
     framework's own library where calibrate measured it."""
     if cat.calibration is None:  # the callers load a calibrated catalogue first
@@ -76,7 +76,7 @@ def figures(cat: Catalogue, framework: str, shape: TransformerShape | MLPShape, 
     opts = PlanOptions(precision=precision, global_batch=shape.global_batch,
                        compute_efficiency=efficiency, fixed_overhead_gb=FIXED_OVERHEAD_GB)
     hw = resolve_hardware(machine, "cpu-local", "loopback", options=opts)
-    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout)
 
 
 def fit_efficiency(cat: Catalogue, framework: str, shape: TransformerShape | MLPShape,
@@ -85,9 +85,9 @@ def fit_efficiency(cat: Catalogue, framework: str, shape: TransformerShape | MLP
     measured one (None when the measured time is below what the model says is not compute)."""
     f = figures(cat, framework, shape, Layout(dp=1, mbs=shape.global_batch), precision, 1.0)
     # The attention core at a published kernel rate does not scale with the GEMM efficiency.
-    rest = f["step"] - f["compute"] + f["compute_flops_bound"] - f["compute_scaled_bound"]
-    if measured_step_s > rest and f["compute_scaled_bound"] > 0:
-        return min(1.0, f["compute_scaled_bound"] / (measured_step_s - rest))
+    rest = f.step - f.seconds("compute") + f.compute.flops_bound - f.compute.scaled_bound
+    if measured_step_s > rest and f.compute.scaled_bound > 0:
+        return min(1.0, f.compute.scaled_bound / (measured_step_s - rest))
     return None
 
 
@@ -116,9 +116,9 @@ def predict_scaling(cat: Catalogue, single_run: RunRecord, parallel: str,
         if layout is None:
             continue
         f = figures(cat, framework, shape, layout, precision, efficiency)
-        points.append({"workers": n, "step_s": f["step"], "tokens_per_s": tokens_per_step / f["step"],
-                       "tokens_per_s_no_overlap": tokens_per_step / f["step_no_overlap"],
-                       "exposed_share": f["dp_exposed"] / f["step"]})
+        points.append({"workers": n, "step_s": f.step, "tokens_per_s": tokens_per_step / f.step,
+                       "tokens_per_s_no_overlap": tokens_per_step / f.step_no_overlap,
+                       "exposed_share": f.seconds("dp_exposed") / f.step})
     if not points:
         return None
     return {"efficiency": efficiency, "fitted_on": single_run.id, "points": points}

@@ -8,13 +8,29 @@ paper or model card it comes from.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from itertools import pairwise
-from pathlib import Path
-from typing import Any
 
 from sextant.errors import UserError
+
+MAX_PLAN_WIDTH = 1 << 22
+"""The planner's bound on any width, head count, vocabulary or sequence length: 64 times the
+largest published d_ff (MT-NLG's 81,920) and 32 times a 128K context. The training bounds
+(sextant.workload.MAX_WIDTH) stay with run, compare and check, which build the model."""
+MAX_PLAN_LAYERS = 1 << 16
+MAX_PLAN_GLOBAL_BATCH = 1 << 24
+"""Sequences per step: 16 times the largest published batches."""
+PLAN_BOUNDS = {
+    "n_layers": MAX_PLAN_LAYERS,
+    "d_model": MAX_PLAN_WIDTH,
+    "n_heads": MAX_PLAN_WIDTH,
+    "n_kv_heads": MAX_PLAN_WIDTH,
+    "d_ff": MAX_PLAN_WIDTH,
+    "vocab_size": MAX_PLAN_WIDTH,
+    "seq_len": MAX_PLAN_WIDTH,
+    "global_batch": MAX_PLAN_GLOBAL_BATCH,
+}
+"""What a planned transformer's integer hyper-parameters may be (each at least 1)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -80,19 +96,11 @@ class TransformerShape:
     """MLA: the per-head value width (0 = head_dim)."""
 
     def __post_init__(self) -> None:
-        for key in (
-            "n_layers",
-            "d_model",
-            "n_heads",
-            "n_kv_heads",
-            "d_ff",
-            "vocab_size",
-            "seq_len",
-            "global_batch",
-        ):
+        for key, most in PLAN_BOUNDS.items():
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"model.{key} must be an integer >= 1. Received: {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise UserError(f"model.{key} must be an integer in [1, {most}]. "
+                                f"Received: {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise UserError(
                 "n_kv_heads must divide n_heads. "
@@ -579,198 +587,9 @@ class ModelCost:
     (PlanOptions.zero3_gather)."""
 
 
-# --- presets ---------------------------------------------------------------------------------
-
-_LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1 and model card (4M-token global batch)"
-_LLAMA3 = (
-    "Llama Team 2024, The Llama 3 Herd of Models, Table 3; global batch 16M tokens "
-    "(Table 4, 405B) used as the default for all sizes"
-)
-
-PRESETS: dict[str, TransformerShape] = {
-    "gpt3-175b": TransformerShape(
-        name="gpt3-175b",
-        n_layers=96,
-        d_model=12288,
-        n_heads=96,
-        n_kv_heads=96,
-        d_ff=49152,
-        vocab_size=50257,
-        seq_len=2048,
-        tied_embeddings=True,
-        learned_positions=True,
-        biases=True,
-        dropout=True,
-        global_batch=1536,
-        source="Brown et al. 2020, GPT-3, Table 2.1; batch 1536 as in Narayanan et al. 2021 §5",
-    ),
-    "llama2-7b": TransformerShape(
-        name="llama2-7b",
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        n_kv_heads=32,
-        d_ff=11008,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=1024,
-        source=_LLAMA2,
-    ),
-    "llama2-13b": TransformerShape(
-        name="llama2-13b",
-        n_layers=40,
-        d_model=5120,
-        n_heads=40,
-        n_kv_heads=40,
-        d_ff=13824,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=1024,
-        source=_LLAMA2,
-    ),
-    "llama2-70b": TransformerShape(
-        name="llama2-70b",
-        n_layers=80,
-        d_model=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        d_ff=28672,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=1024,
-        source=_LLAMA2,
-    ),
-    "llama3-8b": TransformerShape(
-        name="llama3-8b",
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        d_ff=14336,
-        vocab_size=128256,
-        seq_len=8192,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=2048,
-        source=_LLAMA3,
-    ),
-    "llama3-70b": TransformerShape(
-        name="llama3-70b",
-        n_layers=80,
-        d_model=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        d_ff=28672,
-        vocab_size=128256,
-        seq_len=8192,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=2048,
-        source=_LLAMA3,
-    ),
-    "llama3-405b": TransformerShape(
-        name="llama3-405b",
-        n_layers=126,
-        d_model=16384,
-        n_heads=128,
-        n_kv_heads=8,
-        d_ff=53248,
-        vocab_size=128256,
-        seq_len=8192,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=2048,
-        source=_LLAMA3,
-    ),
-    "palm-540b": TransformerShape(
-        name="palm-540b",
-        n_layers=118,
-        d_model=18432,
-        n_heads=48,
-        n_kv_heads=1,
-        head_dim=256,
-        d_ff=73728,
-        vocab_size=256000,
-        seq_len=2048,
-        gated_mlp=True,
-        tied_embeddings=True,
-        layernorm=False,
-        global_batch=2048,
-        source="Chowdhery et al. 2022, PaLM, Table 1 (multi-query attention, SwiGLU, shared "
-        "embeddings, final batch 2048 sequences)",
-    ),
-    "mixtral-8x7b": TransformerShape(
-        name="mixtral-8x7b",
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        d_ff=14336,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        n_experts=8,
-        top_k=2,
-        capacity_factor=1.0,
-        global_batch=1024,
-        source="Jiang et al. 2024, Mixtral of Experts, Table 1 (8 experts, top-2, 46.7B total / "
-        "12.9B active parameters); training sequence length and batch not published "
-        "(4096 x 1024 assumed)",
-    ),
-    "deepseek-v3": TransformerShape(
-        name="deepseek-v3",
-        n_layers=61,
-        d_model=7168,
-        n_heads=128,
-        n_kv_heads=128,
-        head_dim=128,
-        d_ff=18432,
-        vocab_size=129280,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        n_experts=256,
-        n_shared_experts=1,
-        top_k=8,
-        moe_d_ff=2048,
-        n_dense_layers=3,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        rope_head_dim=64,
-        v_head_dim=128,
-        capacity_factor=1.0,
-        global_batch=15360,
-        source="DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437) §4.2: 61 "
-        "layers, hidden 7168, 128 heads of 128, MLA with d_c = 512, d_c' = 1536, d_h^R = 64; "
-        "every FFN but the first three an MoE layer of 1 shared and 256 routed experts of "
-        "2048, 8 routed per token (no token dropped, §2.1.2: capacity 1); 671B total, 37B "
-        "active (without the 14B multi-token-prediction module); sequence 4K, batch 15,360 "
-        "after the ramp. The dense FFN width 18,432 and the vocabulary 129,280 are the "
-        "released config.json's (the report says 'an extended vocabulary of 128K tokens')",
-    ),
-}
-
-ALIASES = {
-    "gpt3": "gpt3-175b",
-    "llama-7b": "llama2-7b",
-    "llama-13b": "llama2-13b",
-    "llama-70b": "llama2-70b",
-    "llama-8b": "llama3-8b",
-    "llama-405b": "llama3-405b",
-    "palm": "palm-540b",
-    "mixtral": "mixtral-8x7b",
-    "deepseek": "deepseek-v3",
-}
-
-
 def preset(name: str) -> TransformerShape:
+    from sextant.planner.presets import ALIASES, PRESETS  # the data imports this module
+
     key = ALIASES.get(name, name)
     if key not in PRESETS:
         allowed = ", ".join([*PRESETS, *ALIASES])
@@ -805,175 +624,3 @@ def megatron_gpt(
         global_batch=global_batch,
         source="Narayanan et al. 2021, Table 1",
     )
-
-
-# --- workload files --------------------------------------------------------------------------
-
-_GPT_KEYS = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff")
-_MLP_KEYS = ("input_dim", "hidden", "num_classes")
-
-
-def shape_from_workload(
-    raw: dict[str, Any], *, where: str = "workload"
-) -> TransformerShape | MLPShape:
-    """Build a shape from a parsed sextant workload (only name, global_batch and [model] are
-    read; the rest of the file belongs to the runner)."""
-    model = raw.get("model")
-    if not isinstance(model, dict):
-        raise UserError(f"{where} has no [model] table")
-    family = model.get("family")
-    name = str(raw.get("name", "workload"))
-    batch = raw.get("global_batch", 1)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise UserError(f"{where}: global_batch must be an integer >= 1. Received: {batch!r}")
-    if family == "gpt":
-        values = {}
-        for key in _GPT_KEYS:
-            if key not in model:
-                raise UserError(f"{where}: model.{key} is required for a gpt model")
-            values[key] = model[key]
-        # sextant's gpt (sextant/init.py): pre-LayerNorm, GELU MLP, learned positions,
-        # biases on every linear layer except the output head (its own, or the embedding's
-        # when tied), no dropout.
-        return TransformerShape(
-            name=name,
-            n_kv_heads=values["n_heads"],
-            learned_positions=True,
-            biases=True,
-            layernorm=True,
-            tied_embeddings=model.get("tie_embeddings") is True,
-            gated_mlp=False,
-            dropout=False,
-            global_batch=batch,
-            source=where,
-            **values,
-        )
-    if family == "transformer":
-        return _transformer_from_workload(model, name=name, batch=batch, where=where)
-    if family == "llama":
-        return _llama_from_workload(model, name=name, batch=batch, where=where)
-    if family == "mlp":
-        for key in _MLP_KEYS:
-            if key not in model:
-                raise UserError(f"{where}: model.{key} is required for an mlp model")
-        hidden = model["hidden"]
-        if not isinstance(hidden, (list, tuple)) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in hidden
-        ):
-            raise UserError(
-                f"{where}: model.hidden must be a list of integers. Received: {hidden!r}"
-            )
-        for key in ("input_dim", "num_classes"):
-            v = model[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UserError(f"{where}: model.{key} must be an integer >= 1. Received: {v!r}")
-        return MLPShape(
-            name=name,
-            input_dim=model["input_dim"],
-            hidden=tuple(hidden),
-            num_classes=model["num_classes"],
-            global_batch=batch,
-            source=where,
-        )
-    raise UserError(
-        f"{where}: model.family must be 'gpt', 'llama', 'transformer' or 'mlp'. "
-        f"Received: {family!r}"
-    )
-
-
-_TRANSFORMER_INTS = ("n_layers", "d_model", "n_heads", "d_ff", "vocab_size", "seq_len")
-_TRANSFORMER_OPTIONAL = {
-    "n_kv_heads": int,
-    "head_dim": int,
-    "gated_mlp": bool,
-    "tied_embeddings": bool,
-    "learned_positions": bool,
-    "biases": bool,
-    "layernorm": bool,
-    "dropout": bool,
-    "n_experts": int,
-    "top_k": int,
-    "capacity_factor": float,
-    "moe_d_ff": int,
-    "n_shared_experts": int,
-    "n_dense_layers": int,
-    "q_lora_rank": int,
-    "kv_lora_rank": int,
-    "rope_head_dim": int,
-    "v_head_dim": int,
-}
-
-
-def _llama_from_workload(model: dict[str, Any], *, name: str, batch: int, where: str
-                         ) -> TransformerShape:
-    """sextant's runnable llama family (sextant/init.py): RMSNorm, rotary positions,
-    grouped-query attention, SwiGLU, no biases, no dropout; validated by the runner's own
-    spec, so the planner and the runner accept the same files."""
-    from sextant.workload import LlamaSpec, workload_from_dict
-
-    try:
-        workload_from_dict({"name": name, "model": model,
-                            "data": {"dataset": "python-reference"}})
-    except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
-    spec = LlamaSpec(**{k: v for k, v in model.items() if k != "family"})
-    return TransformerShape(
-        name=name, n_layers=spec.n_layers, d_model=spec.d_model, n_heads=spec.n_heads,
-        n_kv_heads=spec.n_kv_heads, d_ff=spec.d_ff, vocab_size=spec.vocab_size,
-        seq_len=spec.seq_len, gated_mlp=True, tied_embeddings=spec.tie_embeddings,
-        learned_positions=False, biases=False, layernorm=False, dropout=False,
-        global_batch=batch, source=where,
-    )
-
-
-def _transformer_from_workload(
-    model: dict[str, Any], *, name: str, batch: int, where: str
-) -> TransformerShape:
-    """A planner-only model family for `plan --workload`: any decoder-only transformer with
-    grouped-query attention (n_kv_heads), SwiGLU (gated_mlp), tied embeddings, dropout,
-    RMSNorm (layernorm = false), mixture-of-experts (n_experts, top_k, capacity_factor,
-    moe_d_ff, n_shared_experts, n_dense_layers) and multi-head latent attention
-    (q_lora_rank, kv_lora_rank, rope_head_dim, v_head_dim). Unknown keys are refused."""
-    allowed = {"family", *_TRANSFORMER_INTS, *_TRANSFORMER_OPTIONAL}
-    unknown = sorted(set(model) - allowed)
-    if unknown:
-        raise UserError(
-            f"{where}: unknown key model.{unknown[0]} for a transformer model; allowed: "
-            f"{', '.join(sorted(allowed - {'family'}))}"
-        )
-    values: dict[str, Any] = {}
-    for key in _TRANSFORMER_INTS:
-        if key not in model:
-            raise UserError(f"{where}: model.{key} is required for a transformer model")
-        values[key] = model[key]
-    for key, kind in _TRANSFORMER_OPTIONAL.items():
-        if key not in model:
-            continue
-        value = model[key]
-        ok = (
-            isinstance(value, bool)
-            if kind is bool
-            else isinstance(value, (int, float)) and not isinstance(value, bool)
-            if kind is float
-            else isinstance(value, int) and not isinstance(value, bool)
-        )
-        if not ok or (kind is float and not math.isfinite(float(value))):
-            raise UserError(
-                f"{where}: model.{key} must be {'true/false' if kind is bool else 'a number'}. "
-                f"Received: {value!r}"
-            )
-        values[key] = value
-    values.setdefault("n_kv_heads", values["n_heads"])
-    return TransformerShape(name=name, global_batch=batch, source=where, **values)
-
-
-def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
-    from sextant.tomlfile import read_toml
-
-    if str(path).startswith("hf:"):  # a Hugging Face config (sextant.hf)
-        from sextant.hf import parse_spec, workload_from_hf
-
-        config, options = parse_spec(str(path))
-        return shape_from_workload(workload_from_hf(config, **options), where=str(path))
-    raw = read_toml(Path(path), "workload")
-    return shape_from_workload(raw, where=str(path))

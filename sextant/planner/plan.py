@@ -1,11 +1,11 @@
 """One plan: the layout (given or searched), its memory and time, the training time and cost,
-the scaling curve and the warnings, gathered into one JSON-able document that the table
-renderer and `--json` both print."""
+the scaling curve and the warnings, gathered into a Plan (plan_doc.py) that the tables read
+and `--json` prints."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -19,15 +19,45 @@ from sextant.planner.estimate import (
     Hardware,
     Layout,
     PlanOptions,
-    attention_kernel,
     check_layout,
     evaluate_one,
     solve_mfu,
 )
-from sextant.planner.models import MLPShape, TransformerShape
-from sextant.planner.search import divisors, knee, scaling_curve, search, starts_below
+from sextant.planner.evaluation import Evaluation
+from sextant.planner.models import MLPShape, ModelCost, TransformerShape
+from sextant.planner.plan_doc import (
+    CurvePoint,
+    MfuTarget,
+    Part,
+    Plan,
+    ScalePoint,
+    Scaling,
+    Search,
+    Slices,
+    Training,
+    Why,
+    assumptions_section,
+    hardware_section,
+    layout_summary,
+    memory_section,
+    model_summary,
+    search_row,
+    throughput_section,
+    time_section,
+)
+from sextant.planner.search import (
+    SearchResult,
+    divisors,
+    knee,
+    scaling_curve,
+    search,
+    starts_below,
+)
 
 SLOW_NETWORK_BPS = 10e9 / 8  # 10 Gb/s
+Pin = int | str | bool
+"""A pinned layout knob's value (a Layout field: degrees, the recompute and offload names,
+sequence parallelism and hybrid sharding on or off)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,7 +70,7 @@ class PlanRequest:
     network: str | None = None
     intra_link: str | None = None
     options: PlanOptions
-    pinned: dict[str, Any] = field(default_factory=dict)
+    pinned: dict[str, Pin] = field(default_factory=dict)
     """Layout knobs the user fixed (Layout field names); the rest is searched."""
     tokens: float | None = None
     """Tokens to train, for time and cost."""
@@ -76,34 +106,29 @@ _PIN_TO_KNOB = {
 }
 
 
-def _pins_as_knobs(pinned: dict[str, Any]) -> dict[str, int]:
+def _pins_as_knobs(pinned: dict[str, Pin]) -> dict[str, int]:
+    """The pins as the search's table columns (estimate.KNOBS), the named choices as their
+    index."""
     out = {}
     for key, value in pinned.items():
-        knob = _PIN_TO_KNOB[key]
-        if key == "recompute":
-            value = RECOMPUTE.index(value)
-        elif key == "offload":
-            value = OFFLOAD.index(value)
-        out[knob] = int(value)
+        if key in ("recompute", "offload"):
+            out[_PIN_TO_KNOB[key]] = (RECOMPUTE if key == "recompute" else OFFLOAD).index(
+                str(value))
+        else:
+            out[_PIN_TO_KNOB[key]] = int(value)
     return out
-
-
-def _layout_doc(layout: Layout) -> dict[str, Any]:
-    d = asdict(layout)
-    d["label"] = layout.label()
-    return d
 
 
 def _best_or_smallest(result: Any) -> int:
     """The best fitting layout, or, when none fits, the one closest to fitting."""
     best = result.best()
-    return int(np.argmin(result.figures["memory"])) if best is None else best
+    return int(np.argmin(result.figures.memory)) if best is None else best
 
 
 def _solve_target(
-    cost: Any, hw: Hardware, opts: PlanOptions, devices: int, knobs: dict[str, Any],
+    cost: ModelCost, hw: Hardware, opts: PlanOptions, devices: int, knobs: dict[str, int],
     layout: Layout, result: Any,
-) -> tuple[Layout, PlanOptions, dict[str, Any], Any]:
+) -> tuple[Layout, PlanOptions, MfuTarget, SearchResult]:
     """--mfu: solve the kernel efficiency on the chosen layout, search again with it (the
     ranking can change), and solve once more on the new choice. An unreachable target is
     answered, not refused: the best layout at the given kernel efficiency, the MFU it
@@ -123,7 +148,8 @@ def _solve_target(
     if not solved.reachable:
         layout = first
         solved = solve_mfu(cost, hw, replace(opts, target_mfu=target), layout)
-    goal = {"requested": target, "reachable": solved.reachable, "ceiling": solved.ceiling}
+    goal = MfuTarget(requested=float(target or 0.0), reachable=solved.reachable,
+                     ceiling=solved.ceiling)
     return layout, solved.options, goal, result
 
 
@@ -152,8 +178,8 @@ def _torus_batch(
     for batch in sorted(b for b in batches if base < b <= TORUS_BATCH_SLACK * base):
         trial = search(cost, hw, replace(opts, global_batch=batch), devices, fixed=knobs)
         i = trial.best()
-        if i is not None and (best is None or trial.figures["tokens_per_s"][i] > best[0]):
-            best = (float(trial.figures["tokens_per_s"][i]), trial)
+        if i is not None and (best is None or trial.figures.tokens_per_s[i] > best[0]):
+            best = (float(trial.figures.tokens_per_s[i]), trial)
     if best is None:
         return result, None
     chosen = best[1]
@@ -165,7 +191,7 @@ def _torus_batch(
     )
 
 
-def _slices(hw: Hardware, devices: int, layout: Layout) -> dict[str, Any] | None:
+def _slices(hw: Hardware, devices: int, layout: Layout) -> Slices | None:
     """On a TPU: the slices, the shape of one, and the ICI axes each group of the layout
     lies on (topology.describe); None elsewhere."""
     if hw.torus is None:
@@ -173,333 +199,225 @@ def _slices(hw: Hardware, devices: int, layout: Layout) -> dict[str, Any] | None
     chips = int(hw.node_size(devices))
     data_in = max(min(chips // (layout.tp * layout.cp), layout.dp), 1)
     groups = {"tp": layout.tp, "cp": layout.cp, "dp": data_in}
-    return {
-        "count": devices // chips,
-        "chips": chips,
-        "shape": list(topology.slice_shape(chips, hw.torus.pod, hw.torus.wrap_unit) or ()),
-        "ici": topology.describe(hw.torus, chips, groups),
-        "dcn_dp": max(layout.dp // data_in, 1),
-    }
+    return Slices(
+        count=devices // chips,
+        chips=chips,
+        shape=tuple(topology.slice_shape(chips, hw.torus.pod, hw.torus.wrap_unit) or ()),
+        ici=topology.describe(hw.torus, chips, groups),
+        dcn_dp=max(layout.dp // data_in, 1),
+    )
 
 
-def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> dict[str, Any]:
-    if isinstance(req.devices, bool) or not isinstance(req.devices, int) or req.devices < 1:
-        raise UserError(f"--gpus must be an integer >= 1. Received: {req.devices!r}")
-    cost = req.shape.cost(flash_attention=req.options.flash_attention)
-    opts = req.options
-    acc = hw.accelerator
-    if req.pinned.get("offload", "none") != "none" and hw.host is None:
-        raise UserError(
-            f"{acc.key} keeps tensors in host memory already: --offload does not "
-            "apply (use --offload none)"
-        )
+def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> Plan:
+    """The plan of `req` on `hw`: the layout (searched around the pins), its memory and step,
+    the training time and cost, the scaling curve and the notes."""
+    cost = _check_request(req, hw)
     knobs = _pins_as_knobs(req.pinned)
     started = time.perf_counter()
+    result, req, batch_note = _searched(req, cost, hw, knobs)
+    search_s = time.perf_counter() - started
+    layout = result.layout(_best_or_smallest(result))
+    check_layout(cost, layout, req.devices, req.options.global_batch)
+    opts, goal = req.options, None
+    if opts.target_mfu is not None:
+        layout, opts, goal, result = _solve_target(
+            cost, hw, opts, req.devices, knobs, layout, result
+        )
+        req = replace(req, options=replace(opts, target_mfu=goal.requested))
+    ev = evaluate_one(cost, hw, opts, layout)
+    tokens_step = opts.global_batch * cost.tokens_per_sample
+    warnings = _warnings(req, cat, hw, ev, layout, 1.0 if goal is None else goal.ceiling)
+    if batch_note:
+        warnings.insert(0, batch_note)
+    best = _best_or_smallest(result)
+    plan = Plan(
+        model=model_summary(req.shape, cost),
+        hardware=hardware_section(hw, cat, req.devices, opts.precision, ev.capacity,
+                                  _slices(hw, req.devices, layout)),
+        assumptions=assumptions_section(
+            opts, hw, None if req.calibrated is None else req.calibrated["device_name"],
+            req.options.target_mfu, tokens_step),
+        mfu_target=None if goal is None else replace(
+            goal, reached=ev.mfu, limit=_mfu_limit(ev, hw)[0], limit_share=_mfu_limit(ev, hw)[1]),
+        layout=layout_summary(layout),
+        layout_searched=tuple(sorted(set(_PIN_TO_KNOB) - set(req.pinned))),
+        memory=memory_section(ev),
+        time=time_section(ev, hw),
+        throughput=throughput_section(ev, cost, req.devices, tokens_step),
+        search=Search(
+            layouts_evaluated=result.count, layouts_fitting=result.fitting, seconds=search_s,
+            top=tuple(search_row(result.layout(int(i)).label(), result.row(int(i)))
+                      for i in result.order[: req.top]),
+            why=_why(result, best) if req.top else None,
+        ),
+        warnings=warnings,
+        training=_training(req, cat, hw.accelerator.key, ev, tokens_step),
+    )
+    if req.curve:
+        plan = replace(plan, scaling=_scaling(req, cost, hw, opts, knobs, result, warnings))
+    return plan
+
+
+def _check_request(req: PlanRequest, hw: Hardware) -> ModelCost:
+    """The request's own checks; the model's cost."""
+    if isinstance(req.devices, bool) or not isinstance(req.devices, int) or req.devices < 1:
+        raise UserError(f"--gpus must be an integer >= 1. Received: {req.devices!r}")
+    if req.pinned.get("offload", "none") != "none" and hw.host is None:
+        raise UserError(
+            f"{hw.accelerator.key} keeps tensors in host memory already: --offload does not "
+            "apply (use --offload none)"
+        )
+    return req.shape.cost(flash_attention=req.options.flash_attention)
+
+
+def _searched(req: PlanRequest, cost: ModelCost, hw: Hardware, knobs: dict[str, int]
+              ) -> tuple[SearchResult, PlanRequest, str | None]:
+    """The search around the pins (on a TPU, at a rounded batch when the model's does not
+    split: _torus_batch); a clear error when no layout is valid. Returns the search, the
+    request with the batch it used, and the note that says why the batch changed."""
+    opts = req.options
     result = search(cost, hw, opts, req.devices, fixed=knobs)
     batch_note = None
     if result.best() is None and hw.torus is not None and not req.batch_given:
         result, batch_note = _torus_batch(cost, hw, opts, req.devices, knobs, result)
         opts = result.opts
         req = replace(req, options=opts)
-    search_s = time.perf_counter() - started
     if result.count == 0 and hw.torus is not None and "pp" not in req.pinned:
         raise UserError(
-            f"no layout of {cost.name} on {req.devices} {acc.key} chips splits the global "
-            f"batch {opts.global_batch} without a pipeline (tensor and context parallelism "
-            "inside a slice, data parallelism across slices); give a --global-batch that "
-            "the chips divide, or pin --pp"
+            f"no layout of {cost.name} on {req.devices} {hw.accelerator.key} chips splits the "
+            f"global batch {opts.global_batch} without a pipeline (tensor and context "
+            "parallelism inside a slice, data parallelism across slices); give a "
+            "--global-batch that the chips divide, or pin --pp"
         )
     if result.count == 0:
         # Nothing valid: let the layout checks say why, with the numbers.
-        guess = Layout(**{**_default_layout(req.devices, req.pinned), **req.pinned})
+        pins: dict[str, Any] = dict(req.pinned)  # Layout checks each value
+        guess = replace(Layout(dp=_default_dp(req.devices, req.pinned)), **pins)
         check_layout(cost, guess, req.devices, opts.global_batch)
         raise UserError(
             f"no valid layout of {cost.name} on {req.devices} devices with global batch "
             f"{opts.global_batch} and {req.pinned or 'no pinned knobs'}; the data-parallel "
             "degree must divide the global batch (try --global-batch)"
         )
-    layout = result.layout(_best_or_smallest(result))
-    check_layout(cost, layout, req.devices, opts.global_batch)
-    mfu_goal = None
-    if opts.target_mfu is not None:
-        layout, opts, mfu_goal, result = _solve_target(
-            cost, hw, opts, req.devices, knobs, layout, result
-        )
-        req = replace(req, options=replace(opts, target_mfu=mfu_goal["requested"]))
-    ev = evaluate_one(cost, hw, opts, layout).figures
+    return result, req, batch_note
 
-    tokens_step = opts.global_batch * cost.tokens_per_sample
-    warnings = _warnings(
-        req, cat, hw, ev, layout, 1.0 if mfu_goal is None else mfu_goal["ceiling"]
+
+def _scaling(req: PlanRequest, cost: ModelCost, hw: Hardware, opts: PlanOptions,
+             knobs: dict[str, int], result: SearchResult, warnings: list[str]) -> Scaling:
+    """The best layout at 1, 2, 4, ... devices; a note (into `warnings`) where more devices
+    are slower than fewer."""
+    started = time.perf_counter()
+    same_pins = not any(k in knobs for k in ("dp", "pp", "tp", "cp"))
+    points = scaling_curve(
+        cost, hw, opts, req.devices, fixed=knobs, known=result if same_pins else None
     )
-    if batch_note:
-        warnings.insert(0, batch_note)
-    slices = _slices(hw, req.devices, layout)
-    doc: dict[str, Any] = {
-        "model": {
-            "name": req.shape.name,
-            "family": cost.family,
-            "params": cost.total_params,
-            "shape": cost.describe,
-            "source": req.shape.source,
-            "model_flops_per_token": cost.model_flops_per_token,
-        },
-        "hardware": {
-            "accelerator": acc.key,
-            "accelerator_name": acc.name,
-            "devices": req.devices,
-            "devices_per_node": int(hw.node_size(req.devices)),
-            "nodes": -(-req.devices // int(hw.node_size(req.devices))),
-            "slices": slices,
-            "intra_link": hw.intra.key,
-            "network": hw.inter.key,
-            "inter_bw_per_device": hw.inter_bw_per_device,
-            "intra_bw": hw.intra.bandwidth,
-            "peak_flops": acc.peak(opts.precision),
-            "memory_bytes": float(ev["capacity"]),
-            "precision": opts.precision,
-            "catalogue": cat.path,
-        },
-        "assumptions": {
-            "kernel_efficiency": opts.compute_efficiency,
-            "attention_kernel": _attention(acc, opts),
-            "fused_elementwise": opts.stack.fused_elementwise,
-            "calibrated_on": None if req.calibrated is None else req.calibrated["device_name"],
-            "target_mfu": req.options.target_mfu,
-            "stack": opts.stack.name,
-            "memory_model": opts.stack.memory_model,
-            "dp_schedule": opts.stack.dp_schedule,
-            "fp8": opts.fp8,
-            "cp_method": opts.stack.cp_method,
-            "zero3_gather": opts.stack.zero3_gather,
-            "balanced_stages": opts.stack.balanced_stages,
-            "oversubscription": opts.oversubscription,
-            "nodes_per_leaf": opts.nodes_per_leaf,
-            "host_memory_gb": opts.host_memory_gb,
-            "overlap": opts.overlap,
-            "tp_overlap": opts.tp_overlap,
-            "link_efficiency": opts.link_efficiency,
-            "fragmentation": opts.fragmentation,
-            "fixed_overhead_gb": opts.fixed_overhead_gb,
-            "flash_attention": opts.flash_attention,
-            "optimizer": opts.optimizer,
-            "global_batch": opts.global_batch,
-            "tokens_per_step": tokens_step,
-        },
-        "mfu_target": None if mfu_goal is None else {
-            **mfu_goal,
-            "reached": ev["mfu"],
-            "limit": _mfu_limit(ev)[0],
-            "limit_share": _mfu_limit(ev)[1],
-        },
-        "layout": _layout_doc(layout),
-        "layout_searched": sorted(set(_PIN_TO_KNOB) - set(req.pinned)),
-        "memory": {
-            "params": ev["mem_params"],
-            "grads": ev["mem_grads"],
-            "optimizer": ev["mem_optimizer"],
-            "zero3_buffers": ev["mem_gather"],
-            "activations": ev["mem_activations"],
-            "allowance": ev["mem_overhead"],
-            "total": ev["memory"],
-            "capacity": ev["capacity"],
-            "fits": ev["fits"],
-            "host_offload": ev["mem_host"],
-            "host_per_node": ev["host_per_node"],
-            "host_load_per_rank": ev["host_load_per_rank"],
-            "host_load_per_node": ev["host_load_per_node"],
-        },
-        "time": {
-            "compute": ev["compute"],
-            "optimizer": ev["optimizer"],
-            "tp_comm": ev["tp_comm"],
-            "cp_comm": ev["cp_comm"],
-            "ep_comm": ev["ep_comm"],
-            "pp_comm": ev["pp_comm"],
-            "bubble": ev["bubble"],
-            "dp_exposed": ev["dp_exposed"],
-            "dp_comm_total": ev["dp_comm"],
-            "step": ev["step"],
-            "step_no_overlap": ev["step_no_overlap"],
-            "main_overhead": ev["overhead_cause"],
-            "main_overhead_share": ev["overhead_share"],
-        },
-        "throughput": {
-            "tokens_per_s": ev["tokens_per_s"],
-            "samples_per_s": ev["tokens_per_s"] / cost.tokens_per_sample,
-            "mfu": ev["mfu"],
-            "hfu": ev["hfu"],
-            "model_tflops_per_device": cost.model_flops_per_token
-            * ev["tokens_per_s"]
-            / req.devices
-            / 1e12,
-            "tokens_per_s_no_overlap": tokens_step / ev["step_no_overlap"],
-        },
-        "search": {
-            "layouts_evaluated": result.count,
-            "layouts_fitting": result.fitting,
-            "seconds": search_s,
-            "top": [_search_row(result, int(i)) for i in result.order[: req.top]],
-            "why": _why(result, _best_or_smallest(result)) if req.top else None,
-        },
-        "warnings": warnings,
-    }
-    doc["training"] = _training(req, cat, acc.key, ev, tokens_step)
-    if req.curve:
-        started = time.perf_counter()
-        same_pins = not any(k in knobs for k in ("dp", "pp", "tp", "cp"))
-        points = scaling_curve(
-            cost, hw, opts, req.devices, fixed=knobs, known=result if same_pins else None
-        )
-        doc["scaling"] = [
-            {
-                "devices": p.devices,
-                "layout": p.layout.label() if p.layout else None,
-                "tokens_per_s": p.tokens_per_s,
-                "speedup": p.speedup,
-                "efficiency": p.efficiency,
-                "mfu": p.mfu,
-                "main_overhead": p.cause,
-                "overhead_share": p.cause_share,
-            }
+
+    def point(p: Any) -> CurvePoint | None:
+        return None if p is None else CurvePoint(
+            devices=p.devices, efficiency=p.efficiency, cause=p.cause, shortfall=p.shortfall,
+            threshold=req.threshold)
+
+    previous = None
+    for p in points:
+        if p.layout is None:
+            continue
+        if previous is not None and p.tokens_per_s < previous.tokens_per_s * 0.995:
+            warnings.append(
+                f"{p.devices} devices are slower than {previous.devices} "
+                f"({p.tokens_per_s:,.0f} vs {previous.tokens_per_s:,.0f} tokens/s): "
+                f"{p.cause}"
+            )
+            break
+        previous = p
+    return Scaling(
+        points=tuple(
+            ScalePoint(devices=p.devices, layout=p.layout.label() if p.layout else None,
+                       tokens_per_s=p.tokens_per_s, speedup=p.speedup, efficiency=p.efficiency,
+                       mfu=p.mfu, main_overhead=p.cause, overhead_share=p.cause_share)
             for p in points
-        ]
-        def point_doc(p: Any) -> dict[str, Any] | None:
-            if p is None:
-                return None
-            return {"devices": p.devices, "efficiency": p.efficiency, "cause": p.cause,
-                    "shortfall": p.shortfall, "threshold": req.threshold}
-
-        doc["threshold"] = req.threshold
-        doc["knee"] = point_doc(knee(points, req.threshold))
-        doc["starts_below"] = point_doc(starts_below(points, req.threshold))
-        doc["scaling_seconds"] = time.perf_counter() - started
-        previous = None
-        for p in points:
-            if p.layout is None:
-                continue
-            if previous is not None and p.tokens_per_s < previous.tokens_per_s * 0.995:
-                warnings.append(
-                    f"{p.devices} devices are slower than {previous.devices} "
-                    f"({p.tokens_per_s:,.0f} vs {previous.tokens_per_s:,.0f} tokens/s): "
-                    f"{p.cause}"
-                )
-                break
-            previous = p
-    return doc
+        ),
+        threshold=req.threshold,
+        knee=point(knee(points, req.threshold)),
+        starts_below=point(starts_below(points, req.threshold)),
+        seconds=time.perf_counter() - started,
+    )
 
 
-def _default_layout(devices: int, pinned: dict[str, Any]) -> dict[str, Any]:
+def _default_dp(devices: int, pinned: dict[str, Pin]) -> int:
     tp, pp, cp = int(pinned.get("tp", 1)), int(pinned.get("pp", 1)), int(pinned.get("cp", 1))
-    return {"dp": max(devices // max(tp * pp * cp, 1), 1)}
+    return max(devices // max(tp * pp * cp, 1), 1)
 
 
-PARTS = {
-    "compute": "compute",
-    "optimizer": "optimizer step / offload",
-    "tp_comm": "tensor-parallel communication",
-    "cp_comm": "context-parallel K/V exchange (exposed)",
-    "ep_comm": "expert all-to-alls",
-    "pp_comm": "pipeline sends",
-    "bubble": "pipeline bubble",
-    "dp_exposed": "exposed data-parallel communication",
-}
-
-
-def _why(result, best: int) -> dict[str, Any] | None:
+def _why(result: SearchResult, best: int) -> Why | None:
     """Why the chosen layout beats the runner-up: the per-part step-time differences, the
     part that decides, and the memory headroom of both."""
-    fitting = [int(i) for i in result.order if bool(result.figures["fits"][int(i)])]
+    fitting = [int(i) for i in result.order if bool(result.figures.fits[int(i)])]
     others = [i for i in fitting if i != best]
     if best not in fitting or not others:
         return None
     a, b = result.row(best), result.row(others[0])
-    diffs = {k: float(b[k][0] - a[k][0]) for k in PARTS}
-    decisive = max(diffs, key=lambda k: diffs[k])
-    headroom = {
-        "chosen": float(a["capacity"][0] - a["memory"][0]),
-        "runner_up": float(b["capacity"][0] - b["memory"][0]),
-    }
-    step_a, step_b = float(a["step"][0]), float(b["step"][0])
-    gains = [k for k in sorted(diffs, key=lambda k: -diffs[k]) if diffs[k] > 0]
-    costs = [k for k in sorted(diffs, key=lambda k: diffs[k]) if diffs[k] < 0]
+    diffs = tuple(Part(name=pa.name, label=pa.label, value=float(pb.seconds - pa.seconds))
+                  for pa, pb in zip(a.step_parts, b.step_parts, strict=True))
+    decisive = max(diffs, key=lambda d: d.value)
+    headroom = (float(a.capacity - a.memory), float(b.capacity - b.memory))
+    step_a, step_b = float(a.step), float(b.step)
+    gains = [d for d in sorted(diffs, key=lambda d: -d.value) if d.value > 0]
+    costs = [d for d in sorted(diffs, key=lambda d: d.value) if d.value < 0]
     text = (
         f"{result.layout(best).label()} beats the runner-up {result.layout(others[0]).label()} "
         f"by {step_b / step_a - 1:.1%} of step time ({step_a:.3g} s vs {step_b:.3g} s): "
-        + "; ".join(f"{PARTS[k]} {diffs[k]:+.3g} s for the runner-up" for k in gains[:2])
+        + "; ".join(f"{d.label} {d.value:+.3g} s for the runner-up" for d in gains[:2])
         + ("" if not costs else "; it pays "
-           + ", ".join(f"{PARTS[k]} {-diffs[k]:.3g} s more" for k in costs[:2]))
-        + f". Decisive term: {PARTS[decisive]}. Memory headroom {headroom['chosen'] / 1e9:.1f} GB "
-        f"vs {headroom['runner_up'] / 1e9:.1f} GB per device."
+           + ", ".join(f"{d.label} {-d.value:.3g} s more" for d in costs[:2]))
+        + f". Decisive term: {decisive.label}. Memory headroom {headroom[0] / 1e9:.1f} GB "
+        f"vs {headroom[1] / 1e9:.1f} GB per device."
     )
-    return {
-        "runner_up": result.layout(others[0]).label(),
-        "step": step_a,
-        "runner_up_step": step_b,
-        "differences": diffs,
-        "decisive": decisive,
-        "headroom": headroom,
-        "text": text,
-    }
-
-
-def _search_row(result, i: int) -> dict[str, Any]:
-    f = result.row(i)
-    return {
-        "layout": result.layout(i).label(),
-        "tokens_per_s": float(f["tokens_per_s"][0]),
-        "step": float(f["step"][0]),
-        "mfu": float(f["mfu"][0]),
-        "memory": float(f["memory"][0]),
-        "dp_exposed": float(f["dp_exposed"][0]),
-        "bubble": float(f["bubble"][0]),
-        "tp_comm": float(f["tp_comm"][0]),
-    }
+    return Why(runner_up=result.layout(others[0]).label(), step=step_a, runner_up_step=step_b,
+               differences=diffs, decisive=decisive.name, headroom_chosen=headroom[0],
+               headroom_runner_up=headroom[1], text=text)
 
 
 def _training(
-    req: PlanRequest, cat: Catalogue, acc_key: str, ev: dict[str, Any], tokens_step: int
-) -> dict[str, Any] | None:
+    req: PlanRequest, cat: Catalogue, acc_key: str, ev: Evaluation, tokens_step: int
+) -> Training | None:
     if not req.tokens:
         return None
     if req.tokens <= 0:
         raise UserError(f"--tokens must be > 0. Received: {req.tokens}")
     # Wall time = training time / goodput (the share of wall time that trains: failures,
     # restarts and checkpoints take the rest; Llama 3 reports > 90%, docs/planner.md).
-    seconds = req.tokens / ev["tokens_per_s"] / req.goodput
+    seconds = req.tokens / ev.tokens_per_s / req.goodput
     hours = seconds / 3600
     price = req.price_per_hour if req.price_per_hour is not None else cat.price(acc_key)
-    out = {
-        "tokens": req.tokens,
-        "steps": req.tokens / tokens_step,
-        "seconds": seconds,
-        "days": seconds / 86400,
-        "device_hours": hours * req.devices,
-        "days_no_overlap": req.tokens / (tokens_step / ev["step_no_overlap"]) / 86400
-        / req.goodput,
-        "goodput": req.goodput,
-        "price_per_device_hour": price,
-        "price_basis": "given with --price-per-hour"
-        if req.price_per_hour is not None
+    return Training(
+        tokens=req.tokens,
+        steps=req.tokens / tokens_step,
+        seconds=seconds,
+        days=seconds / 86400,
+        device_hours=hours * req.devices,
+        days_no_overlap=req.tokens / (tokens_step / ev.step_no_overlap) / 86400 / req.goodput,
+        goodput=req.goodput,
+        price_per_device_hour=price,
+        price_basis="given with --price-per-hour" if req.price_per_hour is not None
         else f"{cat.price_basis} ({cat.price_date})",
-        "cost_usd": None if price is None else hours * req.devices * price,
-    }
-    return out
+        cost_usd=None if price is None else hours * req.devices * price,
+    )
 
 
-def _mfu_limit(ev: dict[str, Any]) -> tuple[str, float]:
+def _mfu_limit(ev: Evaluation, hw: Hardware) -> tuple[str, float]:
     """What keeps a layout's MFU down beyond its kernels' rate: the largest part of the step
     that a faster kernel does not shorten (the largest overhead, or the memory-bound work of
     the compute: weight reads, GEMM operands and elementwise kernels)."""
-    memory_bound = max(ev["compute_memory_ops"], ev["compute"] - ev["compute_flops_bound"])
-    share = memory_bound / ev["step"]
-    if share > ev["overhead_share"]:
+    memory_bound = max(ev.compute.memory_ops, ev.seconds("compute") - ev.compute.flops_bound)
+    share = memory_bound / ev.step
+    cause, cause_share = ev.overhead(hw)
+    if share > cause_share:
         return "memory-bound kernels (weight reads, GEMM operands, elementwise traffic)", share
-    return ev["overhead_cause"], ev["overhead_share"]
+    return cause, cause_share
 
 
 def _warnings(
-    req: PlanRequest, cat: Catalogue, hw: Hardware, ev: dict[str, Any], layout: Layout,
+    req: PlanRequest, cat: Catalogue, hw: Hardware, ev: Evaluation, layout: Layout,
     ceiling_mfu: float = 1.0,
 ) -> list[str]:
     """The plan's notes: memory, the hardware's figures, the step's overheads, then how the
@@ -507,29 +425,29 @@ def _warnings(
     return (
         _memory_warnings(req, hw, ev, layout)
         + _hardware_warnings(req, hw, layout)
-        + _step_warnings(ev)
+        + _step_warnings(ev, hw)
         + [_efficiency_note(req, hw, ev, layout, ceiling_mfu)]
     )
 
 
 def _memory_warnings(
-    req: PlanRequest, hw: Hardware, ev: dict[str, Any], layout: Layout
+    req: PlanRequest, hw: Hardware, ev: Evaluation, layout: Layout
 ) -> list[str]:
     out: list[str] = []
     ram = req.options.host_memory_gb
-    if not ev["fits"] and ev["memory"] <= ev["capacity"] and ram is not None:
+    if not ev.fits and ev.memory <= ev.capacity and ram is not None:
         out.append(
             f"does not fit host memory: {ram:,.0f} GB per node (--host-memory-gb), "
-            f"{ev['host_load_per_node'] / 1e9:,.1f} GB to build the model (stack "
+            f"{ev.host.load_per_node / 1e9:,.1f} GB to build the model (stack "
             f"{req.options.stack.name} loads it in fp32 on every rank; a stack that builds "
             f"each rank's shard on the device needs none) and "
-            f"{ev['host_per_node'] / 1e9:,.1f} GB offloaded (no valid layout fits; shown: "
+            f"{ev.host.per_node / 1e9:,.1f} GB offloaded (no valid layout fits; shown: "
             "the smallest)"
         )
-    elif not ev["fits"]:
+    elif not ev.fits:
         out.append(
-            f"does not fit: {ev['memory'] / 1e9:,.1f} GB needed per device, "
-            f"{ev['capacity'] / 1e9:,.1f} GB available (no valid layout fits; shown: the "
+            f"does not fit: {ev.memory / 1e9:,.1f} GB needed per device, "
+            f"{ev.capacity / 1e9:,.1f} GB available (no valid layout fits; shown: the "
             "smallest)"
         )
     if req.options.stack.zero3_gather == "tensor" and layout.zero < 3:
@@ -567,23 +485,31 @@ def _hardware_warnings(req: PlanRequest, hw: Hardware, layout: Layout) -> list[s
     for link in {lk.key: lk for lk in used}.values():
         if link.latency_assumed:
             out.append(f"{link.key}: latency not published, assumed")
+        if not link.achievable_published and hw.torus is None and (
+                link is hw.intra or req.devices > node):
+            out.append(
+                f"{link.key}: no published collective benchmark in the catalogue, so its "
+                f"collectives are priced at the nominal {link.bandwidth / 1e9:.3g} GB/s, "
+                "which nccl-tests runs do not reach: communication is optimistic (measure "
+                "yours with sextant calibrate, or give --link-efficiency)")
     return out
 
 
-def _step_warnings(ev: dict[str, Any]) -> list[str]:
+def _step_warnings(ev: Evaluation, hw: Hardware) -> list[str]:
     out: list[str] = []
-    step = ev["step"]
-    exposed = ev["tp_comm"] + ev["cp_comm"] + ev["ep_comm"] + ev["pp_comm"] + ev["dp_exposed"]
+    step = ev.step
+    exposed = ev.exposed_communication
     if exposed > 0.25 * step:
         out.append(
-            f"exposed communication is {exposed / step:.0%} of the step ({ev['overhead_cause']})"
+            f"exposed communication is {exposed / step:.0%} of the step ({ev.overhead(hw)[0]})"
         )
-    if ev["bubble"] > 0.2 * step:
+    if ev.seconds("bubble") > 0.2 * step:
         out.append(
-            f"pipeline bubble is {ev['bubble'] / step:.0%} of the step: more micro-batches "
-            "(larger global batch or smaller micro-batch) or an interleaved schedule help"
+            f"pipeline bubble is {ev.seconds('bubble') / step:.0%} of the step: more "
+            "micro-batches (larger global batch or smaller micro-batch) or an interleaved "
+            "schedule help"
         )
-    if ev["weights_bound"]:
+    if ev.weights_bound:
         out.append(
             "compute is bound by weight reads (micro-batch too small for the memory "
             "bandwidth): a larger micro-batch helps"
@@ -592,7 +518,7 @@ def _step_warnings(ev: dict[str, Any]) -> list[str]:
 
 
 def _efficiency_note(
-    req: PlanRequest, hw: Hardware, ev: dict[str, Any], layout: Layout, ceiling_mfu: float
+    req: PlanRequest, hw: Hardware, ev: Evaluation, layout: Layout, ceiling_mfu: float
 ) -> str:
     """Where the kernel efficiency comes from: measured, solved for --mfu (reached or not),
     or the stated assumption."""
@@ -602,11 +528,11 @@ def _efficiency_note(
             "this machine's peak is a measured GEMM rate (sextant calibrate); "
             "compute efficiency is relative to it"
         )
-    if opts.target_mfu is not None and ev["mfu"] < 0.999 * opts.target_mfu:
-        limit, share = _mfu_limit(ev)
+    if opts.target_mfu is not None and ev.mfu < 0.999 * opts.target_mfu:
+        limit, share = _mfu_limit(ev, hw)
         return (
             f"an end-to-end MFU of {opts.target_mfu:.0%} (--mfu) is out of reach: "
-            f"the best layout, {layout.label()}, reaches {ev['mfu']:.1%} at kernel "
+            f"the best layout, {layout.label()}, reaches {ev.mfu:.1%} at kernel "
             f"efficiency {opts.compute_efficiency:.2f} and at most "
             f"{ceiling_mfu:.1%} with kernels at 100% of peak; what limits it: "
             f"{limit} ({share:.0%} of the step)"
@@ -632,10 +558,3 @@ def _efficiency_note(
         "assumption (--kernel-efficiency; or --mfu for an end-to-end MFU); published "
         "reference points: docs/validation.md"
     )
-
-
-def _attention(acc: Any, opts: PlanOptions) -> dict[str, Any] | None:
-    """The attention kernel the plan assumes with its rate; None: a full-matrix kernel at the
-    GEMM kernel efficiency (estimate.attention_kernel)."""
-    kernel = attention_kernel(acc, opts)
-    return None if kernel is None else {"name": kernel[0], "rate": kernel[1]}

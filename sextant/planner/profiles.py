@@ -37,13 +37,10 @@ class StackProfile:
     """The name `--stack` takes."""
     release: str
     """The release the defaults are read from (and, for a dated variant, why it exists)."""
-    grad_dtype: str
-    """Gradient buffer dtype under mixed precision ('fp16/bf16' = the compute dtype)."""
-    master_dtype: str
-    """Where the fp32 master weights live: 'fp32 optimizer copy' (a separate copy next to the
-    16-bit parameters) or 'fp32 parameters' (the parameters themselves are fp32)."""
     memory_model: str
-    """The per-parameter accounting these dtypes give (memory.MEMORY_MODELS)."""
+    """The stack's bytes per parameter under mixed precision (memory.MEMORY_MODELS): where
+    its fp32 master weights live (a copy beside 16-bit parameters, or the parameters
+    themselves) and its gradient buffers' dtype, as memory.py counts them."""
     dp_schedule: str
     """Data-parallel collectives per step (comms.DP_SCHEDULES)."""
     dp_bucket_bytes: float | None
@@ -68,6 +65,12 @@ class StackProfile:
     attention_kernels: tuple[str, ...] = ("flash2",)
     """The attention kernels the stack runs, preferred first (catalogue.ATTENTION_KERNELS):
     on an accelerator the first one with a published rate is used (efficiency.py)."""
+    host_buffer_factor: float = 1.0
+    """What host memory the stack asks for over the bytes it keeps there (offloaded states,
+    the model while it is built): DeepSpeed's estimators multiply their CPU figure by their
+    `additional_buffer_factor`, 1.5 by default (estimate_zero2_model_states_mem_needs in
+    runtime/zero/stage_1_and_2.py and estimate_zero3_model_states_mem_needs in
+    runtime/zero/stage3.py, DeepSpeed 0.19.8); its device figure has none."""
     async_collectives: bool = False
     """The compiler runs the tensor-parallel collectives asynchronously, overlapped with the
     layers' compute (XLA on TPU with async collective fusion, the LIBTPU_INIT_ARGS of
@@ -93,6 +96,10 @@ class StackProfile:
             if kernel not in ATTENTION_KERNELS:
                 raise UserError(f"attention_kernels must be among "
                                 f"{', '.join(ATTENTION_KERNELS)}. Received: {kernel!r}")
+        factor = self.host_buffer_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                1.0 <= factor <= 16.0):
+            raise UserError(f"host_buffer_factor must be in [1, 16]. Received: {factor!r}")
         bucket = self.dp_bucket_bytes
         if bucket is not None and (
             isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0
@@ -115,8 +122,6 @@ _GENERIC = StackProfile(
     name="generic",
     release="the ZeRO paper's accounting (Rajbhandari et al. 2020 §3.1): no stack's "
     "own defaults",
-    grad_dtype="fp16/bf16",
-    master_dtype="fp32 optimizer copy",
     memory_model="zero",
     dp_schedule="zero",
     dp_bucket_bytes=None,
@@ -140,8 +145,6 @@ PROFILES: dict[str, StackProfile] = {
             "contiguous gradient buffer, uneven first/last pipeline stages, ring CP; Transformer "
             "Engine's attention: cuDNN's fused flash attention on Hopper, FlashAttention-2 "
             "before it",
-            grad_dtype="fp32",
-            master_dtype="fp32 optimizer copy",
             memory_model="megatron",
             dp_schedule="zero",
             dp_bucket_bytes=None,
@@ -158,8 +161,6 @@ PROFILES: dict[str, StackProfile] = {
             "ZeRO-3 gathers coalesced per module; the model built whole on every rank before "
             "deepspeed.initialize (zero.Init, which partitions at construction, is opt-in); the "
             "user's module run eagerly (its compile is opt-in)",
-            grad_dtype="fp16/bf16",
-            master_dtype="fp32 optimizer copy",
             memory_model="deepspeed",
             dp_schedule="zero",
             dp_bucket_bytes=None,
@@ -167,6 +168,7 @@ PROFILES: dict[str, StackProfile] = {
             balanced_stages=True,
             load="full",
             cp_method="ring",
+            host_buffer_factor=1.5,
             fused_elementwise=False,
         ),
         StackProfile(
@@ -177,8 +179,6 @@ PROFILES: dict[str, StackProfile] = {
             "order tries the flash backend (FlashAttention-2) before cuDNN's (opt-in since "
             "pytorch#138522); eager unless torch.compile is enabled (job_config Compile.enable, "
             "default False)",
-            grad_dtype="fp32",
-            master_dtype="fp32 parameters",
             memory_model="torch",
             dp_schedule="torch",
             dp_bucket_bytes=None,
@@ -193,8 +193,6 @@ PROFILES: dict[str, StackProfile] = {
             release="MaxText (base.yml: weight_dtype float32, bf16 compute; FSDP over the "
             "scanned layers gathered per layer by XLA; all-gather context parallelism; on "
             "GPUs attention cudnn_flash_te, Transformer Engine's cuDNN flash attention)",
-            grad_dtype="fp32",
-            master_dtype="fp32 parameters",
             memory_model="torch",
             dp_schedule="zero",
             dp_bucket_bytes=0,
@@ -210,8 +208,6 @@ PROFILES: dict[str, StackProfile] = {
             release="dated: Megatron-LM 2021-22 and its Megatron-DeepSpeed fork, for the "
             "figures of Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG and BLOOM: "
             "every stage ceil(L/p) layers, the output projection on top of the last",
-            grad_dtype="fp16/bf16",
-            master_dtype="fp32 optimizer copy",
             memory_model="zero",
             dp_schedule="zero",
             dp_bucket_bytes=None,
@@ -225,8 +221,6 @@ PROFILES: dict[str, StackProfile] = {
             release="dated: DeepSpeed v0.3.13 (March 2021), for Narayanan et al. 2021's ZeRO-3 "
             "rows: one all-gather per parameter tensor, before its coalesced gathers of "
             "v0.5.5; run under Megatron-LM 2021's even stage split",
-            grad_dtype="fp16/bf16",
-            master_dtype="fp32 optimizer copy",
             memory_model="zero",
             dp_schedule="zero",
             dp_bucket_bytes=None,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.planner.catalogue import Table
 from sextant.planner.evaluators import EVALUATORS, evaluate
 
 DATA = Path(__file__).with_name("references.toml")
@@ -53,14 +54,14 @@ class Reference:
     expected: float
     kind: str
     evaluator: str
-    query: dict[str, Any]
+    query: Table
     setting: str = ""
     quote: str = ""
     command: str = ""
     printed: float | None = None
     """The precision the source prints (0.1 for "1.9 GB"): formula points are compared after
     rounding the planner's figure to it."""
-    bound: dict[str, Any] = field(default_factory=dict)
+    bound: Table = field(default_factory=dict)
     """Where the source bounds an input instead of stating it (a GPU's peak "between SXM and
     NVL"), the query's changes at the bound's other end: the row's prediction is then the
     interval between the two, and its error the distance from the published figure to the
@@ -72,7 +73,7 @@ _REFERENCE_KEYS = set(Reference.__slots__)
 _REQUIRED = {"id", "source", "where", "quantity", "unit", "expected", "kind", "evaluator", "query"}
 
 
-def _check_keys(where: str, got: dict[str, Any], allowed: set[str], required: set[str]) -> None:
+def _check_keys(where: str, got: Table, allowed: set[str], required: set[str]) -> None:
     unknown = sorted(set(got) - allowed)
     missing = sorted(required - set(got))
     if unknown or missing:
@@ -136,14 +137,41 @@ def interval_error(low: float, high: float, published: float) -> float:
     return ((lo if published < lo else hi) - published) / published
 
 
-def _merged(query: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+def _merged(query: Table, changes: Table) -> dict[str, object]:
     out = dict(query)
     for key, value in changes.items():
-        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+        inner = out.get(key)
+        out[key] = (_merged(inner if isinstance(inner, dict) else {}, value)
+                    if isinstance(value, dict) else value)
     return out
 
 
-def check(ref: Reference, source: Source) -> dict[str, Any]:
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Row:
+    """One record evaluated: the published figure, the planner's, and the relative error."""
+
+    id: str
+    source: str
+    """The source's title and where in it the figure stands."""
+    source_key: str
+    split: str
+    quantity: str
+    unit: str
+    published: float
+    planner: float
+    planner_other: float | None
+    """The planner at the other end of a bounded input (Reference.bound); None: no bound."""
+    error: float
+    kind: str
+    quote: str
+    setting: str
+    command: str
+    convention: str = ""
+    """For an MFU row: the figure the planner answers with, named after the way the source
+    counts model FLOPs (evaluators.MFU_CONVENTIONS)."""
+
+
+def check(ref: Reference, source: Source) -> Row:
     """One record evaluated: the planner's figure and its relative error."""
     value = evaluate(ref.evaluator, ref.query)
     compared = value if ref.printed is None else round(value / ref.printed) * ref.printed
@@ -153,25 +181,26 @@ def check(ref: Reference, source: Source) -> dict[str, Any]:
         if other is None
         else interval_error(other, compared, ref.expected)
     )
-    return {
-        "id": ref.id,
-        "source": f"{source.title}, {ref.where}" if ref.where else source.title,
-        "source_key": source.key,
-        "split": source.split,
-        "quantity": ref.quantity,
-        "unit": ref.unit,
-        "published": ref.expected,
-        "planner": value,
-        "planner_other": other,
-        "error": error,
-        "kind": ref.kind,
-        "quote": ref.quote,
-        "setting": ref.setting,
-        "command": ref.command or f"sextant plan references --only {ref.id}",
-    }
+    return Row(
+        id=ref.id,
+        source=f"{source.title}, {ref.where}" if ref.where else source.title,
+        source_key=source.key,
+        split=source.split,
+        quantity=ref.quantity,
+        unit=ref.unit,
+        published=ref.expected,
+        planner=value,
+        planner_other=other,
+        error=error,
+        kind=ref.kind,
+        quote=ref.quote,
+        setting=ref.setting,
+        command=ref.command or f"sextant plan references --only {ref.id}",
+        convention=str(ref.query.get("figure", "")) if ref.unit == "MFU" else "",
+    )
 
 
-def run_references(only: str | None = None, split: str | None = None) -> list[dict[str, Any]]:
+def run_references(only: str | None = None, split: str | None = None) -> list[Row]:
     sources, refs = load()
     if split is not None:
         if split not in SPLITS:
@@ -192,35 +221,35 @@ def _share(hits: int, total: int) -> str:
     return f"{tenths // 10}.{tenths % 10}%"
 
 
-def shares(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+def shares(rows: list[Row]) -> dict[str, tuple[int, int]]:
     """(hits, rows) per figure: formula rows within 0.5 %, and per split the counted rows
     (end-to-end and collective) within 10 %."""
-    formula = [r for r in rows if r["kind"] == "formula"]
-    out = {"formula": (sum(abs(r["error"]) <= FORMULA_TOLERANCE for r in formula), len(formula))}
+    formula = [r for r in rows if r.kind == "formula"]
+    out = {"formula": (sum(abs(r.error) <= FORMULA_TOLERANCE for r in formula), len(formula))}
     for split in SPLITS:
-        counted = [r for r in rows if r["kind"] in COUNTED and r.get("split", "tuning") == split]
-        out[split] = (sum(abs(r["error"]) <= MEASURED_TOLERANCE for r in counted), len(counted))
+        counted = [r for r in rows if r.kind in COUNTED and r.split == split]
+        out[split] = (sum(abs(r.error) <= MEASURED_TOLERANCE for r in counted), len(counted))
     return out
 
 
-def by_source(rows: list[dict[str, Any]]) -> list[tuple[str, str, int, int]]:
+def by_source(rows: list[Row]) -> list[tuple[str, str, int, int]]:
     """(source key, split, counted rows within 10 %, counted rows) per source with counted
     rows, in the order the rows come."""
     out: dict[str, list[Any]] = {}
     for r in rows:
-        if r["kind"] in COUNTED:
-            entry = out.setdefault(r.get("source_key", r["source"]), [r["split"], 0, 0])
-            entry[1] += abs(r["error"]) <= MEASURED_TOLERANCE
+        if r.kind in COUNTED:
+            entry = out.setdefault(r.source_key, [r.split, 0, 0])
+            entry[1] += abs(r.error) <= MEASURED_TOLERANCE
             entry[2] += 1
     return [(key, split, hits, n) for key, (split, hits, n) in out.items()]
 
 
-def summary(rows: list[dict[str, Any]]) -> str:
+def summary(rows: list[Row]) -> str:
     """The validation summary line (docs/validation.md, `plan references`)."""
     s = shares(rows)
-    apart = sum(r["kind"] == "not comparable" for r in rows)
-    counted = [r for r in rows if r["kind"] != "not comparable"]
-    errs = sorted(abs(r["error"]) for r in counted) or [0.0]
+    apart = sum(r.kind == "not comparable" for r in rows)
+    counted = [r for r in rows if r.kind != "not comparable"]
+    errs = sorted(abs(r.error) for r in counted) or [0.0]
     parts = [f"{len(rows)} references: {s['formula'][0]}/{s['formula'][1]} formula-defined "
              "within 0.5%"]
     for split in SPLITS:
@@ -243,15 +272,15 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:,.3g}" if value < 1000 else f"{value:,.0f}"
 
 
-def _predicted(row: dict[str, Any]) -> str:
+def _predicted(row: Row) -> str:
     """The planner's figure, or its interval (low-high) where the source bounds an input."""
-    if row.get("planner_other") is None:
-        return _fmt(row["planner"], row["unit"])
-    lo, hi = sorted((row["planner_other"], row["planner"]))
-    return f"{_fmt(lo, row['unit'])}-{_fmt(hi, row['unit'])}"
+    if row.planner_other is None:
+        return _fmt(row.planner, row.unit)
+    lo, hi = sorted((row.planner_other, row.planner))
+    return f"{_fmt(lo, row.unit)}-{_fmt(hi, row.unit)}"
 
 
-def render_references(rows: list[dict[str, Any]], console) -> None:
+def render_references(rows: list[Row], console) -> None:
     from rich.table import Table
 
     t = Table(title="Planner vs published figures (default assumptions)", title_justify="left")
@@ -259,31 +288,32 @@ def render_references(rows: list[dict[str, Any]], console) -> None:
         t.add_column(col, justify="left" if col in ("id", "split", "quantity") else "right")
     for r in rows:
         t.add_row(
-            r["id"],
-            r["split"],
-            r["quantity"],
-            r["unit"],
-            _fmt(r["published"], r["unit"]),
+            r.id,
+            r.split,
+            r.quantity,
+            r.unit,
+            _fmt(r.published, r.unit),
             _predicted(r),
-            f"{r['error']:+.1%}",
+            f"{r.error:+.1%}",
         )
     console.print(t)
     if rows:
         console.print(summary(rows) + " Sources and settings: --json or docs/validation.md")
 
 
-def references_markdown(rows: list[dict[str, Any]]) -> str:
+def references_markdown(rows: list[Row]) -> str:
     """The table of docs/validation.md (`sextant plan references --markdown`)."""
     lines = [
         "| id | split | kind | published (source) | planner | error |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        unit = "" if r["unit"] in ("MFU", "x") else f" {r['unit']}"
+        unit = "" if r.unit in ("MFU", "x") else f" {r.unit}"
         lines.append(
-            f"| `{r['id']}` | {r['split']} | {r['kind']} | {r['quantity']}: "
-            f"**{_fmt(r['published'], r['unit'])}{unit}** "
-            f"({r['source']}) | {_predicted(r)}{unit} | {r['error']:+.1%} |"
+            f"| `{r.id}` | {r.split} | {r.kind} | {r.quantity}"
+            + (f" (counted as `{r.convention}`)" if r.convention else "") + ": "
+            f"**{_fmt(r.published, r.unit)}{unit}** "
+            f"({r.source}) | {_predicted(r)}{unit} | {r.error:+.1%} |"
         )
     lines += ["", "| source | split | counted rows within 10 % |", "|---|---|---|"]
     for key, split, hits, n in by_source(rows):

@@ -21,9 +21,10 @@ from sextant.planner.estimate import (
     evaluate,
     head_flops_per_token,
     kernel_seconds,
-    overhead_cause,
     per_device_peak,
+    rank,
 )
+from sextant.planner.evaluation import Evaluation, Ranking
 from sextant.planner.models import ModelCost
 
 MAX_MICRO_BATCH = 64
@@ -188,9 +189,6 @@ def _with_hybrid(
     return out
 
 
-RANK_KEYS = ("fits", "memory", "tokens_per_s")
-
-
 def _node(hw: Hardware, devices: int) -> int:
     """Devices per node for a job of `devices` devices (a TPU's slice: Hardware.node_size)."""
     return int(hw.node_size(devices))
@@ -200,8 +198,8 @@ def _node(hw: Hardware, devices: int) -> int:
 class SearchResult:
     devices: int
     layouts: dict[str, np.ndarray]
-    figures: dict[str, np.ndarray]
-    """The ranking figures of every layout (RANK_KEYS); `row` has all figures of one."""
+    figures: Ranking
+    """The ranking figures of every layout; `row` has all figures of one."""
     order: np.ndarray
     """Indices of the fitting layouts, fastest first."""
     cost: ModelCost
@@ -214,7 +212,7 @@ class SearchResult:
 
     @property
     def fitting(self) -> int:
-        return int(self.figures["fits"].sum()) if self.count else 0
+        return int(self.figures.fits.sum()) if self.count else 0
 
     def best(self) -> int | None:
         return int(self.order[0]) if len(self.order) else None
@@ -222,11 +220,11 @@ class SearchResult:
     def layout(self, i: int) -> Layout:
         return Layout.from_row(self.layouts, i)
 
-    def row(self, i: int) -> dict[str, np.ndarray]:
-        """Every figure of layout i (arrays of length 1, as `evaluate` returns them)."""
+    def row(self, i: int) -> Evaluation:
+        """Every figure of layout i."""
         return evaluate(
             self.cost, self.hw, self.opts, {k: v[i : i + 1] for k, v in self.layouts.items()}
-        )
+        ).row(0)
 
 
 def search(
@@ -249,7 +247,7 @@ def search(
         torus=hw.torus is not None,
     )
     if len(lay["dp"]) == 0:
-        empty = {"fits": np.zeros(0, bool), "memory": np.zeros(0), "tokens_per_s": np.zeros(0)}
+        empty = Ranking(fits=np.zeros(0, bool), memory=np.zeros(0), tokens_per_s=np.zeros(0))
         return SearchResult(
             devices=devices,
             layouts=lay,
@@ -259,10 +257,10 @@ def search(
             hw=hw,
             opts=opts,
         )
-    res = evaluate(cost, hw, opts, lay, keys=RANK_KEYS)
-    idx = np.flatnonzero(res["fits"])
+    res = rank(cost, hw, opts, lay)
+    idx = np.flatnonzero(res.fits)
     # Fastest first; among equals, the one using less memory.
-    order = idx[np.lexsort((res["memory"][idx], -res["tokens_per_s"][idx]))]
+    order = idx[np.lexsort((res.memory[idx], -res.tokens_per_s[idx]))]
     return SearchResult(
         devices=devices, layouts=lay, figures=res, order=order, cost=cost, hw=hw, opts=opts
     )
@@ -323,7 +321,7 @@ def scaling_curve(
     ]
     fresh = [t for t in tables if t is not None and len(t["dp"])]
     joint = {k: np.concatenate([t[k] for t in fresh]) for k in KNOBS} if fresh else None
-    ranks = evaluate(cost, hw, opts, joint, keys=RANK_KEYS) if joint is not None else None
+    ranks = rank(cost, hw, opts, joint) if joint is not None else None
     best_rows: list[tuple[dict[str, np.ndarray], int] | None] = []
     offset = 0
     for table in tables:
@@ -336,13 +334,15 @@ def scaling_curve(
         if size == 0 or ranks is None:
             best_rows.append(None)
             continue
-        part = {k: v[offset : offset + size] for k, v in ranks.items()}
+        fits = ranks.fits[offset : offset + size]
+        memory = ranks.memory[offset : offset + size]
+        tps = ranks.tokens_per_s[offset : offset + size]
         offset += size
-        idx = np.flatnonzero(part["fits"])
+        idx = np.flatnonzero(fits)
         if not len(idx):
             best_rows.append(None)
             continue
-        order = idx[np.lexsort((part["memory"][idx], -part["tokens_per_s"][idx]))]
+        order = idx[np.lexsort((memory[idx], -tps[idx]))]
         best_rows.append((table, int(order[0])))
     found = [b for b in best_rows if b is not None]
     rows = (
@@ -350,7 +350,7 @@ def scaling_curve(
             cost, hw, opts, {k: np.array([t[k][i] for t, i in found]) for k in KNOBS}
         )
         if found
-        else {}
+        else None
     )
     points: list[ScalePoint] = []
     ref: tuple[int, float] | None = None
@@ -372,11 +372,13 @@ def scaling_curve(
             )
             continue
         table, i = chosen
-        tps = float(rows["tokens_per_s"][j])
+        assert rows is not None
+        row = rows.row(j)
+        tps = float(row.tokens_per_s)
         if ref is None:
             ref = (n, tps)
         speedup = tps / ref[1]
-        cause, share = overhead_cause(rows, j, hw)
+        cause, share = row.overhead(hw)
         peak = float(per_device_peak(hw.accelerator, opts.precision, min(n, hw.devices_per_node)))
         attention = cost.attention_flops_per_token
         per_token = float(sum(kernel_seconds(cost.model_flops_per_token - head - attention,
@@ -387,28 +389,28 @@ def scaling_curve(
                 devices=n,
                 layout=Layout.from_row(table, i),
                 tokens_per_s=tps,
-                mfu=float(rows["mfu"][j]),
+                mfu=float(row.mfu),
                 speedup=speedup,
                 efficiency=tps / ideal,
                 cause=cause,
                 cause_share=share,
-                shortfall=_shortfall(rows, j, cause, share),
+                shortfall=_shortfall(row, cause, share),
             )
         )
         j += 1
     return points
 
 
-def _shortfall(rows: dict[str, np.ndarray], j: int, cause: str, share: float) -> str:
-    """The largest part of row j's step that is not the model's FLOPs: `cause` (the largest
+def _shortfall(row: Evaluation, cause: str, share: float) -> str:
+    """The largest part of a layout's step that is not the model's FLOPs: `cause` (the largest
     overhead, `share` of the step), the memory-bound kernels or the recomputed FLOPs."""
-    step = float(rows["step"][j])
-    flops, hfu = float(rows["compute_flops_bound"][j]), float(rows["hfu"][j])
-    recomputed = flops * (1.0 - float(rows["mfu"][j]) / hfu) if hfu else 0.0
+    step = float(row.step)
+    flops, hfu = float(row.compute.flops_bound), float(row.hfu)
+    recomputed = flops * (1.0 - float(row.mfu) / hfu) if hfu else 0.0
     parts = {
         cause: share,
         "memory-bound kernels (norms, activations, GEMM operands, FP8 casts)":
-            float(rows["compute_memory_ops"][j]) / step,
+            float(row.compute.memory_ops) / step,
         "recomputation": recomputed / step,
     }
     what = max(parts, key=lambda k: parts[k])

@@ -112,7 +112,7 @@ def validate(
         )
         efficiency = eff or DEFAULT_EFFICIENCY
         f = figures(cat, run.strategy.framework, shape, layout, precision_of(run), efficiency)
-        pred, worst = f["step"], f["step_no_overlap"]
+        pred, worst = f.step, f.step_no_overlap
         p10, p90 = run.metrics.step_time_p10_s, run.metrics.step_time_p90_s
         rows.append(
             {
@@ -128,7 +128,7 @@ def validate(
                 "in_range": min(pred, worst) * 0.999 <= measured <= max(pred, worst) * 1.001,
                 "efficiency": efficiency,
                 "efficiency_source": source,
-                "predicted_exposed_share": f["dp_exposed"] / pred,
+                "predicted_exposed_share": f.seconds("dp_exposed") / pred,
                 "measured_exposed_share": run.metrics.exposed_comm_share,
             }
         )

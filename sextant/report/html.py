@@ -27,11 +27,14 @@ from sextant.report.charts import (
 from sextant.measure.agreement import FP32_ATOL as PARITY_ATOL
 from sextant.report.model import (
     ACCELERATOR_COLUMNS,
+    DEPLOY_COLUMNS,
     Report,
     Summary,
     accelerator_rows,
     build_report,
+    deploy_cells,
 )
+from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore, finite_json
 
@@ -104,7 +107,8 @@ VERDICT_CLASS = {HOLDS: "holds", NOT_HOLD: "nohold", INCONCLUSIVE: "inc", NOT_ME
 SECTIONS = (("claims", "Claims check"), ("speed", "Throughput"), ("scaling", "Scaling"),
             ("interconnect", "Interconnect"), ("comm", "Communication"), ("memory", "Memory"),
             ("layouts", "Parallel layouts"), ("parity", "Loss parity"),
-            ("compile", "Compile time"), ("env", "Environment"))
+            ("compile", "Compile time"), ("deployment", "Deployment"),
+            ("env", "Environment"))
 
 
 def _fmt_s(x: float | None) -> str:
@@ -540,15 +544,47 @@ def _compile(report: Report) -> str:
         label="first step vs steady step", unit="seconds (first step)",
         fmt=lambda v: f"{v:.2f} s",
     )
-    rows = [(c["run"], c["mode"], _fmt_s(c["first_step_s"]), fmt_ms(c["steady_step_s"]),
-             _fmt_s(c["compile_s"]), _ratio(c["first_over_steady"])) for c in comp]
-    table = _table(("run", "mode", "first step s", "steady step ms", "first-step extra s",
-                    "first / steady"), rows)
+    rows = [(c["run"], c["mode"], _fmt_s(c.get("time_to_first_step_s")),
+             _fmt_s(c.get("import_s")), _fmt_s(c.get("setup_s")), _fmt_s(c["first_step_s"]),
+             fmt_ms(c["steady_step_s"]), _fmt_s(c["compile_s"]),
+             _ratio(c["first_over_steady"])) for c in comp]
+    table = _table(("run", "mode", "edit-run loop s", "import s", "set-up s", "first step s",
+                    "steady step ms", "first-step extra s", "first / steady"), rows)
     return ('<section id="compile"><h2>Compile time: first step vs steady state</h2>'
             '<p class="small">The first step includes tracing and compilation (jit, '
             'torch.compile, XLA); compile = first step - steady median. torch.compile keeps an '
             'on-disk cache, so a second run on the same machine compiles faster '
-            f'(docs/methodology.md).</p>{chart}{table}</section>')
+            '(docs/methodology.md). The edit-run loop is what a developer waits after each '
+            'change: from the process start to the first finished step, made of the '
+            'framework\'s import, the set-up (building and placing the model, joining the '
+            f'other ranks) and the first step.</p>{chart}{table}</section>')
+
+
+def _deployment(report: Report) -> str:
+    dep = report.get("deployment")
+    head = '<section id="deployment"><h2>Deployment: the trained model where it serves</h2>'
+    if not dep:
+        return (head + '<p class="muted">No deployment measured: <code>sextant compare '
+                'deploy</code> exports this workload\'s trained weights through each '
+                'framework\'s own exporters and measures every artifact.</p></section>')
+    chart = hbar_chart(
+        [{"name": r["label"], "value": r["b1_ms"], "low": r["b1_low_ms"], "high": r["b1_high_ms"],
+          "colour": colour_for(r["framework"], 0)} for r in dep["rows"]
+         if r["status"] == "ok" and r["b1_ms"] is not None],
+        label="latency at batch 1", unit="ms per call (median, 95% CI)",
+        fmt=lambda v: f"{v:.2f} ms")
+    table = _table(DEPLOY_COLUMNS, [deploy_cells(r) for r in dep["rows"]], left=5)
+    source = (f'run {dep["source_run"]}' if dep["source_run"] is not None else "one run")
+    return (head + f'<p class="small">Every artifact holds the final weights of {e(source)} '
+            f'(sha256 {e(dep["params_sha256"][:12])}), exported by its framework\'s own '
+            f'exporter and served in a fresh process on {dep["threads"]} pinned thread(s). '
+            f'Parity: the largest logit difference over the largest reference logit, against '
+            f'the training framework\'s eager forward on held-out batches (match within '
+            f'1e-4; a quantized artifact shows its held-out loss change instead). Other '
+            f'shape: run at another batch and sequence length than exported (works, refused, '
+            f'or silently wrong). Generation: 32 greedy tokens against the trainer\'s. Cold '
+            f'start: process start to first output.</p><p>{e(dep["summary"])}.</p>'
+            f'{chart}{table}</section>')
 
 
 def _env(report: Report) -> str:
@@ -619,6 +655,7 @@ def html_from_report(report: Report) -> str:
 {_layouts(report)}
 {_parity(report)}
 {_compile(report)}
+{_deployment(report)}
 {_advice_details(report)}
 {_env(report)}
 <footer>sextant {e(report['sextant'])} · group {e(report.get('group_id') or '-')} · written
@@ -638,12 +675,13 @@ def render_html(runs: Sequence[RunRecord], *, advice: Any = None,
 
 def render(runs: Sequence[RunRecord], fmt: str = "html", *, advice: Any = None,
            profile_path: str | None = None, group_id: str | None = None,
-           machine: Any = None, related: Sequence[RunRecord] | None = None) -> str:
+           machine: Any = None, related: Sequence[RunRecord] | None = None,
+           deployments: Sequence[DeployRecord] = ()) -> str:
     """The report of `runs` in one of FORMATS (`machine`: see build_report)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown report format {fmt!r}; allowed: {', '.join(FORMATS)}")
     report = build_report(runs, advice=advice, profile_path=profile_path, group_id=group_id,
-                          machine=machine, related=related)
+                          machine=machine, related=related, deployments=deployments)
     if fmt == "json":
         return json.dumps(finite_json(report), indent=1, sort_keys=True, default=str) + "\n"
     if fmt == "md":
@@ -654,10 +692,12 @@ def render(runs: Sequence[RunRecord], fmt: str = "html", *, advice: Any = None,
 
 
 def load_advice(profile: str | Path, runs: Sequence[RunRecord],
-                plan: str | Path | None = None) -> Any:
-    """The advisor's Advice for a team profile, with these runs as measured evidence (and a
-    planner result for the training hours, when given)."""
+                plan: str | Path | None = None, deployments: Sequence[DeployRecord] = ()
+                ) -> Any:
+    """The advisor's Advice for a team profile, with these runs and deployment rows as
+    measured evidence (and a planner result for the training hours, when given)."""
     from sextant.advisor import advise, evidence_from_runs, load_profile
+    from sextant.advisor.evidence import evidence_from_deployments
     from sextant.advisor.planned import load_plan
 
     team = load_profile(profile)
@@ -665,7 +705,8 @@ def load_advice(profile: str | Path, runs: Sequence[RunRecord],
     from sextant.advisor.evidence import applicable
 
     runs, elsewhere = applicable(runs, team.hardware)
-    evidence = evidence_from_runs(runs)
+    evidence = evidence_from_runs(runs) + evidence_from_deployments(deployments,
+                                                                    team.deployment)
     notes = [elsewhere] if elsewhere else []
     if not any(x.metric == "throughput_ratio" for x in evidence):
         notes.append("No two frameworks measured on the same configuration in this report: "
@@ -675,7 +716,7 @@ def load_advice(profile: str | Path, runs: Sequence[RunRecord],
 
 def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = "html",
                 profile: str | Path | None = None, calibration: str | Path | None = None,
-                plan: str | Path | None = None) -> str:
+                plan: str | Path | None = None, deploy_group: str | None = None) -> str:
     """The report of one compare group (default: the latest). The scaling prediction uses
     `calibration`, else calibration.json next to the results database, else
     ./sextant-results/calibration.json; without one, measured points only."""
@@ -690,11 +731,23 @@ def report_text(store: ResultsStore, *, group_id: str | None = None, fmt: str = 
     if not runs:
         raise UserError(f"no runs of group {group!r} in {store.path}; "
                         "'sextant runs list' shows the stored runs")
-    advice = load_advice(profile, runs, plan) if profile is not None else None
+    deployments = deployments_of(store, runs[0].workload_hash, deploy_group)
+    advice = load_advice(profile, runs, plan, deployments) if profile is not None else None
     return render(runs, fmt, advice=advice,
                   profile_path=str(profile) if profile is not None else None, group_id=group,
                   machine=load_machine(calibration, Path(store.path).parent),
-                  related=store.runs(workload_hash=runs[0].workload_hash))
+                  related=store.runs(workload_hash=runs[0].workload_hash),
+                  deployments=deployments)
+
+
+def deployments_of(store: ResultsStore, workload_hash: str, group: str | None = None
+                   ) -> list[DeployRecord]:
+    """The deployment rows the report shows: those of `group`, else the workload's latest
+    deployment group (none: the report has no deployment section)."""
+    if group is not None:
+        return store.deployments(group_id=group)
+    rows = store.deployments(workload_hash=workload_hash)
+    return [r for r in rows if r.group_id == rows[-1].group_id] if rows else []
 
 
 def write_report(store: ResultsStore, path: str | Path, **options: Any) -> Path:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sextant.results.record import RunRecord
+from sextant.strategy import DATA_PARALLEL
 
 LINK_GBITS = (0.1, 1.0, 10.0, 25.0, 100.0, 400.0)
 """Link rates the planner's line covers (Gbit/s), besides the measured ones."""
@@ -77,7 +78,7 @@ def _predict(s: dict[str, Any], single: RunRecord | None, machine: Any
     """The planner's efficiency at every rate (None without calibration, fit or baseline)."""
     if machine is None or machine.calibration is None or single is None or not s["fit"]:
         return None
-    if s["parallel"] not in ("dp", "dp-manual", "zero1", "zero2", "zero3", "fsdp"):
+    if s["parallel"] not in DATA_PARALLEL:
         return None
     from sextant.errors import UserError
     from sextant.planner.local import predict_scaling

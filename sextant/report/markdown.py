@@ -9,8 +9,10 @@ from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
 from sextant.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
 from sextant.report.model import (
     ACCELERATOR_COLUMNS,
+    DEPLOY_COLUMNS,
     Report,
     accelerator_rows,
+    deploy_cells,
     speedup_cell,
 )
 
@@ -195,6 +197,11 @@ def markdown_from_report(report: Report) -> str:
     lines.append("")
 
     env = report["environment"]
+    dep = report.get("deployment")
+    if dep:
+        lines += ["## Deployment", "", md(dep["summary"]) + ".", ""]
+        lines += _table(DEPLOY_COLUMNS, [deploy_cells(r) for r in dep["rows"]], left=5)
+        lines += [""]
     lines += ["## Environment", ""]
     lines += _table(("key", "value"), [(k, v) for k, v in sorted(env["fingerprint"].items())]
                     + [(f"{k} version", v) for k, v in sorted(env["framework_versions"].items())],

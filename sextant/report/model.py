@@ -30,6 +30,7 @@ from sextant.measure.intervals import (
 )
 from sextant.measure.agreement import FP32_ATOL, MIXED_FACTOR, mixed_agreement
 from sextant.measure.stats import max_loss_diff
+from sextant.results.deploy import DeployRecord
 from sextant.results.record import RankSummary, RunRecord
 
 MODEL_STATE_BYTES_PER_PARAM = 16
@@ -72,6 +73,8 @@ class RunRow(TypedDict):
     mfu: float | None
     planner_step_s: float | None
     planner_error: float | None
+    planner_stale: bool
+    """Its planner figures were made by another planner or catalogue than today's."""
     device_peak_bytes: float | None
     index: int
     label: str
@@ -89,6 +92,9 @@ class RunRow(TypedDict):
     speedup_vs_reference: float | None
     first_step_s: float | None
     compile_s: float | None
+    time_to_first_step_s: float | None
+    import_s: float | None
+    setup_s: float | None
     achieved_flops_per_s: float | None
     peak_rss_bytes: float | None
     peak_rss_total_bytes: float | None
@@ -144,6 +150,111 @@ class Report(TypedDict):
     compile: list[dict[str, Any]]
     layouts: list[dict[str, Any]] | None
     environment: dict[str, Any]
+    deployment: Deployment | None
+
+
+class DeployRow(TypedDict):
+    """One deployment artifact as the report shows it (sextant.results.deploy.DeployRecord)."""
+
+    label: str
+    framework: str
+    format: str
+    runtime: str
+    status: str
+    error: str | None
+    parity: str | None
+    max_rel: float | None
+    argmax_agree: float | None
+    loss_change: float | None
+    """Held-out loss of the artifact minus the reference's (a quantized artifact's cost)."""
+    probe: str | None
+    probe_detail: str | None
+    generation_match: bool | None
+    b1_ms: float | None
+    b1_low_ms: float | None
+    b1_high_ms: float | None
+    bn_ms: float | None
+    bn_batch: int | None
+    cold_start_s: float | None
+    size_mb: float | None
+    rss_mb: float | None
+    targets: list[str]
+
+
+class Deployment(TypedDict):
+    """The deployment section: every artifact exported from one run's final parameters."""
+
+    source_run: int | None
+    params_sha256: str
+    threads: int
+    rows: list[DeployRow]
+    summary: str
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def deploy_row(r: DeployRecord) -> DeployRow:
+    b1 = r.latency_at(1)
+    bn = max(r.latency, key=lambda lat: lat.batch, default=None)
+    loss = (r.loss_artifact - r.loss_reference
+            if r.loss_artifact is not None and r.loss_reference is not None else None)
+    return {
+        "label": r.label, "framework": r.framework, "format": r.format, "runtime": r.runtime,
+        "status": r.status, "error": r.error, "parity": r.parity, "max_rel": r.max_rel,
+        "argmax_agree": r.argmax_agree, "loss_change": loss, "probe": r.probe,
+        "probe_detail": r.probe_detail, "generation_match": r.generation_match,
+        "b1_ms": _ms(b1.p50_s) if b1 else None, "b1_low_ms": _ms(b1.low_s) if b1 else None,
+        "b1_high_ms": _ms(b1.high_s) if b1 else None,
+        "bn_ms": _ms(bn.p50_s) if bn and bn.batch != 1 else None,
+        "bn_batch": bn.batch if bn and bn.batch != 1 else None,
+        "cold_start_s": r.cold_start_s,
+        "size_mb": None if r.size_bytes is None else r.size_bytes / 1e6,
+        "rss_mb": None if r.peak_rss_bytes is None else r.peak_rss_bytes / 2**20,
+        "targets": list(r.targets),
+    }
+
+
+DEPLOY_COLUMNS = ("artifact", "status", "parity (max rel)", "other shape", "generation",
+                  "batch 1 ms [95% CI]", "batch N ms", "cold start s", "MB", "RSS MB")
+
+
+def deploy_cells(r: DeployRow) -> tuple[Any, ...]:
+    if r["status"] != "ok":
+        return (r["label"], r["status"], r["error"] or "", *["-"] * 7)
+    parity = (f'{r["parity"]} ({_loss_change(r["loss_change"])})' if r["parity"] == "quantized"
+              else f'{r["parity"]} ({r["max_rel"]:.1e})' if r["max_rel"] is not None
+              else "-")
+    b1 = (f'{r["b1_ms"]:.2f}' + (f' [{r["b1_low_ms"]:.2f}-{r["b1_high_ms"]:.2f}]'
+                                  if r["b1_low_ms"] is not None and r["b1_high_ms"] is not None
+                                  else "")) if r["b1_ms"] is not None else "-"
+    bn = f'{r["bn_ms"]:.2f} (b{r["bn_batch"]})' if r["bn_ms"] is not None else "-"
+    return (r["label"], "ok", parity, r["probe"] or "-",
+            {True: "same", False: "differs", None: "-"}[r["generation_match"]], b1, bn,
+            f'{r["cold_start_s"]:.2f}' if r["cold_start_s"] is not None else "-", f'{r["size_mb"]:.2f}' if r["size_mb"] is not None
+            else "-", f'{r["rss_mb"]:.0f}' if r["rss_mb"] is not None else "-")
+
+
+def _loss_change(v: float | None) -> str:
+    return "-" if v is None else f"held-out loss {v:+.4f}"
+
+
+def _deployment(records: Sequence[DeployRecord]) -> Deployment | None:
+    if not records:
+        return None
+    ok = [r for r in records if r.status == "ok"]
+    matched = sum(r.parity == "match" for r in ok)
+    quantized = sum(r.parity == "quantized" for r in ok)
+    failed = sum(r.status == "failed" for r in records)
+    missing = sum(r.status == "unavailable" for r in records)
+    parts = [f"{matched} of {len(records)} artifacts serve the trainer's logits"]
+    parts += [f"{n} {what}" for n, what in (
+        (len(ok) - matched - quantized, "mismatched"), (quantized, "quantized"),
+        (failed, "failed"), (missing, "not available here")) if n]
+    return {"source_run": records[0].source_run, "params_sha256": records[0].params_sha256,
+            "threads": records[0].threads, "rows": [deploy_row(r) for r in records],
+            "summary": "; ".join(parts)}
 
 
 def _throughput(run: RunRecord) -> tuple[float | None, float | None, float | None]:
@@ -173,6 +284,7 @@ def _run_row(run: RunRecord, ref: RunRecord, index: int) -> RunRow:
         "mfu": run.metrics.mfu,
         "planner_step_s": run.metrics.planner_step_s,
         "planner_error": run.metrics.planner_error,
+        "planner_stale": _planner_stale(run.metrics),
         "device_peak_bytes": run.metrics.device_peak_bytes,
         "index": index,
         "label": run.label,
@@ -192,6 +304,9 @@ def _run_row(run: RunRecord, ref: RunRecord, index: int) -> RunRow:
         "speedup_vs_reference": (ref_med / med) if med and ref_med and not not_ranked else None,
         "first_step_s": run.metrics.first_step_s,
         "compile_s": run.metrics.compile_s,
+        "time_to_first_step_s": run.metrics.time_to_first_step_s,
+        "import_s": run.metrics.import_s,
+        "setup_s": run.metrics.setup_s,
         "achieved_flops_per_s": run.metrics.achieved_flops_per_s,
         "peak_rss_bytes": run.metrics.peak_rss_bytes,
         "peak_rss_total_bytes": run.metrics.peak_rss_total_bytes,
@@ -476,7 +591,9 @@ def _compile(rows: list[RunRow]) -> list[dict[str, Any]]:
                     "first_step_s": first, "steady_step_s": steady,
                     "compile_s": row["compile_s"] if row["compile_s"] is not None
                     else max(0.0, first - steady),
-                    "first_over_steady": first / steady if steady else None})
+                    "first_over_steady": first / steady if steady else None,
+                    "time_to_first_step_s": row["time_to_first_step_s"],
+                    "import_s": row["import_s"], "setup_s": row["setup_s"]})
     return out
 
 
@@ -670,8 +787,8 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
 
 def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
                  profile_path: str | None = None, group_id: str | None = None,
-                 machine: Any = None, related: Sequence[RunRecord] | None = None
-                 ) -> Report:
+                 machine: Any = None, related: Sequence[RunRecord] | None = None,
+                 deployments: Sequence[DeployRecord] = ()) -> Report:
     """The report of `runs` (one compare group, oldest first; the first is the reference).
     `machine`: a planner Catalogue with this machine's calibration, for the scaling
     prediction (None: measured points only). `related`: every stored run of the workload,
@@ -690,7 +807,7 @@ def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
         _trial_fields(row, trials, groups[0])
     _colour_index(rows)
     parity = _parity(runs, ref)
-    claims = [c.to_dict() for c in check_claims(every_run)]
+    claims = [c.to_dict() for c in check_claims(every_run, deployments=deployments)]
     scaling = _scaling(rows)
     _predict(scaling, runs, machine)
     workload = ref.workload_dict()
@@ -713,20 +830,34 @@ def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
         "compile": _compile(rows),
         "layouts": _layouts(runs),
         "environment": _environment(runs, ref),
+        "deployment": _deployment(deployments),
     }
 
 
 MODEL_PARALLEL = ("tp", "tp-manual", "pp")
 
 
+def _planner_stale(metrics: Any) -> bool:
+    """Whether a run's planner-derived figures (MFU against a catalogue peak, the predicted
+    step) came from another planner version or catalogue than the one installed."""
+    if metrics.mfu is None and metrics.planner_step_s is None:
+        return False
+    from sextant.planner.version import is_current
+
+    return not is_current(metrics.planner_version, metrics.catalogue_hash)
+
+
 def accelerator_cells(mfu: float | None, device_peak_bytes: float | None,
-                      planner_step_s: float | None, planner_error: float | None) -> list[str]:
+                      planner_step_s: float | None, planner_error: float | None,
+                      stale: bool = False) -> list[str]:
     """MFU (blank where the device is not catalogued), device memory peak, and the planner's
-    predicted step with its error against the measured one (one-device runs)."""
+    predicted step with its error against the measured one (one-device runs); planner
+    figures of another planner or catalogue marked stale."""
     from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
 
-    return [fmt_share(mfu), fmt_bytes_mb(device_peak_bytes),
-            f"{fmt_ms(planner_step_s)} ({planner_error:+.1%})" if planner_error is not None
+    mark = " (stale planner)" if stale else ""
+    return [fmt_share(mfu) + (mark if mfu is not None else ""), fmt_bytes_mb(device_peak_bytes),
+            f"{fmt_ms(planner_step_s)} ({planner_error:+.1%}){mark}" if planner_error is not None
             else "-"]
 
 
@@ -735,7 +866,8 @@ def accelerator_rows(report: Report) -> list[tuple[Any, ...]]:
     accelerator; [] when none was."""
     return [(r["label"], str(r.get("accelerator") or "GPU"), str(r.get("effective_precision")),
              *accelerator_cells(r.get("mfu"), r.get("device_peak_bytes"),
-                                r.get("planner_step_s"), r.get("planner_error")))
+                                r.get("planner_step_s"), r.get("planner_error"),
+                                bool(r.get("planner_stale"))))
             for r in report["runs"] if r.get("device") == "gpu"]
 
 

@@ -137,6 +137,12 @@ class Metrics:
     steps_timed: int | None = _kind(int)
     first_step_s: float | None = _kind(float)
     compile_s: float | None = _kind(float)
+    time_to_first_step_s: float | None = _kind(float)
+    """The edit-run loop: rank 0's process start to its first finished step."""
+    import_s: float | None = _kind(float)
+    """Importing the framework (part of time_to_first_step_s)."""
+    setup_s: float | None = _kind(float)
+    """Building the model, placing it and joining the other ranks, before the first step."""
     samples_per_s: float | None = _kind(float)
     tokens_per_s: float | None = _kind(float)
     tokens_per_step: float | None = _kind(float)
@@ -169,6 +175,10 @@ class Metrics:
     peak_flops: float | None = _kind(float)
     planner_step_s: float | None = _kind(float)
     planner_error: float | None = _kind(float)
+    planner_version: str | None = _kind(str)
+    catalogue_hash: str | None = _kind(str)
+    """The planner and catalogue that made mfu, peak_flops and planner_step_s
+    (sextant.planner.version); None in records from before they were kept."""
     disturbed: bool = _kind(bool, False)
     """Other programs used the machine while it trained (sextant.measure.interference)."""
     trial: int | None = _kind(int)

@@ -18,6 +18,7 @@ from typing import Any
 
 from sextant.errors import UserError
 from sextant.paths import default_db
+from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 
 SCHEMA_VERSION = 1
@@ -53,6 +54,17 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_workload ON runs (workload_hash);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id);
+CREATE TABLE IF NOT EXISTS deployments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at TEXT NOT NULL,
+    group_id TEXT,
+    workload_hash TEXT NOT NULL,
+    framework TEXT NOT NULL,
+    format TEXT NOT NULL,
+    status TEXT NOT NULL,
+    record_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deployments_group ON deployments (group_id);
 """
 
 _JSON_COLUMNS = {
@@ -252,6 +264,55 @@ class ResultsStore:
             (record.run_dir, record.created_at, record.workload_hash),
         ).fetchone()
         return None if row is None else int(row["id"])
+
+    def add_deployment(self, record: DeployRecord) -> int:
+        """Insert one deployment artifact's row (one transaction); returns its id."""
+        created = record.created_at or time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        doc = finite_json({**record.to_dict(), "id": None, "created_at": created})
+        try:
+            with self._conn:
+                cur = self._conn.execute(
+                    "INSERT INTO deployments (created_at, group_id, workload_hash, framework, "
+                    "format, status, record_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (created, record.group_id, record.workload_hash, record.framework,
+                     record.format, record.status, json.dumps(doc, allow_nan=False)))
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise StoreLocked(self._locked_message()) from None
+            raise
+        if cur.lastrowid is None:
+            raise RuntimeError("the results store did not report the new row's id")
+        return int(cur.lastrowid)
+
+    def deployments(self, *, group_id: str | None = None, workload_hash: str | None = None
+                    ) -> list[DeployRecord]:
+        """Deployment rows (oldest first), of one group or one workload; an unreadable row is
+        named on stderr and left out."""
+        query, args = "SELECT id, record_json FROM deployments", []
+        clauses = []
+        for column, value in (("group_id", group_id), ("workload_hash", workload_hash)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        out = []
+        for row in self._conn.execute(query + " ORDER BY id", args):
+            name = f"deployment {row['id']} in {self.path} is unreadable:"
+            try:
+                doc = json.loads(row["record_json"])
+                if not isinstance(doc, dict):
+                    raise UserError(f"{name} not a JSON object")
+                out.append(DeployRecord.from_dict({**doc, "id": row["id"]}, name=name))
+            except (ValueError, RecursionError, UserError) as exc:
+                message = exc if isinstance(exc, UserError) else f"{name} not valid JSON"
+                sys.stderr.write(f"sextant: warning: {message}; it is left out\n")
+        return out
+
+    def latest_deployment_group(self) -> str | None:
+        row = self._conn.execute("SELECT group_id FROM deployments WHERE group_id IS NOT NULL "
+                                 "ORDER BY id DESC LIMIT 1").fetchone()
+        return None if row is None else row["group_id"]
 
     def latest_group(self) -> str | None:
         row = self._conn.execute(

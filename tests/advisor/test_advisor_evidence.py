@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from sextant.advisor import advise, evidence_from_runs, render_markdown, to_dict
+from sextant.advisor.evidence import evidence_from_deployments
+from sextant.errors import UserError
+from sextant.results.deploy import DeployRecord, Latency
 from tests.advisor.util import profile, run
 
 
@@ -168,3 +172,58 @@ def test_scaling_efficiency_holds_the_total_compute_equal() -> None:
     dp = run(2, "torch", 860.0, parallel="dp", workers=2, threads_per_worker=1, device="gpu")
     assert _by(evidence_from_runs([single, dp]), "pytorch",
                "scaling_efficiency").value == pytest.approx(0.43)
+
+
+def _deployed(framework: str, fmt: str, targets: tuple[str, ...], ok: bool = True
+              ) -> DeployRecord:
+    return DeployRecord(framework=framework, format=fmt, runtime="r",
+                        status="ok" if ok else "failed", workload_name="w", workload_hash="h",
+                        params_sha256="p", id=len(fmt), targets=targets,
+                        parity="match" if ok else None, probe="works" if ok else None)
+
+
+def test_a_production_profile_reads_the_measured_deployment_matrix() -> None:
+    """The fixed production and on-device rules give way to the measured rows: a stack whose
+    artifacts reach the team's target gains, one whose artifacts do not loses."""
+    rows = [_deployed("tensorflow", "litert", ("mobile", "edge")),
+            _deployed("torch", "torch-export", ("server",)),
+            _deployed("torch", "executorch", ("mobile", "edge"), ok=False),
+            _deployed("jax", "jax-export", ("server",))]
+    team = profile(deployment="mobile", purpose="production")
+    evidence = evidence_from_deployments(rows, team.deployment)
+    by = {(e.candidate, e.metric): e.value for e in evidence}
+    assert by[("tensorflow", "deploy_formats")] == 1
+    assert by[("pytorch", "deploy_formats")] == 0 and by[("jax", "deploy_formats")] == 0
+    advice = advise(team, evidence)
+    fired = {f.id: f for f in advice.fired}
+    assert "purpose.production" not in fired and "deploy.mobile-edge" not in fired
+    assert dict(fired["measured.deploy-reached"].effect) == {"tensorflow": 1.5}
+    assert set(dict(fired["measured.deploy-missing"].effect)) == {
+        "pytorch", "pytorch+deepspeed", "jax"}
+    # Without the matrix, the rules of thumb stand.
+    assert "deploy.mobile-edge" in {f.id for f in advise(team, []).fired}
+
+
+def test_serving_term_prices_each_stack_at_its_measured_latency() -> None:
+    def timed(framework: str, fmt: str, ms: float) -> DeployRecord:
+        row = _deployed(framework, fmt, ("server",))
+        return dataclasses.replace(row, latency=(Latency(batch=1, n=5, p50_s=ms / 1e3,
+                                                         p90_s=ms / 1e3),))
+
+    rows = [timed("torch", "onnx", 0.5), timed("torch", "torch-export", 1.0),
+            timed("tensorflow", "savedmodel", 1.5)]
+    team = profile(serving_requests_per_day=1e6, serving_seconds_per_request=0.01)
+    evidence = evidence_from_deployments(rows, "server")
+    ratio = {e.candidate: e.value for e in evidence if e.metric == "serving_latency_ratio"}
+    assert ratio["pytorch"] == 1.0 and ratio["tensorflow"] == pytest.approx(3.0)
+    costs = {r.candidate: r.cost for r in advise(team, evidence).ranking}
+    hours = 1e6 * 365 * 0.01 / 3600  # the fastest stack's device-hours
+    assert costs["pytorch"].serving_hours == pytest.approx(hours)
+    assert costs["tensorflow"].serving_usd == pytest.approx(3 * hours * 2.0)
+    assert costs["jax"].serving_factor == 1.0  # not measured: priced as the fastest
+    for cost in costs.values():
+        assert cost.total_usd == pytest.approx(cost.compute_usd + cost.serving_usd
+                                               + cost.people_usd)
+    assert "| Serving |" in render_markdown(advise(team, evidence))
+    with pytest.raises(UserError, match="both serving_requests_per_day"):
+        profile(serving_requests_per_day=1e6)

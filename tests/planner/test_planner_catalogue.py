@@ -91,7 +91,7 @@ def test_the_h800_is_an_h100_with_a_slower_nvlink():
     cost = preset("llama3-70b").cost()
     lay = Layout(dp=8, tp=8, zero=1, mbs=1)
     tp = {key: evaluate_one(cost, resolve_hardware(cat, key, options=opts), opts, lay)
-          .figures["tp_comm"] for key in ("h800", "h100-sxm")}
+          .seconds("tp_comm") for key in ("h800", "h100-sxm")}
     assert tp["h800"] > 2 * tp["h100-sxm"]
 
 
@@ -182,3 +182,33 @@ def test_links_with_published_sweeps_carry_a_ramp():
         assert link.ramp is not None and "29c6b70" in link.sweep_source
         assert 0 < min(link.ramp[1]) and max(link.ramp[1]) <= 1.0
     assert cat.link("ib-hdr").ramp is None  # no published sweep: plateau at every size
+
+
+def test_a_link_without_a_published_benchmark_is_said_to_be_nominal(capsys):
+    from sextant.cli import main
+
+    cat = load_catalogue(calibration=None)
+    assert not cat.link("ib-hdr").achievable_published
+    assert cat.link("nvlink4").achievable_published and cat.link("ib-ndr").achievable_published
+    base = ["plan", "--model", "llama2-7b", "--gpus", "64", "--no-curve"]
+    assert main([*base, "--accelerator", "a100-80gb", "--network", "ib-hdr"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ib-hdr: no published collective benchmark" in out and "nominal 25 GB/s" in out
+    assert main([*base, "--accelerator", "h100-sxm", "--network", "ib-ndr"]) == 0
+    assert "no published collective benchmark" not in capsys.readouterr().out
+
+
+def test_the_plan_gives_each_link_its_nominal_and_its_achievable_rate(capsys):
+    import json
+
+    from sextant.cli import main
+
+    argv = ["plan", "--model", "llama3-70b", "--gpus", "64", "--accelerator", "h800",
+            "--no-curve"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    hw = doc["hardware"]
+    # DeepSeek-V3's achievable 160 GB/s for the H800's NVLink, beside its nominal 200.
+    assert (hw["intra_bw"], hw["intra_bus_bw"]) == (200e9, 160e9)
+    assert doc["time"]["main_overhead"].startswith("TP all-reduces on nvlink4-h800")
+    assert "160 GB/s/device" in doc["time"]["main_overhead"]

@@ -74,10 +74,14 @@ def test_plan_json(capsys):
     lay = doc["layout"]
     assert lay["dp"] * lay["tp"] * lay["pp"] == 16
     assert doc["training"]["days"] > 0 and doc["training"]["cost_usd"] > 0
-    parts = ("compute", "optimizer", "tp_comm", "pp_comm", "bubble", "dp_exposed")
-    assert (
-        abs(sum(doc["time"][k] for k in parts) - doc["time"]["step"]) < 1e-9 * doc["time"]["step"]
-    )
+    # The step is the sum of its parts, each named once, each with the link it runs on.
+    parts = doc["time"]["parts"]
+    assert [p["name"] for p in parts] == ["compute", "optimizer", "tp_comm", "cp_comm",
+                                          "ep_comm", "pp_comm", "bubble", "dp_exposed"]
+    assert sum(p["value"] for p in parts) == pytest.approx(doc["time"]["step"], rel=1e-12)
+    assert {p["link"] for p in parts if p["name"] in ("tp_comm", "dp_exposed")} <= {
+        doc["hardware"]["intra_link"], doc["hardware"]["network"]}
+    assert doc["throughput"]["mfu_6n"] < doc["throughput"]["mfu"]
 
 
 def test_pinned_layout_that_cannot_fit_says_so(capsys):

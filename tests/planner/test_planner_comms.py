@@ -179,7 +179,7 @@ def test_ddp_buckets_cost_more_than_one_call_and_can_be_turned_off():
             global_batch=32, stack=replace(PROFILES["torchtitan"], dp_bucket_bytes=bucket)
         )
         hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
-        dp[bucket] = float(evaluate_one(shape.cost(), hw, opts, lay).figures["dp_comm"])
+        dp[bucket] = float(evaluate_one(shape.cost(), hw, opts, lay).dp_comm)
     assert dp[None] > dp[0] * 1.05
 
 
@@ -192,12 +192,12 @@ def _tp_case(pp: int, tp: int = 4, batch: int = 8):
     opts = PlanOptions(global_batch=batch)
     hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
     lay = Layout(dp=1, tp=tp, pp=pp, mbs=1)
-    f = evaluate_one(shape.cost(), hw, opts, lay).figures
+    f = evaluate_one(shape.cost(), hw, opts, lay)
     le = (hw.intra.collective_bandwidth, hw.intra.latency, hw.intra.call_latency, hw.intra.ramp)
     tokens = shape.seq_len
     ar_h = float(comms.all_reduce(tokens * 2048 * 2.0, tp, *le))
     ar_ce = float(comms.all_reduce(tokens * 4.0, tp, *le))
-    return f["tp_comm"], ar_h, ar_ce, batch, shape.n_layers // pp
+    return f.seconds("tp_comm"), ar_h, ar_ce, batch, shape.n_layers // pp
 
 
 @pytest.mark.parametrize("pp", [1, 2])

@@ -20,9 +20,9 @@ def _compute_efficiency(hidden: int, heads: int, tp: int) -> float:
     opts = PlanOptions(global_batch=8, flash_attention=False)
     hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
     cost = shape.cost(flash_attention=False)
-    f = evaluate_one(cost, hw, opts, Layout(dp=1, tp=tp, mbs=1)).figures
+    f = evaluate_one(cost, hw, opts, Layout(dp=1, tp=tp, mbs=1))
     flops = cost.model_flops_per_token * 8 * shape.seq_len / tp
-    return flops / (f["compute"] * hw.accelerator.peak("bf16"))
+    return flops / (f.seconds("compute") * hw.accelerator.peak("bf16"))
 
 
 def test_wider_models_run_closer_to_peak():
@@ -104,7 +104,7 @@ def test_the_pipeline_runs_at_its_slowest_stage():
     for balanced in (False, True):
         opts = PlanOptions(global_batch=96, stack=profile("generic").with_overrides(balanced_stages=balanced))
         hw = resolve_hardware(cat, "a100-80gb", "ib-hdr", options=opts)
-        steps[balanced] = evaluate_one(shape.cost(), hw, opts, lay).figures["compute_flops_bound"]
+        steps[balanced] = evaluate_one(shape.cost(), hw, opts, lay).compute.flops_bound
     # Even split: 6 layers + a projection of ~2 layers on the last stage; balanced: 4 + 2.
     assert steps[False] > 1.25 * steps[True]
 
@@ -135,7 +135,7 @@ def test_fp8_adds_the_casts_to_the_memory_traffic_and_halves_the_operands():
     for fp8 in (False, True):
         opts = PlanOptions(global_batch=8, fp8=fp8)
         hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
-        figures[fp8] = evaluate_one(cost, hw, opts, Layout(dp=8, mbs=1)).figures
+        figures[fp8] = evaluate_one(cost, hw, opts, Layout(dp=8, mbs=1))
     tokens, bw = shape.seq_len, 3.35e12
     operands = {
         fp8: efficiency.gemm_operand_bytes(cost.gemms, tokens, 1, 1.0 if fp8 else 2.0,
@@ -145,7 +145,7 @@ def test_fp8_adds_the_casts_to_the_memory_traffic_and_halves_the_operands():
     casts = efficiency.fp8_quantize_bytes(cost.gemms, tokens, 1)
     weights = 8 * shape.layer_params() * efficiency.FP8_QUANTIZE_BYTES
     expected = 8 * (3 * (operands[True] - operands[False]) + casts) + weights
-    delta = figures[True]["compute_memory_ops"] - figures[False]["compute_memory_ops"]
+    delta = figures[True].compute.memory_ops - figures[False].compute.memory_ops
     assert delta == pytest.approx(expected / bw, rel=1e-9)
 
 
@@ -158,7 +158,7 @@ def test_fp8_keeps_the_output_projection_and_the_attention_core_at_the_16_bit_ra
     cost = shape.cost()
     opts = PlanOptions(global_batch=8, fp8=True)
     hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
-    f = evaluate_one(cost, hw, opts, Layout(dp=8, mbs=1)).figures
+    f = evaluate_one(cost, hw, opts, Layout(dp=8, mbs=1))
     acc = hw.accelerator
     head = 6.0 * shape.vocab_size * shape.d_model
     attention = cost.attention_flops_per_token + cost.flash_recompute_flops_per_token
@@ -166,4 +166,4 @@ def test_fp8_keeps_the_output_projection_and_the_attention_core_at_the_16_bit_ra
     per_token = gemms / acc.peak("fp8") + head / acc.peak("bf16")
     at_rate = 0.5 * attention / (acc.attention_rates["flash2"] * acc.peak("bf16"))
     expected = 8 * shape.seq_len * (per_token / efficiency.KERNEL_EFFICIENCY + at_rate) / 8
-    assert f["compute_flops_bound"] == pytest.approx(expected, rel=1e-9)
+    assert f.compute.flops_bound == pytest.approx(expected, rel=1e-9)

@@ -14,7 +14,7 @@ from sextant.errors import UserError
 from sextant.planner import efficiency
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
-from sextant.planner.models import PRESETS
+from sextant.planner.presets import PRESETS
 from sextant.planner.profiles import profile
 
 
@@ -75,7 +75,7 @@ def _figures(stack, accelerator="h100-sxm", seq=32768, **overrides):
     shape = replace(PRESETS["llama3-8b"], seq_len=seq, global_batch=8)
     opts = PlanOptions(global_batch=8, stack=profile(stack).with_overrides(**overrides))
     hw = resolve_hardware(load_catalogue(calibration=None), accelerator, None, options=opts)
-    return evaluate_one(shape.cost(), hw, opts, Layout(dp=8, zero=3, mbs=1)).figures
+    return evaluate_one(shape.cost(), hw, opts, Layout(dp=8, zero=3, mbs=1))
 
 
 def test_the_attention_kernel_sets_a_long_sequence_apart_and_only_where_it_has_a_rate():
@@ -83,19 +83,19 @@ def test_the_attention_kernel_sets_a_long_sequence_apart_and_only_where_it_has_a
     # backend (flash2); with the elementwise kernels alike, only the attention differs.
     mcore = _figures("megatron-core", fused_elementwise=False)
     titan = _figures("torchtitan")
-    assert mcore["compute_flops_bound"] < 0.8 * titan["compute_flops_bound"]
+    assert mcore.compute.flops_bound < 0.8 * titan.compute.flops_bound
     # A100 has no flash3 rate: Megatron-Core falls back to FlashAttention-2 there.
     a_mcore = _figures("megatron-core", "a100-80gb", fused_elementwise=False)
     a_titan = _figures("torchtitan", "a100-80gb")
-    assert a_mcore["compute_flops_bound"] == pytest.approx(a_titan["compute_flops_bound"])
+    assert a_mcore.compute.flops_bound == pytest.approx(a_titan.compute.flops_bound)
 
 
 def test_eager_elementwise_kernels_move_more_bytes_than_fused_ones():
     eager = _figures("torchtitan", seq=2048)
     fused = _figures("torchtitan", seq=2048, fused_elementwise=True)
-    assert eager["compute_flops_bound"] == pytest.approx(fused["compute_flops_bound"])
-    assert eager["compute_memory_ops"] > fused["compute_memory_ops"]
-    assert eager["step"] > fused["step"]
+    assert eager.compute.flops_bound == pytest.approx(fused.compute.flops_bound)
+    assert eager.compute.memory_ops > fused.compute.memory_ops
+    assert eager.step > fused.step
     # Only the elementwise part scales, by EAGER / ELEMENTWISE passes.
     elementwise = np.asarray(efficiency.elementwise_bytes(1.0, 0.0, fused=False))
     assert float(elementwise) == pytest.approx(

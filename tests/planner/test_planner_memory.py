@@ -172,12 +172,12 @@ def test_pipeline_first_stage_holds_min_p_m_microbatches():
     assert np.all(pipeline_inflight(np.array([1, 2]), np.array([5, 5])) == [1, 2])
 
 
-def _llama3_8b_on_8(memory_model: str, zero: int, figure: str) -> float:
+def _llama3_8b_on_8(memory_model: str, zero: int, part: str) -> float:
     """One figure of Llama 3 8B on 8 H100 at dp 8, micro-batch 1, full recomputation."""
     opts = PlanOptions(global_batch=8, stack=profile("generic").with_overrides(memory_model=memory_model))
     hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
     lay = Layout(dp=8, zero=zero, mbs=1, recompute="full")
-    return float(evaluate_one(preset("llama3-8b").cost(), hw, opts, lay).figures[figure])
+    return float(evaluate_one(preset("llama3-8b").cost(), hw, opts, lay).memory_of(part))
 
 
 def test_torch_loss_holds_the_logits_three_times():
@@ -188,7 +188,7 @@ def test_torch_loss_holds_the_logits_three_times():
     assert loss_bytes_factor("torch", "bf16") == loss_bytes_factor("torch", "fp32") == 3.0
     assert loss_bytes_factor("megatron", "bf16") == loss_bytes_factor("zero", "fp32") == 1.0
     shape = preset("llama3-8b")
-    acts = {model: _llama3_8b_on_8(model, 3, "mem_activations") for model in ("zero", "torch")}
+    acts = {model: _llama3_8b_on_8(model, 3, "activations") for model in ("zero", "torch")}
     logits = shape.seq_len * 4 * shape.vocab_size
     assert acts["torch"] - acts["zero"] == pytest.approx(2.0 * logits, rel=1e-9)
 
@@ -208,7 +208,7 @@ def test_torch_loss_under_tensor_parallelism_holds_its_shard_four_times():
     for model, opt in opts.items():
         hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opt)
         lay = Layout(dp=4, tp=2, zero=3, mbs=1, recompute="full")
-        acts[model] = evaluate_one(shape.cost(), hw, opt, lay).figures["mem_activations"]
+        acts[model] = evaluate_one(shape.cost(), hw, opt, lay).memory_of("activations")
     shard = shape.seq_len * 4 * shape.vocab_size / 2
     assert acts["torch"] - acts["zero"] == pytest.approx(3.0 * shard, rel=1e-9)
 
@@ -250,7 +250,7 @@ def test_fsdp2_root_unit_is_whole_at_the_backward_start():
     bf16; other memory models and ZeRO < 3 have no such term."""
     cost = preset("llama3-8b").cost()
     gathered = {
-        (model, zero): _llama3_8b_on_8(model, zero, "mem_gather")
+        (model, zero): _llama3_8b_on_8(model, zero, "zero3_buffers")
         for model, zero in (("torch", 3), ("zero", 3), ("torch", 1))
     }
     root = 2 * (cost.embed_params + cost.head_params + cost.other_params)

@@ -7,13 +7,9 @@ from pathlib import Path
 import pytest
 
 from sextant.errors import UserError
-from sextant.planner.models import (
-    PRESETS,
-    load_workload_shape,
-    megatron_gpt,
-    preset,
-    shape_from_workload,
-)
+from sextant.planner.models import megatron_gpt, preset
+from sextant.planner.presets import PRESETS
+from sextant.planner.workload_shapes import load_workload_shape, shape_from_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 

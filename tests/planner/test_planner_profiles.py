@@ -20,10 +20,10 @@ QUIRKS = {"memory_model", "dp_schedule", "zero3_gather", "balanced_stages", "cp_
           "dp_bucket_bytes"}
 
 
-def _figures(stack: str, layout: Layout, model: str = "llama3-8b", batch: int = 64) -> dict:
+def _figures(stack: str, layout: Layout, model: str = "llama3-8b", batch: int = 64):
     opts = PlanOptions(global_batch=batch, stack=profile(stack))
     hw = resolve_hardware(CAT, "h100-sxm", "ib-ndr", options=opts)
-    return evaluate_one(preset(model).cost(), hw, opts, layout).figures
+    return evaluate_one(preset(model).cost(), hw, opts, layout)
 
 
 def test_plan_options_hold_no_stack_quirk():
@@ -46,7 +46,7 @@ def test_megatron_core_keeps_fp32_main_gradients():
     # Megatron-Core's table: 18 bytes a parameter without the distributed optimizer, 6 + 12/d
     # with it (bf16 parameters, fp32 gradients); the ZeRO paper's accounting keeps 16.
     p = profile("megatron-core")
-    assert p.grad_dtype == "fp32"
+    assert p.memory_model == "megatron"
     assert model_state_bytes(1, 8, 0, memory_model=p.memory_model)["total"] == 18
     assert model_state_bytes(1, 8, 1, memory_model=p.memory_model)["total"] == 6 + 12 / 8
     assert model_state_bytes(1, 8, 0, memory_model=profile("generic").memory_model)[
@@ -59,10 +59,8 @@ def test_torchtitan_and_maxtext_keep_fp32_parameters():
     # parameters are the master copy; more device memory than the ZeRO paper's accounting.
     lay = Layout(dp=8, zero=3, mbs=1, recompute="full")
     for stack in ("torchtitan", "maxtext"):
-        assert profile(stack).master_dtype == "fp32 parameters"
-        assert _figures(stack, lay, batch=8)["memory"] > _figures("generic", lay, batch=8)[
-            "memory"
-        ]
+        assert profile(stack).memory_model == "torch"
+        assert _figures(stack, lay, batch=8).memory > _figures("generic", lay, batch=8).memory
 
 
 def test_deepspeed_counts_its_estimators_bytes():
@@ -78,14 +76,14 @@ def test_the_dated_zero3_stack_gathers_per_tensor():
     old = _figures("deepspeed-0.3", lay)
     new = _figures("deepspeed", lay)
     assert profile("deepspeed-0.3").zero3_gather == "tensor"
-    assert old["dp_comm"] > new["dp_comm"]
+    assert old.dp_comm > new.dp_comm
 
 
 def test_megatron_lm_2021_splits_stages_evenly():
     lay = Layout(dp=1, tp=8, pp=4, mbs=1, recompute="full")
     even = _figures("megatron-lm-2021", lay, batch=32)
     balanced = _figures("generic", lay, batch=32)
-    assert even["step"] > balanced["step"]
+    assert even.step > balanced.step
 
 
 def test_torchtitan_context_parallelism_gathers_k_and_v():
@@ -95,9 +93,9 @@ def test_torchtitan_context_parallelism_gathers_k_and_v():
     for stack in ("megatron-core", "torchtitan"):
         opts = PlanOptions(global_batch=1, stack=profile(stack))
         hw = resolve_hardware(CAT, "h100-sxm", "ib-ndr", options=opts)
-        figs[stack] = evaluate_one(long.cost(), hw, opts, lay).figures
+        figs[stack] = evaluate_one(long.cost(), hw, opts, lay)
     assert profile("torchtitan").cp_method == "allgather"
-    assert figs["torchtitan"]["cp_comm"] > figs["megatron-core"]["cp_comm"]
+    assert figs["torchtitan"].seconds("cp_comm") > figs["megatron-core"].seconds("cp_comm")
 
 
 def test_overrides_keep_the_rest_of_the_profile():
@@ -134,9 +132,10 @@ def test_host_memory_at_load_follows_how_the_stack_builds_the_model(capsys):
     lay = Layout(dp=8, zero=3, mbs=1, recompute="full")
     ds = _figures("deepspeed", lay, model="llama3-70b", batch=8)
     tt = _figures("torchtitan", lay, model="llama3-70b", batch=8)
-    assert ds["host_load_per_rank"] == pytest.approx(4 * params)
-    assert ds["host_load_per_node"] == pytest.approx(8 * 4 * params)
-    assert tt["host_load_per_node"] == 0
+    assert ds.host.load_per_rank == pytest.approx(4 * params)
+    # DeepSpeed's estimators ask 1.5 x what they keep on the host (additional_buffer_factor).
+    assert ds.host.load_per_node == pytest.approx(1.5 * 8 * 4 * params)
+    assert tt.host.load_per_node == 0
     base = ["plan", "--model", "llama3-70b", "--gpus", "64", "--no-curve",
             "--host-memory-gb", "1000"]
     assert main([*base, "--stack", "deepspeed"]) == 0
@@ -145,4 +144,30 @@ def test_host_memory_at_load_follows_how_the_stack_builds_the_model(capsys):
     assert "does not fit" not in capsys.readouterr().out
     assert main([*base, "--stack", "deepspeed", "--json"]) == 0
     mem = json.loads(capsys.readouterr().out)["memory"]
-    assert mem["host_load_per_node"] == pytest.approx(8 * 4 * params)
+    assert mem["host_load_per_node"] == pytest.approx(1.5 * 8 * 4 * params)
+
+
+@pytest.mark.parametrize("zero, offload, nodes", [(2, "optimizer", 1), (3, "params", 1),
+                                                  (3, "params", 4), (3, "optimizer", 2)])
+def test_deepspeed_memory_is_its_own_estimator(zero, offload, nodes):
+    """The deepspeed profile against DeepSpeed's estimators themselves (its model built
+    whole on every rank: zero_init off): the host memory a node asks for, buffer factor 1.5
+    included, and the device's model states, ZeRO-3 keeping its largest layer whole on the
+    device even with the parameters offloaded."""
+    z12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    z3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    devices = 8 * nodes
+    f = _figures("deepspeed", Layout(dp=devices, zero=zero, mbs=1, offload=offload),
+                 model="llama2-7b", batch=devices)
+    cost = preset("llama2-7b").cost()
+    total, largest = cost.total_params, cost.largest_module_params
+    if zero == 3:
+        cpu, gpu, _ = z3.estimate_zero3_model_states_mem_needs(
+            total, largest, num_gpus_per_node=8, num_nodes=nodes, cpu_offload=True,
+            cpu_offload_params=offload == "params", zero_init=False)
+    else:
+        cpu, gpu = z12.estimate_zero2_model_states_mem_needs(
+            total, num_gpus_per_node=8, num_nodes=nodes, cpu_offload=True)
+    states = sum(f.memory_of(k) for k in ("params", "grads", "optimizer", "zero3_buffers"))
+    assert max(f.host.per_node, f.host.load_per_node) == pytest.approx(cpu, rel=1e-6)
+    assert states == pytest.approx(gpu, rel=1e-6)

@@ -28,7 +28,7 @@ def _row(**kw):
 def _memory(model, **kw):
     opts = PlanOptions(global_batch=BATCH)
     hw = resolve_hardware(CAT, "h100-sxm", "ib-ndr", options=opts)
-    return float(evaluate(preset(model).cost(), hw, opts, _row(**kw))["memory"][0])
+    return float(evaluate(preset(model).cost(), hw, opts, _row(**kw)).memory[0])
 
 
 knobs = {
@@ -98,8 +98,8 @@ def test_time_never_decreases_when_a_link_gets_slower(
     before = evaluate(cost, hw, opts, row)
     slow_hw = replace(hw, **{which: _slower(getattr(hw, which), bw, lat)})
     after = evaluate(cost, slow_hw, opts, row)
-    assert after["step"][0] >= before["step"][0] * (1 - 1e-12)
-    assert after["step_no_overlap"][0] >= before["step_no_overlap"][0] * (1 - 1e-12)
+    assert after.step[0] >= before.step[0] * (1 - 1e-12)
+    assert after.step_no_overlap[0] >= before.step_no_overlap[0] * (1 - 1e-12)
 
 
 @settings(max_examples=40, deadline=None)

@@ -28,8 +28,8 @@ def test_search_4096_devices_is_fast_and_the_best_fits():
     res = search(cost, hw, opts, 4096)
     assert time.perf_counter() - t0 < 2.0
     best = res.best()
-    assert best is not None and res.figures["fits"][best]
-    tps = res.figures["tokens_per_s"][res.order]
+    assert best is not None and res.figures.fits[best]
+    tps = res.figures.tokens_per_s[res.order]
     assert np.all(np.diff(tps) <= 1e-9 * tps[0])  # ranked fastest first
     layout = res.layout(best)
     check_layout(cost, layout, 4096, opts.global_batch)
@@ -98,8 +98,9 @@ def test_search_explains_why_the_choice_beats_the_runner_up(capsys):
     assert rc == 0
     why = doc["search"]["why"]
     assert why["runner_up"] == doc["search"]["top"][1]["layout"]
-    assert why["decisive"] in why["differences"]
-    assert why["differences"][why["decisive"]] == max(why["differences"].values())
+    diffs = {d["name"]: d["value"] for d in why["differences"]}
+    assert why["decisive"] in diffs
+    assert diffs[why["decisive"]] == max(diffs.values())
     assert why["runner_up_step"] >= why["step"]
     assert "Decisive term" in why["text"] and "headroom" in why["text"]
 
@@ -112,5 +113,5 @@ def test_a_pinned_interleave_outside_the_searched_ones_is_evaluated():
     cost, hw = preset("llama3-70b").cost(), resolve_hardware(CAT, "h100-sxm", "ib-ndr", options=opts)
     res = search(cost, hw, opts, 64, fixed={"tp": 4, "pp": 8, "mbs": 1, "v": 5})
     assert res.count > 0 and set(res.layouts["v"].tolist()) == {5}
-    assert res.layout(int(np.argmax(res.figures["tokens_per_s"]))).interleave == 5
+    assert res.layout(int(np.argmax(res.figures.tokens_per_s))).interleave == 5
     check_layout(cost, Layout(dp=2, tp=4, pp=8, interleave=5, mbs=1), 64, 128)

@@ -11,20 +11,17 @@ import pytest
 
 from sextant.planner import estimate
 from sextant.planner.catalogue import load_catalogue
-from sextant.planner.estimate import (
-    Layout,
-    PlanOptions,
+from sextant.planner.context import layout_context, links
+from sextant.planner.estimate import Layout, PlanOptions, resolve_hardware
+from sextant.planner.terms import (
     bubble_term,
     compute_term,
     cp_term,
     dp_term,
     ep_term,
-    layout_context,
-    links,
     memory_term,
     optimizer_term,
     pp_term,
-    resolve_hardware,
     tp_term,
 )
 from sextant.planner.models import preset
@@ -130,9 +127,10 @@ def test_the_step_is_the_sum_of_the_terms():
              layouts=[dict(dp=4, tp=8, pp=2, zero=1, mbs=1, recompute="full", sp=True)])
     res = estimate._evaluate(c.cost, c.hw, c.opts, Layout(dp=4, tp=8, pp=2, zero=1, mbs=1,
                                                            recompute="full", sp=True).arrays())
-    parts = ("compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble",
+    names = ("compute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble",
              "dp_exposed")
-    assert res["step"][0] == pytest.approx(sum(res[k][0] for k in parts), rel=1e-12)
+    assert tuple(p.name for p in res.step_parts) == names
+    assert res.step[0] == sum(p.seconds[0] for p in res.step_parts)  # the sum, in this order
 
 
 def test_evaluate_is_short_and_every_term_simple():

@@ -85,8 +85,8 @@ def test_the_estimator_prices_tp_at_its_axis_bandwidth(cat):
     slow = _hw(cat, "tpu-v5p")
     slow = type(slow)(**{**{f: getattr(slow, f) for f in slow.__slots__},
                          "accelerator": _with_link(slow.accelerator, 0.25)})
-    base = evaluate(cost, hw, PlanOptions(global_batch=64, stack=_blocking()), lay)["step"]
-    worse = evaluate(cost, slow, PlanOptions(global_batch=64, stack=_blocking()), lay)["step"]
+    base = evaluate(cost, hw, PlanOptions(global_batch=64, stack=_blocking()), lay).step
+    worse = evaluate(cost, slow, PlanOptions(global_batch=64, stack=_blocking()), lay).step
     assert float(worse[0]) > float(base[0])
 
 
@@ -111,7 +111,7 @@ def test_the_search_never_puts_tp_across_slices(cat):
     assert np.all(lay["tp"] * lay["cp"] <= 256)
     assert np.all(lay["pp"] == 1)
     res = evaluate(cost, hw, opts, lay)
-    assert not np.any(res["tp_inter"])
+    assert not np.any(res.part("tp_comm").crosses)
     best = search(cost, hw, opts, 2048)
     i = best.best()
     assert i is not None
@@ -162,4 +162,4 @@ def test_host_memory_is_counted_per_tpu_host(cat):
     cost = preset("llama3-8b").cost()
     res = evaluate(cost, hw, PlanOptions(global_batch=64),
                    Layout(dp=64, zero=3, offload="optimizer").arrays())
-    assert float(res["host_per_node"][0]) == pytest.approx(4 * float(res["mem_host"][0]))
+    assert float(res.host.per_node[0]) == pytest.approx(4 * float(res.host.offload[0]))

@@ -14,9 +14,9 @@ from sextant.planner.estimate import (
     Layout,
     PlanOptions,
     evaluate_one,
-    gathered_again,
     resolve_hardware,
 )
+from sextant.planner.terms import gathered_again
 from sextant.planner.models import MLPShape, megatron_gpt, preset
 from sextant.planner.profiles import profile
 
@@ -34,7 +34,7 @@ def _gpt175_zero3(devices: int, mbs: int, gather: str) -> dict:
     )
     hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
     layout = Layout(dp=devices, zero=3, mbs=mbs, recompute="full")
-    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout)
 
 
 def test_layer_tensors_follow_the_megatron_layout():
@@ -61,28 +61,27 @@ def test_gathering_every_tensor_pays_the_ring_latency_per_tensor(devices, mbs, m
     # gradients. Per layer and step that is 2 x 4 + 12 - 3 = 17 more collectives over every
     # rank than gathering per layer, each paying NCCL's ring latency over all of them
     # ((n - nodes) NVLink steps + (nodes - 1) network steps).
-    monkeypatch.setattr("sextant.planner.estimate.HOST_OP_SECONDS", 0.0)
+    monkeypatch.setattr("sextant.planner.terms.HOST_OP_SECONDS", 0.0)
     layer = _gpt175_zero3(devices, mbs, "layer")
     tensor = _gpt175_zero3(devices, mbs, "tensor")
     cat = load_catalogue(calibration=None)
     nvlink, ib = cat.link("nvlink3"), cat.link("ib-hdr")
     ring = float(comms.ring_latency(8, devices // 8, nvlink.latency, ib.latency))
-    assert tensor["dp_comm"] - layer["dp_comm"] >= 96 * 17 * ring
-    assert tensor["compute"] == layer["compute"]
+    assert tensor.dp_comm - layer.dp_comm >= 96 * 17 * ring
+    assert tensor.seconds("compute") == layer.seconds("compute")
     # No overlap (--overlap 0): the whole of it is on the step.
-    assert tensor["step"] - layer["step"] == pytest.approx(
-        tensor["dp_comm"] - layer["dp_comm"], rel=1e-9
+    assert tensor.step - layer.step == pytest.approx(
+        tensor.dp_comm - layer.dp_comm, rel=1e-9
     )
 
 
 def test_the_per_tensor_cost_grows_with_the_ranks():
     # The same bytes per rank at any data-parallel degree; the latency grows with the ring.
-    extra_384 = _gpt175_zero3(384, 4, "tensor")["dp_comm"] - _gpt175_zero3(384, 4, "layer")[
-        "dp_comm"
-    ]
-    extra_1536 = _gpt175_zero3(1536, 1, "tensor")["dp_comm"] - _gpt175_zero3(
+    extra_384 = (_gpt175_zero3(384, 4, "tensor").dp_comm
+                 - _gpt175_zero3(384, 4, "layer").dp_comm)
+    extra_1536 = _gpt175_zero3(1536, 1, "tensor").dp_comm - _gpt175_zero3(
         1536, 1, "layer"
-    )["dp_comm"]
+    ).dp_comm
     assert extra_1536 > 2.5 * extra_384
 
 
@@ -118,13 +117,13 @@ def test_per_tensor_collectives_pay_the_host_work_of_their_per_rank_lists(device
     # copies back. One micro-batch: 2 x 4 gathers, 3 more for the recomputed forward (the
     # MLP-out weight stays gathered for its backward) and 12 reduce-scatters per layer.
     with_host = _gpt175_zero3(devices, mbs, "tensor")
-    monkeypatch.setattr("sextant.planner.estimate.HOST_OP_SECONDS", 0.0)
+    monkeypatch.setattr("sextant.planner.terms.HOST_OP_SECONDS", 0.0)
     without = _gpt175_zero3(devices, mbs, "tensor")
     calls = 96 * ((2 * 4 + 3) * 2 + 12 * 3) + 2 + 96 * 8 * 4
     expected = calls * devices * 2e-6
-    assert with_host["dp_comm"] - without["dp_comm"] == pytest.approx(expected, rel=1e-9)
+    assert with_host.dp_comm - without.dp_comm == pytest.approx(expected, rel=1e-9)
     # Gathered per layer, nothing of the kind is paid.
-    assert _gpt175_zero3(devices, mbs, "layer")["dp_comm"] < without["dp_comm"]
+    assert _gpt175_zero3(devices, mbs, "layer").dp_comm < without.dp_comm
 
 
 def test_a_layout_without_zero3_says_the_gather_mode_changes_nothing(capsys):
@@ -140,7 +139,7 @@ def _zero3_dp_comm(shape, recompute: str, gather: str, devices: int = 384) -> fl
                        stack=profile("generic").with_overrides(zero3_gather=gather))
     hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", "ib-hdr", options=opts)
     layout = Layout(dp=devices, zero=3, mbs=1, recompute=recompute)
-    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).figures["dp_comm"]
+    return evaluate_one(shape.cost(flash_attention=False), hw, opts, layout).dp_comm
 
 
 def test_a_recomputed_forward_gathers_again_what_it_will_not_reuse_soon():

@@ -24,7 +24,8 @@ MB = 2**20
 def test_all_claims_in_fixed_order_and_json_able() -> None:
     claims = check_claims(compare_group())
     assert [c.id for c in claims] == ["compile", "jax-vs-eager", "mixed-precision",
-                                      "compression", "workers-slower", "tf-memory"]
+                                      "compression", "workers-slower", "tf-memory",
+                                      "tf-deploy", "torch-tools", "jax-deploy"]
     assert all(c.verdict in (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED) for c in claims)
     json.dumps([c.to_dict() for c in claims])
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.strategy import ZERO_STAGE
 
-ZERO_STAGE = {"single": 0, "dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 """sextant parallel strategy -> DeepSpeed ZeRO stage."""
 
 NEVER_PRINT = 2**31 - 1

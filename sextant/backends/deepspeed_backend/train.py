@@ -42,7 +42,7 @@ import torch
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.deepspeed_backend import model as dm
-from sextant.backends.deepspeed_backend.config import ZERO_STAGE, ds_config
+from sextant.backends.deepspeed_backend.config import ds_config
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.torch_backend.model import canonical_from_state
 from sextant.backends.torch_backend.train import (
@@ -56,6 +56,7 @@ from sextant.backends import precision
 from sextant.init import adapter_shapes
 from sextant.weights import initial_params, trainable
 from sextant.schedule import lr_table
+from sextant.strategy import ZERO_STAGE
 
 if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sextant.backends.base import BackendBase, Capabilities
+from sextant.backends.base import DEPLOY_INSTALL, BackendBase, Capabilities, ExportFormat
 
 if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext
@@ -37,6 +37,18 @@ def use_host_devices(count: int) -> None:
     if "NPROC" not in os.environ:
         os.environ["NPROC"] = str(max(len(os.sched_getaffinity(0)), 2 * count))
     jax.config.update("jax_num_cpu_devices", count)
+
+
+EXPORTS = (
+    ExportFormat(name="jax-export", runtime="jax", needs=("jax",),
+                 install="pip install 'sextant[jax]'", targets=("server",)),
+    ExportFormat(name="savedmodel", runtime="tensorflow", needs=("jax", "tensorflow"),
+                 install="pip install 'sextant[tensorflow]'", targets=("server",)),
+    ExportFormat(name="litert", runtime="litert", needs=("jax", "tensorflow", "ai_edge_litert"),
+                 install=DEPLOY_INSTALL, targets=("mobile", "edge")),
+    ExportFormat(name="onnx", runtime="onnxruntime", needs=("jax", "jax2onnx", "onnxruntime"),
+                 install=DEPLOY_INSTALL, targets=("server", "browser", "mobile")),
+)
 
 
 class JaxBackend(BackendBase):
@@ -75,6 +87,7 @@ class JaxBackend(BackendBase):
             checkpoint=("single", "dp", "dp-manual", "zero1", "zero2", "fsdp"),
             why_not=(("zero3", "JAX's ZeRO-3 is parameters and moments sharded on the mesh: "
                                "--parallel fsdp"),),
+            exports=EXPORTS,
         )
 
     def check(self, strategy: Strategy) -> None:

@@ -210,7 +210,7 @@ def llama_logits(spec: LlamaSpec, p: Params, idx: jax.Array, remat: bool = False
                  tp_axis: str | None = None, nx: Numerics = FP32
                  ) -> jax.Array:  # (B, T) -> (B, T, V)
     T = idx.shape[1]
-    cos, sin = (jnp.asarray(t[:T, None, :]) for t in rope_tables(spec))
+    cos, sin = (jnp.asarray(t)[:T, None, :] for t in rope_tables(spec))
     block = functools.partial(llama_block, spec, tp_axis=tp_axis, nx=nx)
     if remat:
         block = jax.checkpoint(block)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sextant.backends.base import BackendBase, Capabilities
+from sextant.backends.base import DEPLOY_INSTALL, BackendBase, Capabilities, ExportFormat
 
 if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext
@@ -28,6 +28,19 @@ KERAS_NO_SHARDING = (
 KERAS_NO_MODEL_PARALLEL = (
     "Keras 3.15 splits layers only through keras.distribution.ModelParallel with a LayoutMap "
     "(JAX backend), not built in sextant; it has no pipeline schedule"
+)
+
+
+# Keras exports from its TensorFlow backend, whatever backend it trained on (export.py).
+EXPORTS = (
+    ExportFormat(name="savedmodel", runtime="tensorflow", needs=("keras", "tensorflow"),
+                 install="pip install 'sextant[keras,tensorflow]'", targets=("server",)),
+    ExportFormat(name="onnx", runtime="onnxruntime",
+                 needs=("keras", "tensorflow", "tf2onnx", "onnxruntime"), install=DEPLOY_INSTALL,
+                 targets=("server", "browser", "mobile")),
+    ExportFormat(name="litert", runtime="litert",
+                 needs=("keras", "tensorflow", "ai_edge_litert"), install=DEPLOY_INSTALL,
+                 targets=("mobile", "edge")),
 )
 
 
@@ -53,6 +66,7 @@ class KerasBackend(BackendBase):
                                    "(keras.distribution.DataParallel, parallel dp)"),
                      *((kind, KERAS_NO_SHARDING) for kind in ("zero1", "zero2", "fsdp")),
                      *((kind, KERAS_NO_MODEL_PARALLEL) for kind in ("tp", "tp-manual", "pp"))),
+            exports=EXPORTS,
         )
 
     def check(self, strategy: Strategy) -> None:

@@ -16,7 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sextant.backends.base import BackendBase, Capabilities, ProcessLayout
+from sextant.backends.base import (
+    DEPLOY_INSTALL,
+    BackendBase,
+    Capabilities,
+    ExportFormat,
+    ProcessLayout,
+)
 from sextant.fsutil import private_tempdir
 
 if TYPE_CHECKING:
@@ -115,6 +121,19 @@ TF_NO_MODEL_PARALLEL = (
 )
 
 
+EXPORTS = (
+    ExportFormat(name="savedmodel", runtime="tensorflow", needs=("tensorflow",),
+                 install="pip install 'sextant[tensorflow]'", targets=("server",)),
+    ExportFormat(name="litert", runtime="litert", needs=("tensorflow", "ai_edge_litert"),
+                 install=DEPLOY_INSTALL, targets=("mobile", "edge")),
+    ExportFormat(name="litert-int8", runtime="litert", needs=("tensorflow", "ai_edge_litert"),
+                 install=DEPLOY_INSTALL, targets=("mobile", "edge"), quantized=True),
+    ExportFormat(name="onnx", runtime="onnxruntime",
+                 needs=("tensorflow", "tf2onnx", "onnxruntime"), install=DEPLOY_INSTALL,
+                 targets=("server", "browser", "mobile")),
+)
+
+
 class TensorFlowBackend(BackendBase):
     name = "tensorflow"
     package = "tensorflow"
@@ -136,6 +155,7 @@ class TensorFlowBackend(BackendBase):
             why_not=(("zero1", TF_NO_SHARDING), ("zero2", TF_NO_SHARDING),
                      ("zero3", TF_NO_SHARDING), ("fsdp", TF_NO_SHARDING),
                      *((kind, TF_NO_MODEL_PARALLEL) for kind in ("tp", "tp-manual", "pp"))),
+            exports=EXPORTS,
         )
 
     def check(self, strategy: Strategy) -> None:

@@ -71,6 +71,16 @@ def _layer_norm(x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
     return (x - mean) * tf.math.rsqrt(var + LAYER_NORM_EPS) * scale + bias
 
 
+def _seq(idx: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    """The sequence length (static where traced with one, as in training; a tensor in a
+    serving signature of any length) and the causal mask of that length."""
+    T = idx.shape[1]
+    if T is not None:
+        return T, tf.constant(np.tril(np.ones((T, T), dtype=bool)))
+    T = tf.shape(idx)[1]
+    return T, tf.cast(tf.linalg.band_part(tf.ones((T, T)), -1, 0), tf.bool)
+
+
 def _mlp_logits(spec: MLPSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
     n = len(spec.hidden) + 1
     for i in range(n):
@@ -82,11 +92,10 @@ def _mlp_logits(spec: MLPSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tens
 
 def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Tensor:
     """(B, T) int token ids -> (B*T, V) logits. Dense layers work on (B*T, C) rows."""
-    B, T = tf.shape(idx)[0], idx.shape[1]
+    B, (T, causal) = tf.shape(idx)[0], _seq(idx)
     C, nh, hd = spec.d_model, spec.n_heads, spec.head_dim
     x = tf.gather(p["wte"], idx) + p["wpe"][:T]  # (B, T, C)
     x = tf.reshape(x, (-1, C))
-    causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
     scale = 1.0 / math.sqrt(hd)
 
     def heads(t: tf.Tensor) -> tf.Tensor:  # (B*T, C) -> (B, nh, T, hd)
@@ -137,12 +146,11 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor,
                   lora_scale: float = 1.0) -> tf.Tensor:
     """(B, T) int token ids -> (B*T, V) logits: RMSNorm, rotary, grouped-query attention
     (each key/value head repeated for its group of query heads), SwiGLU."""
-    B, T = tf.shape(idx)[0], idx.shape[1]
+    B, (T, causal) = tf.shape(idx)[0], _seq(idx)
     C, nh, nkv, hd = spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim
     x = tf.reshape(tf.gather(p["wte"], idx), (-1, C))  # (B*T, C)
     compute = p["blocks.0.attn.q.weight"].dtype if spec.n_layers else x.dtype
-    cos, sin = (tf.constant(t[:T, None, :], tf.float32) for t in rope_tables(spec))
-    causal = tf.constant(np.tril(np.ones((T, T), dtype=bool)))
+    cos, sin = (tf.constant(t[:, None, :], tf.float32)[:T] for t in rope_tables(spec))
     scale = 1.0 / math.sqrt(hd)
 
     def heads(t: tf.Tensor, n: int, rotary: bool) -> tf.Tensor:  # (B*T, n*hd) -> (B, nh, T, hd)
@@ -171,10 +179,10 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor,
     return _head(spec, p, x)
 
 
-def model_logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor,
-                 lora_scale: float = 1.0) -> tf.Tensor:
-    """The model's logits: (B, classes) for the MLP, (B*T, V) for the decoders
-    (`lora_scale`: LoRA's alpha / rank, where `p` holds adapters)."""
+def logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, lora_scale: float = 1.0
+           ) -> tf.Tensor:
+    """(B, classes) for the MLP; (B*T, V) rows for the decoders (`lora_scale`: LoRA's
+    alpha / rank, where `p` holds adapters)."""
     if isinstance(spec, MLPSpec):
         return _mlp_logits(spec, p, x)
     if isinstance(spec, LlamaSpec):
@@ -185,10 +193,11 @@ def model_logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor,
 def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor,
             lora_scale: float = 1.0) -> tf.Tensor:
     """Mean softmax cross-entropy over every sample (MLP) or every token (GPT)."""
+    logits_ = logits(spec, p, x, lora_scale)
     labels = tf.reshape(y, (-1,))
-    out = tf.cast(model_logits(spec, p, x, lora_scale), tf.float32)  # the loss in fp32 (a no-op in fp32)
+    logits_ = tf.cast(logits_, tf.float32)  # the loss in fp32 (a no-op in fp32)
     return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=out)
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits_)
     )
 
 

@@ -8,11 +8,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sextant.backends.base import BackendBase, Capabilities
+from sextant.backends.base import DEPLOY_INSTALL, BackendBase, Capabilities, ExportFormat
 
 if TYPE_CHECKING:
     from sextant.backends.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
+
+
+EXPORTS = (
+    ExportFormat(name="torch-export", runtime="torch", needs=("torch",),
+                 install="pip install 'sextant[torch]'", targets=("server",)),
+    ExportFormat(name="onnx", runtime="onnxruntime",
+                 needs=("torch", "onnx", "onnxscript", "onnxruntime"), install=DEPLOY_INSTALL,
+                 targets=("server", "browser", "mobile")),
+    ExportFormat(name="aoti", runtime="aoti", needs=("torch",),
+                 install="a C++ compiler (g++ or clang++) on PATH", targets=("server",),
+                 compiler=True),
+    ExportFormat(name="executorch", runtime="executorch", needs=("torch", "executorch"),
+                 install="pip install executorch", targets=("mobile", "edge")),
+)
 
 
 class TorchBackend(BackendBase):
@@ -51,6 +65,7 @@ class TorchBackend(BackendBase):
                                    "parallelize_module (parallel tp); Megatron's hand-written "
                                    "all-reduce autograd functions are what it replaces, so "
                                    "sextant runs the library's way"),),
+            exports=EXPORTS,
         )
 
     def check(self, strategy: Strategy) -> None:
