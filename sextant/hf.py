@@ -1,7 +1,8 @@
 """Workloads from a Hugging Face `config.json` of a decoder-only model.
 
-Llama 1-3, Mistral (without a sliding window) and other `LlamaForCausalLM`-shaped configs map
-onto sextant's llama family; GPT-2 onto its gpt family. Every field of the config is either
+Llama 1-3, Mistral (its sliding window no shorter than the sequence, where it never bites),
+Qwen2 (the llama family with q/k/v biases) and other `LlamaForCausalLM`-shaped configs map
+onto sextant's llama family; GPT-2 (its head tied to the embedding) onto its gpt family. Every field of the config is either
 mapped, known not to change the model sextant trains (token ids of special tokens, the
 initialiser's range, the dtype the weights were saved in, ...), or refused in one line that
 names the field and its value: nothing is approximated silently. The one thing dropped is
@@ -13,7 +14,10 @@ grouped-query ratio (query heads per key/value head), the MLP's ratio to the wid
 vocabulary; `--layers` and `--width` set those two directly. The description names the
 source config, its size, and what was scaled.
 
-A spec `hf:path/config.json,scale=0.01,seq_len=64` is accepted wherever a workload is.
+A spec `hf:path/config.json,scale=0.01,seq_len=64` is accepted wherever a workload is. Its
+path may be a model's folder instead (`hf:DIR,seq_len=64`): DIR's config.json, and, when DIR
+holds `*.safetensors`, its pretrained weights as the starting point (sextant.weights); a
+pretrained model keeps its shape, so scale, layers and width do not apply to it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from sextant.workload import (
     workload_from_dict,
 )
 
-LLAMA_TYPES = ("llama", "mistral")
+LLAMA_TYPES = ("llama", "mistral", "qwen2")
 GPT_TYPES = ("gpt2",)
 
 # Fields that do not change the model sextant builds or its training step.
@@ -54,7 +58,7 @@ _LLAMA_MAPPED = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
                  "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
                  "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias",
                  "rope_scaling", "head_dim", "sliding_window", "rope_interleaved",
-                 "rope_parameters"}
+                 "rope_parameters", "use_sliding_window", "max_window_layers", "layer_types"}
 _GPT_MAPPED = {"vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
                "activation_function", "layer_norm_epsilon", "tie_word_embeddings",
                "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention"}
@@ -179,21 +183,23 @@ def _check_fields(path: Path, config: dict[str, Any], mapped: set[str]) -> list[
                    "num_experts_per_tok", "moe_intermediate_size"):
             raise _refuse(path, key, value, "mixture-of-experts layers are not in sextant's "
                           "llama and gpt families")
-        if key == "use_sliding_window" and not value:
-            continue
         raise _refuse(path, key, value, "sextant cannot tell whether this field changes the "
                       "model, so it does not guess (remove it if it does not)")
     return dropped
 
 
-def _llama(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str], int]:
+def _llama(path: Path, config: dict[str, Any]
+           ) -> tuple[dict[str, Any], list[str], int, int | None]:
     dropped = _check_fields(path, config, _LLAMA_MAPPED)
     if config.get("hidden_act", "silu") != "silu":
         raise _refuse(path, "hidden_act", config["hidden_act"],
                       "sextant's llama family uses SwiGLU (silu)")
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
-            raise _refuse(path, key, config[key], "sextant's llama family has no biases")
+            raise _refuse(path, key, config[key], "sextant's llama family has biases on the "
+                          "query, key and value projections only (Qwen2's), not on the "
+                          "output projection or the MLP")
+    window = _sliding_window(path, config)
     if config.get("rope_scaling"):
         raise _refuse(path, "rope_scaling", config["rope_scaling"],
                       "sextant's llama family has plain rotary positions (no scaling)")
@@ -204,9 +210,6 @@ def _llama(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str
     if config.get("rope_interleaved"):
         raise _refuse(path, "rope_interleaved", True, "sextant turns rotate-half pairs "
                       "(x[i], x[i + head_dim/2]), not interleaved ones")
-    if config.get("sliding_window") is not None:
-        raise _refuse(path, "sliding_window", config["sliding_window"],
-                      "sextant's attention is full causal attention")
     d = _int(path, config, "hidden_size")
     heads = _int(path, config, "num_attention_heads")
     if "head_dim" in config and config["head_dim"] is not None \
@@ -226,10 +229,33 @@ def _llama(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str
         "rope_theta": float(rope_theta),
         "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
     }
-    return model, dropped, _int(path, config, "max_position_embeddings", 2048)
+    if config.get("model_type") == "qwen2":  # Qwen2's q/k/v projections always have biases
+        model["qkv_bias"] = True
+    return model, dropped, _int(path, config, "max_position_embeddings", 2048), window
 
 
-def _gpt(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str], int]:
+def _sliding_window(path: Path, config: dict[str, Any]) -> int | None:
+    """The window a sequence must fit in for sextant's full causal attention to be the
+    model's own (None: no window). Qwen2 reads sliding_window only with use_sliding_window."""
+    layer_types = config.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise _refuse(path, "layer_types", layer_types, "sextant's attention is full causal "
+                      "attention in every layer")
+    if config.get("model_type") == "qwen2" and not config.get("use_sliding_window"):
+        return None
+    if config.get("use_sliding_window"):
+        raise _refuse(path, "use_sliding_window", True,
+                      "sextant's attention is full causal attention")
+    window = config.get("sliding_window")
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise _refuse(path, "sliding_window", window, "expected null or a positive integer")
+    return window
+
+
+def _gpt(path: Path, config: dict[str, Any]
+         ) -> tuple[dict[str, Any], list[str], int, int | None]:
     dropped = _check_fields(path, config, _GPT_MAPPED)
     if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise _refuse(path, "activation_function", config["activation_function"],
@@ -237,11 +263,6 @@ def _gpt(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str],
     if config.get("layer_norm_epsilon", 1e-5) != 1e-5:
         raise _refuse(path, "layer_norm_epsilon", config["layer_norm_epsilon"],
                       "sextant's gpt family's LayerNorm epsilon is 1e-05")
-    if config.get("tie_word_embeddings", True):
-        raise _refuse(path, "tie_word_embeddings", config.get("tie_word_embeddings", True),
-                      "sextant's gpt family has an output head of its own (tied embeddings "
-                      "are in its llama family only); GPT-2 ties them unless its config says "
-                      "tie_word_embeddings = false")
     if not config.get("scale_attn_weights", True):
         raise _refuse(path, "scale_attn_weights", False,
                       "sextant scales attention scores by 1/sqrt(head_dim)")
@@ -256,8 +277,10 @@ def _gpt(path: Path, config: dict[str, Any]) -> tuple[dict[str, Any], list[str],
         "n_layers": _int(path, config, "n_layer"),
         "n_heads": _int(path, config, "n_head"),
         "d_ff": _int(path, config, "n_inner", 4 * d),
+        # GPT-2 ties its head to the embedding unless the config says otherwise.
+        "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
     }
-    return model, dropped, _int(path, config, "n_positions", 1024)
+    return model, dropped, _int(path, config, "n_positions", 1024), None
 
 
 def _round_to(value: float, multiple: int) -> int:
@@ -301,6 +324,33 @@ def scaled(model: dict[str, Any], *, scale: float | None, layers: int | None,
     return out
 
 
+def _family(path: Path, config: dict[str, Any]
+            ) -> tuple[dict[str, Any], list[str], int, int | None]:
+    """(sextant's model table, the dropout fields dropped, the context length, the sliding
+    window or None) of a config, or a one-line refusal."""
+    model_type = config.get("model_type")
+    if model_type in LLAMA_TYPES:
+        return _llama(path, config)
+    if model_type in GPT_TYPES:
+        return _gpt(path, config)
+    if model_type == "gpt_neox":
+        raise _refuse(path, "model_type", model_type, "GPT-NeoX puts attention and MLP in "
+                      "parallel (use_parallel_residual) with partial rotary positions; "
+                      "neither is in sextant's llama or gpt family")
+    raise _refuse(path, "model_type", model_type,
+                  f"supported: {', '.join(LLAMA_TYPES + GPT_TYPES)}")
+
+
+def _model_folder(path: Path) -> tuple[Path, Path | None]:
+    """(the config.json, the folder of pretrained weights or None) of an hf: path, which
+    names a config.json or a model's folder."""
+    from sextant.weights import has_weights
+
+    if not path.is_dir():
+        return path, None
+    return path / "config.json", (path.resolve() if has_weights(path) else None)
+
+
 def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
                      global_batch: int | None = None, scale: float | None = None,
                      layers: int | None = None, width: int | None = None,
@@ -311,30 +361,27 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
     from sextant.display import human_count
     from sextant.workload import GPTSpec, LlamaSpec
 
-    path = Path(path)
+    path, weights = _model_folder(Path(path))
+    if weights is not None and (scale, layers, width) != (None, None, None):
+        raise UserError(f"{weights} holds pretrained weights, whose shape is fixed: scale, "
+                        "layers and width apply to a config.json alone (name the config.json "
+                        "to train a smaller model from scratch)")
     config = read_config(path)
     check_values(path, config)
     model_type = config.get("model_type")
-    if model_type in LLAMA_TYPES:
-        model, dropped, context = _llama(path, config)
-    elif model_type in GPT_TYPES:
-        model, dropped, context = _gpt(path, config)
-    elif model_type == "qwen2":
-        raise _refuse(path, "model_type", model_type, "Qwen2 adds biases to its query, key "
-                      "and value projections, which sextant's llama family does not have")
-    elif model_type == "gpt_neox":
-        raise _refuse(path, "model_type", model_type, "GPT-NeoX puts attention and MLP in "
-                      "parallel (use_parallel_residual) with partial rotary positions; "
-                      "neither is in sextant's llama or gpt family")
-    else:
-        raise _refuse(path, "model_type", model_type,
-                      f"supported: {', '.join(LLAMA_TYPES + GPT_TYPES)}")
+    model, dropped, context, window = _family(path, config)
     for name, value, most in (("--seq-len", seq_len, MAX_WIDTH),
                               ("--global-batch", global_batch, MAX_GLOBAL_BATCH),
                               ("--steps", steps, MAX_STEPS)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or not 1 <= value <= most):
             raise UserError(f"{name} must be an integer in [1, {most}]. Received: {value!r}")
+    if window is not None:
+        if seq_len is not None and seq_len > window:
+            raise _refuse(path, "sliding_window", window, f"--seq-len {seq_len} is longer than "
+                          "the window, and sextant's attention is full causal attention (a "
+                          f"sequence of at most {window} tokens never leaves the window)")
+        context = min(context, window)
     model["seq_len"] = seq_len if seq_len is not None else min(context, MAX_WIDTH)
     full = dict(model)
     small = scaled(model, scale=scale, layers=layers, width=width)
@@ -358,11 +405,13 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
                  f"{full['d_model']}")
     if dropped:
         text += f"; without dropout ({one_line_text(', '.join(dropped))[:500]})"
+    if weights is not None:
+        text += f"; starting from its pretrained weights in {one_line_text(str(weights))}"
     name = "hf-" + "".join(c if c.isalnum() or c in "-_." else "-"
                            for c in str(source).split("/")[-1].lower())
     if small != full:
         name += "-scaled"
-    return {
+    out = {
         "name": name,
         "description": text,
         "steps": steps if steps is not None else 50,
@@ -370,6 +419,9 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
         "model": small,
         "data": {"dataset": "python-reference"},
     }
+    if weights is not None:
+        out["weights"] = str(weights)
+    return out
 
 
 def parse_spec(spec: str) -> tuple[Path, dict[str, Any]]:

@@ -6,12 +6,12 @@ of a dense layer is (in, out): y = x @ W + b.
 
 GPT layout of the fused attention input projection `blocks.{i}.attn.qkv.weight`: shape
 (d_model, 3 * d_model), columns [q | k | v]; within each, head h owns columns
-[h * head_dim, (h + 1) * head_dim).
+[h * head_dim, (h + 1) * head_dim). `head.weight` is absent when the embeddings are tied.
 
 Llama layout: separate `attn.q/k/v/o.weight` ((d_model, n_heads * head_dim) for q,
 (d_model, n_kv_heads * head_dim) for k and v, head h at columns [h * head_dim, (h + 1) *
 head_dim)), SwiGLU `mlp.gate/up.weight` (d_model, d_ff) and `mlp.down.weight` (d_ff, d_model),
-RMSNorm `scale`s, no biases; `head.weight` is absent when the embeddings are tied (the head is
+RMSNorm `scale`s; `attn.q/k/v.bias` only with `qkv_bias` (Qwen2); `head.weight` is absent when the embeddings are tied (the head is
 `wte` transposed).
 
 Each array is drawn from its own generator keyed by (seed, name), so adding a parameter never
@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workload import FinetuneSpec, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT convention
 
@@ -61,7 +61,8 @@ def param_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.proj.bias"] = (d,)
     shapes["ln_f.scale"] = (d,)
     shapes["ln_f.bias"] = (d,)
-    shapes["head.weight"] = (d, model.vocab_size)
+    if not model.tie_embeddings:
+        shapes["head.weight"] = (d, model.vocab_size)
     return shapes
 
 
@@ -71,9 +72,11 @@ def _llama_shapes(model: LlamaSpec) -> dict[str, tuple[int, ...]]:
     for i in range(model.n_layers):
         p = f"blocks.{i}."
         shapes[p + "attn_norm.scale"] = (d,)
-        shapes[p + "attn.q.weight"] = (d, model.n_heads * hd)
-        shapes[p + "attn.k.weight"] = (d, model.n_kv_heads * hd)
-        shapes[p + "attn.v.weight"] = (d, model.n_kv_heads * hd)
+        for proj, heads in (("q", model.n_heads), ("k", model.n_kv_heads),
+                            ("v", model.n_kv_heads)):
+            shapes[p + f"attn.{proj}.weight"] = (d, heads * hd)
+            if model.qkv_bias:
+                shapes[p + f"attn.{proj}.bias"] = (heads * hd,)
         shapes[p + "attn.o.weight"] = (model.n_heads * hd, d)
         shapes[p + "mlp_norm.scale"] = (d,)
         shapes[p + "mlp.gate.weight"] = (d, f)
@@ -83,6 +86,45 @@ def _llama_shapes(model: LlamaSpec) -> dict[str, tuple[int, ...]]:
     if not model.tie_embeddings:
         shapes["head.weight"] = (d, model.vocab_size)
     return shapes
+
+
+def adapter_shapes(model: ModelSpec, finetune: FinetuneSpec) -> dict[str, tuple[int, ...]]:
+    """LoRA's adapters, after the base parameters in the canonical order: for each block and
+    target projection `P` (canonical weight (in, out)), `P.lora_a` (in, rank) and `P.lora_b`
+    (rank, out). Empty unless finetune.method is 'lora'."""
+    if not finetune.lora or not isinstance(model, LlamaSpec):
+        return {}
+    base = param_shapes(model)
+    module = {"q": "attn", "k": "attn", "v": "attn", "o": "attn",
+              "gate": "mlp", "up": "mlp", "down": "mlp"}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(model.n_layers):
+        for target in finetune.targets:
+            prefix = f"blocks.{i}.{module[target]}.{target}."
+            fan_in, fan_out = base[prefix + "weight"]
+            shapes[prefix + "lora_a"] = (fan_in, finetune.rank)
+            shapes[prefix + "lora_b"] = (finetune.rank, fan_out)
+    return shapes
+
+
+def init_adapters(model: ModelSpec, finetune: FinetuneSpec, seed: int
+                  ) -> dict[str, np.ndarray]:
+    """LoRA's initial adapters: A uniform in +-1/sqrt(in), PEFT's (torch's kaiming_uniform
+    with a = sqrt(5) on its (rank, in) matrix), drawn from each name's own generator as every
+    canonical array is; B = 0, so the adapted model starts as the base model."""
+    out: dict[str, np.ndarray] = {}
+    for name, shape in adapter_shapes(model, finetune).items():
+        if name.endswith(".lora_b"):
+            out[name] = np.zeros(shape, np.float32)
+        else:
+            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+            bound = 1.0 / math.sqrt(shape[0])
+            out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return out
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith((".lora_a", ".lora_b"))
 
 
 def _std(model: ModelSpec, name: str, shape: tuple[int, ...]) -> float:

@@ -35,7 +35,7 @@ from sextant.measure.stats import paired_median_difference, summarize
 from sextant.results.record import RECORD_VERSION, RunRecord
 from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
-from sextant.workload import LlamaSpec, Workload
+from sextant.workload import LlamaSpec, Workload, model_features
 
 RECORD_FILE = "record.json"
 """A finished run's record, kept in its run directory when the database stayed locked."""
@@ -189,6 +189,7 @@ def run_dir_name(workload: Workload, strategy: Strategy) -> str:
 
 
 def check_layout(workload: Workload, strategy: Strategy) -> None:
+    check_model_features(workload, strategy)
     if workload.global_batch % strategy.replicas:
         raise UserError(
             f"global_batch {workload.global_batch} is not divisible by the "
@@ -203,6 +204,34 @@ def check_layout(workload: Workload, strategy: Strategy) -> None:
         )
     if strategy.tp > 1 or strategy.pp > 1:
         check_model_parallel(workload, strategy)
+
+
+def check_model_features(workload: Workload, strategy: Strategy) -> None:
+    """The backend's model code has every optional part the workload's model uses."""
+    from sextant.backends.base import get_backend
+
+    if workload.finetune.lora and (strategy.parallel not in ("single", "dp")
+                                   or strategy.precision != "fp32"):
+        raise UserError(f"finetune.method = 'lora' runs with --parallel single or dp in fp32 "
+                        f"so far. Received: {strategy.label}")
+    needed = model_features(workload.model, workload.finetune.lora)
+    if not needed:
+        return
+    have = get_backend(strategy.framework).capabilities().model_features
+    missing = [f for f in needed if f not in have]
+    if missing:
+        what = {"qkv_bias": "query/key/value biases (Qwen2's)",
+                "tied_gpt_head": "GPT output head tied to the embedding (GPT-2's)",
+                "lora": "LoRA adapters (finetune.method = 'lora')"}
+        raise UserError(f"{strategy.framework}'s model code has no {what[missing[0]]}; "
+                        f"workload {workload.name!r} needs it. Frameworks that have it: "
+                        + ", ".join(_with_feature(missing[0])))
+
+
+def _with_feature(feature: str) -> list[str]:
+    from sextant.backends.base import REGISTRY, get_backend
+
+    return [f for f in REGISTRY if feature in get_backend(f).capabilities().model_features]
 
 
 def check_model_parallel(workload: Workload, strategy: Strategy) -> None:

@@ -1,7 +1,8 @@
 """Where a workload comes from: a bundled name ('gpt-tiny'), a TOML file, or a Hugging Face
-config ('hf:path/config.json'); a workload over the user's own files gets its tokens made (or
-found in the cache) here, once, before any worker starts. Above sextant.workload, sextant.hf
-and sextant.data, which it ties together."""
+config or model folder ('hf:path/config.json', 'hf:DIR'); a workload over the user's own
+files gets its tokens made (or found in the cache) here, once, before any worker starts, and
+one that starts from pretrained weights has their names and shapes checked here. Above
+sextant.workload, sextant.hf, sextant.weights and sextant.data, which it ties together."""
 
 from __future__ import annotations
 
@@ -30,8 +31,13 @@ def resolve_workload(spec: str | Path) -> Workload:
     if str(spec).startswith(HF_PREFIX):
         from sextant.hf import workload_from_spec
 
-        return workload_from_spec(str(spec))
-    workload = load_named(spec)
+        workload = workload_from_spec(str(spec))
+    else:
+        workload = load_named(spec)
+    if workload.weights:  # a checkpoint that does not fit is refused before any worker starts
+        from sextant.weights import check_weights
+
+        check_weights(workload.model, Path(workload.weights))
     if workload.data.files:
         from sextant.data.files import with_tokens
 

@@ -69,7 +69,7 @@ class MLPSpec:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class GPTSpec:
     """A decoder-only transformer: pre-LayerNorm, GELU (tanh form), learned positions,
-    causal attention, untied output head."""
+    causal attention, an output head of its own or tied to the embedding."""
 
     family: str = "gpt"
     vocab_size: int = 256
@@ -85,9 +85,13 @@ class GPTSpec:
     """Attention heads; must divide d_model."""
     d_ff: int = 256
     """Hidden width of each block's MLP."""
+    tie_embeddings: bool = False
+    """The output head reuses the token embedding (transposed) instead of its own matrix, as
+    GPT-2 does."""
 
     def __post_init__(self) -> None:
         _check_decoder(self, ("seq_len", "d_model", "n_heads", "d_ff"))
+        _check_bool("model.tie_embeddings", self.tie_embeddings)
 
     @property
     def head_dim(self) -> int:
@@ -111,7 +115,8 @@ def _check_decoder(spec: GPTSpec | LlamaSpec, widths: tuple[str, ...]) -> None:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class LlamaSpec:
     """A Llama-shaped decoder: pre-RMSNorm, rotary position embeddings (rotate-half form),
-    grouped-query causal attention, SwiGLU MLP, no biases; embeddings tied or not."""
+    grouped-query causal attention, SwiGLU MLP, biases on the query, key and value projections
+    or none (Qwen2 has them); embeddings tied or not."""
 
     family: str = "llama"
     vocab_size: int = 256
@@ -135,6 +140,9 @@ class LlamaSpec:
     """Base of the rotary frequencies: pair i of a head turns at rope_theta^(-2i/head_dim)."""
     norm_eps: float = 1e-5
     """RMSNorm's epsilon, inside the root."""
+    qkv_bias: bool = False
+    """The query, key and value projections add a bias (Qwen2); the output projection and
+    the MLP have none either way."""
 
     def __post_init__(self) -> None:
         _check_decoder(self, ("seq_len", "d_model", "n_heads", "n_kv_heads", "d_ff"))
@@ -150,15 +158,27 @@ class LlamaSpec:
                 f"group of query heads). Received: n_heads={self.n_heads}, "
                 f"n_kv_heads={self.n_kv_heads}"
             )
-        if not isinstance(self.tie_embeddings, bool):
-            raise UserError("model.tie_embeddings must be true or false. "
-                            f"Received: {_short(self.tie_embeddings)}")
+        _check_bool("model.tie_embeddings", self.tie_embeddings)
+        _check_bool("model.qkv_bias", self.qkv_bias)
         _positive_float("model.rope_theta", self.rope_theta)
         _positive_float("model.norm_eps", self.norm_eps)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False
+                   ) -> tuple[str, ...]:
+    """The optional parts a model uses, which a backend's model code must have (its
+    Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's), 'lora'
+    (adapters beside frozen projections, finetune.method = 'lora')."""
+    out = ["lora"] if lora else []
+    if isinstance(model, LlamaSpec) and model.qkv_bias:
+        out.append("qkv_bias")
+    if isinstance(model, GPTSpec) and model.tie_embeddings:
+        out.append("tied_gpt_head")
+    return tuple(out)
 
 
 ModelSpec = MLPSpec | GPTSpec | LlamaSpec
@@ -272,6 +292,56 @@ class MeasureSpec:
         _positive_int("measure.log_every", self.log_every, MAX_STEPS)
 
 
+FINETUNE_METHODS = ("full", "lora")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The llama family's projections a LoRA adapter may sit on (attention q, k, v, o; SwiGLU's
+gate, up, down)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class FinetuneSpec:
+    """What trains. 'full': every parameter. 'lora': only low-rank adapters beside the
+    `targets` projections of every block, y = x W + (x A) B * alpha / rank, the base frozen;
+    A drawn from the canonical generator, B = 0 (so step 0 is the base model), as PEFT's
+    LoRA defines them (sextant.init.adapter_shapes)."""
+
+    method: str = "full"
+    """'full' or 'lora'."""
+    rank: int = 8
+    """LoRA's rank r (A is (in, r), B is (r, out))."""
+    alpha: float = 16.0
+    """LoRA's alpha: the adapter's output is scaled by alpha / rank (PEFT's meaning)."""
+    targets: tuple[str, ...] = ("q", "v")
+    """Projections that get an adapter: any of q, k, v, o, gate, up, down (PEFT's default
+    for Llama is q and v)."""
+    base_dtype: str = "fp32"
+    """The frozen base's dtype. fp32 only so far."""
+
+    def __post_init__(self) -> None:
+        if self.method not in FINETUNE_METHODS:
+            raise UserError(f"finetune.method must be one of {list(FINETUNE_METHODS)}. "
+                            f"Received: {_short(self.method)}")
+        _positive_int("finetune.rank", self.rank, MAX_WIDTH)
+        _positive_float("finetune.alpha", self.alpha)
+        if not (isinstance(self.targets, tuple) and self.targets
+                and all(t in LORA_TARGETS for t in self.targets)
+                and len(set(self.targets)) == len(self.targets)):
+            raise UserError(f"finetune.targets must list distinct projections among "
+                            f"{list(LORA_TARGETS)}. Received: {_short(list(self.targets))}")
+        if self.base_dtype != "fp32":
+            raise UserError("finetune.base_dtype must be 'fp32' (a bf16 frozen base is not "
+                            f"built yet). Received: {_short(self.base_dtype)}")
+
+    @property
+    def lora(self) -> bool:
+        return self.method == "lora"
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: what the adapter's output is multiplied by."""
+        return self.alpha / self.rank
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Workload:
     """One framework-neutral training job."""
@@ -287,10 +357,24 @@ class Workload:
     data: DataSpec
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
+    finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
+    weights: str = ""
+    """A folder of pretrained weights (`*.safetensors` as Hugging Face saves them, sharded or
+    not) that replace the seeded initial parameters (sextant.weights); empty: seeded ones.
+    Relative to the workload file, stored absolute."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise UserError(f"name must be a non-empty string. Received: {self.name!r}")
+        if not isinstance(self.weights, str):
+            raise UserError(f"weights must be the path of a folder of *.safetensors files. "
+                            f"Received: {_short(self.weights)}")
+        if self.weights and isinstance(self.model, MLPSpec):
+            raise UserError("weights (a pretrained checkpoint) are for the gpt and llama "
+                            "families, not mlp")
+        if self.finetune.lora and not isinstance(self.model, LlamaSpec):
+            raise UserError(f"finetune.method = 'lora' adapts the llama family's projections "
+                            f"({', '.join(LORA_TARGETS)}); this is a {self.model.family} model")
         if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION:
             raise UserError(f"description must be a string of at most {MAX_DESCRIPTION} "
                             f"characters. Received: {str(self.description)[:40]!r}... "
@@ -326,6 +410,17 @@ class Workload:
         out["data"]["files"] = list(self.data.files)
         if not self.data.files:  # a bundled dataset is named by its name alone
             out["data"] = {"dataset": self.data.dataset}
+        # Fields added after results were stored appear only when set, so the content hash
+        # of every workload that does not use them stays what it was.
+        for key in _SET_ONLY.get(self.model.family, ()):
+            if out["model"][key] is False:
+                del out["model"][key]
+        if not self.weights:
+            del out["weights"]
+        if self.finetune == FinetuneSpec():
+            del out["finetune"]
+        else:
+            out["finetune"]["targets"] = list(self.finetune.targets)
         return out
 
     def content_hash(self) -> str:
@@ -340,6 +435,10 @@ class Workload:
 
     def replace(self, **changes: Any) -> Workload:
         return dataclasses.replace(self, **changes)
+
+
+_SET_ONLY = {"gpt": ("tie_embeddings",), "llama": ("qkv_bias",)}
+"""Model switches added after results were stored: written only when on (see to_dict)."""
 
 
 def _hash(payload: dict[str, Any], drop: tuple[str, ...]) -> str:
@@ -390,15 +489,22 @@ def workload_from_dict(raw: dict[str, Any], base: Path | None = None) -> Workloa
                         + ("" if family == "mlp" else ", or data.files (your own text)"))
     if "files" in data_raw:
         data_raw["files"] = _file_patterns(data_raw["files"], base)
+    weights = raw.get("weights")
+    if isinstance(weights, str) and weights and base is not None \
+            and not Path(weights).is_absolute():
+        raw["weights"] = str(base / weights)
     tokenizer = data_raw.get("tokenizer")
     if isinstance(tokenizer, str) and tokenizer not in ("", "bytes") and base is not None \
             and not Path(tokenizer).is_absolute():
         data_raw["tokenizer"] = str(base / tokenizer)
     parts: dict[str, Any] = {"model": _build(model_cls, model_raw), "data": DataSpec(**data_raw)}
-    for table, cls in (("optimizer", OptimizerSpec), ("measure", MeasureSpec)):
+    for table, cls in (("optimizer", OptimizerSpec), ("measure", MeasureSpec),
+                       ("finetune", FinetuneSpec)):
         if table in raw:
             sub = _table(table, raw.pop(table))
             _reject_unknown(f"{table}.", sub, _field_names(cls))
+            if isinstance(sub.get("targets"), list):
+                sub["targets"] = tuple(sub["targets"])
             parts[table] = _build(cls, sub)
     if "name" not in raw:
         raise UserError("missing required key 'name'")
@@ -474,6 +580,11 @@ def _positive_int(name: str, value: Any, most: int | None = None) -> None:
         raise UserError(f"{name} must be an integer >= 1. Received: {_short(value)}")
     if most is not None and value > most:
         raise UserError(f"{name} must be at most {most}. Received: {_short(value)}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise UserError(f"{name} must be true or false. Received: {_short(value)}")
 
 
 def _short(value: Any) -> str:

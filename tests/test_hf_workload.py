@@ -21,6 +21,7 @@ HF = REPO / "tests" / "data" / "hf"
 TINYLLAMA = HF / "tinyllama-1.1b-chat-v1.0" / "config.json"
 SMOLLM2 = HF / "smollm2-135m" / "config.json"
 GPT2 = HF / "gpt2" / "config.json"
+QWEN2 = HF / "qwen2-0.5b" / "config.json"
 
 
 def config(path: Path) -> dict:
@@ -36,6 +37,8 @@ def write(tmp_path: Path, cfg: dict) -> Path:
 @pytest.mark.parametrize(("path", "published"), [
     (TINYLLAMA, 1.1e9),   # "TinyLlama-1.1B"
     (SMOLLM2, 135e6),     # "SmolLM2-135M"
+    (QWEN2, 0.49e9),      # Qwen2-0.5B's card: 0.49B parameters (tied embeddings)
+    (GPT2, 124e6),        # GPT-2's 124M, its tied head counted once
 ])
 def test_parameter_counts_agree_with_the_published_size(path: Path, published: float) -> None:
     w = workload_from_dict(workload_from_hf(path))
@@ -54,25 +57,49 @@ def test_llama_fields_are_mapped() -> None:
     assert "tinyllama-1.1b-chat-v1.0" in w.description and "1.10B" in w.description
 
 
-def test_gpt2_is_refused_for_its_tied_head_and_mapped_untied() -> None:
-    with pytest.raises(UserError, match=r"tie_word_embeddings = true is not supported"):
-        workload_from_hf(GPT2)
+def test_gpt2_maps_with_its_tied_head_or_untied() -> None:
+    w = workload_from_dict(workload_from_hf(GPT2))
+    assert w.model == GPTSpec(vocab_size=50257, seq_len=1024, d_model=768, n_layers=12,
+                              n_heads=12, d_ff=3072, tie_embeddings=True)
+    assert "without dropout (attn_pdrop=0.1, embd_pdrop=0.1, resid_pdrop=0.1)" in w.description
     with tempfile.TemporaryDirectory() as tmp:
         raw = workload_from_hf(write(Path(tmp), {**config(GPT2), "tie_word_embeddings": False}))
-    w = workload_from_dict(raw)
-    assert w.model == GPTSpec(vocab_size=50257, seq_len=1024, d_model=768, n_layers=12,
-                              n_heads=12, d_ff=3072)
-    # GPT-2's published 124M counts its tied head once; untied, the head adds vocab x width.
-    assert abs(count_params(w.model) - 50257 * 768 - 124e6) / 124e6 < 0.01
-    assert "without dropout (attn_pdrop=0.1, embd_pdrop=0.1, resid_pdrop=0.1)" in w.description
+    untied = workload_from_dict(raw).model
+    assert isinstance(untied, GPTSpec) and not untied.tie_embeddings
+    # Untied, the head adds vocab x width of its own.
+    assert count_params(untied) - count_params(w.model) == 50257 * 768
+
+
+def test_qwen2_maps_to_the_llama_family_with_qkv_biases() -> None:
+    w = workload_from_dict(workload_from_hf(QWEN2, seq_len=512))
+    assert w.model == LlamaSpec(vocab_size=151936, seq_len=512, d_model=896, n_layers=24,
+                                n_heads=14, n_kv_heads=2, d_ff=4864, tie_embeddings=True,
+                                rope_theta=1e6, norm_eps=1e-6, qkv_bias=True)
+    out = run_cli("workload", "from-hf", str(QWEN2), "--seq-len", "512", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "qkv_bias = true" in out.stdout and "tie_embeddings = true" in out.stdout
+
+
+def test_a_mistral_window_no_shorter_than_the_sequence_maps(tmp_path: Path) -> None:
+    path = write(tmp_path, {**config(TINYLLAMA), "model_type": "mistral",
+                            "sliding_window": 1024})
+    # The default sequence stays inside the window, where full attention is the model's own.
+    assert workload_from_dict(workload_from_hf(path)).model.seq_len == 1024
+    assert workload_from_dict(workload_from_hf(path, seq_len=1024)).model.n_kv_heads == 4
+    with pytest.raises(UserError, match=r"sliding_window = 1024 is not supported: --seq-len "
+                                        r"2048 is longer than the window"):
+        workload_from_hf(path, seq_len=2048)
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "mistral", "sliding_window": 4096}, r"sliding_window = 4096 is not"),
+    ({"model_type": "mistral", "use_sliding_window": True}, r"use_sliding_window = true is"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096},
+     r"use_sliding_window = true is not supported"),
+    ({"layer_types": ["sliding_attention"] * 22}, r"layer_types = .* full causal attention"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
      r'rope_scaling = \{"rope_type": "llama3", "factor": 8.0\} is not supported'),
     ({"num_local_experts": 8}, r"num_local_experts = 8 is not supported: mixture-of-experts"),
-    ({"model_type": "qwen2"}, r'model_type = "qwen2" is not supported: Qwen2 adds biases'),
+    ({"mlp_bias": True}, r"mlp_bias = true is not supported: sextant.s llama family has biases on the query"),
     ({"model_type": "gpt_neox"}, r'model_type = "gpt_neox" is not supported: GPT-NeoX puts'),
     ({"model_type": "falcon"}, r'model_type = "falcon" is not supported: supported: llama'),
     ({"attention_bias": True}, r"attention_bias = true is not supported"),
@@ -140,17 +167,20 @@ def test_hf_specs_are_workloads_everywhere(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     (tmp_path / "w.toml").write_text(out.stdout)
     assert load_workload(tmp_path / "w.toml") == w
-    refused = run_cli("workload", "from-hf", str(GPT2), timeout=120)
+    refused = run_cli("workload", "from-hf",
+                      str(write(tmp_path, {**config(TINYLLAMA), "model_type": "falcon"})),
+                      timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "tie_word_embeddings = true" in refused.stderr
+    assert 'model_type = "falcon" is not supported' in refused.stderr
 
 
 def test_the_planner_reads_the_same_config() -> None:
     from sextant.planner.workload_shapes import load_workload_shape
 
-    shape = load_workload_shape(f"hf:{TINYLLAMA}")
-    assert shape.total_params() == count_params(workload_from_dict(
-        workload_from_hf(TINYLLAMA)).model)
+    for path in (TINYLLAMA, GPT2):  # GPT-2's tied head counted once by both
+        shape = load_workload_shape(f"hf:{path}")
+        assert shape.total_params() == count_params(workload_from_dict(
+            workload_from_hf(path)).model)
     out = run_cli("plan", "--workload", f"hf:{SMOLLM2},seq_len=2048", "--gpus", "8",
                   timeout=120)
     assert out.returncode == 0, out.stderr

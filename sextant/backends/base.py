@@ -67,6 +67,8 @@ class Capabilities:
     """Recomputes each transformer block in backward (Strategy.activation_checkpointing)."""
     checkpoint: tuple[str, ...] = ()
     """Parallel strategies whose runs can be checkpointed and resumed."""
+    model_features: tuple[str, ...] = ("qkv_bias", "tied_gpt_head")
+    """The optional model parts (sextant.workload.model_features) its model code has."""
     why_not: tuple[tuple[str, str], ...] = ()
     """(parallel strategy, reason) for strategies this backend does not run, where the
     reason is worth knowing (what the framework offers instead); shown by `sextant

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from sextant import checkpoint as ckpt
 from sextant.backends import precision
 from sextant.fsutil import atomic_write_bytes
-from sextant.init import params_digest
+from sextant.init import is_adapter, params_digest
 from sextant.measure.comm import bytes_per_step
 from sextant.measure.loop import StepRecorder, timed_training
 
@@ -73,6 +73,9 @@ class Trainer:
 
     n_params: int
     """Parameters of the canonical model (not of this rank's shard)."""
+    n_trainable: int | None = None
+    """Of those, the ones the optimizer updates, counted from the framework's own objects
+    (LoRA: the adapters); None: all of them."""
     fetch: Callable[[int], Any]
     step: Callable[[Any], Any]
     block: Callable[[Any], None]
@@ -135,6 +138,17 @@ def write_final_params(ctx: WorkerContext, final: dict[str, np.ndarray]) -> str:
     return params_digest(final)
 
 
+def write_adapters(ctx: WorkerContext, final: dict[str, np.ndarray]) -> int:
+    """LoRA's adapter checkpoint, adapters.npz (what a fine-tune ships beside its base
+    model), written atomically; returns its size in bytes."""
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: v for k, v in final.items() if is_adapter(k)})  # type: ignore[arg-type]
+    atomic_write_bytes(ctx.run_dir / "adapters.npz", buffer.getvalue())
+    return len(buffer.getvalue())
+
+
 def train(ctx: WorkerContext, trainer: Trainer) -> RankResult:
     """Resume, train, export, assemble (the module docstring); returns this rank's result."""
     strategy = ctx.strategy
@@ -152,6 +166,8 @@ def train(ctx: WorkerContext, trainer: Trainer) -> RankResult:
         final = trainer.final_params()
         if final is not None and ctx.rank == 0:
             exported["sha256"] = write_final_params(ctx, final)
+            if ctx.workload.finetune.lora:
+                exported["adapter_bytes"] = write_adapters(ctx, final)
 
     if strategy.checkpoint_every and trainer.save is None:
         raise RuntimeError(f"{strategy.framework}: checkpointing without a save function")
@@ -168,13 +184,18 @@ def train(ctx: WorkerContext, trainer: Trainer) -> RankResult:
             checkpoint=save if strategy.checkpoint_every else None, on_trained=on_trained,
         )
     described = trainer.describe()
+    trained = trainer.n_params if trainer.n_trainable is None else trainer.n_trainable
     result: RankResult = {
         **timed,  # type: ignore[typeddict-item]  # the loop's keys, checked by the contract
         "final_params_sha256": exported.get("sha256"),  # rank 0 only
-        "memory_accounting": {**described.memory, "parameters": trainer.n_params},
-        "comm": {"planned_bytes_per_step": bytes_per_step(strategy, trainer.n_params),
+        "memory_accounting": {**described.memory, "parameters": trainer.n_params,
+                              "trainable_parameters": trained},
+        # Only the trained parameters' gradients are reduced (LoRA: the adapters').
+        "comm": {"planned_bytes_per_step": bytes_per_step(strategy, trained),
                  "measured_grad_payload_bytes_per_step": exported.get("payload")},
-        "details": {**described.details, "notes": trainer.notes},
+        "details": {**described.details, "notes": trainer.notes,
+                    **({"adapter_bytes": exported["adapter_bytes"]}
+                       if "adapter_bytes" in exported else {})},
         # Every run records the precision it used: the backend's read-back, or, for a
         # framework sextant runs on CPU cores only, fp32 as asked (no TF32 there).
         "fingerprint": {**described.fingerprint,

@@ -34,6 +34,8 @@ def matrix() -> tuple[list[str], list[tuple[str, list[bool | str]]]]:
     rows.append(("checkpoint/resume", [", ".join(caps[n].checkpoint) or False for n in names]))
     rows.append(("deployment formats", [", ".join(f.name for f in caps[n].exports) or False
                                         for n in names]))
+    rows += [(f"model {f.replace('_', ' ')}", [f in caps[n].model_features for n in names])
+             for f in ("qkv_bias", "tied_gpt_head")]
     return names, rows
 
 

@@ -29,7 +29,7 @@ from sextant.commands.common import (
     runs_dir,
 )
 from sextant.commands.export import add_deploy_verb
-from sextant.commands.run import load_with_steps
+from sextant.commands.run import load_with_steps, trainable_line
 from sextant.commands.trials import (
     DEFAULT_REPEATS,
     add_repeats_arg,
@@ -461,7 +461,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1. Received: {args.workers}")
     out = console()
-    strategies = _chosen_strategies(args, out, device, inventory)
+    strategies = _model_supported(workload, _chosen_strategies(args, out, device, inventory),
+                                  out, explicit=args.frameworks is not None)
     if not strategies:
         raise UserError("no framework is installed; pip install 'sextant[torch]'")
     if args.cluster is not None:
@@ -475,6 +476,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         records, failures = _run_interleaved(args, workload, strategies, store, group, out)
         if records:
             _print_comparison(args, workload, records, out)
+            line = trainable_line(workload, records)
+            if line:
+                out.print(line, markup=False)
         for line in disturbed_lines(records):
             out.print(Text(line, style="yellow"))
         if records:
@@ -485,6 +489,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for failure in failures:
         out.print(Text("failed: ", style="red") + Text(failure))
     return 1 if failures else 0
+
+
+def _model_supported(workload: Workload, strategies: list[Strategy], out: Any,
+                     explicit: bool) -> list[Strategy]:
+    """The rows whose framework has every model part the workload uses (Qwen2's biases,
+    GPT-2's tied head, LoRA); the others are printed with the reason, or refused when the
+    frameworks were named."""
+    from sextant.runner import check_model_features
+
+    kept, said = [], set()
+    for strategy in strategies:
+        try:
+            check_model_features(workload, strategy)
+        except UserError as exc:
+            if explicit:
+                raise
+            if str(exc) not in said:
+                said.add(str(exc))
+                out.print(Text(f"not run: {exc}", style="dim"))
+            continue
+        kept.append(strategy)
+    return kept
 
 
 def _print_headline(records: list[RunRecord], out: Any) -> None:

@@ -273,5 +273,47 @@ def run_and_show(args: argparse.Namespace, workload: Workload, strategy: Strateg
             raise
         progress.finish(strategy.label, record)
     out.print(comparison_table([record], f"{escape(workload.name)}: run {record.id}"))
+    line = trainable_line(workload, [record])
+    if line:
+        out.print(line, markup=False)
     out.print(f"stored as run {record.id} in {store.path}", markup=False)
     return 0
+
+
+def trainable_line(workload: Workload, records: list[Any]) -> str | None:
+    """For LoRA, the trainable parameters as each framework counted them (PEFT's
+    `print_trainable_parameters` figures); None for full fine-tuning."""
+    ft = workload.finetune
+    if not ft.lora:
+        return None
+    counts = {r.label: (r.ranks[0].memory_accounting.get("trainable_parameters"),
+                        r.ranks[0].memory_accounting.get("parameters"))
+              for r in records if r.ranks}
+    if not counts:
+        return None
+    head = (f"LoRA rank {ft.rank}, alpha {ft.alpha:g} (scale {ft.scale:g}) on "
+            f"{', '.join(ft.targets)}: trainable parameters ")
+    if len(set(counts.values())) == 1:
+        trained, total = next(iter(counts.values()))
+        where = "" if len(counts) == 1 else f", equal on all {len(counts)} runs"
+        line = head + f"{trained:,} of {total:,} ({100 * trained / total:.3f} %){where}"
+    else:
+        line = head + "differ: " + "; ".join(f"{label} {t:,} of {n:,}"
+                                             for label, (t, n) in counts.items())
+    return "\n".join([line, *(_memory_split(r) for r in records if r.ranks)])
+
+
+def _memory_split(record: Any) -> str:
+    """A LoRA run's memory by part (rank 0, as the framework's objects hold it): the
+    frozen base, the adapters, their optimizer state; and the adapter checkpoint's size."""
+    acc, details = record.ranks[0].memory_accounting, record.ranks[0].details
+
+    def mb(value: Any) -> str:
+        return "-" if value is None else f"{value / 2**20:.2f} MB"
+
+    params, frozen = acc.get("params"), acc.get("frozen_params")
+    adapters = None if params is None or frozen is None else params - frozen
+    size = details.get("adapter_bytes")
+    return (f"  {record.label}: frozen base {mb(frozen)}, adapters {mb(adapters)}, "
+            f"their optimizer state {mb(acc.get('optimizer_state'))}; adapter checkpoint "
+            + ("-" if size is None else f"{size / 1024:.1f} kB"))

@@ -14,12 +14,14 @@ def register(sub: Any) -> None:
                     "uses one directly (see docs/your-model-and-data.md).")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(p))
     hf = verbs.add_parser(
-        "from-hf", help="a workload for a Llama/Mistral/GPT-2-style config.json",
-        description="Map a decoder-only Hugging Face config.json (Llama 1-3, Mistral without "
-                    "a sliding window, GPT-2 with an untied head) onto sextant's llama or gpt "
-                    "family; anything those cannot express is refused, naming the field. "
-                    "Trains on the bundled byte-level corpus until [data] names your files.")
-    hf.add_argument("config", help="path of the config.json")
+        "from-hf", help="a workload for a Llama/Mistral/Qwen2/GPT-2-style model",
+        description="Map a decoder-only Hugging Face config.json (Llama 1-3, Mistral inside "
+                    "its sliding window, Qwen2, GPT-2) onto sextant's llama or gpt family; "
+                    "anything those cannot express is refused, naming the field. Given the "
+                    "model's folder, training starts from its *.safetensors weights. Trains "
+                    "on the bundled byte-level corpus until [data] names your files.")
+    hf.add_argument("config", help="path of the config.json, or of the model's folder "
+                                   "(config.json and *.safetensors)")
     hf.add_argument("--seq-len", type=int, default=None,
                     help="tokens per sequence (default: the config's context length)")
     hf.add_argument("--global-batch", type=int, default=None,
@@ -32,16 +34,32 @@ def register(sub: Any) -> None:
                     "--scale's)")
     hf.add_argument("--width", type=int, default=None, help="d_model (overrides --scale's); "
                     "heads keep the config's grouping")
+    hf.add_argument("--lora-rank", type=int, default=None, help="fine-tune with LoRA "
+                    "adapters of this rank beside the frozen model ([finetune] method = "
+                    "'lora'; default: full fine-tuning)")
+    hf.add_argument("--lora-alpha", type=float, default=None,
+                    help="LoRA's alpha: adapters scaled by alpha / rank (default: 2 x rank)")
+    hf.add_argument("--lora-targets", default=None, help="comma-separated projections that "
+                    "get an adapter among q,k,v,o,gate,up,down (default: q,v)")
     hf.set_defaults(func=cmd_from_hf)
 
 
 def cmd_from_hf(args: argparse.Namespace) -> int:
+    from sextant.errors import UserError
     from sextant.hf import one_line_text, to_toml, workload_from_hf
     from sextant.workload import workload_from_dict
 
     raw = workload_from_hf(args.config, seq_len=args.seq_len, global_batch=args.global_batch,
                            scale=args.scale, layers=args.layers, width=args.width,
                            steps=args.steps)
+    if args.lora_rank is not None:
+        raw["finetune"] = {"method": "lora", "rank": args.lora_rank,
+                           "alpha": (args.lora_alpha if args.lora_alpha is not None
+                                     else 2.0 * args.lora_rank)}
+        if args.lora_targets is not None:
+            raw["finetune"]["targets"] = [t.strip() for t in args.lora_targets.split(",")]
+    elif args.lora_alpha is not None or args.lora_targets is not None:
+        raise UserError("--lora-alpha and --lora-targets go with --lora-rank")
     workload_from_dict(raw)  # what is written loads
     # The comment in printable ASCII, as every string below it: one line whatever the config.
     comment = one_line_text(raw["description"]).encode("ascii", "backslashreplace").decode()

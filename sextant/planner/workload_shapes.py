@@ -42,14 +42,15 @@ def shape_from_workload(
     if family == "gpt":
         values = _decoder_values(model, "gpt", where)
         # sextant's gpt (sextant/init.py): pre-LayerNorm, GELU MLP, learned positions,
-        # biases on every linear layer except the untied output head, no dropout.
+        # biases on every linear layer except the output head (its own, or the embedding's
+        # when tied), no dropout.
         return TransformerShape(
             name=name,
             n_kv_heads=values["n_heads"],
             learned_positions=True,
             biases=True,
             layernorm=True,
-            tied_embeddings=False,
+            tied_embeddings=model.get("tie_embeddings") is True,
             gated_mlp=False,
             dropout=False,
             global_batch=batch,
@@ -228,16 +229,18 @@ def _hf_shape(spec: str) -> TransformerShape | MLPShape:
     from sextant import hf
 
     path, options = hf.parse_spec(spec)
+    path, _ = hf._model_folder(path)  # a model's folder plans the model of its config.json
     config = hf.read_config(path)
     hf.check_values(path, config)  # the same one-line refusals as a training workload's
     kind = config.get("model_type")
     if kind in hf.LLAMA_TYPES:
-        model, _, context = hf._llama(path, config)
+        model, _, context, window = hf._llama(path, config)
     elif kind in hf.GPT_TYPES:
-        model, _, context = hf._gpt(path, config)
+        model, _, context, window = hf._gpt(path, config)
     else:  # its one-line refusal, with the reason
         return shape_from_workload(hf.workload_from_hf(path, **options), where=spec)
-    model["seq_len"] = options.get("seq_len", context)
+    model["seq_len"] = options.get("seq_len", context if window is None
+                                   else min(context, window))
     model = hf.scaled(model, scale=options.get("scale"), layers=options.get("layers"),
                       width=options.get("width"))
     name = "hf-" + (str(config.get("_name_or_path") or path.parent.name or path.stem)

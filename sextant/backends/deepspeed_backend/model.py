@@ -7,9 +7,10 @@ module; ZeRO-3 partitions its parameters in place), so this module only re-expor
 
 from sextant.backends.torch_backend.model import (
     WithLoss,
+    add_adapters,
     build,
     canonical_names,
     load_canonical,
 )
 
-__all__ = ["WithLoss", "build", "canonical_names", "load_canonical"]
+__all__ = ["WithLoss", "add_adapters", "build", "canonical_names", "load_canonical"]

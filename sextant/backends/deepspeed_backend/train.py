@@ -53,7 +53,8 @@ from sextant.backends.torch_backend.train import (
     select_device,
 )
 from sextant.backends import precision
-from sextant.init import init_params
+from sextant.init import adapter_shapes
+from sextant.weights import initial_params, trainable
 from sextant.schedule import lr_table
 from sextant.strategy import ZERO_STAGE
 
@@ -208,7 +209,10 @@ def _accounting(engine: Any) -> dict[str, Any]:
     state = _nbytes(v for s in inner.state.values() for v in s.values() if torch.is_tensor(v))
     for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
         state += _nbytes(getattr(engine.optimizer, attr, ()))  # ZeRO 1-2, ZeRO-3
-    return {"params": _nbytes(params), "grads": None, "optimizer_state": state}
+    frozen = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()
+              if not p.requires_grad]
+    return {"params": _nbytes(params), "frozen_params": _nbytes(frozen), "grads": None,
+            "optimizer_state": state}
 
 
 def _final_params(engine: Any, names: list[str]) -> dict[str, np.ndarray] | None:
@@ -230,10 +234,15 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
     import deepspeed
 
     workload, strategy = ctx.workload, ctx.strategy
-    params = init_params(workload.model, workload.seed)
+    params = initial_params(workload)
     net = dm.build(workload.model)
+    if workload.finetune.lora:
+        dm.add_adapters(net, adapter_shapes(workload.model, workload.finetune),
+                        workload.finetune.scale)
     dm.load_canonical(net, params)
     names = dm.canonical_names(net, params)
+    for key, tensor in net.named_parameters():  # LoRA: the base is frozen
+        tensor.requires_grad_(trainable(workload, names[key]))
     net.to(device)
     groups = adamw_groups(net, names, params, workload.optimizer.weight_decay)
     optimizer, optimizer_impl = adamw(groups, workload.optimizer)
@@ -292,6 +301,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
         ZERO_STAGE[strategy.parallel] == 0 and ctx.world > 1) else None
     return harness.train(ctx, Trainer(
         n_params=sum(v.size for v in params.values()),
+        n_trainable=sum(t.numel() for t in net.parameters() if t.requires_grad),
         fetch=fetch, step=step, block=block, to_floats=to_floats, step_nosync=nosync,
         final_params=lambda: _final_params(engine, list(params)), describe=describe,
         save=save, restore=restore, barrier=barrier,

@@ -36,6 +36,8 @@ class Numerics:
 
     compute: Any = jnp.float32
     attention: str | None = None
+    lora_scale: float = 1.0
+    """LoRA's alpha / rank, for the projections whose parameters hold an adapter."""
 
 
 FP32 = Numerics()
@@ -103,7 +105,8 @@ def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array, remat: bool = False,
     x = p["wte"][idx] + p["wpe"][:T]
     for i in range(spec.n_layers):
         x = block(block_params(p, i), x)
-    return _mm(_layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]), p["head.weight"], nx)
+    head = p["wte"].T if spec.tie_embeddings else p["head.weight"]
+    return _mm(_layer_norm(x, p["ln_f.scale"], p["ln_f.bias"]), head, nx)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -172,14 +175,26 @@ def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: 
     h = f(rms_norm(x, bp["attn_norm.scale"], spec.norm_eps))
     # RoPE against the fp32 tables, its result cast for the attention (autocast does the
     # same: the product promotes to fp32, scaled_dot_product_attention casts it back).
-    q = rotate(_mm(h, bp["attn.q.weight"], nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
-    k = rotate(_mm(h, bp["attn.k.weight"], nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
-    v = _mm(h, bp["attn.v.weight"], nx).reshape(B, T, -1, hd)
+    q = rotate(_linear(h, bp, "attn.q", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    k = rotate(_linear(h, bp, "attn.k", nx).reshape(B, T, -1, hd), cos, sin).astype(nx.compute)
+    v = _linear(h, bp, "attn.v", nx).reshape(B, T, -1, hd)
     y = _attention(q, k, v, 1.0 / math.sqrt(hd), nx)  # GQA: K, V heads broadcast
-    x = x + g(_mm(y.reshape(B, T, -1), bp["attn.o.weight"], nx))
+    x = x + g(_linear(y.reshape(B, T, -1), bp, "attn.o", nx))
     h = f(rms_norm(x, bp["mlp_norm.scale"], spec.norm_eps))
-    gated = jax.nn.silu(_mm(h, bp["mlp.gate.weight"], nx)) * _mm(h, bp["mlp.up.weight"], nx)
-    return x + g(_mm(gated, bp["mlp.down.weight"], nx))
+    gated = jax.nn.silu(_linear(h, bp, "mlp.gate", nx)) * _linear(h, bp, "mlp.up", nx)
+    return x + g(_linear(gated, bp, "mlp.down", nx))
+
+
+def _linear(h: jax.Array, bp: Params, name: str, nx: Numerics) -> jax.Array:
+    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    plus its LoRA adapter where the parameters hold one: (h A) B * alpha / rank, computed
+    low-rank, so the frozen W's gradient is never formed."""
+    bias = bp.get(f"{name}.bias")
+    w = bp[f"{name}.weight"]
+    y = _mm(h, w, nx) if bias is None else _dense(h, w, bias, nx)
+    if f"{name}.lora_a" in bp:
+        y = y + _mm(_mm(h, bp[f"{name}.lora_a"], nx), bp[f"{name}.lora_b"], nx) * nx.lora_scale
+    return y
 
 
 def _identity(x: jax.Array) -> jax.Array:
@@ -240,17 +255,22 @@ def gather_vocab(axis: str) -> Any:
     return gather
 
 
+def model_logits(spec: ModelSpec, p: Params, x: jax.Array, remat: bool = False,
+                 tp_axis: str | None = None, nx: Numerics = FP32) -> jax.Array:
+    """The model's logits: (B, classes) for the MLP, (B, T, V) for the decoders."""
+    if isinstance(spec, MLPSpec):
+        return mlp_logits(spec, p, x, nx)
+    if isinstance(spec, LlamaSpec):
+        return llama_logits(spec, p, x, remat, tp_axis, nx)
+    return gpt_logits(spec, p, x, remat, nx)
+
+
 def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
             remat: bool = False, tp_axis: str | None = None, nx: Numerics = FP32
             ) -> jax.Array:
     """Mean softmax cross-entropy over every target in the batch, in fp32 whatever the
     compute dtype (`remat`: see gpt_logits; `tp_axis`: see llama_block)."""
-    if isinstance(spec, MLPSpec):
-        logits = mlp_logits(spec, p, x, nx)
-    elif isinstance(spec, LlamaSpec):
-        logits = llama_logits(spec, p, x, remat, tp_axis, nx)
-    else:
-        logits = gpt_logits(spec, p, x, remat, nx)
+    logits = model_logits(spec, p, x, remat, tp_axis, nx)
     logits = logits.reshape(-1, logits.shape[-1])
     if "loss-in-compute-dtype" not in TEST_FAULTS:  # the broken twin keeps bf16 logits
         logits = logits.astype(jnp.float32)

@@ -34,6 +34,7 @@ the pmean: every device updates its replica from its local gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -46,7 +47,8 @@ from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
 from sextant.devices import detect
 from sextant.errors import UserError
-from sextant.init import decays, init_params
+from sextant.init import decays, param_shapes
+from sextant.weights import initial_params, trainable
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
@@ -92,6 +94,8 @@ def _fsdp_spec(shape: tuple[int, ...], n: int) -> Any:
 
 COLUMN_PARALLEL = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.gate.weight",
                    "mlp.up.weight")
+COLUMN_BIASES = ("attn.q.bias", "attn.k.bias", "attn.v.bias")
+"""Split as their projections' columns: each shard adds the bias of its own heads."""
 ROW_PARALLEL = ("attn.o.weight", "mlp.down.weight")
 
 
@@ -103,6 +107,8 @@ def _tp_spec(name: str) -> Any:
         return P(None, "model")
     if name.endswith(ROW_PARALLEL) or name == "wte":  # embedding rows: over the vocabulary
         return P("model", None)
+    if name.endswith(COLUMN_BIASES):
+        return P("model")
     return P()
 
 
@@ -161,7 +167,7 @@ def _initial_params(workload: Any, strategy: Any) -> dict[str, np.ndarray]:
     """Canonical parameters, or the pipeline's stacked layout of them (parallel pp)."""
     from sextant.backends.jax_backend import pipeline
 
-    params = init_params(workload.model, workload.seed)
+    params = initial_params(workload)
     return pipeline.stack(params, workload.model, strategy.pp) if strategy.pp > 1 else params
 
 
@@ -274,12 +280,17 @@ def _optimizer(workload: Any, params_np: dict[str, np.ndarray], parallel: str) -
     opt_spec = workload.optimizer
     lrs = jnp.asarray(lr_table(opt_spec, workload.steps))
     last = workload.steps - 1
-    return optax.adamw(
+    adamw = optax.adamw(
         learning_rate=lambda count: lrs[jnp.minimum(count, last)],
         b1=opt_spec.beta1, b2=opt_spec.beta2, eps=opt_spec.eps,
         weight_decay=opt_spec.weight_decay,
         mask=_decay_mask(params_np, workload.model, parallel),
     )
+    if not workload.finetune.lora:
+        return adamw
+    # LoRA: moments for the adapters only; the frozen base's (zero) gradients pass through
+    # as its (zero) updates.
+    return optax.masked(adamw, {k: trainable(workload, k) for k in params_np})
 
 
 def _loss_and_grads(ctx: WorkerContext, mesh: Any, numerics: Any) -> tuple[Any, Any]:
@@ -294,10 +305,14 @@ def _loss_and_grads(ctx: WorkerContext, mesh: Any, numerics: Any) -> tuple[Any, 
     remat = strategy.activation_checkpointing  # every transformer block under jax.checkpoint
     _check_remat(remat, spec)
 
+    frozen = {k for k in param_shapes(spec) if not trainable(ctx.workload, k)}
+
     def precision_loss(p: Any, x: jax.Array, y: jax.Array, tp_axis: str | None = None
                        ) -> jax.Array:
         # Mixed precision casts inside the model (model.Numerics): fp32 master weights,
-        # bf16 matmul operands, the loss in fp32.
+        # bf16 matmul operands, the loss in fp32. LoRA's frozen base takes no gradient.
+        if frozen:
+            p = {k: jax.lax.stop_gradient(v) if k in frozen else v for k, v in p.items()}
         return model_loss(p, x, y, remat, tp_axis)
 
     single_grad = jax.value_and_grad(precision_loss)
@@ -484,6 +499,8 @@ def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch:
     return Description(
         device_peak_bytes=int(stats["peak_bytes_in_use"]) if stats else None,
         memory={"params": params_bytes,
+                "frozen_params": local_bytes({k: v for k, v in state["params"].items()
+                                              if not trainable(ctx.workload, k)}),
                 "grads": None,  # live only inside the compiled step; XLA does not expose them
                 "optimizer_state": local_bytes(state["opt"])},
         details=details,
@@ -546,6 +563,15 @@ def _nosync_step(parallel: str, per_device_step: Any, sharded_jit: Any, step_fn:
     return None
 
 
+def _with_moments(opt_state: Any) -> int:
+    """Parameters the optimizer updates: the size of Adam's first moments (LoRA's masked
+    optimizer keeps them for the adapters only)."""
+    import jax
+
+    return int(sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state)
+                   if any(getattr(k, "name", None) == "mu" for k in path)))
+
+
 def _train(ctx: WorkerContext) -> RankResult:
     import jax
     from jax.sharding import NamedSharding
@@ -581,6 +607,7 @@ def _train(ctx: WorkerContext) -> RankResult:
     opt_state = jax.jit(optimizer.init, out_shardings=state_sh)(params)
 
     numerics, attention = _numerics(ctx, devices[0])
+    numerics = dataclasses.replace(numerics, lora_scale=workload.finetune.scale)
     precision_loss, grad_fn = _loss_and_grads(ctx, mesh, numerics)
     apply, declarative_step, per_device_step = _step_functions(ctx, mesh, n, moment_sh,
                                                                optimizer, grad_fn)
@@ -632,6 +659,7 @@ def _train(ctx: WorkerContext) -> RankResult:
     save, restore, barrier = _checkpointing(ctx, state)
     return harness.train(ctx, Trainer(
         n_params=int(sum(v.size for v in params_np.values())),
+        n_trainable=_with_moments(state["opt"]),
         fetch=fetch, step=step, block=jax.block_until_ready, to_floats=to_floats,
         rows_of=local_rows,
         step_nosync=(lambda batch: run_step(nosync_step, batch)) if nosync_step is not None

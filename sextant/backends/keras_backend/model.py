@@ -171,13 +171,17 @@ class GPT(Trainable):
         self.wpe = PositionEmbedding(spec.seq_len, spec.d_model, name="wpe")
         self.blocks = [Block(spec, name=f"blocks_{i}") for i in range(spec.n_layers)]
         self.ln_f = layers.LayerNormalization(epsilon=LAYER_NORM_EPS, name="ln_f")
-        self.head = layers.Dense(spec.vocab_size, use_bias=False, name="head")
+        self.head = (None if spec.tie_embeddings
+                     else layers.Dense(spec.vocab_size, use_bias=False, name="head"))
 
     def call(self, idx: Any, training: bool = False) -> Any:  # (B, T) token ids -> (B, T, V) logits
         x = self.wpe(self.wte(idx))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        if self.head is None:  # tied: the embedding, transposed
+            return ops.matmul(x, ops.transpose(self.wte.embeddings))
+        return self.head(x)
 
     def canonical(self) -> dict[str, Any]:
         out: dict[str, Any] = {"wte": self.wte.embeddings, "wpe": self.wpe.embeddings}
@@ -189,24 +193,72 @@ class GPT(Trainable):
                                 ("mlp.fc", b.fc), ("mlp.proj", b.mlp_proj)):
                 out[p + name + ".weight"], out[p + name + ".bias"] = dense.kernel, dense.bias
         out["ln_f.scale"], out["ln_f.bias"] = self.ln_f.gamma, self.ln_f.beta
-        out["head.weight"] = self.head.kernel
+        if self.head is not None:
+            out["head.weight"] = self.head.kernel
         return out
 
     def dummy_input(self) -> np.ndarray:
         return np.zeros((1, self.seq_len), np.int32)
 
 
+Lora = tuple[tuple[str, ...], int, float] | None
+"""LoRA's (targets, rank, alpha / rank), or None: no adapters."""
+
+
+class Adapted(layers.Layer):
+    """A Dense projection with a LoRA adapter beside it: x W (+ b) + (x A) B * alpha / rank,
+    computed low-rank. (Keras' own `enable_lora` merges W + A B on every call, so it forms
+    the full weight's gradient; this does not.)"""
+
+    def __init__(self, units: int, fan_in: int, use_bias: bool, rank: int, scale: float,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dense = layers.Dense(units, use_bias=use_bias, name="dense")
+        self.scale, self.shapes = scale, ((fan_in, rank), (rank, units))
+
+    def build(self, input_shape: Any) -> None:
+        # Made here, inside the model's name scopes: each block's adapters get their own
+        # variable path (the torch backend keys its parameters by path).
+        self.lora_a = self.add_weight(shape=self.shapes[0], initializer="zeros",
+                                      name="lora_a")
+        self.lora_b = self.add_weight(shape=self.shapes[1], initializer="zeros",
+                                      name="lora_b")
+        self.dense.build(input_shape)
+
+    @property
+    def kernel(self) -> Any:
+        return self.dense.kernel
+
+    @property
+    def bias(self) -> Any:
+        return self.dense.bias
+
+    @property
+    def use_bias(self) -> bool:
+        return bool(self.dense.use_bias)
+
+    def call(self, x: Any) -> Any:
+        return self.dense(x) + ops.matmul(ops.matmul(x, self.lora_a), self.lora_b) * self.scale
+
+
+def _projection(target: str, units: int, fan_in: int, use_bias: bool, lora: Lora) -> Any:
+    if lora is None or target not in lora[0]:
+        return layers.Dense(units, use_bias=use_bias, name=target)
+    return Adapted(units, fan_in, use_bias, lora[1], lora[2], name=target)
+
+
 class RotaryAttention(layers.Layer):
     """Grouped-query causal attention with rotary positions (rotate-half form, the tables of
     sextant.init.rope_tables); each key/value head repeated for its group of query heads."""
 
-    def __init__(self, spec: LlamaSpec, **kwargs: Any) -> None:
+    def __init__(self, spec: LlamaSpec, lora: Lora = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.nh, self.nkv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        self.q = layers.Dense(self.nh * self.hd, use_bias=False, name="q")
-        self.k = layers.Dense(self.nkv * self.hd, use_bias=False, name="k")
-        self.v = layers.Dense(self.nkv * self.hd, use_bias=False, name="v")
-        self.o = layers.Dense(spec.d_model, use_bias=False, name="o")
+        d, bias = spec.d_model, spec.qkv_bias
+        self.q = _projection("q", self.nh * self.hd, d, bias, lora)
+        self.k = _projection("k", self.nkv * self.hd, d, bias, lora)
+        self.v = _projection("v", self.nkv * self.hd, d, bias, lora)
+        self.o = _projection("o", d, self.nh * self.hd, False, lora)
         cos, sin = rope_tables(spec)  # (T, hd)
         self.cos, self.sin = cos[:, None, :], sin[:, None, :]  # (T, 1, hd): over the heads
 
@@ -232,14 +284,15 @@ class RotaryAttention(layers.Layer):
 
 
 class LlamaBlock(layers.Layer):
-    def __init__(self, spec: LlamaSpec, **kwargs: Any) -> None:
+    def __init__(self, spec: LlamaSpec, lora: Lora = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.attn_norm = layers.RMSNormalization(epsilon=spec.norm_eps, name="attn_norm")
-        self.attn = RotaryAttention(spec, name="attn")
+        self.attn = RotaryAttention(spec, lora, name="attn")
         self.mlp_norm = layers.RMSNormalization(epsilon=spec.norm_eps, name="mlp_norm")
-        self.gate = layers.Dense(spec.d_ff, use_bias=False, name="gate")
-        self.up = layers.Dense(spec.d_ff, use_bias=False, name="up")
-        self.down = layers.Dense(spec.d_model, use_bias=False, name="down")
+        d, f = spec.d_model, spec.d_ff
+        self.gate = _projection("gate", f, d, False, lora)
+        self.up = _projection("up", f, d, False, lora)
+        self.down = _projection("down", d, f, False, lora)
 
     def call(self, x: Any) -> Any:
         x = x + self.attn(self.attn_norm(x))
@@ -248,11 +301,12 @@ class LlamaBlock(layers.Layer):
 
 
 class Llama(Trainable):
-    def __init__(self, spec: LlamaSpec) -> None:
+    def __init__(self, spec: LlamaSpec, lora: Lora = None) -> None:
         super().__init__()
         self.seq_len, self.tied = spec.seq_len, spec.tie_embeddings
         self.wte = layers.Embedding(spec.vocab_size, spec.d_model, name="wte")
-        self.blocks = [LlamaBlock(spec, name=f"blocks_{i}") for i in range(spec.n_layers)]
+        self.blocks = [LlamaBlock(spec, lora, name=f"blocks_{i}")
+                       for i in range(spec.n_layers)]
         self.norm_f = layers.RMSNormalization(epsilon=spec.norm_eps, name="norm_f")
         self.head = (None if spec.tie_embeddings
                      else layers.Dense(spec.vocab_size, use_bias=False, name="head"))
@@ -276,6 +330,11 @@ class Llama(Trainable):
                                 ("attn.v", b.attn.v), ("attn.o", b.attn.o),
                                 ("mlp.gate", b.gate), ("mlp.up", b.up), ("mlp.down", b.down)):
                 out[p + name + ".weight"] = dense.kernel
+                if dense.use_bias:
+                    out[p + name + ".bias"] = dense.bias
+                if isinstance(dense, Adapted):
+                    out[p + name + ".lora_a"], out[p + name + ".lora_b"] = (dense.lora_a,
+                                                                          dense.lora_b)
         out["norm_f.scale"] = self.norm_f.scale
         if self.head is not None:
             out["head.weight"] = self.head.kernel
@@ -285,11 +344,12 @@ class Llama(Trainable):
         return np.zeros((1, self.seq_len), np.int32)
 
 
-def build(spec: ModelSpec, params: dict[str, np.ndarray]) -> tuple[Trainable, dict[str, Any]]:
+def build(spec: ModelSpec, params: dict[str, np.ndarray], lora: Lora = None
+          ) -> tuple[Trainable, dict[str, Any]]:
     """The Keras model holding the canonical `params`, and its canonical-name -> variable map
-    (in canonical order)."""
+    (in canonical order). `lora`: LoRA's adapters on the targets (their arrays in `params`)."""
     model: Any = (MLP(spec) if isinstance(spec, MLPSpec) else
-                  Llama(spec) if isinstance(spec, LlamaSpec) else GPT(spec))
+                  Llama(spec, lora) if isinstance(spec, LlamaSpec) else GPT(spec))
     model(model.dummy_input())  # creates the variables
     found = model.canonical()
     if set(found) != set(params) or len(model.weights) != len(params):

@@ -41,7 +41,8 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
-from sextant.init import decays, init_params, param_shapes
+from sextant.init import adapter_shapes, decays, param_shapes
+from sextant.weights import initial_params, trainable
 from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
 
@@ -127,7 +128,8 @@ def make_optimizer(keras: Any, workload: Any, variables: dict[str, Any],
     cls = TorchEpsAdamW if torch_eps else keras.optimizers.AdamW
     optimizer = cls(learning_rate=TableSchedule(), weight_decay=opt_spec.weight_decay,
                     beta_1=opt_spec.beta1, beta_2=opt_spec.beta2, epsilon=opt_spec.eps)
-    shapes = param_shapes(workload.model)
+    shapes = {**param_shapes(workload.model),
+              **adapter_shapes(workload.model, workload.finetune)}
     optimizer.exclude_from_weight_decay(
         var_list=[v for n, v in variables.items() if not decays(n, shapes[n])])
     return optimizer
@@ -152,8 +154,12 @@ def _train(ctx: WorkerContext, keras: Any) -> RankResult:
     workload, strategy = ctx.workload, ctx.strategy
     backend = keras.backend.backend()
     dist, wrapping = _distribution(keras, ctx)
-    params0 = init_params(workload.model, workload.seed)
-    model, variables = km.build(workload.model, params0)
+    params0 = initial_params(workload)
+    ft = workload.finetune
+    model, variables = km.build(workload.model, params0,
+                                (ft.targets, ft.rank, ft.scale) if ft.lora else None)
+    for name, variable in variables.items():  # LoRA: the base is frozen
+        variable.trainable = trainable(workload, name)
     # The test hook SEXTANT_TEST_FAULT=keras-stock-adamw trains with Keras' own AdamW update,
     # so the tests can show the parity tolerance sees its eps placement.
     stock = "keras-stock-adamw" in (ctx.fault or "").split(",")
@@ -194,9 +200,11 @@ def _train(ctx: WorkerContext, keras: Any) -> RankResult:
 
     def describe() -> Description:
         nbytes = sum(a.nbytes for a in params0.values())
+        trained = sum(params0[n].nbytes for n, v in variables.items() if v.trainable)
         return Description(
-            memory={"params": nbytes, "grads": None,  # live only inside the step
-                    "optimizer_state": 2 * nbytes},
+            memory={"params": nbytes, "frozen_params": nbytes - trained,
+                    "grads": None,  # live only inside the step
+                    "optimizer_state": 2 * trained},
             details={
                 "optimizer": ("keras.optimizers.AdamW (stock update: test hook)" if stock else
                               "keras.optimizers.AdamW subclass with torch's eps placement "
@@ -221,6 +229,7 @@ def _train(ctx: WorkerContext, keras: Any) -> RankResult:
 
     return harness.train(ctx, Trainer(
         n_params=sum(v.size for v in params0.values()),
+        n_trainable=sum(int(np.prod(v.shape)) for v in model.trainable_variables),
         fetch=harness.unused, step=harness.unused, block=harness.unused,
         to_floats=harness.unused, final_params=final_params, describe=describe,
         save=save, restore=restore, owned_loop=owned_loop,

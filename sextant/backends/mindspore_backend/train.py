@@ -43,7 +43,8 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
-from sextant.init import decays, init_params
+from sextant.init import decays
+from sextant.weights import initial_params
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
 from sextant.schedule import lr_table
@@ -201,7 +202,7 @@ def _train(ctx: WorkerContext) -> RankResult:
     from sextant.backends.mindspore_backend import model as mm
 
     workload, strategy = ctx.workload, ctx.strategy
-    params0 = init_params(workload.model, workload.seed)
+    params0 = initial_params(workload)
     net, by_name = mm.build(workload.model, params0)
     optimizer = _optimizer(ctx, by_name)
     grad_fn = ms.value_and_grad(net, None, optimizer.parameters)

@@ -79,7 +79,8 @@ def gpt_logits(spec: GPTSpec, p: Tree, idx: mx.array) -> mx.array:  # (B, T) -> 
     x = p["wte"][idx] + p["wpe"][:T]
     for bp in p["blocks"]:
         x = gpt_block(spec, bp, x)
-    return _layer_norm(x, p["ln_f"]) @ p["head"]["weight"]
+    return _layer_norm(x, p["ln_f"]) @ (p["wte"].T if spec.tie_embeddings
+                                        else p["head"]["weight"])
 
 
 def _rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
@@ -92,40 +93,57 @@ def _rms_norm(x: mx.array, scale: mx.array, eps: float) -> mx.array:
     return x * mx.rsqrt(mx.mean(mx.square(x), axis=-1, keepdims=True) + eps) * scale
 
 
-def llama_block(spec: LlamaSpec, bp: Tree, x: mx.array, cos: mx.array, sin: mx.array
-                ) -> mx.array:
+def _proj(h: mx.array, p: Tree, lora_scale: float) -> mx.array:
+    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    plus its LoRA adapter where the tree holds one: (h A) B * alpha / rank, low-rank."""
+    y = h @ p["weight"] + p["bias"] if "bias" in p else h @ p["weight"]
+    if "lora_a" in p:
+        y = y + (h @ p["lora_a"]) @ p["lora_b"] * lora_scale
+    return y
+
+
+def llama_block(spec: LlamaSpec, bp: Tree, x: mx.array, cos: mx.array, sin: mx.array,
+                lora_scale: float = 1.0) -> mx.array:
     B, T, _ = x.shape
     hd = spec.head_dim
     attn, mlp = bp["attn"], bp["mlp"]
     h = _rms_norm(x, bp["attn_norm"]["scale"], spec.norm_eps)
-    q = _rotate((h @ attn["q"]["weight"]).reshape(B, T, -1, hd), cos, sin)
-    k = _rotate((h @ attn["k"]["weight"]).reshape(B, T, -1, hd), cos, sin)
-    v = (h @ attn["v"]["weight"]).reshape(B, T, -1, hd)
-    x = x + _attention(q, k, v) @ attn["o"]["weight"]
+    q = _rotate(_proj(h, attn["q"], lora_scale).reshape(B, T, -1, hd), cos, sin)
+    k = _rotate(_proj(h, attn["k"], lora_scale).reshape(B, T, -1, hd), cos, sin)
+    v = _proj(h, attn["v"], lora_scale).reshape(B, T, -1, hd)
+    x = x + _proj(_attention(q, k, v), attn["o"], lora_scale)
     h = _rms_norm(x, bp["mlp_norm"]["scale"], spec.norm_eps)
-    gate = h @ mlp["gate"]["weight"]
-    gated = gate * mx.sigmoid(gate) * (h @ mlp["up"]["weight"])
-    return x + gated @ mlp["down"]["weight"]
+    gate = _proj(h, mlp["gate"], lora_scale)
+    gated = gate * mx.sigmoid(gate) * _proj(h, mlp["up"], lora_scale)
+    return x + _proj(gated, mlp["down"], lora_scale)
 
 
-def llama_logits(spec: LlamaSpec, p: Tree, idx: mx.array) -> mx.array:
+def llama_logits(spec: LlamaSpec, p: Tree, idx: mx.array, lora_scale: float = 1.0
+                 ) -> mx.array:
     T = idx.shape[1]
     cos, sin = (mx.array(t[:T, None, :]) for t in rope_tables(spec))
     x = p["wte"][idx]
     for bp in p["blocks"]:
-        x = llama_block(spec, bp, x, cos, sin)
+        x = llama_block(spec, bp, x, cos, sin, lora_scale)
     x = _rms_norm(x, p["norm_f"]["scale"], spec.norm_eps)
     return x @ (p["wte"].T if spec.tie_embeddings else p["head"]["weight"])
 
 
-def loss_fn(spec: ModelSpec, p: Tree, x: mx.array, y: mx.array) -> mx.array:
-    """Mean softmax cross-entropy over every target in the batch."""
+def model_logits(spec: ModelSpec, p: Tree, x: mx.array, lora_scale: float = 1.0
+                 ) -> mx.array:
+    """The model's logits: (B, classes) for the MLP, (B, T, V) for the decoders
+    (`lora_scale`: LoRA's alpha / rank, where the tree holds adapters)."""
     if isinstance(spec, MLPSpec):
-        logits = mlp_logits(spec, p, x)
-    elif isinstance(spec, LlamaSpec):
-        logits = llama_logits(spec, p, x)
-    else:
-        logits = gpt_logits(spec, p, x)
+        return mlp_logits(spec, p, x)
+    if isinstance(spec, LlamaSpec):
+        return llama_logits(spec, p, x, lora_scale)
+    return gpt_logits(spec, p, x)
+
+
+def loss_fn(spec: ModelSpec, p: Tree, x: mx.array, y: mx.array, lora_scale: float = 1.0
+            ) -> mx.array:
+    """Mean softmax cross-entropy over every target in the batch."""
+    logits = model_logits(spec, p, x, lora_scale)
     logits = logits.reshape(-1, logits.shape[-1]).astype(mx.float32)
     logz = mx.logsumexp(logits, axis=-1)
     picked = mx.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]

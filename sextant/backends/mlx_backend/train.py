@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +32,8 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
-from sextant.init import decays, init_params, param_shapes
+from sextant.init import adapter_shapes, decays, param_shapes
+from sextant.weights import initial_params, trainable
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
 from sextant.schedule import lr_table
@@ -78,7 +80,8 @@ def _optimizer(ctx: WorkerContext) -> Any:
         return optim.AdamW(learning_rate=schedule, betas=[spec.beta1, spec.beta2],
                            eps=spec.eps, weight_decay=weight_decay, bias_correction=True)
 
-    shapes = param_shapes(ctx.workload.model)
+    shapes = {**param_shapes(ctx.workload.model),
+              **adapter_shapes(ctx.workload.model, ctx.workload.finetune)}
     return optim.MultiOptimizer([adamw(spec.weight_decay), adamw(0.0)],
                                 [lambda name, _: decays(name, shapes[name])])
 
@@ -92,21 +95,27 @@ def _train(ctx: WorkerContext, group: Any) -> RankResult:
 
     workload, strategy = ctx.workload, ctx.strategy
     spec = workload.model
-    params0 = init_params(spec, workload.seed)
-    params = mm.to_tree(params0)
+    params0 = initial_params(workload)
+    # What trains is the tree the optimizer and the gradient see: every parameter, or
+    # LoRA's adapters, with the frozen base a constant beside them (no gradient, no state).
+    params, frozen = _split(workload, params0)
     optimizer = _optimizer(ctx)
     optimizer.init(params)
     holder = {"params": params}
     state = [holder, optimizer.state]
+    scale = workload.finetune.scale
     compute = mx.bfloat16 if strategy.precision == "bf16" else mx.float32
     summed = "sum-gradients" in (ctx.fault or "").split(",")
 
+    with_base = _with_base(frozen)
+
     def loss_of(p: Any, x: mx.array, y: mx.array) -> mx.array:
+        p = with_base(p)
         if compute != mx.float32:
             p = tree_map(lambda a: a.astype(compute), p)
             if x.dtype == mx.float32:
                 x = x.astype(compute)
-        return mm.loss_fn(spec, p, x, y)
+        return mm.loss_fn(spec, p, x, y, scale)
 
     value_and_grad = mx.value_and_grad(loss_of)
 
@@ -151,15 +160,18 @@ def _train(ctx: WorkerContext, group: Any) -> RankResult:
         return [tuple(pair) for pair in np.array(mx.stack(handles)).tolist()]
 
     def final_params() -> dict[str, np.ndarray] | None:
-        return mm.to_canonical(holder["params"]) if ctx.rank == 0 else None
+        trained = mm.to_canonical(holder["params"]) if ctx.rank == 0 else None
+        return None if trained is None else {k: trained.get(k, v) for k, v in params0.items()}
 
     save, restore = _checkpointing(ctx, holder, optimizer)
 
     def describe() -> Description:
         nbytes = sum(v.nbytes for v in params0.values())
+        trained = sum(v.nbytes for _, v in tree_flatten(holder["params"]))
         return Description(
-            memory={"params": nbytes, "grads": None,  # live only inside the step's graph
-                    "optimizer_state": 2 * nbytes},
+            memory={"params": nbytes, "frozen_params": nbytes - trained,
+                    "grads": None,  # live only inside the step's graph
+                    "optimizer_state": 2 * trained},
             details={
                 "optimizer": "mlx.optimizers.MultiOptimizer(AdamW(bias_correction=True) "
                              "decay / no-decay)",
@@ -182,11 +194,33 @@ def _train(ctx: WorkerContext, group: Any) -> RankResult:
 
     return harness.train(ctx, Trainer(
         n_params=sum(v.size for v in params0.values()),
+        n_trainable=sum(v.size for _, v in tree_flatten(holder["params"])),
         fetch=fetch, step=guarded, block=block, to_floats=to_floats,
         step_nosync=(lambda batch: nosync_step(*batch)) if group is not None else None,
         final_params=final_params, describe=describe,
         save=save, restore=restore, barrier=_barrier(group),
     ))
+
+
+def _split(workload: Any, params0: dict[str, np.ndarray]) -> tuple[Any, list[tuple[str, Any]]]:
+    """(the tree that trains, the frozen base as flat (name, array) pairs): everything and
+    nothing in full fine-tuning, LoRA's adapters and the rest under LoRA."""
+    from mlx.utils import tree_flatten
+
+    from sextant.backends.mlx_backend import model as mm
+
+    train = {k: v for k, v in params0.items() if trainable(workload, k)}
+    rest = {k: v for k, v in params0.items() if k not in train}
+    return mm.to_tree(train), tree_flatten(mm.to_tree(rest)) if rest else []
+
+
+def _with_base(frozen: list[tuple[str, Any]]) -> Callable[[Any], Any]:
+    """The model's whole tree from the training tree: the frozen base joined back in."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if not frozen:
+        return lambda tree: tree
+    return lambda tree: tree_unflatten(frozen + tree_flatten(tree))
 
 
 def _assign(tree: Any, new: Any) -> None:

@@ -41,7 +41,8 @@ from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.paddle_backend import model as pm
-from sextant.init import decays, init_params
+from sextant.init import decays
+from sextant.weights import initial_params
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
 from sextant.schedule import lr_table
@@ -164,7 +165,7 @@ def _compile(ctx: WorkerContext, module: Any) -> tuple[Any, Any]:
 
 def _train(ctx: WorkerContext) -> RankResult:
     workload, strategy = ctx.workload, ctx.strategy
-    values = init_params(workload.model, workload.seed)
+    values = initial_params(workload)
     net = pm.build(workload.model)
     params = pm.parameters_by_name(net, list(values))
     pm.load_canonical(params, values)

@@ -114,6 +114,16 @@ def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Te
                     _dense(h, p[b + "mlp.fc.weight"], p[b + "mlp.fc.bias"]))
         x = _add(x, _dense(h, p[b + "mlp.proj.weight"], p[b + "mlp.proj.bias"]))
     x = _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"])
+    return _head(spec, p, x)
+
+
+def _head(spec: GPTSpec | LlamaSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
+    """The output head, or with tied embeddings the embedding transposed (in the compute
+    dtype of the matmul weights, as the untied head would be)."""
+    if spec.tie_embeddings:
+        compute = p["blocks.0.mlp.fc.weight" if isinstance(spec, GPTSpec)
+                    else "blocks.0.attn.q.weight"].dtype if spec.n_layers else x.dtype
+        return tf.matmul(tf.cast(x, compute), tf.cast(p["wte"], compute), transpose_b=True)
     return _dense(x, p["head.weight"])
 
 
@@ -122,7 +132,18 @@ def _rms_norm(x: tf.Tensor, scale: tf.Tensor, eps: float) -> tf.Tensor:
     return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + eps) * scale
 
 
-def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Tensor:
+def _linear(h: tf.Tensor, p: dict[str, tf.Tensor], name: str, lora_scale: float) -> tf.Tensor:
+    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    plus its LoRA adapter where the parameters hold one: (h A) B * alpha / rank, computed
+    low-rank, so the frozen W's gradient is never formed."""
+    y = _dense(h, p[name + ".weight"], p.get(name + ".bias"))
+    if name + ".lora_a" in p:
+        y = y + _dense(_dense(h, p[name + ".lora_a"]), p[name + ".lora_b"]) * lora_scale
+    return y
+
+
+def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor,
+                  lora_scale: float = 1.0) -> tf.Tensor:
     """(B, T) int token ids -> (B*T, V) logits: RMSNorm, rotary, grouped-query attention
     (each key/value head repeated for its group of query heads), SwiGLU."""
     B, (T, causal) = tf.shape(idx)[0], _seq(idx)
@@ -145,33 +166,34 @@ def _llama_logits(spec: LlamaSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> t
     for i in range(spec.n_layers):
         b = f"blocks.{i}."
         h = _rms_norm(x, p[b + "attn_norm.scale"], spec.norm_eps)
-        q = heads(_dense(h, p[b + "attn.q.weight"]), nh, True)
-        k = heads(_dense(h, p[b + "attn.k.weight"]), nkv, True)
-        v = heads(_dense(h, p[b + "attn.v.weight"]), nkv, False)
+        q = heads(_linear(h, p, b + "attn.q", lora_scale), nh, True)
+        k = heads(_linear(h, p, b + "attn.k", lora_scale), nkv, True)
+        v = heads(_linear(h, p, b + "attn.v", lora_scale), nkv, False)
         y = tf.reshape(tf.transpose(_attention(q, k, v, causal, scale), (0, 2, 1, 3)), (-1, C))
-        x = _add(x, _dense(y, p[b + "attn.o.weight"]))
+        x = _add(x, _linear(y, p, b + "attn.o", lora_scale))
         h = _rms_norm(x, p[b + "mlp_norm.scale"], spec.norm_eps)
-        gated = _opmath(tf.nn.silu, _dense(h, p[b + "mlp.gate.weight"])) * _dense(
-            h, p[b + "mlp.up.weight"])
-        x = _add(x, _dense(gated, p[b + "mlp.down.weight"]))
+        gated = _opmath(tf.nn.silu, _linear(h, p, b + "mlp.gate", lora_scale)) * _linear(
+            h, p, b + "mlp.up", lora_scale)
+        x = _add(x, _linear(gated, p, b + "mlp.down", lora_scale))
     x = _rms_norm(x, p["norm_f.scale"], spec.norm_eps)
-    if spec.tie_embeddings:
-        return tf.matmul(tf.cast(x, compute), tf.cast(p["wte"], compute), transpose_b=True)
-    return _dense(x, p["head.weight"])
+    return _head(spec, p, x)
 
 
-def logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tensor:
-    """(B, classes) for the MLP; (B*T, V) rows for the decoders."""
+def logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, lora_scale: float = 1.0
+           ) -> tf.Tensor:
+    """(B, classes) for the MLP; (B*T, V) rows for the decoders (`lora_scale`: LoRA's
+    alpha / rank, where `p` holds adapters)."""
     if isinstance(spec, MLPSpec):
         return _mlp_logits(spec, p, x)
     if isinstance(spec, LlamaSpec):
-        return _llama_logits(spec, p, x)
+        return _llama_logits(spec, p, x, lora_scale)
     return _gpt_logits(spec, p, x)
 
 
-def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor,
+            lora_scale: float = 1.0) -> tf.Tensor:
     """Mean softmax cross-entropy over every sample (MLP) or every token (GPT)."""
-    logits_ = logits(spec, p, x)
+    logits_ = logits(spec, p, x, lora_scale)
     labels = tf.reshape(y, (-1,))
     logits_ = tf.cast(logits_, tf.float32)  # the loss in fp32 (a no-op in fp32)
     return tf.reduce_mean(
@@ -180,18 +202,22 @@ def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor
 
 
 def value_and_grad(spec: ModelSpec, names: Sequence[str], values: Sequence[tf.Tensor],
-                   x: tf.Tensor, y: tf.Tensor, dtype: tf.DType = tf.float32
+                   x: tf.Tensor, y: tf.Tensor, dtype: tf.DType = tf.float32,
+                   trainable: Sequence[bool] | None = None, lora_scale: float = 1.0
                    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """(fp32 loss, fp32 dense gradients in `names` order) of the loss at parameter tensors
-    `values`, computed in `dtype` (bf16: on bf16 copies of the fp32 values)."""
+    `values`, computed in `dtype` (bf16: on bf16 copies of the fp32 values). `trainable`:
+    the gradients of those parameters only (LoRA's adapters; the frozen base is a constant
+    of the tape)."""
     values = list(values)
+    watched = [v for v, t in zip(values, trainable or [True] * len(values)) if t]
     with tf.GradientTape() as tape:
-        tape.watch(values)
+        tape.watch(watched)
         # bf16 copies of the matmul weights only (norms, biases, embeddings stay fp32).
         compute = values if dtype == tf.float32 else [
             tf.cast(v, dtype) if n.endswith(".weight") else v for n, v in zip(names, values)]
-        loss = loss_fn(spec, dict(zip(names, compute)), x, y)
-    grads = tape.gradient(loss, values)
+        loss = loss_fn(spec, dict(zip(names, compute)), x, y, lora_scale)
+    grads = tape.gradient(loss, watched)
     # The embedding lookup's gradient is IndexedSlices; every reduction below wants dense.
     return loss, [tf.convert_to_tensor(g) for g in grads]
 

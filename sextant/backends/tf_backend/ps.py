@@ -46,7 +46,8 @@ from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
 from sextant.errors import UserError
-from sextant.init import init_params, param_shapes
+from sextant.init import param_shapes
+from sextant.weights import initial_params
 from sextant.cores import default_threads
 from sextant.measure.env import fingerprint
 from sextant.measure.guard import guard_recompiles
@@ -164,7 +165,7 @@ def _coordinate(ctx: WorkerContext) -> RankResult:
     spec = workload.model
     shapes = param_shapes(spec)
     names = list(shapes)
-    params0 = init_params(spec, workload.seed)
+    params0 = initial_params(workload)
     w = strategy.workers
     opt = tm.AdamW(workload.optimizer, update_lrs(workload.optimizer, workload.steps, w),
                    names, shapes)

@@ -42,7 +42,8 @@ from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
 from sextant.errors import UserError
-from sextant.init import init_params, param_shapes
+from sextant.init import adapter_shapes, param_shapes
+from sextant.weights import initial_params, trainable
 from sextant.measure.guard import guard_recompiles
 from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
@@ -121,32 +122,42 @@ def run(ctx: WorkerContext) -> RankResult:
     notices = probe_16bit_notice(tf, ctx, [d for d in (compute_dtype, wire)
                                            if d is not None and d != tf.float32])
     spec = workload.model
-    shapes = param_shapes(spec)
+    shapes = {**param_shapes(spec), **adapter_shapes(spec, workload.finetune)}
     names = list(shapes)
-    params0 = init_params(spec, workload.seed)
-    opt = tm.AdamW(workload.optimizer, lr_table(workload.optimizer, workload.steps), names, shapes)
+    # What the optimizer updates: every parameter, or LoRA's adapters (the base is frozen:
+    # no gradient, no moments).
+    train_mask = [trainable(workload, n) for n in names]
+    train_names = [n for n, t in zip(names, train_mask) if t]
+    params0 = initial_params(workload)
+    opt = tm.AdamW(workload.optimizer, lr_table(workload.optimizer, workload.steps),
+                   train_names, shapes)
 
     with dist.scope() if dist is not None else contextlib.nullcontext():
         params = [tf.Variable(params0[n], name=_var_name(n)) for n in names]
-        ms = [tf.Variable(np.zeros_like(params0[n]), name="m." + _var_name(n)) for n in names]
-        vs = [tf.Variable(np.zeros_like(params0[n]), name="v." + _var_name(n)) for n in names]
+        ms = [tf.Variable(np.zeros_like(params0[n]), name="m." + _var_name(n))
+              for n in train_names]
+        vs = [tf.Variable(np.zeros_like(params0[n]), name="v." + _var_name(n))
+              for n in train_names]
         k = tf.Variable(0, dtype=tf.int32, name="update_count")
 
     def apply(p_vars: list[Any], m_vars: list[Any], v_vars: list[Any], k_var: Any,
               grads: list[Any]) -> None:
         s = opt.scalars(k_var.read_value())
-        for i, (p, g, m, v) in enumerate(zip(p_vars, grads, m_vars, v_vars)):
+        p_train = [p for p, t in zip(p_vars, train_mask) if t]
+        for i, (p, g, m, v) in enumerate(zip(p_train, grads, m_vars, v_vars)):
             opt.update(i, p, g, m, v, s)
         k_var.assign_add(1)
 
-    value_and_grad = _accumulated(tf, tm, spec, names, compute_dtype, accum)
+    value_and_grad = _accumulated(tf, tm, spec, names, compute_dtype, accum,
+                                  train_mask if workload.finetune.lora else None,
+                                  workload.finetune.scale)
 
     rows = {"n": 0}  # rows of the batch this process fetched last
     variables = (params, ms, vs, k)
     if dist is None:
         steps = _single_device_steps(tf, tm, ctx, jit, variables, value_and_grad, apply, rows)
     else:
-        sizes = [int(np.prod(shapes[n])) for n in names]
+        sizes = [int(np.prod(shapes[n])) for n in train_names]
         steps = _replicated_steps(tf, tm, ctx, dist, jit, wire, variables, sizes,
                                   value_and_grad, apply, rows)
     sync_fn, nosync_fn, n_local, device, fetch = steps
@@ -183,8 +194,10 @@ def run(ctx: WorkerContext) -> RankResult:
         return Description(
             device_peak_bytes=int(peak) if peak is not None else None,
             memory={"params": nbytes(params0.values()) * n_local,
+                    "frozen_params": nbytes(params0[n] for n in names
+                                            if n not in train_names) * n_local,
                     "grads": None,  # live only inside the traced step
-                    "optimizer_state": 2 * nbytes(params0.values()) * n_local},
+                    "optimizer_state": 2 * nbytes(params0[n] for n in train_names) * n_local},
             details=_details(ctx, dist is not None, wrapping, collectives, n_local,
                              notices),
             fingerprint=fingerprint(
@@ -206,6 +219,7 @@ def run(ctx: WorkerContext) -> RankResult:
         tf, ctx, dist, tf.train.Checkpoint(params=params, m=ms, v=vs, update_count=k), k)
     return harness.train(ctx, Trainer(
         n_params=sum(v.size for v in params0.values()),
+        n_trainable=sum(int(np.prod(m.shape)) for m in ms),  # the variables with moments
         fetch=fetch, step=step, block=block, to_floats=to_floats,
         step_nosync=step_nosync if nosync_fn is not None else None,
         rows_of=lambda batch: rows["n"], final_params=final_params, describe=describe,
@@ -318,7 +332,8 @@ def _replicated_steps(tf: Any, tm: Any, ctx: WorkerContext, dist: Any, jit: bool
 
 
 def _accumulated(tf: Any, tm: Any, spec: Any, names: list[str], compute_dtype: Any,
-                 accum: int) -> Any:
+                 accum: int, train_mask: list[bool] | None = None, lora_scale: float = 1.0
+                 ) -> Any:
     """value_and_grad(values, x, y): (loss, gradients) of this replica's rows, in `accum`
     micro-batches.
 
@@ -330,13 +345,14 @@ def _accumulated(tf: Any, tm: Any, spec: Any, names: list[str], compute_dtype: A
     activations are alive at a time."""
     def value_and_grad(values: list[Any], x: Any, y: Any) -> tuple[Any, list[Any]]:
         if accum == 1:
-            return tm.value_and_grad(spec, names, values, x, y, compute_dtype)
+            return tm.value_and_grad(spec, names, values, x, y, compute_dtype, train_mask,
+                                     lora_scale)
         loss_sum: Any = None
         grad_sums: list[Any] = []
         for xj, yj in zip(tf.split(x, accum), tf.split(y, accum)):
             with tf.control_dependencies(grad_sums):
                 loss, grads = tm.value_and_grad(spec, names, values, tf.identity(xj), yj,
-                                                compute_dtype)
+                                                compute_dtype, train_mask, lora_scale)
             if not grad_sums:
                 loss_sum, grad_sums = loss, grads
             else:

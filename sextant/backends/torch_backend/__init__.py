@@ -51,6 +51,7 @@ class TorchBackend(BackendBase):
             modes=("eager", "compiled"),
             parallel=("single", "dp", "zero1", "zero2", "fsdp", "tp", "pp"),
             precisions=("fp32", "tf32", "bf16", "fp16"),
+            model_features=("qkv_bias", "tied_gpt_head", "lora"),
             devices=("cpu", "gpu"),
             compress=("none", "bf16", "fp16", "powersgd"),
             grad_accum=True,

@@ -63,6 +63,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layers))
         self.ln_f = nn.LayerNorm(spec.d_model, eps=LAYER_NORM_EPS)
         self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        if spec.tie_embeddings:
+            self.head.weight = self.wte.weight
         self.register_buffer("positions", torch.arange(spec.seq_len), persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
@@ -79,7 +81,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    """Grouped-query causal attention with rotary embeddings, no biases.
+    """Grouped-query causal attention with rotary embeddings; biases on q, k and v only with
+    `qkv_bias` (Qwen2).
 
     Head counts and the sequence length are read from the projections' outputs
     (`view(B, T, -1, hd)`), so the same code runs on a tensor-parallel shard that holds a
@@ -90,20 +93,20 @@ class Attention(nn.Module):
         super().__init__()
         d, hd = spec.d_model, spec.head_dim
         self.head_dim = hd
-        self.q = nn.Linear(d, spec.n_heads * hd, bias=False)
-        self.k = nn.Linear(d, spec.n_kv_heads * hd, bias=False)
-        self.v = nn.Linear(d, spec.n_kv_heads * hd, bias=False)
+        self.q = nn.Linear(d, spec.n_heads * hd, bias=spec.qkv_bias)
+        self.k = nn.Linear(d, spec.n_kv_heads * hd, bias=spec.qkv_bias)
+        self.v = nn.Linear(d, spec.n_kv_heads * hd, bias=spec.qkv_bias)
         self.o = nn.Linear(spec.n_heads * hd, d, bias=False)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.q(h), self.k(h), self.v(h)
+        q, k, v = project(self.q, h), project(self.k, h), project(self.v, h)
         B, T, hd = q.shape[0], q.shape[1], self.head_dim
         q = rotate(q.view(B, T, -1, hd), cos, sin).transpose(1, 2)
         k = rotate(k.view(B, T, -1, hd), cos, sin).transpose(1, 2)
         v = v.view(B, T, -1, hd).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            enable_gqa=q.shape[1] != k.shape[1])
-        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+        return project(self.o, y.transpose(1, 2).reshape(B, T, -1))
 
 
 class SwiGLU(nn.Module):
@@ -114,7 +117,27 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(h)) * self.up(h))
+        return project(self.down, F.silu(project(self.gate, h)) * project(self.up, h))
+
+
+def project(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+    """A llama projection, plus its LoRA adapter where add_adapters gave it one:
+    h W + (h A) B * alpha / rank, computed low-rank (the full weight's gradient is never
+    formed, and none is kept for the frozen W)."""
+    a = getattr(linear, "lora_a", None)
+    if a is None:
+        return linear(h)
+    return linear(h) + (h @ a) @ linear.lora_b * linear.lora_scale
+
+
+def add_adapters(net: nn.Module, shapes: dict[str, tuple[int, ...]], scale: float) -> None:
+    """LoRA's A (in, rank) and B (rank, out) registered on their nn.Linear under the
+    canonical names (`blocks.0.attn.q.lora_a`); load_canonical then fills them."""
+    for name, shape in shapes.items():
+        path, kind = name.rsplit(".", 1)
+        linear = net.get_submodule(path)
+        linear.register_parameter(kind, nn.Parameter(torch.zeros(shape)))
+        linear.lora_scale = scale
 
 
 class LlamaBlock(nn.Module):

@@ -35,7 +35,8 @@ from sextant.backends.harness import Description, Trainer
 from sextant.backends.torch_backend import model as tm
 from sextant.backends.torch_backend import parallel as par
 from sextant.errors import UserError
-from sextant.init import decays, init_params
+from sextant.init import adapter_shapes, decays
+from sextant.weights import initial_params, trainable
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
@@ -168,6 +169,8 @@ def adamw_groups(net: torch.nn.Module, names: dict[str, str], params: dict[str, 
 
     by_kind: dict[tuple[bool, bool], list[torch.Tensor]] = {}
     for key, p in net.named_parameters():
+        if not p.requires_grad:  # frozen (LoRA's base): no optimizer state
+            continue
         canonical = names[key]
         kind = (decays(canonical, params[canonical].shape), isinstance(p, DTensor))
         by_kind.setdefault(kind, []).append(p)
@@ -335,9 +338,12 @@ class _Step:
     as a tensor: no host transfer."""
 
     def __init__(self, ctx: WorkerContext, p: _Parallelized, optimizer: torch.optim.Optimizer,
-                 trainable: list[torch.Tensor], device: torch.device) -> None:
+                 trainable: list[torch.Tensor], device: torch.device,
+                 frozen: list[torch.Tensor] | None = None) -> None:
         self.ctx, self.p, self.optimizer, self.trainable, self.device = (
             ctx, p, optimizer, trainable, device)
+        self.frozen = frozen or []
+        """Parameters that do not train (LoRA's base)."""
         self.lrs = lr_table(ctx.workload.optimizer, ctx.workload.steps).tolist()
         self.updates = 0
         """Optimizer updates so far (the schedule's index; set on resume)."""
@@ -374,7 +380,8 @@ class _Step:
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
         if "optimizer_state" not in accounting:
-            accounting["params"] = _nbytes(trainable)
+            accounting["params"] = _nbytes(trainable) + _nbytes(self.frozen)
+            accounting["frozen_params"] = _nbytes(self.frozen)
             accounting["optimizer_state"] = _optimizer_state_bytes(self.optimizer)
         return norm
 
@@ -534,10 +541,15 @@ def _probe(ctx: WorkerContext, p: _Parallelized, step: _Step, batch: Any) -> dic
 
 def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
     workload, strategy = ctx.workload, ctx.strategy
-    params = init_params(workload.model, workload.seed)
+    params = initial_params(workload)
     net = tm.build(workload.model)
+    if workload.finetune.lora:
+        tm.add_adapters(net, adapter_shapes(workload.model, workload.finetune),
+                        workload.finetune.scale)
     tm.load_canonical(net, params)
     names = tm.canonical_names(net, params)
+    for key, tensor in net.named_parameters():  # LoRA: the base is frozen
+        tensor.requires_grad_(trainable(workload, names[key]))
     net.to(device)
     if "bf16-master-weights" in (ctx.fault or "").split(","):
         net.to(torch.bfloat16)  # test hook: the broken twin mixed-precision agreement catches
@@ -546,7 +558,9 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
     optimizer, optimizer_impl = _adamw(p.stage or net, names, params, ctx)
     if strategy.mode == "compiled":
         p.module = torch.compile(p.module)
-    step = _Step(ctx, p, optimizer, list((p.stage or net).parameters()), device)
+    module = p.stage or net
+    step = _Step(ctx, p, optimizer, [t for t in module.parameters() if t.requires_grad],
+                 device, frozen=[t for t in module.parameters() if not t.requires_grad])
     save, restore, barrier = _checkpointing(net, optimizer, step)
 
     # Model-parallel peers read the same rows: their data-parallel rank's.
@@ -583,6 +597,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
         torch.cuda.reset_peak_memory_stats(device)
     return harness.train(ctx, Trainer(
         n_params=sum(v.size for v in params.values()),
+        n_trainable=sum(t.numel() for t in net.parameters() if t.requires_grad),
         fetch=fetch, step=step, block=block, to_floats=to_floats, step_nosync=step_nosync,
         final_params=final_params, describe=describe,
         save=save, restore=restore, barrier=barrier,
