@@ -32,6 +32,10 @@ def test_compare_runs_matrix_stores_and_reports(tmp_path: Path) -> None:
     # (On a busy machine the trials are disturbed: counted apart, left out of verdicts.)
     assert re.search(r"│ torch compiled\s+│\s+[012]( \(\+[12] disturbed\))?\s+│", out), out
     assert re.search(r"\d\.\d\dx \[\d\.\d\d-\d\.\d\d\]|no quiet trial", out), out
+    # The iteration leg: each configuration's edit-run loop, import and set-up, in seconds.
+    iteration = out[out.index("edit-run loop"):]
+    assert re.search(r"│ torch eager\s+│\s+\d+\.\d\d\s+│\s+\d+\.\d\d\s+│\s+\d+\.\d\d\s+│",
+                     iteration), out
     # The headline names a winner only if the interval supports it.
     assert re.search(r"is fastest here|tied within the interval|not confirmed", out), out
     report = db.parent / "report.html"

@@ -8,6 +8,7 @@ length) run in one matrix of their own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sqlite3
@@ -187,6 +188,9 @@ def _row(framework: str, fmt: str, targets: tuple[str, ...], needs: tuple[str, .
                         targets=targets, needs=needs, parity=parity, probe=rec.WORKS)
 
 
+WORKLOAD = {"name": "gpt-tiny", "file": "/home/me/my model.toml"}
+
+
 def test_deployment_claims_follow_the_rows():
     torch_rows = [_row("torch", "torch-export", ("server",), ("torch",)),
                   _row("torch", "onnx", ("server", "browser"), ("torch", "onnx"))]
@@ -195,20 +199,25 @@ def test_deployment_claims_follow_the_rows():
                _row("tensorflow", "onnx", ("server", "browser"), ("tensorflow", "tf2onnx"))]
     jax_rows = [_row("jax", "jax-export", ("server",), ("jax",)),
                 _row("jax", "onnx", ("server",), ("jax", "jax2onnx"), parity=rec.MISMATCH)]
-    tf_claim, torch_claim, jax_claim = deploy_claims(torch_rows + tf_rows + jax_rows)
+    tf_claim, torch_claim, jax_claim = deploy_claims(torch_rows + tf_rows + jax_rows, WORKLOAD)
     assert tf_claim.verdict == "holds"
     assert torch_claim.verdict == "holds" and "browser" in torch_claim.figure
     assert jax_claim.verdict == "does not hold here"  # its only ONNX artifact mismatched
     jax_rows[1] = _row("jax", "onnx", ("server",), ("jax", "jax2onnx"))
-    assert deploy_claims(torch_rows + tf_rows + jax_rows)[2].verdict == "holds"
+    assert deploy_claims(torch_rows + tf_rows + jax_rows, WORKLOAD)[2].verdict == "holds"
     # A framework reaching a target TensorFlow's artifacts do not: not the most complete.
     more = torch_rows + [_row("torch", "executorch", ("edge",), ("torch", "executorch"))]
-    assert deploy_claims(more + tf_rows)[0].verdict == "does not hold here"
+    assert deploy_claims(more + tf_rows, WORKLOAD)[0].verdict == "does not hold here"
     # A TensorFlow format that could not be tried leaves the verdict open.
     tf_missing = tf_rows + [_row("tensorflow", "x", ("edge",), ("tensorflow", "y"),
                                  status=rec.UNAVAILABLE, parity=None)]
-    assert deploy_claims(torch_rows + tf_missing)[0].verdict == "inconclusive"
-    assert {c.verdict for c in deploy_claims([])} == {"not measured"}
+    assert deploy_claims(torch_rows + tf_missing, WORKLOAD)[0].verdict == "inconclusive"
+    assert {c.verdict for c in deploy_claims([], WORKLOAD)} == {"not measured"}
+    # The command measures this workload, or re-exports the same run's weights.
+    assert deploy_claims([], WORKLOAD)[0].command == (
+        "sextant compare deploy --workload '/home/me/my model.toml'")
+    sourced = [dataclasses.replace(r, source_run=7) for r in tf_rows]
+    assert deploy_claims(sourced, WORKLOAD)[0].command == "sextant compare deploy --from-run 7"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -544,18 +544,18 @@ def check_claims(runs: Sequence[RunRecord], *, workload_hash: str | None = None,
     deployment group: sextant.claims.deploy)."""
     from sextant.claims.deploy import deploy_claims
 
-    return _training_claims(runs, workload_hash) + deploy_claims(deployments)
-
-
-def _training_claims(runs: Sequence[RunRecord], workload_hash: str | None) -> list[Claim]:
     ok = [r for r in runs if r.status == "ok"]
     if not ok:
         workload: Mapping[str, Any] = runs[-1].workload if runs else {}
-        return [check([], workload) for check in CHECKS]
+        return [check([], workload) for check in CHECKS] + deploy_claims(deployments, workload)
     key = workload_hash or _workload_key(ok[-1])
     same = [r for r in ok if _workload_key(r) == key or r.workload_hash == key]
     last = same[-1] if same else ok[-1]
     workload = {**(last.workload), "file": last.workload_file}
+    return _training_claims(same, workload) + deploy_claims(deployments, workload)
+
+
+def _training_claims(same: Sequence[RunRecord], workload: Mapping[str, Any]) -> list[Claim]:
     quiet = [r for r in same if not r.disturbed]
     out = []
     for check in CHECKS:

@@ -12,14 +12,22 @@ tried here (not installed) leaves a verdict it could overturn inconclusive.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sextant.claims.check import NOT_MEASURED, Claim
 from sextant.measure.intervals import HOLDS, INCONCLUSIVE, NOT_HOLD
 from sextant.results.deploy import MISMATCH, OK, SILENTLY_WRONG, UNAVAILABLE, DeployRecord
 
-COMMAND = "sextant compare deploy"
+def deploy_cmd(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> str:
+    """What reproduces the matrix: the same run's weights again, or (not measured yet) a
+    matrix of the workload the runs were made from."""
+    source = next((r.source_run for r in rows if r.source_run is not None), None)
+    if source is not None:
+        return f"sextant compare deploy --from-run {source}"
+    name = workload.get("file") or workload.get("name")
+    return "sextant compare deploy" + (f" --workload {shlex.quote(str(name))}" if name else "")
 
 
 def works(r: DeployRecord) -> bool:
@@ -50,14 +58,14 @@ def _ids(rows: Sequence[DeployRecord]) -> tuple[Any, ...]:
     return tuple(r.id for r in rows if r.id is not None)
 
 
-def claim_tf_complete(rows: Sequence[DeployRecord]) -> Claim:
+def claim_tf_complete(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> Claim:
     base: dict[str, Any] = dict(
         id="tf-deploy", claim="TensorFlow has the most complete deployment path",
         compared="the formats each framework's own exporters built from the same weights, "
                  "and the targets its working artifacts reach",
         rule="holds if TensorFlow's working artifacts reach every target another "
              "framework's reach and it has at least as many working formats as each",
-        unit="working formats", command=COMMAND)
+        unit="working formats", command=deploy_cmd(rows, workload))
     fw = _by_framework(rows)
     tf = fw.get("tensorflow", [])
     if not any(r.status != UNAVAILABLE for r in tf) or len(fw) < 2:
@@ -84,13 +92,13 @@ def own_only(r: DeployRecord) -> bool:
     return bool(r.needs) and set(r.needs) <= {r.framework}
 
 
-def claim_torch_tools(rows: Sequence[DeployRecord]) -> Claim:
+def claim_torch_tools(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> Claim:
     base: dict[str, Any] = dict(
         id="torch-tools", claim="PyTorch needs extra tools to deploy",
         compared="the targets PyTorch's working artifacts reach with torch alone, against "
                  "those they reach with other packages (onnx, onnxruntime, executorch)",
         rule="holds if some target is reached only through packages beyond torch",
-        unit="targets", command=COMMAND)
+        unit="targets", command=deploy_cmd(rows, workload))
     torch_rows = [r for r in rows if r.framework == "torch"]
     if not any(works(r) for r in torch_rows):
         return Claim(**base, verdict=NOT_MEASURED, figure="-",
@@ -113,14 +121,14 @@ def _defects(rows: Sequence[DeployRecord]) -> int:
     return sum(r.status != UNAVAILABLE and not works(r) for r in rows)
 
 
-def claim_jax_maturity(rows: Sequence[DeployRecord]) -> Claim:
+def claim_jax_maturity(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> Claim:
     base: dict[str, Any] = dict(
         id="jax-deploy", claim="JAX deploys through SavedModel or ONNX, less maturely",
         compared="JAX's artifacts (jax.export, jax2tf SavedModel and LiteRT, jax2onnx) against "
                  "TensorFlow's, from the same weights",
         rule="holds if a JAX SavedModel or ONNX artifact works, and JAX has fewer working "
              "formats than TensorFlow or more that fail",
-        unit="working formats", command=COMMAND)
+        unit="working formats", command=deploy_cmd(rows, workload))
     fw = _by_framework(rows)
     jax, tf = fw.get("jax", []), fw.get("tensorflow", [])
     if not any(r.status != UNAVAILABLE for r in jax) or not any(
@@ -144,5 +152,7 @@ def claim_jax_maturity(rows: Sequence[DeployRecord]) -> Claim:
 DEPLOY_CHECKS = (claim_tf_complete, claim_torch_tools, claim_jax_maturity)
 
 
-def deploy_claims(rows: Sequence[DeployRecord]) -> list[Claim]:
-    return [check(rows) for check in DEPLOY_CHECKS]
+def deploy_claims(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> list[Claim]:
+    """The deployment claims over one deployment group's rows (`workload`: the runs' own, for
+    the command that measures them)."""
+    return [check(rows, workload) for check in DEPLOY_CHECKS]

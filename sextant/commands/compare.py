@@ -35,6 +35,7 @@ from sextant.commands.trials import (
     add_repeats_arg,
     by_config,
     disturbed_lines,
+    iteration_table,
     trials_table,
 )
 from sextant.devices import Inventory, check_ranks_fit, detect, resolve_device
@@ -438,6 +439,7 @@ def _print_comparison(args: argparse.Namespace, workload: Workload,
             records, f"{escape(workload.name)} - speed-up and max |Δloss| against "
                      f"{records[0].label}"
         ))
+        out.print(iteration_table(records))
         _print_headline(records, out)
 
 

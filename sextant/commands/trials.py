@@ -54,11 +54,24 @@ def by_config(records: Sequence[RunRecord]) -> list[list[RunRecord]]:
     return list(groups.values())
 
 
-def _first_step(trials: Sequence[RunRecord]) -> str:
-    """The edit-run loop (process start to the first finished step), median over trials."""
-    values = sorted(t.metrics.time_to_first_step_s for t in trials
-                    if t.metrics.time_to_first_step_s is not None)
-    return f"{values[len(values) // 2]:.1f}" if values else "-"
+def _median_s(trials: Sequence[RunRecord], figure: str) -> str:
+    values = sorted(v for t in trials if (v := getattr(t.metrics, figure)) is not None)
+    return f"{values[len(values) // 2]:.2f}" if values else "-"
+
+
+def iteration_table(records: Sequence[RunRecord]) -> Table:
+    """The iteration leg, one row per configuration (medians over its trials): the edit-run
+    loop a developer waits after each change, from the process start to the first finished
+    step, and its parts (the framework's import, the set-up, the first step with its
+    tracing and compilation)."""
+    table = Table(title="edit-run loop: process start to the first finished step (s)",
+                  title_justify="left", header_style="bold")
+    for name in ("run", "to 1st step", "import", "set-up", "1st step"):
+        table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+    for trials in by_config(records):
+        table.add_row(trials[-1].label, *(_median_s(trials, f) for f in (
+            "time_to_first_step_s", "import_s", "setup_s", "first_step_s")))
+    return table
 
 
 def trials_table(records: Sequence[RunRecord], title: str) -> Table:
@@ -70,7 +83,7 @@ def trials_table(records: Sequence[RunRecord], title: str) -> Table:
     gpu = any(r.metrics.device == "gpu" for r in records)
     names = ["run", "trials", "step ms", "trial medians", "tokens/s",
              f"speed-up [{CONFIDENCE:.0%} CI]", "RSS MB/proc", "exposed comm",
-             "to 1st step s", "final loss", "max |Δloss|"]
+             "final loss", "max |Δloss|"]
     if gpu:
         names[7:7] = ["MFU", "device MB", "planner"]
     for name in names:
@@ -110,7 +123,7 @@ def trials_table(records: Sequence[RunRecord], title: str) -> Table:
             f"{fmt_ms(min(medians))}-{fmt_ms(max(medians))}" if len(medians) > 1 else "-",
             fmt_rate(tokens if tokens is not None else m.tokens_per_s), speed,
             fmt_bytes_mb(m.peak_rss_bytes), fmt_share(m.exposed_comm_share),
-            _first_step(pool), fmt_loss(m.final_loss),
+            fmt_loss(m.final_loss),
             "ref" if i == 0 else (f"{diff:.1e}" if diff is not None else "-"),
         ]
         if gpu:
