@@ -232,3 +232,26 @@ def test_bad_deploy_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_lora_run_deploys_as_its_merged_model(tmp_path):
+    """The artifacts of a LoRA run serve its adapters folded into the frozen base: what
+    `compare deploy --from-run` exports is W + A B x alpha / rank, checked like any model."""
+    toml = (Path(__file__).resolve().parents[1] / "workloads" / "llama-tiny.toml").read_text()
+    workload = tmp_path / "lora.toml"
+    workload.write_text(toml + '\n[finetune]\nmethod = "lora"\nrank = 4\nalpha = 8.0\n')
+    db = str(tmp_path / "r.db")
+    trained = run_cli("run", "--workload", str(workload), "--steps", "6", "--db", db,
+                      cwd=tmp_path, timeout=300)
+    assert trained.returncode == 0, trained.stderr
+    done = run_cli("compare", "deploy", "--from-run", "1", "--formats",
+                   "torch:torch-export,jax:jax-export", "--calls", "3", "--rows", "2",
+                   "--no-report", "--db", db, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    assert "adapters are merged into its base weights" in done.stdout
+    with ResultsStore(tmp_path / "r.db") as store:
+        rows = store.deployments()
+        run = store.get(1)
+    assert [r.parity for r in rows] == [rec.MATCH, rec.MATCH]
+    # The merged parameters, not the run's own (base + adapters), are what was exported.
+    assert rows[0].params_sha256 != run.ranks[0].final_params_sha256

@@ -194,10 +194,40 @@ def deploy_table(records: list[DeployRecord], title: str) -> Table:
     return table
 
 
+def _served(workload: Workload, npz: Path, digest: str, out_root: Path, out: Any
+            ) -> tuple[Workload, Path, str]:
+    """What the artifacts are exported from: a LoRA run's adapters folded into its frozen
+    base (W + A B x alpha / rank), served as the plain model it is; the parameters as they
+    are otherwise. The workload loses its pretrained-weights folder either way: the
+    parameters come from the run, never again from the folder."""
+    import dataclasses
+
+    import numpy as np
+
+    from sextant.init import params_digest
+    from sextant.weights import is_adapter, merge_adapters
+    from sextant.workload import FinetuneSpec
+
+    workload = dataclasses.replace(workload, weights="")
+    with np.load(npz) as loaded:
+        if not any(is_adapter(name) for name in loaded.files):
+            return workload, npz, digest
+        params = {name: loaded[name] for name in loaded.files}
+    merged = merge_adapters(params, workload.finetune.scale)
+    out_root.mkdir(parents=True, exist_ok=True)
+    path = out_root / "merged_params.npz"
+    np.savez(path, **merged)  # type: ignore[arg-type]
+    out.print(f"the run's LoRA adapters are merged into its base weights (scale "
+              f"{workload.finetune.scale:g}); the artifacts serve the merged model", markup=False)
+    return dataclasses.replace(workload, finetune=FinetuneSpec()), path, params_digest(merged)
+
+
 def _run(workload: Workload, npz: Path, digest: str, selected: list[Any], args: argparse.Namespace,
          store: ResultsStore, group: str, out_root: Path, source: int | None,
          out: Any) -> list[DeployRecord]:
     from sextant.deploy.matrix import run_matrix
+
+    workload, npz, digest = _served(workload, npz, digest, out_root, out)
 
     def stored(record: DeployRecord) -> None:
         record_id = store.add_deployment(record)  # each row kept as soon as it is measured
