@@ -219,7 +219,12 @@ def test_ctrl_c_while_starting_prints_no_traceback(delay: float) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
-    assert proc.returncode == 130 and err.endswith("sextant: interrupted\n"), err
+    # A shell reads status 130 from both endings: exit(130), or death by SIGINT, which
+    # CPython 3.11 chooses itself at exit once a KeyboardInterrupt has crossed an exec() of a
+    # string (dataclasses build their methods so, while a lazily imported module loads),
+    # even though sextant caught it.
+    assert proc.returncode in (130, -signal.SIGINT), proc.returncode
+    assert err.endswith("sextant: interrupted\n"), err
 
 
 # --- the report's reproduce commands -----------------------------------------------------
