@@ -134,7 +134,8 @@ def _cores(threads: int) -> set[int]:
 
 def _spawn(step: str, job_path: Path, out: Path, env: dict[str, str], timeout_s: float,
            cores: set[int] | None) -> tuple[float, str | None]:
-    """Run one worker step; (wall time it started, None or its one-line failure)."""
+    """Run one worker step; (wall time it started, None or its one-line failure, which the
+    caller prefixes with the step)."""
     log = (out / f"{step}.log").open("wb")
     started = time.time()
     try:
@@ -147,7 +148,7 @@ def _spawn(step: str, job_path: Path, out: Path, env: dict[str, str], timeout_s:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return started, f"{step} timed out after {timeout_s:g} s"
+            return started, f"timed out after {timeout_s:g} s"
     finally:
         log.close()
     if code == 0:
@@ -158,7 +159,7 @@ def _spawn(step: str, job_path: Path, out: Path, env: dict[str, str], timeout_s:
     tail = [line for line in (out / f"{step}.log").read_text(errors="replace").splitlines()
             if line.strip()]
     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return started, f"{step} {how}" + (f": {tail[-1][:200]}" if tail else "")
+    return started, how + (f": {tail[-1][:200]}" if tail else "")
 
 
 def _size(path: Path) -> int:
