@@ -217,9 +217,10 @@ def layout_table(records: Sequence[RunRecord]) -> Any:
         single = singles.get(row["framework"])
         comm, params, opt = (row[k] for k in ("comm_bytes_per_step", "param_bytes",
                                                 "optimizer_bytes"))
+        step = row["step_time_s"]
         table.add_row(
-            rec.label, fmt_ms(row["step_time_s"]),
-            "-" if not single else f"{row['step_time_s'] / single:.2f}x",
+            rec.label, fmt_ms(step),
+            "-" if not single or step is None else f"{step / single:.2f}x",
             fmt_share(m.exposed_comm_share),
             "-" if comm is None else f"{comm / 2**20:.2f}",
             "-" if params is None else f"{params / 2**20:.3f}",
