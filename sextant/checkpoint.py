@@ -36,14 +36,13 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
 from sextant.keys import checkpoint_key, sign, signed
 
-if TYPE_CHECKING:  # the contracts import the workload and strategy modules
-    from sextant.backends.contracts import WorkerContext
+from sextant.contracts import WorkerContext
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 2

@@ -59,7 +59,7 @@ from sextant.schedule import lr_table
 from sextant.strategy import ZERO_STAGE
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 CHECKPOINT_TAG = "deepspeed"
 """The tag (sub-directory) engine.save_checkpoint writes inside sextant's step directory."""

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import WorkerContext
+    from sextant.contracts import WorkerContext
 
 
 @dataclass

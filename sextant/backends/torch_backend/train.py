@@ -43,7 +43,7 @@ from sextant.schedule import lr_table
 from sextant.workload import LlamaSpec
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 DDP_STRATEGIES = ("dp", "zero1")
 FSDP_STRATEGIES = ("zero2", "fsdp")
