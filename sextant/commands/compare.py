@@ -44,7 +44,7 @@ from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.results.record import RunRecord
 from sextant.runner import execute
-from sextant.strategy import MIXED_PRECISIONS, Strategy
+from sextant.strategy import MIXED_PRECISIONS, PRECISION_HELP, Strategy
 from sextant.workload import Workload
 from sextant.sources import workload_source
 
@@ -86,9 +86,9 @@ def _add_compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="workers of the data-parallel rows (default: 2 on CPU cores, every "
                         "visible GPU on a GPU host)")
-    add_device_args(p, precision_default=None,
-                    precision_help="default: bf16 on GPUs, what GPU users train with; fp32 "
-                                   "on CPU cores")
+    add_device_args(p, defaults={"precision": None},
+                    helps={"precision": PRECISION_HELP + "; default: bf16 on GPUs, what GPU "
+                                                         "users train with; fp32 on CPU cores"})
     p.add_argument("--report", type=Path, default=None,
                    help="where to write the HTML report (default: next to the results database)")
     p.add_argument("--no-report", action="store_true", help="do not write the report")

@@ -11,7 +11,7 @@ from typing import Any
 from sextant.errors import UserError
 from sextant.planner import efficiency, memory
 from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
-from sextant.strategy import Check, int_at_least, one_of
+from sextant.fields import Check, int_at_least, one_of
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
