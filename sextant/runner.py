@@ -188,21 +188,24 @@ def run_dir_name(workload: Workload, strategy: Strategy) -> str:
     return f"{stamp}-{name or 'workload'}-{slug}-{time.monotonic_ns() % 10**6:06d}"
 
 
-def check_layout(workload: Workload, strategy: Strategy) -> None:
+def check_workload_fits(workload: Workload, strategy: Strategy) -> None:
+    """The workload runs under the strategy: the backend's model code has every part the
+    model uses, and the global batch splits over the replicas, micro-batches and stages."""
     check_model_features(workload, strategy)
-    if workload.global_batch % strategy.replicas:
+    dims = strategy.dims()
+    if workload.global_batch % dims.dp:
         raise UserError(
             f"global_batch {workload.global_batch} is not divisible by the "
-            f"{strategy.replicas} data-parallel replicas of {strategy.label}"
+            f"{dims.dp} data-parallel replicas of {strategy.label}"
         )
-    rows = workload.global_batch // strategy.replicas
-    if rows % strategy.grad_accum:
+    rows = workload.global_batch // dims.dp
+    if rows % dims.grad_accum:
         raise UserError(
-            f"--grad-accum {strategy.grad_accum} does not divide the {rows} rows each replica "
-            f"gets (global_batch {workload.global_batch} / {strategy.replicas} replicas); "
+            f"--grad-accum {dims.grad_accum} does not divide the {rows} rows each replica "
+            f"gets (global_batch {workload.global_batch} / {dims.dp} replicas); "
             f"use a divisor of {rows}"
         )
-    if strategy.tp > 1 or strategy.pp > 1:
+    if dims.tp > 1 or dims.pp > 1:
         check_model_parallel(workload, strategy)
 
 
@@ -291,7 +294,7 @@ def execute(
 
     `workload_file` is the path the user gave (the report's reproduce commands name it). A
     run that diverges is stored with status 'diverged' before its RunFailed propagates."""
-    check_layout(workload, strategy)
+    check_workload_fits(workload, strategy)
     resume_step = _resume_step(workload, strategy)
     run_dir = runs_dir / run_dir_name(workload, strategy)
     identity = {

@@ -82,6 +82,36 @@ MAX_THREADS = 1024
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
 
+@dataclass(frozen=True, slots=True)
+class ParallelDims:
+    """A run's parallel layout as one typed value, read alike by the runner, the backends, the
+    measured and planned communication and the planner (in the manner of torchtitan's
+    ParallelDims): devices = dp x tp x pp."""
+
+    dp: int
+    """Data-parallel replicas: the global batch is split this many ways."""
+    tp: int
+    """Tensor-parallel degree: devices that split each layer."""
+    pp: int
+    """Pipeline stages."""
+    zero: int | None
+    """ZeRO stage of the data-parallel group (ZERO_STAGE: 0 replicates, 3 shards everything);
+    None where the strategy's data parallelism is none of those (parameter servers, tensor-
+    and pipeline-parallel runs, whose data-parallel part is plain replication)."""
+    sp: bool
+    """Sequence parallelism between the tensor-parallel regions."""
+    microbatches: int
+    """Pipeline micro-batches per batch."""
+    grad_accum: int
+    """Micro-batches per optimizer step (gradients communicated once per step)."""
+    ps: int
+    """Parameter-server processes (beside the dp x tp x pp training devices)."""
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Strategy:
     framework: str = option(dataclasses.MISSING, one_of(FRAMEWORKS, "framework"), group="who",
@@ -244,6 +274,13 @@ class Strategy:
         """Data-parallel replicas: the global batch is split this many ways (the devices
         that are not tensor- or pipeline-parallel peers of one another)."""
         return self.workers * self.devices_per_worker // (self.tp * self.pp)
+
+    def dims(self) -> ParallelDims:
+        """The run's parallel layout (ParallelDims), one value for every reader."""
+        return ParallelDims(dp=self.replicas, tp=self.tp, pp=self.pp,
+                            zero=ZERO_STAGE.get(self.parallel), sp=self.sequence_parallel,
+                            microbatches=self.microbatches, grad_accum=self.grad_accum,
+                            ps=self.ps)
 
     @property
     def label(self) -> str:
