@@ -93,6 +93,78 @@ class WorkerContext:
             self.channel.send({"kind": "event", "event": record})
 
 
+class Event(TypedDict):
+    """What every event line carries (rank{r}.events.jsonl, metrics.jsonl, the collector's
+    event messages); the kind's own fields follow (EVENTS)."""
+
+    schema: int
+    event: str
+    rank: int
+    time: float
+
+
+class StartEvent(TypedDict):
+    steps: int
+
+
+class StepEvent(TypedDict):
+    step: int
+    loss: float | None
+    step_time_s: float
+    data_time_s: float
+    rows: int | None
+
+
+class PhaseEvent(TypedDict):
+    name: str
+
+
+class CheckpointEvent(TypedDict):
+    step: int
+    seconds: float
+
+
+class ResumedEvent(TypedDict):
+    step: int
+
+
+class WarningEvent(TypedDict):
+    message: str
+
+
+class DoneEvent(TypedDict):
+    pass
+
+
+EVENTS: dict[str, type] = {
+    "start": StartEvent, "step": StepEvent, "phase": PhaseEvent,
+    "checkpoint": CheckpointEvent, "resumed": ResumedEvent, "warning": WarningEvent,
+    "done": DoneEvent,
+}
+"""Each event kind's own fields (sextant.schema.problem checks them); readers keep kinds they
+do not know, which a newer worker may write."""
+
+
+class EventMessage(TypedDict):
+    kind: str
+    event: dict[str, Any]
+
+
+class ResultMessage(TypedDict):
+    kind: str
+    result: dict[str, Any]
+
+
+class ErrorMessage(TypedDict):
+    kind: str
+    text: str
+
+
+MESSAGES: dict[str, type] = {"event": EventMessage, "result": ResultMessage,
+                             "error": ErrorMessage}
+"""What a rank sends its collector after the hello (sextant.launch.collector), by kind."""
+
+
 class _RankResultOptional(TypedDict, total=False):
     rank: int
     """Added by the worker (sextant.launch.worker.run_rank) after `run` returns."""

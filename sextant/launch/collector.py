@@ -42,7 +42,9 @@ from typing import IO, Any
 
 from sextant.defaults import COLLECTIVE_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
+from sextant.contracts import EVENTS, MESSAGES, DoneEvent, Event
 from sextant.keys import sign, signed
+from sextant.schema import problem
 
 CONNECT_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0
@@ -144,30 +146,22 @@ def check_hello(msg: Any, world: int) -> str | None:
     return None
 
 
-SCHEMA: dict[str, tuple[str, type]] = {
-    "event": ("event", dict),
-    "result": ("result", dict),
-    "error": ("text", str),
-}
-"""A ranked message's kind -> (its one required key, that key's type)."""
-
-
 def check_message(msg: Any) -> str | None:
     """None when `msg` is a well-formed event, result or error (after the hello), else what
-    is wrong with it."""
+    is wrong with it (sextant.contracts.MESSAGES; an event's fields: EVENTS)."""
     if not isinstance(msg, dict):
         return "not a JSON object"
     kind = msg.get("kind")
-    if not isinstance(kind, str) or kind not in SCHEMA:
+    if not isinstance(kind, str) or kind not in MESSAGES:
         return f"unknown kind {str(kind)[:40]!r}"
-    key, kind_type = SCHEMA[kind]
-    if not isinstance(msg.get(key), kind_type):
-        return f"{kind} without a {kind_type.__name__} {key!r}"
-    if kind == "event" and not isinstance(msg["event"].get("event"), str):
-        return "event without its name"
-    if kind == "result" and not all(isinstance(k, str) for k in msg["result"]):
-        return "result with a non-text key"
-    return None
+    wrong = problem(msg, MESSAGES[kind], f"{kind}: ")
+    if wrong is None and kind == "event":
+        event = msg["event"]
+        wrong = problem(event, Event, "event: ") or problem(
+            event, EVENTS.get(str(event["event"]), DoneEvent), f"event {event['event']}: ")
+    if wrong is None and kind == "result" and not all(isinstance(k, str) for k in msg["result"]):
+        wrong = "result with a non-text key"
+    return wrong
 
 
 def _read_line(stream: IO[bytes], limit: int) -> bytes | None:
