@@ -103,6 +103,21 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="FP8 GEMMs at the accelerator's fp8 peak (MFU stays relative to the 16-bit peak)",
     )
+    ft = p.add_argument_group("fine-tuning (docs/planner.md, 'Fine-tuning')")
+    ft.add_argument(
+        "--finetune", choices=("full", "lora"),
+        help="full: every parameter trains; lora: adapters beside a frozen base "
+        "(default: full, or the workload's [finetune] method)",
+    )
+    ft.add_argument("--lora-rank", type=int, help="LoRA's rank r (default 8)")
+    ft.add_argument(
+        "--lora-targets", metavar="LIST",
+        help="projections with an adapter, among q,k,v,o,gate,up,down (default q,v)",
+    )
+    ft.add_argument(
+        "--base-dtype", choices=("fp32", "bf16", "fp16"),
+        help="the frozen base's dtype (default: the precision's)",
+    )
     tr.add_argument(
         "--price-per-hour", type=float, help="USD per device-hour (default: catalogue estimate)"
     )
@@ -329,7 +344,9 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     measured = _measured(args, cat)
-    options = _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured)
+    options = replace(
+        _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured),
+        finetune=_finetune(args))
     hw = resolve_hardware(
         cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
     )
@@ -356,6 +373,32 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         batch_given=args.global_batch is not None,
     )
     return make_plan(req, cat, hw)
+
+
+def _finetune(args: argparse.Namespace) -> Any:
+    """The fine-tuning flags over the workload's [finetune] table (when --workload names a
+    sextant workload that has one); None: every parameter trains."""
+    from sextant.planner.finetune import FineTune
+    from sextant.planner.workload_shapes import load_workload_finetune
+
+    given = load_workload_finetune(args.workload) if args.workload else None
+    flags: dict[str, Any] = {
+        key: value for key, value in (
+            ("method", args.finetune), ("rank", args.lora_rank),
+            ("targets", None if args.lora_targets is None else tuple(
+                t.strip() for t in args.lora_targets.split(",") if t.strip())),
+            ("base_dtype", args.base_dtype),
+        ) if value is not None
+    }
+    if not flags and given is None:
+        return None
+    method = flags.get("method", given.method if given else "full")
+    if method != "lora" and set(flags) - {"method"}:
+        raise UserError("--lora-rank, --lora-targets and --base-dtype need --finetune lora. "
+                        f"Received: --finetune {method}")
+    base: dict[str, Any] = {} if given is None else {
+        "method": given.method, "rank": given.rank, "targets": given.targets}
+    return FineTune(**{**base, **flags})
 
 
 def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:

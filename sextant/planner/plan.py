@@ -24,8 +24,10 @@ from sextant.planner.estimate import (
     solve_mfu,
 )
 from sextant.planner.evaluation import Evaluation
+from sextant.planner.finetune import adapted
 from sextant.planner.models import MLPShape, ModelCost, TransformerShape
 from sextant.planner.plan_doc import (
+    finetune_section,
     CurvePoint,
     MfuTarget,
     Part,
@@ -252,6 +254,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> Plan:
         ),
         warnings=warnings,
         training=_training(req, cat, hw.accelerator.key, ev, tokens_step),
+        finetune=finetune_section(opts.finetune, cost, opts.precision),
     )
     if req.curve:
         plan = replace(plan, scaling=_scaling(req, cost, hw, opts, knobs, result, warnings))
@@ -267,7 +270,8 @@ def _check_request(req: PlanRequest, hw: Hardware) -> ModelCost:
             f"{hw.accelerator.key} keeps tensors in host memory already: --offload does not "
             "apply (use --offload none)"
         )
-    return req.shape.cost(flash_attention=req.options.flash_attention)
+    return adapted(req.shape.cost(flash_attention=req.options.flash_attention),
+                   req.options.finetune, req.options.precision)
 
 
 def _searched(req: PlanRequest, cost: ModelCost, hw: Hardware, knobs: dict[str, int]
