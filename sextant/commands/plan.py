@@ -350,10 +350,10 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     hw = resolve_hardware(
         cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
     )
-    if measured and measured.get("allreduce") and args.intra_link is None:
+    if measured and measured.allreduce and args.intra_link is None:
         # The all-reduce bus bandwidth measured between this host's devices replaces the
         # catalogue's plateau of the intra-node link (its ramp over message sizes stays).
-        plateau = float(measured["allreduce"]["plateau_busbw_bytes_per_s"])
+        plateau = measured.allreduce.plateau_busbw_bytes_per_s
         hw = replace(hw, intra=replace(hw.intra, bus_bandwidth=plateau))
     req = PlanRequest(
         shape=shape,
@@ -401,7 +401,7 @@ def _finetune(args: argparse.Namespace) -> Any:
     return FineTune(**{**base, **flags})
 
 
-def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:
+def _measured(args: argparse.Namespace, cat: Any) -> Any:
     """The calibration's device section when it was measured on the planned accelerator
     (`sextant calibrate --device gpu`)."""
     from sextant.planner.device_calibration import measured_for
@@ -455,7 +455,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _options(args: argparse.Namespace, acc: Any, model_batch: int,
-             measured: dict[str, Any] | None = None) -> Any:
+             measured: Any = None) -> Any:
     """PlanOptions from the flags: the user's knobs over the chosen stack's profile; the
     kernel efficiency measured on this accelerator (`measured`) unless one is asked for, else
     its published GEMM rate (Accelerator.kernel_efficiency)."""
@@ -473,7 +473,7 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int,
     efficiency = {"compute_efficiency": acc.kernel_efficiency if args.kernel_efficiency is None
                   else args.kernel_efficiency}
     if measured and args.kernel_efficiency is None and args.mfu is None:
-        efficiency = {"compute_efficiency": min(float(measured["kernel_efficiency"]), 1.0)}
+        efficiency = {"compute_efficiency": min(measured.kernel_efficiency, 1.0)}
     return PlanOptions(
         precision=precision,
         optimizer=args.optimizer,
