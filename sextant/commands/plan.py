@@ -184,7 +184,7 @@ def register(subparsers: Any) -> None:
     asm.add_argument(
         "--stack",
         default=None,
-        help="the training stack whose defaults the plan assumes (profiles.py): generic (the "
+        help="the training stack whose defaults the plan assumes (profiles.toml): generic (the "
         "ZeRO paper's accounting, default; maxtext on a TPU), megatron-core, deepspeed, "
         "torchtitan, maxtext; "
         "dated: megatron-lm-2021, deepspeed-0.3, llama3-2024",

@@ -69,7 +69,7 @@ class PlanOptions:
     """What trains (`--finetune`, finetune.py): None or 'full', every parameter; 'lora',
     adapters beside a frozen base."""
     stack: StackProfile = PROFILES[DEFAULT_STACK]
-    """What the training stack does by default (`--stack`, profiles.py): gradient and
+    """What the training stack does by default (`--stack`, profiles.toml): gradient and
     master-weight dtypes, buckets, collective schedule, ZeRO-3 gathers, stage balancing,
     context-parallel exchange."""
 
