@@ -26,6 +26,7 @@ from sextant.planner.estimate import (
 )
 from sextant.planner.evaluation import Evaluation
 from sextant.planner.finetune import adapted
+from sextant.planner.memory import model_of
 from sextant.planner.models import MLPShape, ModelCost, TransformerShape
 from sextant.planner.plan_doc import (
     finetune_section,
@@ -460,12 +461,9 @@ def _memory_warnings(
             f"--zero3-gather tensor changes nothing here: the layout uses ZeRO-{layout.zero} "
             "(pin --zero 3 to price per-tensor gathers)"
         )
-    if req.options.stack.memory_model == "torch":
-        out.append(
-            "torch's allocation (fp32 parameters and gradients): memory is a lower bound; "
-            "against torchtitan's published peak reserved memory it is 2-6 % low "
-            "(docs/validation.md): keep that much to spare"
-        )
+    note = model_of(req.options.stack.memory_model).note
+    if note:
+        out.append(note)
     return out
 
 

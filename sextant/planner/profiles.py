@@ -18,7 +18,7 @@ from typing import Any
 from sextant.errors import UserError
 from sextant.planner.catalogue import ATTENTION_KERNELS
 from sextant.planner.comms import DP_SCHEDULES
-from sextant.planner.memory import MEMORY_MODELS
+from sextant.planner.memory import MEMORY_MODELS, model_of
 
 CP_METHODS = ("ring", "allgather")
 """'ring' (ring attention, Liu et al. 2023; Megatron-Core's CP: each K/V block travels while
@@ -41,14 +41,15 @@ class StackProfile:
     release: str
     """The release the defaults are read from (and, for a dated variant, why it exists)."""
     memory_model: str
-    """The stack's bytes per parameter under mixed precision (memory.MEMORY_MODELS): where
+    """The stack's bytes per parameter under mixed precision (a memory model of
+    profiles.toml's [memory_models], memory.MemoryModel): where
     its fp32 master weights live (a copy beside 16-bit parameters, or the parameters
     themselves) and its gradient buffers' dtype, as memory.py counts them."""
     dp_schedule: str
     """Data-parallel collectives per step (comms.DP_SCHEDULES)."""
     dp_bucket_bytes: float | None = None
     """Bytes per gradient bucket; None: the stack's own default for its memory model
-    (comms.DP_BUCKET_DEFAULTS); 0: one call over the whole buffer."""
+    (MemoryModel.dp_bucket_bytes, comms.dp_bucket_bytes); 0: one call over the whole buffer."""
     zero3_gather: str
     """What one ZeRO-3 / FSDP collective carries: 'layer' or 'tensor' (ZERO3_GATHERS)."""
     balanced_stages: bool
@@ -116,8 +117,8 @@ class StackProfile:
         kept = {k: v for k, v in changes.items() if v is not None}
         if not kept:
             return self
-        if "memory_model" in kept and "dp_schedule" not in kept:
-            kept["dp_schedule"] = "torch" if kept["memory_model"] == "torch" else "zero"
+        if kept.get("memory_model") in MEMORY_MODELS and "dp_schedule" not in kept:
+            kept["dp_schedule"] = model_of(str(kept["memory_model"])).dp_schedule
         return replace(self, name=f"{self.name} (overridden)", **kept)  # type: ignore[arg-type]
 
 

@@ -44,3 +44,43 @@ def test_an_unknown_key_is_refused_by_name(tmp_path):
         profiles._load(_write(tmp_path, stack + "overlap = 0.5\n"))
     with pytest.raises(UserError, match="memory_model must be one of"):
         profiles._load(_write(tmp_path, stack.replace('"zero"\ndp', '"mine"\ndp')))
+
+
+def test_the_memory_model_is_data_not_a_name():
+    """A record with another model's fields under a new name allocates exactly as that model:
+    the figures come from the profile's data, never from a branch on the name."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from sextant.planner import memory
+
+    for name in memory.MEMORY_MODELS:
+        twin = replace(memory.MODELS[name], name="twin")
+        for precision in ("bf16", "fp16", "fp32"):
+            assert memory.state_bytes(precision, "adam", twin) == memory.state_bytes(
+                precision, "adam", name)
+            assert memory.comm_bytes(precision, twin) == memory.comm_bytes(precision, name)
+        zero, dp = np.array([0, 1, 2, 3]), np.array([8.0, 8.0, 8.0, 8.0])
+        for off in (0, 1, 2):
+            a = memory.state_coefficients(dp, zero, offload=off, memory_model=twin)
+            b = memory.state_coefficients(dp, zero, offload=off, memory_model=name)
+            assert all(np.array_equal(a[k], b[k]) for k in a)
+        kw = {"largest_module_params": 1e6}
+        assert np.array_equal(
+            memory.transient_param_bytes(1e7, 4.0, zero, memory_model=twin, **kw),
+            memory.transient_param_bytes(1e7, 4.0, zero, memory_model=name, **kw))
+        assert np.array_equal(memory.buffer_bytes(1e7, zero, memory_model=twin),
+                              memory.buffer_bytes(1e7, zero, memory_model=name))
+        assert memory.loss_bytes_factor(twin, tp=2) == memory.loss_bytes_factor(name, tp=2)
+
+
+def test_an_unknown_memory_model_key_is_refused(tmp_path):
+    from sextant.planner import memory
+
+    path = _write(tmp_path, '[memory_models.mine]\nsource = "s"\nbf16 = [2, 2, 0]\n'
+                            'fp16 = [2, 2, 0]\ncomm_bytes = [2, 2]\nshard = 3\n')
+    with pytest.raises(UserError, match="unknown keys \\['shard'\\]"):
+        memory._load(path)
+    with pytest.raises(UserError, match="unknown memory model 'mine'"):
+        memory.model_of("mine")
