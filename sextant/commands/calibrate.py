@@ -72,13 +72,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
         device=_device_section(args, progress) if args.device == "gpu" else None,
     )
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps({**doc.to_dict(), "path": doc.path}, indent=2))
     else:
         render_calibration(doc, console(None, highlight=True), out)
     return 0
 
 
-def _device_section(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+def _device_section(args: argparse.Namespace, progress: Any) -> Any:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.device_calibration import calibrate_device
     from sextant.planner import load_workload_shape, preset

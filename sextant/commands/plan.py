@@ -103,6 +103,21 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="FP8 GEMMs at the accelerator's fp8 peak (MFU stays relative to the 16-bit peak)",
     )
+    ft = p.add_argument_group("fine-tuning (docs/planner.md, 'Fine-tuning')")
+    ft.add_argument(
+        "--finetune", choices=("full", "lora"),
+        help="full: every parameter trains; lora: adapters beside a frozen base "
+        "(default: full, or the workload's [finetune] method)",
+    )
+    ft.add_argument("--lora-rank", type=int, help="LoRA's rank r (default 8)")
+    ft.add_argument(
+        "--lora-targets", metavar="LIST",
+        help="projections with an adapter, among q,k,v,o,gate,up,down (default q,v)",
+    )
+    ft.add_argument(
+        "--base-dtype", choices=("fp32", "bf16", "fp16"),
+        help="the frozen base's dtype (default: the precision's)",
+    )
     tr.add_argument(
         "--price-per-hour", type=float, help="USD per device-hour (default: catalogue estimate)"
     )
@@ -169,7 +184,7 @@ def register(subparsers: Any) -> None:
     asm.add_argument(
         "--stack",
         default=None,
-        help="the training stack whose defaults the plan assumes (profiles.py): generic (the "
+        help="the training stack whose defaults the plan assumes (profiles.toml): generic (the "
         "ZeRO paper's accounting, default; maxtext on a TPU), megatron-core, deepspeed, "
         "torchtitan, maxtext; "
         "dated: megatron-lm-2021, deepspeed-0.3, llama3-2024",
@@ -329,14 +344,16 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     measured = _measured(args, cat)
-    options = _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured)
+    options = replace(
+        _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured),
+        finetune=_finetune(args))
     hw = resolve_hardware(
         cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
     )
-    if measured and measured.get("allreduce") and args.intra_link is None:
+    if measured and measured.allreduce and args.intra_link is None:
         # The all-reduce bus bandwidth measured between this host's devices replaces the
         # catalogue's plateau of the intra-node link (its ramp over message sizes stays).
-        plateau = float(measured["allreduce"]["plateau_busbw_bytes_per_s"])
+        plateau = measured.allreduce.plateau_busbw_bytes_per_s
         hw = replace(hw, intra=replace(hw.intra, bus_bandwidth=plateau))
     req = PlanRequest(
         shape=shape,
@@ -358,7 +375,33 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     return make_plan(req, cat, hw)
 
 
-def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:
+def _finetune(args: argparse.Namespace) -> Any:
+    """The fine-tuning flags over the workload's [finetune] table (when --workload names a
+    sextant workload that has one); None: every parameter trains."""
+    from sextant.planner.finetune import FineTune
+    from sextant.planner.workload_shapes import load_workload_finetune
+
+    given = load_workload_finetune(args.workload) if args.workload else None
+    flags: dict[str, Any] = {
+        key: value for key, value in (
+            ("method", args.finetune), ("rank", args.lora_rank),
+            ("targets", None if args.lora_targets is None else tuple(
+                t.strip() for t in args.lora_targets.split(",") if t.strip())),
+            ("base_dtype", args.base_dtype),
+        ) if value is not None
+    }
+    if not flags and given is None:
+        return None
+    method = flags.get("method", given.method if given else "full")
+    if method != "lora" and set(flags) - {"method"}:
+        raise UserError("--lora-rank, --lora-targets and --base-dtype need --finetune lora. "
+                        f"Received: --finetune {method}")
+    base: dict[str, Any] = {} if given is None else {
+        "method": given.method, "rank": given.rank, "targets": given.targets}
+    return FineTune(**{**base, **flags})
+
+
+def _measured(args: argparse.Namespace, cat: Any) -> Any:
     """The calibration's device section when it was measured on the planned accelerator
     (`sextant calibrate --device gpu`)."""
     from sextant.planner.device_calibration import measured_for
@@ -412,7 +455,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _options(args: argparse.Namespace, acc: Any, model_batch: int,
-             measured: dict[str, Any] | None = None) -> Any:
+             measured: Any = None) -> Any:
     """PlanOptions from the flags: the user's knobs over the chosen stack's profile; the
     kernel efficiency measured on this accelerator (`measured`) unless one is asked for, else
     its published GEMM rate (Accelerator.kernel_efficiency)."""
@@ -430,7 +473,7 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int,
     efficiency = {"compute_efficiency": acc.kernel_efficiency if args.kernel_efficiency is None
                   else args.kernel_efficiency}
     if measured and args.kernel_efficiency is None and args.mfu is None:
-        efficiency = {"compute_efficiency": min(float(measured["kernel_efficiency"]), 1.0)}
+        efficiency = {"compute_efficiency": min(measured.kernel_efficiency, 1.0)}
     return PlanOptions(
         precision=precision,
         optimizer=args.optimizer,

@@ -10,6 +10,7 @@ from typing import Any
 
 from sextant.errors import UserError
 from sextant.planner import efficiency, memory
+from sextant.planner.finetune import FineTune
 from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
 from sextant.fields import Check, int_at_least, one_of
 
@@ -64,8 +65,11 @@ class PlanOptions:
     """Nodes under one leaf switch (rail group); None: the whole cluster is non-blocking."""
     host_memory_gb: float | None = None
     """Host RAM per node; a layout whose offloaded bytes per node exceed it does not fit."""
+    finetune: FineTune | None = None
+    """What trains (`--finetune`, finetune.py): None or 'full', every parameter; 'lora',
+    adapters beside a frozen base."""
     stack: StackProfile = PROFILES[DEFAULT_STACK]
-    """What the training stack does by default (`--stack`, profiles.py): gradient and
+    """What the training stack does by default (`--stack`, profiles.toml): gradient and
     master-weight dtypes, buckets, collective schedule, ZeRO-3 gathers, stage balancing,
     context-parallel exchange."""
 
@@ -74,6 +78,8 @@ class PlanOptions:
             check(name, getattr(self, name))
         if not isinstance(self.stack, StackProfile):
             raise UserError(f"stack must be a StackProfile. Received: {self.stack!r}")
+        if self.finetune is not None and not isinstance(self.finetune, FineTune):
+            raise UserError(f"finetune must be a FineTune. Received: {self.finetune!r}")
         memory.state_bytes(self.precision, self.optimizer, self.stack.memory_model)
 
 

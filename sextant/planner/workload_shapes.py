@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.errors import UserError
 from sextant.planner.catalogue import Table
 from sextant.planner.models import PLAN_BOUNDS, MLPShape, TransformerShape
+
+if TYPE_CHECKING:
+    from sextant.workload import FinetuneSpec
 
 # --- workload files --------------------------------------------------------------------------
 
@@ -212,15 +215,43 @@ def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
     """The shape of `--workload`: a TOML file, a bundled workload's name or an hf: config.
     Only the shape is read (no [data], no tokens made), at the planner's bounds."""
     from sextant.tomlfile import read_toml
-    from sextant.workload import BUNDLED_DIR, HF_PREFIX
+    from sextant.workload import HF_PREFIX
 
     if str(path).startswith(HF_PREFIX):
         return _hf_shape(str(path))
+    raw = read_toml(_workload_file(path), "workload")
+    return shape_from_workload(raw, where=str(path))
+
+
+def _workload_file(path: str | Path) -> Path:
+    """A TOML file, or a bundled workload's file by its name."""
+    from sextant.workload import BUNDLED_DIR
+
     file = Path(path)
     if not file.exists() and file.suffix == "" and (BUNDLED_DIR / f"{file}.toml").is_file():
         file = BUNDLED_DIR / f"{file}.toml"
-    raw = read_toml(file, "workload")
-    return shape_from_workload(raw, where=str(path))
+    return file
+
+
+def load_workload_finetune(path: str | Path) -> FinetuneSpec | None:
+    """The [finetune] table of `--workload` (a TOML file or a bundled workload), checked as
+    `run` checks it; None without one (and for an hf: config, which has none)."""
+    from sextant.tomlfile import read_toml
+    from sextant.workload import HF_PREFIX, FinetuneSpec
+
+    if str(path).startswith(HF_PREFIX):
+        return None
+    table = read_toml(_workload_file(path), "workload").get("finetune")
+    if table is None:
+        return None
+    allowed = set(FinetuneSpec.__dataclass_fields__)
+    if not isinstance(table, dict) or set(table) - allowed:
+        raise UserError(f"{path}: [finetune] takes {', '.join(sorted(allowed))}. "
+                        f"Received: {table!r}")
+    values = dict(table)
+    if isinstance(values.get("targets"), list):
+        values["targets"] = tuple(values["targets"])
+    return FinetuneSpec(**values)
 
 
 def _hf_shape(spec: str) -> TransformerShape | MLPShape:

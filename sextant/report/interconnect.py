@@ -93,9 +93,8 @@ def _predict(s: LinkSeries, single: RunRecord | None, machine: Any
     rates = sorted({*(g * 1e9 for g in LINK_GBITS), *(p["link_gbit"] * 1e9 for p in s["points"])})
     line: list[LinkPrediction] = []
     for rate in rates:
-        link = {"alpha_s": fit["alpha_s"],
-                "beta_s_per_byte": fit["beta_s_per_byte"] * fit["link_bit_s"] / rate}
-        cat = machine.with_calibration({**machine.calibration, "allreduce": link})
+        cat = machine.with_loopback_fit(
+            fit["alpha_s"], fit["beta_s_per_byte"] * fit["link_bit_s"] / rate)
         try:
             pred = predict_scaling(cat, single, s["parallel"], [s["workers"]])
         except UserError:

@@ -360,7 +360,7 @@ def _predict(scaling: Scaling, runs: Sequence[RunRecord], machine: Any) -> None:
         return
     problem = "no one-worker run to fit"
     calibration = machine.calibration
-    cores = int((calibration.get("host") or {}).get("cores") or 1)
+    cores = int(calibration.host.cores or 1)
     by_id = {run.id: run for run in runs}
     drawn = 0
     for s in scaling["series"]:
@@ -393,14 +393,14 @@ def _predict(scaling: Scaling, runs: Sequence[RunRecord], machine: Any) -> None:
         for s in scaling["series"] for q in _planned_points(s)
         if q["workers"] not in {p["workers"] for p in s["points"]}]
     scaling["prediction"] = {
-        "calibration_created": calibration.get("created"),
+        "calibration_created": calibration.created,
         "cores": cores,
-        "allreduce": calibration.get("allreduce"),
+        "allreduce": calibration.to_dict()["allreduce"],
         "series_predicted": drawn,
     }
     scaling["prediction_note"] = (
         "Dotted lines: the planner's prediction for this machine (calibrated "
-        f"{calibration.get('created', '?')}; {cores} cores shared by the workers), with each "
+        f"{calibration.created or '?'}; {cores} cores shared by the workers), with each "
         "series' compute efficiency fitted on its one-worker run, so the one-worker point "
         "agrees by construction and every other point is a prediction."
         if drawn else f"The planner could not predict these series ({problem}).")
