@@ -23,7 +23,8 @@ T = TypeVar("T")
 def _number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"expected a number, got {value!r}")
-    return float(value)
+    # A whole number stays one, so a calibration file reads back and writes out unchanged.
+    return value if isinstance(value, int) else float(value)
 
 
 def _numbers(value: object) -> tuple[float, ...]:
