@@ -64,21 +64,23 @@ _UNSET: Any = object()
 
 
 def option(default: Any, check: Check | None = None, *, help: str | None = None,
-           group: str = "", flag_default: Any = _UNSET, choices: tuple[str, ...] | None = None,
-           metavar: str | None = None) -> Any:
+           group: str = "", flag_default: Any = _UNSET, choices: tuple[Any, ...] | None = None,
+           metavar: str | None = None, aliases: tuple[str, ...] = ()) -> Any:
     """A dataclass field with its default (dataclasses.MISSING: required), its validator and
     its flag.
 
     `help`: the flag's help (None: the field has no flag). `group`: which commands take it
     (add_flags selects by group). `flag_default`: the flag's default where the command line
     resolves it later (None for "the framework's usual mode", "auto" for the device), else
-    the field's default. `choices`: argparse's, where the command line lists them."""
+    the field's default. `choices`: argparse's, where the command line lists them.
+    `aliases`: other spellings of the flag."""
     meta: dict[str, Any] = {"group": group}
     if check is not None:
         meta["check"] = check
     if help is not None:
         meta["flag"] = {"help": help, "default": default if flag_default is _UNSET
-                        else flag_default, "choices": choices, "metavar": metavar}
+                        else flag_default, "choices": choices, "metavar": metavar,
+                        "aliases": aliases}
     if default is dataclasses.MISSING:  # a required field: its flag needs flag_default
         return field(metadata=meta)
     return field(default=default, metadata=meta)
@@ -114,10 +116,11 @@ def add_flags(p: argparse.ArgumentParser, cls: type, groups: Iterable[str], *,
         flag = f.metadata["flag"]
         default = defaults.get(f.name, flag["default"])
         text = helps.get(f.name, flag["help"]).replace("{default}", str(default))
+        names = (flag_of(f.name), *flag.get("aliases", ()))
         if str(f.type) == "bool":
-            p.add_argument(flag_of(f.name), action="store_true", help=text)
+            p.add_argument(*names, dest=f.name, action="store_true", help=text)
             continue
-        p.add_argument(flag_of(f.name), type=_parse_type(f.type), default=default,
+        p.add_argument(*names, dest=f.name, type=_parse_type(f.type), default=default,
                        choices=flag["choices"], metavar=flag["metavar"], help=text)
 
 
