@@ -23,7 +23,7 @@ from sextant.display import console
 from sextant.errors import UserError
 from sextant.fields import add_flags
 from sextant.paths import DEFAULT_CALIBRATION
-from sextant.planner.flags import GROUPS, PlanFlags
+from sextant.commands.plan_flags import GROUPS, PlanFlags
 
 if TYPE_CHECKING:
     from sextant.planner.plan_doc import Plan

@@ -1,16 +1,19 @@
-"""The flags of `sextant plan`, declared once (sextant.fields), by argument group.
+"""The flags of `sextant plan` and `sextant calibrate`, declared once (sextant.fields).
 
-Each field is one flag: its type, default, choices and help. `sextant plan`'s parser is made
-from these declarations (sextant.commands.plan), so a new knob of the planner is one field
-here. The flags' ranges and combinations are checked where the plan is made
-(sextant.commands.plan._check_args), with the knowledge of the catalogue.
+Each field is one flag: its type, default, choices and help, in its argument group. The
+parsers are made from these declarations (sextant.commands.plan, sextant.commands.calibrate),
+so a new knob of the planner is one field here. The flags' ranges and combinations are
+checked where the plan is made (sextant.commands.plan._check_args), with the knowledge of the
+catalogue. Importing this module imports no planner code: `--help` stays instant.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.fields import option
+from sextant.paths import DEFAULT_CALIBRATION
 
 GROUPS = (
     ("model", "model"),
@@ -172,3 +175,38 @@ class PlanFlags:
                               help="scaling efficiency threshold for the knee (default 0.8)")
     no_curve: bool = option(False, group="output", help="skip the scaling curve")
     json: bool = option(False, group="output", help="print JSON instead of tables")
+
+
+CALIBRATE_GROUPS = (
+    ("calibrate", ""),
+    ("device", "device (--device gpu): the kernel efficiency over a workload's GEMM shapes and "
+               "the all-reduce bus bandwidth between this host's GPUs, for 'sextant plan'"),
+)
+"""(group, its title; '' for the command's own options) of `sextant calibrate`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateFlags:
+    """Every flag of `sextant calibrate`."""
+
+    out: str | None = option(None, group="calibrate", metavar="PATH",
+                             help=f"default ./{DEFAULT_CALIBRATION.as_posix()}")
+    max_bytes: int = option(64 * 2**20, group="calibrate",
+                            help="largest all-reduce message (default 64 MiB)")
+    timeout: float = option(MEASUREMENT_TIMEOUT_S, group="calibrate",
+                            help=f"seconds allowed for the worker processes (default "
+                                 f"{MEASUREMENT_TIMEOUT_S:g})")
+    json: bool = option(False, group="calibrate", help="print the calibration as JSON")
+    device: str = option("cpu", group="device", choices=("cpu", "gpu"),
+                         help="cpu (default: the host only) or gpu (also its GPUs)")
+    model: str | None = option(None, group="device",
+                               help="planner preset whose GEMMs to time (see 'sextant plan "
+                                    "list')")
+    workload: str | None = option(None, group="device", metavar="FILE",
+                                  help="a workload TOML instead of --model")
+    accelerator: str | None = option(None, group="device",
+                                     help="catalogue key of the GPU (default: from its name)")
+    mbs: int = option(1, group="device", help="micro-batch in sequences (default 1)")
+    tp: int = option(1, group="device", help="tensor-parallel split (default 1)")
+    device_max_bytes: int = option(1 << 30, group="device",
+                                   help="largest GPU all-reduce message (default 1 GiB)")
