@@ -214,34 +214,25 @@ def _transformer_from_workload(
 def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
     """The shape of `--workload`: a TOML file, a bundled workload's name or an hf: config.
     Only the shape is read (no [data], no tokens made), at the planner's bounds."""
+    from sextant.sources import is_hf, workload_file
     from sextant.tomlfile import read_toml
-    from sextant.workload import HF_PREFIX
 
-    if str(path).startswith(HF_PREFIX):
+    if is_hf(path):
         return _hf_shape(str(path))
-    raw = read_toml(_workload_file(path), "workload")
+    raw = read_toml(workload_file(path), "workload")
     return shape_from_workload(raw, where=str(path))
-
-
-def _workload_file(path: str | Path) -> Path:
-    """A TOML file, or a bundled workload's file by its name."""
-    from sextant.workload import BUNDLED_DIR
-
-    file = Path(path)
-    if not file.exists() and file.suffix == "" and (BUNDLED_DIR / f"{file}.toml").is_file():
-        file = BUNDLED_DIR / f"{file}.toml"
-    return file
 
 
 def load_workload_finetune(path: str | Path) -> FinetuneSpec | None:
     """The [finetune] table of `--workload` (a TOML file or a bundled workload), checked as
     `run` checks it; None without one (and for an hf: config, which has none)."""
+    from sextant.sources import is_hf, workload_file
     from sextant.tomlfile import read_toml
-    from sextant.workload import HF_PREFIX, FinetuneSpec
+    from sextant.workload import FinetuneSpec
 
-    if str(path).startswith(HF_PREFIX):
+    if is_hf(path):
         return None
-    table = read_toml(_workload_file(path), "workload").get("finetune")
+    table = read_toml(workload_file(path), "workload").get("finetune")
     if table is None:
         return None
     allowed = set(FinetuneSpec.__dataclass_fields__)
