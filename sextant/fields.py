@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any
@@ -44,6 +45,38 @@ def int_at_least(low: int, *, optional: bool = False, at_most: int | None = None
             raise UserError(f"{name} must be an integer >= {low}. Received: {value!r}")
         if at_most is not None and value > at_most:
             raise UserError(f"{name} must be an integer from {low} to {at_most}. "
+                            f"Received: {value!r}")
+
+    return check
+
+
+def number_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+               optional: bool = False) -> Check:
+    """The value is a finite number (not a bool) in [low, high], either end open; with
+    `optional`, None passes too. The message shows the interval as it is written."""
+    shown = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def check(name: str, value: Any) -> None:
+        if optional and value is None:
+            return
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+              and math.isfinite(value) and (value > low if low_open else value >= low)
+              and (value < high if high_open else value <= high))
+        if not ok:
+            raise UserError(f"{name} must be in {shown}. Received: {value!r}")
+
+    return check
+
+
+def number_at_least(low: float, *, above: bool = False, optional: bool = False) -> Check:
+    """The value is a finite number (not a bool) >= low (> low with `above`)."""
+    def check(name: str, value: Any) -> None:
+        if optional and value is None:
+            return
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+              and math.isfinite(value) and (value > low if above else value >= low))
+        if not ok:
+            raise UserError(f"{name} must be a number {'>' if above else '>='} {low:g}. "
                             f"Received: {value!r}")
 
     return check
