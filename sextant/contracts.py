@@ -57,9 +57,6 @@ class WorkerContext:
     """Address of every rank's host (loopback on one machine)."""
     local_world: int = 1
     """Ranks on this rank's host."""
-    precision: dict[str, Any] | None = None
-    """The precision the backend set its framework to, read back from it
-    (sextant.backends.precision); None for a framework that runs on CPU cores only."""
     fault: str | None = None
     """Test hook (SEXTANT_TEST_FAULT): a deliberate bug, so tests can prove they fail on it."""
     resume_step: int | None = None
@@ -210,6 +207,9 @@ RANK_RESULT_KEYS: frozenset[str] = frozenset(RankResult.__required_keys__)
 """The keys every backend's `run` must return."""
 
 
-def missing_keys(result: dict[str, Any]) -> list[str]:
-    """Keys of RankResult a backend's result lacks (sorted; empty when complete)."""
-    return sorted(RANK_RESULT_KEYS - result.keys())
+def result_problem(result: Any) -> str | None:
+    """What is wrong with a rank's result against RankResult (a key missing, or one of
+    another type), or None; the runner refuses a run whose rank returned such a result."""
+    from sextant.schema import problem
+
+    return problem(result, RankResult)

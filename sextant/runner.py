@@ -32,6 +32,7 @@ from sextant.init import count_params, flops_per_step
 from sextant.launch.local import Launcher, launch
 from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
+from sextant.contracts import RankResult, result_problem
 from sextant.results.record import RunIdentity, RunRecord
 from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
@@ -42,7 +43,7 @@ RECORD_FILE = "record.json"
 NAME_SLUG_CHARS = 40
 
 
-def aggregate(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]]
+def aggregate(workload: Workload, strategy: Strategy, ranks: list[RankResult]
               ) -> dict[str, Any]:
     """The run's metrics from its ranks' raw results."""
     warm = workload.measure.warmup_steps
@@ -124,7 +125,7 @@ def _edit_run(startup: dict[str, Any]) -> dict[str, float | None]:
     return {"time_to_first_step_s": total, "import_s": import_s, "setup_s": setup}
 
 
-def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, Any]],
+def conditions_of(workload: Workload, strategy: Strategy, ranks: list[RankResult],
                   step_s: float | None) -> dict[str, Any]:
     """What a run can be compared with: where it computed, on which accelerator, in the
     precision the framework reported using (not only the one asked for); on an accelerator,
@@ -152,7 +153,7 @@ def conditions_of(workload: Workload, strategy: Strategy, ranks: list[dict[str, 
     return out
 
 
-def rank_summaries(workload: Workload, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rank_summaries(workload: Workload, ranks: list[RankResult]) -> list[dict[str, Any]]:
     warm = workload.measure.warmup_steps
     out = []
     for r in ranks:
@@ -319,6 +320,11 @@ def execute(
             ranks = start(workload, strategy, run_dir, timeout_s=timeout_s,
                           collective_timeout_s=collective_timeout_s, on_event=on_rank_event,
                           extra_env=extra_env, **resumed)
+        for rank, result in enumerate(ranks):
+            wrong = result_problem(result)
+            if wrong is not None:
+                raise RunFailed(f"{strategy.label}: rank {result.get('rank', rank)} returned a "
+                                f"result that is not a RankResult ({wrong})")
     except RunFailed as exc:
         _keep_failed(exc, store, identity, workload, run_dir)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the workers are stopped
@@ -384,7 +390,7 @@ def _keep_failed(exc: RunFailed, store: ResultsStore | None, identity: RunIdenti
                     run_dir=run_dir) from None
 
 
-def network(cluster: str | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def network(cluster: str | None, ranks: list[RankResult]) -> dict[str, Any]:
     """The network the ranks talked over, stored with the run's environment fingerprint."""
     hosts = sorted({str(r["fingerprint"].get("hostname")) for r in ranks})
     if cluster is None:  # one machine, or real hosts (Slurm, torchrun-style)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sextant.backends.base import REGISTRY, available, get_backend, require
-from sextant.contracts import RANK_RESULT_KEYS, missing_keys
+from sextant.contracts import RANK_RESULT_KEYS, result_problem
 from sextant.errors import UserError
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS, Strategy
 from tests.helpers import PARITY_RTOL, ensure_environment, same_training, short
@@ -230,7 +230,7 @@ def test_every_declared_strategy_trains(name: str, parallel: str, workload: Any,
 
     assert raw, "no primary rank returned a result"
     for result in raw:
-        assert missing_keys(result) == [], f"{name} {parallel} rank result lacks keys"
+        assert result_problem(result) is None, f"{name} {parallel}: {result_problem(result)}"
         assert {"rank", "world"} <= result.keys()
         assert len(result["losses"]) == len(result["grad_norms"]) == STEPS
         assert len(result["step_times_s"]) == STEPS

@@ -61,6 +61,9 @@ class Description:
     """sextant.measure.env.fingerprint of the framework and device."""
     device_peak_bytes: int | None = None
     """Accelerator allocator peak during training, where the framework reports one."""
+    precision: precision.Precision | None = None
+    """The precision the backend set its framework to, read back from it; None for a
+    framework sextant runs on CPU cores only (fp32 as asked: no TF32 there)."""
 
 
 def _no_barrier() -> None:
@@ -199,7 +202,8 @@ def train(ctx: WorkerContext, trainer: Trainer) -> RankResult:
         # Every run records the precision it used: the backend's read-back, or, for a
         # framework sextant runs on CPU cores only, fp32 as asked (no TF32 there).
         "fingerprint": {**described.fingerprint,
-                        "precision": ctx.precision or precision.cpu_only(strategy.precision)},
+                        "precision": (described.precision
+                                      or precision.cpu_only(strategy.precision)).to_dict()},
     }
     if described.device_peak_bytes is not None:
         result["device_peak_bytes"] = described.device_peak_bytes

@@ -9,19 +9,34 @@
     bf16,  mixed precision over fp32 master weights (the backends' compute dtype); the
     fp16   fp32 work left outside it runs as in fp32
 
-Every run records {"requested", "effective", "switches"}: what was asked, what the
-framework reports it did, and the settings read back. Runs whose effective precision
+Every run records a Precision (requested, effective, switches): what was asked, what the
+framework reports it did, and the settings read back. The backend returns it in its
+Description; nothing else carries it. Runs whose effective precision
 differs are never ranked against each other (sextant.report, sextant.claims).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sextant.strategy import MIXED_PRECISIONS
 
 TF32_MIN_CAPABILITY = (8, 0)
 """NVIDIA Ampere and later have TF32 tensor cores."""
+
+
+HALF_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+"""The 16-bit dtypes sextant's names stand for, as every framework spells them (torch,
+jax.numpy, tensorflow and mlx.core all name them so): a mixed-precision run's compute dtype,
+and a compressed gradient's wire dtype."""
+
+
+def half_dtype(module: Any, name: str, default: Any = None) -> Any:
+    """`module`'s dtype for 'bf16' or 'fp16' (torch.bfloat16, jnp.float16, ...); `default`
+    for any other name ('fp32', 'none', ...)."""
+    return getattr(module, HALF_DTYPES[name]) if name in HALF_DTYPES else default
 
 
 def effective(requested: str, tf32_allowed: bool, tf32_hardware: bool) -> str:
@@ -31,14 +46,26 @@ def effective(requested: str, tf32_allowed: bool, tf32_hardware: bool) -> str:
     return "tf32" if tf32_allowed and tf32_hardware else "fp32"
 
 
+@dataclass(frozen=True)
+class Precision:
+    """The precision of one rank's run: asked for, used, and the framework's switches as
+    read back from it."""
+
+    requested: str
+    effective: str
+    switches: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requested": self.requested, "effective": self.effective,
+                "switches": dict(self.switches)}
+
+
 def _record(requested: str, tf32_allowed: bool, tf32_hardware: bool,
-            switches: dict[str, Any]) -> dict[str, Any]:
-    return {"requested": requested,
-            "effective": effective(requested, tf32_allowed, tf32_hardware),
-            "switches": switches}
+            switches: dict[str, Any]) -> Precision:
+    return Precision(requested, effective(requested, tf32_allowed, tf32_hardware), switches)
 
 
-def apply_torch(precision: str, device: Any) -> dict[str, Any]:
+def apply_torch(precision: str, device: Any) -> Precision:
     """Set torch's TF32 switches for `precision` on `device` (a torch.device); the record."""
     import torch
 
@@ -56,7 +83,7 @@ def apply_torch(precision: str, device: Any) -> dict[str, Any]:
     return _record(precision, bool(allowed), hardware, read_back)
 
 
-def apply_jax(precision: str) -> dict[str, Any]:
+def apply_jax(precision: str) -> Precision:
     """Set JAX's default matmul precision for `precision` (before anything is traced)."""
     import jax
 
@@ -72,7 +99,7 @@ def apply_jax(precision: str) -> dict[str, Any]:
                    {"jax_default_matmul_precision": setting, "platform": device.platform})
 
 
-def apply_tensorflow(precision: str) -> dict[str, Any]:
+def apply_tensorflow(precision: str) -> Precision:
     """Set TensorFlow's TF32 execution for `precision`."""
     import tensorflow as tf
 
@@ -88,6 +115,6 @@ def apply_tensorflow(precision: str) -> dict[str, Any]:
                    {"tensor_float_32_execution": enabled, "gpus": len(gpus)})
 
 
-def cpu_only(precision: str) -> dict[str, Any]:
+def cpu_only(precision: str) -> Precision:
     """The record of a framework sextant runs on CPU cores only (no TF32 there)."""
     return _record(precision, False, False, {})

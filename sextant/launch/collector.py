@@ -42,7 +42,7 @@ from typing import IO, Any
 
 from sextant.defaults import COLLECTIVE_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
-from sextant.contracts import EVENTS, MESSAGES, DoneEvent, Event
+from sextant.contracts import DoneEvent, EVENTS, Event, MESSAGES, RankResult
 from sextant.keys import sign, signed
 from sextant.schema import problem
 
@@ -510,14 +510,14 @@ class Channel:
 
 def gather(collector: Collector, primary: tuple[int, ...], *, deadline: float, label: str,
            on_event: Callable[[dict[str, Any]], None] | None = None,
-           alive: Callable[[], str | None] | None = None) -> list[dict[str, Any]]:
+           alive: Callable[[], str | None] | None = None) -> list[RankResult]:
     """The primary ranks' results, in rank order, as they arrive through the collector.
 
     Progress events go to `on_event` as they come. RunFailed names the first rank that
     reports an error or drops its connection without a result, the ranks that never joined
     when the deadline passes, or what `alive()` says (e.g. 'the Slurm job ended') when it
     returns a reason to stop waiting."""
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, RankResult] = {}
     while len(results) < len(primary):
         for msg in collector.drain():
             kind, rank = msg.get("kind"), msg.get("rank")

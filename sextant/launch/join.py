@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sextant.contracts import RankResult
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import (
     ENV,
@@ -221,7 +222,7 @@ def rank0_launcher(identity: Identity, *, bind: str, secret: bytes) -> Launcher:
 
     def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: EventHandler | None = None,
-               resume_step: int | None = None, **_: Any) -> list[dict[str, Any]]:
+               resume_step: int | None = None, **_: Any) -> list[RankResult]:
         layout = layout_of(strategy)
         if len(layout.roles) != identity.world:
             raise UserError(

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from sextant import __version__
+from sextant.contracts import RankResult
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV as COLLECTOR_ENV
 from sextant.launch.collector import SECRET_ENV, Collector, gather, new_secret
@@ -539,7 +540,7 @@ def launcher(job: Job) -> Launcher:
 
     def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: EventHandler | None = None,
-               resume_step: int | None = None, **_: Any) -> list[dict[str, Any]]:
+               resume_step: int | None = None, **_: Any) -> list[RankResult]:
         k8s = client()
         layout = layout_of(strategy)
         plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,

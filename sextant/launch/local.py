@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sextant.contracts import RankResult
 from sextant.cores import default_threads, usable_cores
 from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
 from sextant.errors import RunFailed
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from sextant.backends.base import ProcessLayout
 
 EventHandler = Callable[[dict[str, Any]], None]
-Launcher = Callable[..., list[dict[str, Any]]]
+Launcher = Callable[..., list[RankResult]]
 """launch(workload, strategy, run_dir, *, timeout_s, collective_timeout_s, on_event,
 extra_env, resume_step) -> each primary rank's result, as `launch` below: the local
 launcher, Slurm's (slurm.launcher) and a torchrun-style rank 0's (join.rank0_launcher)."""
@@ -134,7 +135,7 @@ def launch(
     extra_env: dict[str, str] | None = None,
     place: Callable[[int], Placement] | None = None,
     resume_step: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[RankResult]:
     """Run all ranks (on this machine, or where `place(world)` puts them: the hosts of an
     emulated cluster, sextant.cluster.emulated.placement); return each primary rank's result
     dict (rank order)."""
@@ -154,7 +155,7 @@ def launch(
 def _launch(workload: Workload, strategy: Strategy, run_dir: Path, layout: ProcessLayout,
             placement: Placement, *, timeout_s: float, collective_timeout_s: float,
             on_event: EventHandler | None, extra_env: dict[str, str] | None,
-            resume_step: int | None = None) -> list[dict[str, Any]]:
+            resume_step: int | None = None) -> list[RankResult]:
     world = len(layout.roles)
     from sextant.backends.base import python_for
 

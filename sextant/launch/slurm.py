@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sextant.contracts import RankResult
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
 from sextant.paths import RESULTS_DIR
@@ -179,7 +180,7 @@ def launcher(job: Job) -> Launcher:
     def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: EventHandler | None = None,
                extra_env: dict[str, str] | None = None, resume_step: int | None = None,
-               **_: Any) -> list[dict[str, Any]]:
+               **_: Any) -> list[RankResult]:
         layout = layout_of(strategy)
         plan = base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,
                          resume_step)

@@ -118,7 +118,7 @@ def _quiet() -> None:
 
 def run(ctx: WorkerContext) -> RankResult:
     device, cuda = select_device(ctx)
-    ctx.precision = precision.apply_torch(ctx.strategy.precision, device)
+    applied = precision.apply_torch(ctx.strategy.precision, device)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
     cache, cache_from = extensions_dir(ctx)
     t0 = time.perf_counter()
@@ -137,7 +137,7 @@ def run(ctx: WorkerContext) -> RankResult:
     setup = {"import_s": import_s, "init_distributed_s": time.perf_counter() - t0,
              "jit_ops": ops, "jit_cache": f"{cache} ({cache_from})"}
     try:
-        return _train(ctx, device, cuda, setup, cache, before)
+        return _train(ctx, device, cuda, setup, cache, before, applied)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -229,7 +229,7 @@ def _final_params(engine: Any, names: list[str]) -> dict[str, np.ndarray] | None
 
 
 def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str, Any],
-           cache: Path, ops_before: set[str]) -> RankResult:
+           cache: Path, ops_before: set[str], applied: precision.Precision) -> RankResult:
     import deepspeed
 
     workload, strategy = ctx.workload, ctx.strategy
@@ -290,6 +290,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
             fingerprint=device_fingerprint("deepspeed", deepspeed.__version__, device, cuda,
                                            torch=torch.__version__),
             device_peak_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
+            precision=applied,
         )
 
     if cuda:

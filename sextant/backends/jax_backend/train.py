@@ -201,8 +201,7 @@ def _numerics(ctx: WorkerContext, device: Any) -> tuple[Any, str]:
     from sextant.backends.jax_backend.model import Numerics
     from sextant.workload import MLPSpec
 
-    compute = {"bf16": jnp.bfloat16, "fp16": jnp.float16}.get(ctx.strategy.precision,
-                                                              jnp.float32)
+    compute = precision.half_dtype(jnp, ctx.strategy.precision, jnp.float32)
     spec = ctx.workload.model
     if isinstance(spec, MLPSpec):
         return Numerics(compute=compute), "none (no attention)"
@@ -350,7 +349,7 @@ def _step_functions(ctx: WorkerContext, mesh: Any, n: int, moment_sh: Any, optim
 
     strategy = ctx.strategy
     accum, parallel = strategy.grad_accum, strategy.parallel
-    wire = {"bf16": jnp.bfloat16, "fp16": jnp.float16}.get(strategy.compress)
+    wire = precision.half_dtype(jnp, strategy.compress)
 
     def mean_over_devices(tree: Any) -> Any:
         # One collective for all gradients (a flat buffer, as DDP's buckets), not one per
@@ -459,7 +458,7 @@ STEP_DESCRIPTIONS = {
 
 
 def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch: Any,
-              n: int, attention: str) -> Description:
+              n: int, attention: str, applied: precision.Precision) -> Description:
     import jax
     import optax
 
@@ -514,6 +513,7 @@ def _describe(ctx: WorkerContext, train_step: Any, state: dict[str, Any], batch:
             cuda=detect().cuda if devices[0].platform == "gpu" else None,
             gpu=devices[0].device_kind if devices[0].platform == "gpu" else None,
         ),
+        precision=applied,
     )
 
 
@@ -579,7 +579,7 @@ def _train(ctx: WorkerContext) -> RankResult:
 
     workload, strategy = ctx.workload, ctx.strategy
     parallel = strategy.parallel
-    ctx.precision = precision.apply_jax(strategy.precision)  # before anything is traced
+    applied = precision.apply_jax(strategy.precision)  # before anything is traced
     devices = jax.devices()
     n = len(devices) // (strategy.tp * strategy.pp)  # data-parallel replicas
     if workload.global_batch % n:
@@ -665,7 +665,7 @@ def _train(ctx: WorkerContext) -> RankResult:
         step_nosync=(lambda batch: run_step(nosync_step, batch)) if nosync_step is not None
                      else None,
         final_params=final_params,
-        describe=lambda: _describe(ctx, train_step, state, fetch(0), n, attention),
+        describe=lambda: _describe(ctx, train_step, state, fetch(0), n, attention, applied),
         save=save, restore=restore, barrier=barrier,
     ))
 

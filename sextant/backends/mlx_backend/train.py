@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sextant import data
-from sextant.backends import harness
+from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
 from sextant.init import adapter_shapes, decays, param_shapes
 from sextant.weights import initial_params, trainable
@@ -104,7 +104,7 @@ def _train(ctx: WorkerContext, group: Any) -> RankResult:
     holder = {"params": params}
     state = [holder, optimizer.state]
     scale = workload.finetune.scale
-    compute = mx.bfloat16 if strategy.precision == "bf16" else mx.float32
+    compute = precision.half_dtype(mx, strategy.precision, mx.float32)
     summed = "sum-gradients" in (ctx.fault or "").split(",")
 
     with_base = _with_base(frozen)

@@ -113,12 +113,12 @@ def run(ctx: WorkerContext) -> RankResult:
     from sextant.backends.tf_backend import model as tm
 
     workload, strategy = ctx.workload, ctx.strategy
-    ctx.precision = precision.apply_tensorflow(strategy.precision)
+    applied = precision.apply_tensorflow(strategy.precision)
     accum = strategy.grad_accum  # divides each replica's rows (checked by the runner)
     dist, wrapping, collectives = make_strategy(tf, ctx)
     jit = strategy.mode == "compiled"
-    compute_dtype = tf.bfloat16 if strategy.precision == "bf16" else tf.float32
-    wire = {"bf16": tf.bfloat16, "fp16": tf.float16}.get(strategy.compress)
+    compute_dtype = precision.half_dtype(tf, strategy.precision, tf.float32)
+    wire = precision.half_dtype(tf, strategy.compress)
     notices = probe_16bit_notice(tf, ctx, [d for d in (compute_dtype, wire)
                                            if d is not None and d != tf.float32])
     spec = workload.model
@@ -213,6 +213,7 @@ def run(ctx: WorkerContext) -> RankResult:
                 onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
             ),
+            precision=applied,
         )
 
     save, restore, barrier = _checkpointing(

@@ -66,7 +66,7 @@ def select_device(ctx: WorkerContext) -> tuple[torch.device, bool]:
 
 def run(ctx: WorkerContext) -> RankResult:
     device, cuda = select_device(ctx)
-    ctx.precision = precision.apply_torch(ctx.strategy.precision, device)
+    applied = precision.apply_torch(ctx.strategy.precision, device)
     if ctx.is_distributed:
         dist.init_process_group(
             backend="nccl" if cuda else "gloo",
@@ -76,7 +76,7 @@ def run(ctx: WorkerContext) -> RankResult:
             timeout=datetime.timedelta(seconds=ctx.collective_timeout_s),
         )
     try:
-        return _train(ctx, device, cuda)
+        return _train(ctx, device, cuda, applied)
     finally:
         if ctx.is_distributed and dist.is_initialized():
             dist.destroy_process_group()
@@ -348,7 +348,7 @@ class _Step:
         self.updates = 0
         """Optimizer updates so far (the schedule's index; set on resume)."""
         self.accounting: dict[str, int] = {}
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(ctx.strategy.precision)
+        dtype = precision.half_dtype(torch, ctx.strategy.precision)
         self.autocast = (torch.autocast(device.type, dtype=dtype) if dtype is not None
                          else contextlib.nullcontext())
         # fp16 needs dynamic loss scaling (its range underflows small gradients); the step
@@ -539,7 +539,8 @@ def _probe(ctx: WorkerContext, p: _Parallelized, step: _Step, batch: Any) -> dic
     return {}
 
 
-def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
+def _train(ctx: WorkerContext, device: torch.device, cuda: bool,
+           applied: precision.Precision) -> RankResult:
     workload, strategy = ctx.workload, ctx.strategy
     params = initial_params(workload)
     net = tm.build(workload.model)
@@ -586,6 +587,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool) -> RankResult:
             },
             fingerprint=device_fingerprint("torch", torch.__version__, device, cuda),
             device_peak_bytes=peak,
+            precision=applied,
         )
 
     if p.ddp is not None:
