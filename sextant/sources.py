@@ -38,6 +38,10 @@ def resolve_workload(spec: str | Path) -> Workload:
         from sextant.weights import check_weights
 
         check_weights(workload.model, Path(workload.weights))
+    if workload.data.instruction:
+        from sextant.data.instruction import with_rows
+
+        return with_rows(workload)
     if workload.data.files:
         from sextant.data.files import with_tokens
 

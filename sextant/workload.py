@@ -40,6 +40,12 @@ MAX_VOCAB = 1 << 22
 """Any vocabulary (the largest published ones hold about 256K tokens)."""
 DATA_SUFFIXES = (".parquet", ".jsonl", ".txt")
 """The kinds of file `data.files` may name."""
+DATA_FORMATS = ("text", "instruction")
+"""What `data.files` hold: running text, or prompt/response pairs (JSON Lines)."""
+IGNORE_TARGET = -100
+"""The target id of a position the loss leaves out (a prompt or padding token of instruction
+data): every backend's loss is the mean over the targets that are not IGNORE_TARGET, the
+value torch's and Paddle's cross_entropy ignore by default."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -168,12 +174,15 @@ class LlamaSpec:
         return self.d_model // self.n_heads
 
 
-def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False
-                   ) -> tuple[str, ...]:
+def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False,
+                   masked: bool = False) -> tuple[str, ...]:
     """The optional parts a model uses, which a backend's model code must have (its
     Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's), 'lora'
-    (adapters beside frozen projections, finetune.method = 'lora')."""
+    (adapters beside frozen projections, finetune.method = 'lora'), 'masked_loss' (a loss
+    that leaves IGNORE_TARGET targets out: instruction data)."""
     out = ["lora"] if lora else []
+    if masked:
+        out.append("masked_loss")
     if isinstance(model, LlamaSpec) and model.qkv_bias:
         out.append("qkv_bias")
     if isinstance(model, GPTSpec) and model.tie_embeddings:
@@ -205,6 +214,20 @@ class DataSpec:
     digest: str = ""
     """The content hash of the files and the tokenizer: what names the token file. Filled in
     when the workload is resolved, so a changed file makes a different workload."""
+    format: str = "text"
+    """'text': documents concatenated, the loss on every token. 'instruction': each JSON
+    Lines record holds a prompt and a response; a sequence is the prompt's tokens then the
+    response's, and the loss is the mean over the response's tokens only (sextant.data.
+    instruction)."""
+    prompt_field: str = "prompt"
+    """The key (instruction data) that holds each record's prompt."""
+    response_field: str = "response"
+    """The key (instruction data) that holds each record's response."""
+    packing: bool = False
+    """Instruction data: false puts one record per row (cut to the context length, padded
+    with ignored targets); true concatenates the records and cuts the stream into full rows,
+    so no position is padding (attention then crosses a record's boundary within a row, as
+    TRL's packing does)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.files, tuple) or not all(
@@ -227,6 +250,37 @@ class DataSpec:
         if not (isinstance(self.digest, str) and all(c in "0123456789abcdef"
                                                       for c in self.digest)):
             raise UserError(f"data.digest must be a hex digest. Received: {_short(self.digest)}")
+        self._check_instruction()
+
+    def _check_instruction(self) -> None:
+        if self.format not in DATA_FORMATS:
+            raise UserError(f"data.format must be one of {list(DATA_FORMATS)}. "
+                            f"Received: {_short(self.format)}")
+        _check_bool("data.packing", self.packing)
+        for key in ("prompt_field", "response_field"):
+            value = getattr(self, key)
+            if not (isinstance(value, str) and value):
+                raise UserError(f"data.{key} must be a non-empty string. "
+                                f"Received: {_short(value)}")
+        if self.format == "text":
+            changed = [k for k, v in (("prompt_field", "prompt"), ("response_field", "response"),
+                                      ("packing", False)) if getattr(self, k) != v]
+            if changed:
+                raise UserError(f"data.{changed[0]} is for data.format = 'instruction'. "
+                                f"Received: format={self.format!r}")
+            return
+        if self.prompt_field == self.response_field:
+            raise UserError(f"data.prompt_field and data.response_field must differ. "
+                            f"Received: both {self.prompt_field!r}")
+        odd = [p for p in self.files if not p.endswith(".jsonl")]
+        if not self.files or odd:
+            raise UserError("data.format = 'instruction' reads JSON Lines files "
+                            "(data.files = [\"*.jsonl\"]). Received: "
+                            + (repr(odd[0]) if odd else "no files"))
+
+    @property
+    def instruction(self) -> bool:
+        return self.format == "instruction"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -410,6 +464,9 @@ class Workload:
         out["data"]["files"] = list(self.data.files)
         if not self.data.files:  # a bundled dataset is named by its name alone
             out["data"] = {"dataset": self.data.dataset}
+        elif not self.data.instruction:  # text data's hash stays what it was stored with
+            for key in ("format", "prompt_field", "response_field", "packing"):
+                del out["data"][key]
         # Fields added after results were stored appear only when set, so the content hash
         # of every workload that does not use them stays what it was.
         for key in _SET_ONLY.get(self.model.family, ()):

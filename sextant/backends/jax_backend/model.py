@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from sextant.init import rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 Params = dict[str, jax.Array]
@@ -275,5 +275,13 @@ def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
     if "loss-in-compute-dtype" not in TEST_FAULTS:  # the broken twin keeps bf16 logits
         logits = logits.astype(jnp.float32)
     logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
-    return jnp.mean(logz - picked)
+    if y.ndim == 1:  # the MLP's class labels: nothing is ever left out
+        picked = jnp.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
+        return jnp.mean(logz - picked)
+    # Tokens: the mean over the targets that are not IGNORE_TARGET (instruction data's prompt
+    # and padding), as torch's cross_entropy computes it; with none left out it is the plain
+    # mean, bit for bit (a sum divided by the count).
+    y = y.reshape(-1)
+    kept = y != IGNORE_TARGET
+    picked = jnp.take_along_axis(logits, jnp.where(kept, y, 0)[:, None], axis=-1)[:, 0]
+    return jnp.sum(jnp.where(kept, logz - picked, 0.0)) / jnp.sum(kept.astype(jnp.float32))

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from sextant.init import rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 Tree = Any  # nested dicts and lists of mx.array, as mlx.utils.tree_unflatten makes them
@@ -146,5 +146,12 @@ def loss_fn(spec: ModelSpec, p: Tree, x: mx.array, y: mx.array, lora_scale: floa
     logits = model_logits(spec, p, x, lora_scale)
     logits = logits.reshape(-1, logits.shape[-1]).astype(mx.float32)
     logz = mx.logsumexp(logits, axis=-1)
-    picked = mx.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
-    return mx.mean(logz - picked)
+    if y.ndim == 1:  # the MLP's class labels: nothing is ever left out
+        picked = mx.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
+        return mx.mean(logz - picked)
+    # Tokens: the mean over the targets that are not IGNORE_TARGET (instruction data's prompt
+    # and padding), as torch's cross_entropy computes it.
+    y = y.reshape(-1)
+    kept = y != IGNORE_TARGET
+    picked = mx.take_along_axis(logits, mx.where(kept, y, 0).reshape(-1, 1), axis=-1)[:, 0]
+    return mx.sum(mx.where(kept, logz - picked, 0.0)) / mx.sum(kept.astype(mx.float32))

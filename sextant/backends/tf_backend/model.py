@@ -27,7 +27,14 @@ import numpy as np
 import tensorflow as tf
 
 from sextant.init import decays, rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec, OptimizerSpec
+from sextant.workload import (
+    IGNORE_TARGET,
+    GPTSpec,
+    LlamaSpec,
+    MLPSpec,
+    ModelSpec,
+    OptimizerSpec,
+)
 
 LAYER_NORM_EPS = 1e-5
 
@@ -196,9 +203,16 @@ def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor
     logits_ = logits(spec, p, x, lora_scale)
     labels = tf.reshape(y, (-1,))
     logits_ = tf.cast(logits_, tf.float32)  # the loss in fp32 (a no-op in fp32)
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits_)
-    )
+    if y.shape.rank == 1:  # the MLP's class labels: nothing is ever left out
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits_))
+    # Tokens: the mean over the targets that are not IGNORE_TARGET (instruction data's prompt
+    # and padding), as torch's cross_entropy computes it.
+    kept = tf.not_equal(labels, IGNORE_TARGET)
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.where(kept, labels, tf.zeros_like(labels)), logits=logits_)
+    return (tf.reduce_sum(tf.where(kept, nll, tf.zeros_like(nll)))
+            / tf.reduce_sum(tf.cast(kept, tf.float32)))
 
 
 def value_and_grad(spec: ModelSpec, names: Sequence[str], values: Sequence[tf.Tensor],
