@@ -416,6 +416,10 @@ class Workload:
     """A folder of pretrained weights (`*.safetensors` as Hugging Face saves them, sharded or
     not) that replace the seeded initial parameters (sextant.weights); empty: seeded ones.
     Relative to the workload file, stored absolute."""
+    weights_digest: str = ""
+    """The content hash of the pretrained weights' files (sextant.weights.weights_digest),
+    filled in when the workload is resolved. Where it is set, it, not the folder's path,
+    identifies the weights in the workload's hashes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -423,6 +427,10 @@ class Workload:
         if not isinstance(self.weights, str):
             raise UserError(f"weights must be the path of a folder of *.safetensors files. "
                             f"Received: {_short(self.weights)}")
+        if not (isinstance(self.weights_digest, str)
+                and all(c in "0123456789abcdef" for c in self.weights_digest)):
+            raise UserError(f"weights_digest must be a hex digest. "
+                            f"Received: {_short(self.weights_digest)}")
         if self.weights and isinstance(self.model, MLPSpec):
             raise UserError("weights (a pretrained checkpoint) are for the gpt and llama "
                             "families, not mlp")
@@ -474,6 +482,8 @@ class Workload:
                 del out["model"][key]
         if not self.weights:
             del out["weights"]
+        if not self.weights_digest:
+            del out["weights_digest"]
         if self.finetune == FinetuneSpec():
             del out["finetune"]
         else:
@@ -499,6 +509,8 @@ _SET_ONLY = {"gpt": ("tie_embeddings",), "llama": ("qkv_bias",)}
 
 
 def _hash(payload: dict[str, Any], drop: tuple[str, ...]) -> str:
+    if payload.get("weights_digest"):  # the weights' content names them, not their folder
+        drop = (*drop, "weights")
     kept = {k: v for k, v in payload.items() if k not in drop}
     blob = json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
