@@ -231,6 +231,7 @@ def check_model_features(workload: Workload, strategy: Strategy) -> None:
         what = {"qkv_bias": "query/key/value biases (Qwen2's)",
                 "tied_gpt_head": "GPT output head tied to the embedding (GPT-2's)",
                 "lora": "LoRA adapters (finetune.method = 'lora')",
+                "lora_gpt": "LoRA adapters on the gpt family",
                 "masked_loss": "loss that leaves prompt tokens out (data.format = "
                                "'instruction')"}
         raise UserError(f"{strategy.framework}'s model code has no {what[missing[0]]}; "

@@ -178,9 +178,10 @@ def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False,
                    masked: bool = False) -> tuple[str, ...]:
     """The optional parts a model uses, which a backend's model code must have (its
     Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's), 'lora'
-    (adapters beside frozen projections, finetune.method = 'lora'), 'masked_loss' (a loss
+    (adapters beside frozen projections, finetune.method = 'lora'; 'lora_gpt' on the gpt
+    family), 'masked_loss' (a loss
     that leaves IGNORE_TARGET targets out: instruction data)."""
-    out = ["lora"] if lora else []
+    out = (["lora_gpt" if isinstance(model, GPTSpec) else "lora"] if lora else [])
     if masked:
         out.append("masked_loss")
     if isinstance(model, LlamaSpec) and model.qkv_bias:
@@ -350,6 +351,11 @@ FINETUNE_METHODS = ("full", "lora")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """The llama family's projections a LoRA adapter may sit on (attention q, k, v, o; SwiGLU's
 gate, up, down)."""
+GPT_LORA_TARGETS = ("qkv", "o", "up", "down")
+"""The gpt family's: the fused attention input (GPT-2's c_attn, PEFT's default for GPT-2),
+its output (attn.c_proj), the MLP's first and second matrices (mlp.c_fc, mlp.c_proj)."""
+FAMILY_LORA_TARGETS = {"llama": LORA_TARGETS, "gpt": GPT_LORA_TARGETS}
+BASE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -369,7 +375,9 @@ class FinetuneSpec:
     """Projections that get an adapter: any of q, k, v, o, gate, up, down (PEFT's default
     for Llama is q and v)."""
     base_dtype: str = "fp32"
-    """The frozen base's dtype. fp32 only so far."""
+    """The frozen base's storage dtype under LoRA: 'fp32', or 'bf16' (its values rounded to
+    bfloat16 once, half the memory; every matmul still in fp32, the adapters and their
+    optimizer state in fp32)."""
 
     def __post_init__(self) -> None:
         if self.method not in FINETUNE_METHODS:
@@ -377,14 +385,19 @@ class FinetuneSpec:
                             f"Received: {_short(self.method)}")
         _positive_int("finetune.rank", self.rank, MAX_WIDTH)
         _positive_float("finetune.alpha", self.alpha)
+        known = (*LORA_TARGETS, *GPT_LORA_TARGETS)
         if not (isinstance(self.targets, tuple) and self.targets
-                and all(t in LORA_TARGETS for t in self.targets)
+                and all(t in known for t in self.targets)
                 and len(set(self.targets)) == len(self.targets)):
             raise UserError(f"finetune.targets must list distinct projections among "
-                            f"{list(LORA_TARGETS)}. Received: {_short(list(self.targets))}")
-        if self.base_dtype != "fp32":
-            raise UserError("finetune.base_dtype must be 'fp32' (a bf16 frozen base is not "
-                            f"built yet). Received: {_short(self.base_dtype)}")
+                            f"{list(LORA_TARGETS)} (llama) or {list(GPT_LORA_TARGETS)} (gpt). "
+                            f"Received: {_short(list(self.targets))}")
+        if self.base_dtype not in BASE_DTYPES:
+            raise UserError(f"finetune.base_dtype must be one of {list(BASE_DTYPES)}. "
+                            f"Received: {_short(self.base_dtype)}")
+        if self.base_dtype != "fp32" and not self.lora:
+            raise UserError("finetune.base_dtype = 'bf16' is for method = 'lora' (full "
+                            "fine-tuning trains the base, in the run's precision)")
 
     @property
     def lora(self) -> bool:
@@ -434,9 +447,8 @@ class Workload:
         if self.weights and isinstance(self.model, MLPSpec):
             raise UserError("weights (a pretrained checkpoint) are for the gpt and llama "
                             "families, not mlp")
-        if self.finetune.lora and not isinstance(self.model, LlamaSpec):
-            raise UserError(f"finetune.method = 'lora' adapts the llama family's projections "
-                            f"({', '.join(LORA_TARGETS)}); this is a {self.model.family} model")
+        if self.finetune.lora:
+            self._check_lora_targets()
         if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION:
             raise UserError(f"description must be a string of at most {MAX_DESCRIPTION} "
                             f"characters. Received: {str(self.description)[:40]!r}... "
@@ -460,6 +472,17 @@ class Workload:
                 f"Received: {self.data.dataset!r}"
             )
         _fits_data(self)
+
+    def _check_lora_targets(self) -> None:
+        allowed = FAMILY_LORA_TARGETS.get(self.model.family)
+        if allowed is None:
+            raise UserError(f"finetune.method = 'lora' adapts the llama and gpt families' "
+                            f"projections; this is a {self.model.family} model")
+        odd = [t for t in self.finetune.targets if t not in allowed]
+        if odd:
+            raise UserError(f"finetune.targets for a {self.model.family} model must list "
+                            f"distinct projections among {list(allowed)}. Received: "
+                            f"{_short(list(self.finetune.targets))}")
 
     @property
     def tokens_per_sample(self) -> int:

@@ -23,6 +23,8 @@ from tests.helpers import REPO, needs_torch, run_cli, same_training, short
 
 LORA = FinetuneSpec(method="lora", rank=4, alpha=8.0,
                     targets=("q", "k", "v", "o", "gate", "up", "down"))
+GPT_LORA = FinetuneSpec(method="lora", rank=4, alpha=8.0, targets=("qkv", "o", "up", "down"))
+"""GPT-2's c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj."""
 PARITY = [f for f in ("torch", "jax", "tensorflow", "deepspeed", "mlx", "keras")
           if importlib.util.find_spec(f)]
 
@@ -39,9 +41,14 @@ def _raw(finetune: dict, family: str = "llama") -> dict:
     ({"method": "lora", "targets": ["q", "wq"]}, "llama", r"finetune.targets must list "
      r"distinct projections among \['q', 'k', 'v', 'o', 'gate', 'up', 'down'\]"),
     ({"method": "lora", "targets": []}, "llama", r"finetune.targets must list"),
-    ({"method": "lora", "base_dtype": "bf16"}, "llama", r"finetune.base_dtype must be 'fp32'"),
+    ({"method": "lora", "base_dtype": "fp16"}, "llama",
+     r"finetune.base_dtype must be one of \['fp32', 'bf16'\]"),
+    ({"base_dtype": "bf16"}, "llama", r"finetune.base_dtype = 'bf16' is for method = 'lora'"),
     ({"method": "lora", "dropout": 0.1}, "llama", r"unknown key finetune.dropout"),
-    ({"method": "lora"}, "gpt", r"finetune.method = 'lora' adapts the llama family's"),
+    ({"method": "lora"}, "gpt", r"finetune.targets for a gpt model must list distinct "
+     r"projections among \['qkv', 'o', 'up', 'down'\]. Received: \['q', 'v'\]"),
+    ({"method": "lora", "targets": ["qkv"]}, "llama", r"finetune.targets for a llama model"),
+    ({"method": "lora"}, "mlp", r"'lora' adapts the llama and gpt families'"),
 ])
 def test_bad_finetune_tables_are_one_line_errors(finetune: dict, family: str,
                                                  message: str) -> None:
@@ -139,6 +146,32 @@ def test_lora_trains_alike_from_the_base_model_on_every_framework() -> None:
 
 @needs_torch
 @pytest.mark.slow
+def test_lora_on_the_gpt_family_trains_alike() -> None:
+    """GPT-2-shaped models: adapters on the fused qkv, the attention output and both MLP
+    matrices, with their biases frozen; step 0 is the base model on every framework."""
+    full = short("gpt-tiny", 5)
+    lora = full.replace(finetune=GPT_LORA)
+    shapes = adapter_shapes(lora.model, GPT_LORA)
+    d = lora.model.d_model
+    assert shapes["blocks.0.attn.qkv.lora_b"] == (4, 3 * d)
+    assert shapes["blocks.1.mlp.proj.lora_a"] == (lora.model.d_ff, 4)
+    base = execute(full, Strategy(framework="torch"), runs_dir=Path(tempfile.mkdtemp()))
+    runs = {f: execute(lora, Strategy(framework=f), runs_dir=Path(tempfile.mkdtemp()))
+            for f in ("torch", "jax", "tensorflow", "mlx") if importlib.util.find_spec(f)}
+    trained, total = trainable_count(lora)
+    for f, run in runs.items():
+        assert run.losses[0] == pytest.approx(base.losses[0], rel=1e-6), f
+        same_training(run, runs["torch"], rtol=2e-5 if f == "mlx" else 1e-5)
+        acc = run.ranks[0].memory_accounting
+        assert (acc["trainable_parameters"], acc["parameters"]) == (trained, total), f
+        final = np.load(Path(run.run_dir) / "final_params.npz")
+        assert np.array_equal(final["blocks.0.attn.qkv.bias"],
+                              initial_params(lora)["blocks.0.attn.qkv.bias"]), f
+    assert runs["torch"].losses[-1] != pytest.approx(base.losses[-1], rel=1e-4)
+
+
+@needs_torch
+@pytest.mark.slow
 def test_lora_data_parallel_matches_one_process() -> None:
     w = short("llama-tiny", 5).replace(finetune=FinetuneSpec(method="lora", rank=2, alpha=4.0))
     one = execute(w, Strategy(framework="torch"), runs_dir=Path(tempfile.mkdtemp()))
@@ -164,7 +197,8 @@ def test_run_prints_the_trainable_parameters(tmp_path: Path) -> None:
 
 
 @needs_torch
-def test_the_merged_model_is_the_adapted_model() -> None:
+@pytest.mark.parametrize(("name", "lora"), [("llama-tiny", LORA), ("gpt-tiny", GPT_LORA)])
+def test_the_merged_model_is_the_adapted_model(name: str, lora: FinetuneSpec) -> None:
     """merge_adapters folds W + A B * alpha / rank: the plain model it gives computes the
     adapted model's logits (torch, fp32), with nonzero B so the merge has work to do."""
     import torch
@@ -172,7 +206,8 @@ def test_the_merged_model_is_the_adapted_model() -> None:
     from sextant.backends.torch_backend.model import add_adapters, build, load_canonical
     from sextant.weights import merge_adapters
 
-    w = short("llama-tiny", 5).replace(finetune=LORA)
+    LORA = lora  # noqa: N806
+    w = short(name, 5).replace(finetune=LORA)
     params = initial_params(w)
     rng = np.random.default_rng(0)
     params = {k: (rng.standard_normal(v.shape).astype(np.float32) * 0.05

@@ -85,13 +85,13 @@ def gpt_block(spec: GPTSpec, bp: Params, x: jax.Array, nx: Numerics = FP32
     B, T, C = x.shape
     H = spec.n_heads
     h = _layer_norm(x, bp["ln1.scale"], bp["ln1.bias"])
-    qkv = _dense(h, bp["attn.qkv.weight"], bp["attn.qkv.bias"], nx)  # (B, T, 3C)
+    qkv = _linear(h, bp, "attn.qkv", nx)  # (B, T, 3C)
     q, k, v = (t.reshape(B, T, H, C // H) for t in jnp.split(qkv, 3, axis=-1))
     y = _attention(q, k, v, 1.0 / math.sqrt(C // H), nx)  # (B, T, H, hs)
-    x = x + _dense(y.reshape(B, T, C), bp["attn.proj.weight"], bp["attn.proj.bias"], nx)
+    x = x + _linear(y.reshape(B, T, C), bp, "attn.proj", nx)
     h = _layer_norm(x, bp["ln2.scale"], bp["ln2.bias"])
-    h = jax.nn.gelu(_dense(h, bp["mlp.fc.weight"], bp["mlp.fc.bias"], nx), approximate=True)
-    return x + _dense(h, bp["mlp.proj.weight"], bp["mlp.proj.bias"], nx)
+    h = jax.nn.gelu(_linear(h, bp, "mlp.fc", nx), approximate=True)
+    return x + _linear(h, bp, "mlp.proj", nx)
 
 
 def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array, remat: bool = False,
@@ -186,7 +186,7 @@ def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: 
 
 
 def _linear(h: jax.Array, bp: Params, name: str, nx: Numerics) -> jax.Array:
-    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    """A projection: h W, plus its bias where the model has one (gpt's, Qwen2's q, k, v),
     plus its LoRA adapter where the parameters hold one: (h A) B * alpha / rank, computed
     low-rank, so the frozen W's gradient is never formed."""
     bias = bp.get(f"{name}.bias")

@@ -51,7 +51,7 @@ class TorchBackend(BackendBase):
             modes=("eager", "compiled"),
             parallel=("single", "dp", "zero1", "zero2", "fsdp", "tp", "pp"),
             precisions=("fp32", "tf32", "bf16", "fp16"),
-            model_features=("qkv_bias", "tied_gpt_head", "lora", "masked_loss"),
+            model_features=("qkv_bias", "tied_gpt_head", "lora", "lora_gpt", "masked_loss"),
             devices=("cpu", "gpu"),
             compress=("none", "bf16", "fp16", "powersgd"),
             grad_accum=True,
