@@ -222,7 +222,7 @@ def check_model_features(workload: Workload, strategy: Strategy) -> None:
                         f"--parallel single and no --grad-accum so far. Received: "
                         f"{strategy.label}")
     needed = model_features(workload.model, workload.finetune.lora,
-                            workload.data.instruction)
+                            workload.data.instruction, workload.finetune.base_dtype == "bf16")
     if not needed:
         return
     have = get_backend(strategy.framework).capabilities().model_features
@@ -232,6 +232,7 @@ def check_model_features(workload: Workload, strategy: Strategy) -> None:
                 "tied_gpt_head": "GPT output head tied to the embedding (GPT-2's)",
                 "lora": "LoRA adapters (finetune.method = 'lora')",
                 "lora_gpt": "LoRA adapters on the gpt family",
+                "bf16_base": "bf16 frozen base (finetune.base_dtype = 'bf16')",
                 "masked_loss": "loss that leaves prompt tokens out (data.format = "
                                "'instruction')"}
         raise UserError(f"{strategy.framework}'s model code has no {what[missing[0]]}; "

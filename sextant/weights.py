@@ -69,6 +69,18 @@ def initial_params(workload: Workload) -> dict[str, np.ndarray]:
     return {**base, **init_adapters(workload.model, workload.finetune, workload.seed)}
 
 
+def bf16_base_names(workload: Workload) -> frozenset[str]:
+    """The parameters a bf16 frozen base (finetune.base_dtype = 'bf16') stores in bfloat16:
+    every block's projection matrices, rounded to nearest even once, each upcast to fp32 where
+    a matmul uses it (so every backend computes the same fp32 model of the rounded base). The
+    embeddings, head, norms and biases stay fp32: a small share of a real model's bytes, and
+    the parts mixed-precision recipes keep in fp32 anyway."""
+    if workload.finetune.base_dtype != "bf16":
+        return frozenset()
+    return frozenset(k for k, shape in param_shapes(workload.model).items()
+                     if k.startswith("blocks.") and len(shape) == 2)
+
+
 def trainable(workload: Workload, name: str) -> bool:
     """Whether the optimizer updates canonical parameter `name`: all of them in full
     fine-tuning, only the adapters under LoRA (the base, norms included, is frozen)."""

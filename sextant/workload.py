@@ -175,15 +175,18 @@ class LlamaSpec:
 
 
 def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False,
-                   masked: bool = False) -> tuple[str, ...]:
+                   masked: bool = False, bf16_base: bool = False) -> tuple[str, ...]:
     """The optional parts a model uses, which a backend's model code must have (its
     Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's), 'lora'
     (adapters beside frozen projections, finetune.method = 'lora'; 'lora_gpt' on the gpt
     family), 'masked_loss' (a loss
-    that leaves IGNORE_TARGET targets out: instruction data)."""
+    that leaves IGNORE_TARGET targets out: instruction data), 'bf16_base' (LoRA's frozen
+    projections stored in bfloat16)."""
     out = (["lora_gpt" if isinstance(model, GPTSpec) else "lora"] if lora else [])
     if masked:
         out.append("masked_loss")
+    if bf16_base:
+        out.append("bf16_base")
     if isinstance(model, LlamaSpec) and model.qkv_bias:
         out.append("qkv_bias")
     if isinstance(model, GPTSpec) and model.tie_embeddings:

@@ -240,3 +240,42 @@ def test_a_killed_lora_run_resumes_where_it_was(tmp_path: Path) -> None:
     whole = execute(w, Strategy(framework="jax"), runs_dir=tmp_path / "a")
     resumed = kill_then_resume(w, functools.partial(Strategy, framework="jax"), tmp_path)
     same_training(resumed, whole, b_from=3)
+
+
+@needs_torch
+@pytest.mark.slow
+def test_a_bf16_frozen_base_trains_alike_on_torch_and_jax() -> None:
+    """finetune.base_dtype = 'bf16': the blocks' frozen matrices stored rounded to bfloat16
+    (half their bytes), every matmul still in fp32, so torch and JAX train the same numbers
+    of the rounded base; frameworks without it refuse before any worker."""
+    import ml_dtypes
+
+    from sextant.weights import bf16_base_names
+
+    spec = FinetuneSpec(method="lora", rank=4, alpha=8.0, targets=("q", "v", "down"))
+    fp32 = short("llama-tiny", 5).replace(finetune=spec)
+    bf16 = fp32.replace(finetune=FinetuneSpec(method="lora", rank=4, alpha=8.0,
+                                              targets=("q", "v", "down"), base_dtype="bf16"))
+    assert bf16.content_hash() != fp32.content_hash()
+    with pytest.raises(UserError, match=r"tensorflow's model code has no bf16 frozen base .* "
+                                        r"Frameworks that have it: torch, jax"):
+        check_layout(bf16, Strategy(framework="tensorflow"))
+    run = lambda w, f: execute(w, Strategy(framework=f),  # noqa: E731
+                               runs_dir=Path(tempfile.mkdtemp()))
+    full = run(fp32, "torch")
+    runs = {f: run(bf16, f) for f in ("torch", "jax") if importlib.util.find_spec(f)}
+    rounded = bf16_base_names(bf16)
+    start = initial_params(bf16)
+    matrix_bytes = sum(start[k].nbytes for k in rounded)
+    for f, record in runs.items():
+        same_training(record, runs["torch"])
+        # The rounding moves the model a little, not a lot.
+        assert record.losses[0] != full.losses[0]
+        assert record.losses[0] == pytest.approx(full.losses[0], rel=1e-2)
+        final = np.load(Path(record.run_dir) / "final_params.npz")
+        for name in rounded:
+            expected = start[name].astype(ml_dtypes.bfloat16).astype(np.float32)
+            assert np.array_equal(final[name], expected), (f, name)
+        saved = (full.ranks[0].memory_accounting["frozen_params"]
+                 - record.ranks[0].memory_accounting["frozen_params"])
+        assert saved == matrix_bytes // 2, f

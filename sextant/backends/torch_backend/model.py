@@ -125,9 +125,11 @@ def project(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
     h W + (h A) B * alpha / rank, computed low-rank (the full weight's gradient is never
     formed, and none is kept for the frozen W)."""
     a = getattr(linear, "lora_a", None)
-    if a is None:
-        return linear(h)
-    return linear(h) + (h @ a) @ linear.lora_b * linear.lora_scale
+    if linear.weight.dtype != h.dtype:  # a bf16 frozen base: upcast for this matmul only
+        base = F.linear(h, linear.weight.to(h.dtype), linear.bias)
+    else:
+        base = linear(h)
+    return base if a is None else base + (h @ a) @ linear.lora_b * linear.lora_scale
 
 
 def add_adapters(net: nn.Module, shapes: dict[str, tuple[int, ...]], scale: float) -> None:
