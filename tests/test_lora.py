@@ -279,3 +279,30 @@ def test_a_bf16_frozen_base_trains_alike_on_torch_and_jax() -> None:
         saved = (full.ranks[0].memory_accounting["frozen_params"]
                  - record.ranks[0].memory_accounting["frozen_params"])
         assert saved == matrix_bytes // 2, f
+
+
+@needs_torch
+def test_compare_levers_sets_lora_against_full_fine_tuning() -> None:
+    """The LoRA lever row: PEFT's defaults on the family's default targets, the baseline's
+    strategy, named in the levers table, with its optimizer state a fraction of full
+    fine-tuning's."""
+    import io
+
+    from rich.console import Console
+
+    from sextant.commands.compare import lever_table, lora_lever
+
+    full = short("gpt-tiny", 4)
+    lora = lora_lever(full)
+    assert lora is not None and lora.finetune.targets == ("qkv",) and lora.finetune.rank == 8
+    assert lora_lever(short("llama-tiny", 4)).finetune.targets == ("q", "v")  # type: ignore[union-attr]
+    assert lora_lever(lora) is None and lora_lever(short("digits-mlp", 4)) is None
+    strategy = Strategy(framework="torch")
+    records = [execute(w, strategy, runs_dir=Path(tempfile.mkdtemp())) for w in (full, lora)]
+    console = Console(file=io.StringIO(), width=200)
+    console.print(lever_table(records))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    rows = [line for line in text.splitlines() if line.startswith("│ torch")]
+    assert len(rows) == 2 and "lora r8 (qkv)" in rows[1] and "lora" not in rows[0]
+    full_opt, lora_opt = (r.ranks[0].memory_accounting["optimizer_state"] for r in records)
+    assert lora_opt < full_opt / 10
