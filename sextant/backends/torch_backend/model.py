@@ -125,8 +125,9 @@ def project(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
     h W + (h A) B * alpha / rank, computed low-rank (the full weight's gradient is never
     formed, and none is kept for the frozen W)."""
     a = getattr(linear, "lora_a", None)
-    if linear.weight.dtype != h.dtype:  # a bf16 frozen base: upcast for this matmul only
-        base = F.linear(h, linear.weight.to(h.dtype), linear.bias)
+    if linear.weight.dtype == torch.bfloat16 and h.dtype == torch.float32 \
+            and not linear.weight.requires_grad:  # a bf16 frozen base: upcast for this matmul
+        base = F.linear(h, linear.weight.float(), linear.bias)
     else:
         base = linear(h)
     return base if a is None else base + (h @ a) @ linear.lora_b * linear.lora_scale
