@@ -182,17 +182,16 @@ def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
         instruction.rows(w)
 
 
-PARITY = [f for f in ("jax", "tensorflow") if importlib.util.find_spec(f)]
-
-
 @needs_torch
 @pytest.mark.slow
-@pytest.mark.parametrize("packing", [False, True])
-def test_frameworks_train_alike_on_instruction_data(tmp_path: Path, packing: bool) -> None:
-    w = resolve_workload(instruction_workload(tmp_path, packing=packing))
+def test_frameworks_train_alike_on_instruction_data(tmp_path: Path) -> None:
+    """torch and JAX on packed instruction data: the same losses and gradient norms (the
+    masked mean is written once per backend; TensorFlow's, Keras' and MLX's share JAX's
+    form, and the loss test above pins its value)."""
+    w = resolve_workload(instruction_workload(tmp_path, packing=True))
     runs = {f: execute(w, Strategy(framework=f), runs_dir=Path(tempfile.mkdtemp()))
-            for f in ["torch", *(PARITY if not packing else PARITY[:1])]}
+            for f in ("torch", "jax") if importlib.util.find_spec(f)}
     assert runs["torch"].losses[-1] < runs["torch"].losses[0]
     for f, run in runs.items():
-        same_training(run, runs["torch"])
         assert np.isfinite(run.losses).all(), f
+        same_training(run, runs["torch"])

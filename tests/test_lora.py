@@ -148,26 +148,24 @@ def test_lora_trains_alike_from_the_base_model_on_every_framework() -> None:
 @pytest.mark.slow
 def test_lora_on_the_gpt_family_trains_alike() -> None:
     """GPT-2-shaped models: adapters on the fused qkv, the attention output and both MLP
-    matrices, with their biases frozen; step 0 is the base model on every framework."""
-    full = short("gpt-tiny", 5)
-    lora = full.replace(finetune=GPT_LORA)
+    matrices, with their biases frozen, train alike (step 0 as the base model: B = 0, which
+    test_the_merged_model_is_the_adapted_model's gpt case and the llama runs above hold)."""
+    lora = short("gpt-tiny", 4).replace(finetune=GPT_LORA)
     shapes = adapter_shapes(lora.model, GPT_LORA)
     d = lora.model.d_model
     assert shapes["blocks.0.attn.qkv.lora_b"] == (4, 3 * d)
     assert shapes["blocks.1.mlp.proj.lora_a"] == (lora.model.d_ff, 4)
-    base = execute(full, Strategy(framework="torch"), runs_dir=Path(tempfile.mkdtemp()))
     runs = {f: execute(lora, Strategy(framework=f), runs_dir=Path(tempfile.mkdtemp()))
             for f in ("torch", "jax", "tensorflow", "mlx") if importlib.util.find_spec(f)}
     trained, total = trainable_count(lora)
     for f, run in runs.items():
-        assert run.losses[0] == pytest.approx(base.losses[0], rel=1e-6), f
         same_training(run, runs["torch"], rtol=2e-5 if f == "mlx" else 1e-5)
         acc = run.ranks[0].memory_accounting
         assert (acc["trainable_parameters"], acc["parameters"]) == (trained, total), f
         final = np.load(Path(run.run_dir) / "final_params.npz")
         assert np.array_equal(final["blocks.0.attn.qkv.bias"],
                               initial_params(lora)["blocks.0.attn.qkv.bias"]), f
-    assert runs["torch"].losses[-1] != pytest.approx(base.losses[-1], rel=1e-4)
+        assert not np.array_equal(final["blocks.0.attn.qkv.lora_b"], 0), f
 
 
 @needs_torch
@@ -253,32 +251,28 @@ def test_a_bf16_frozen_base_trains_alike_on_torch_and_jax() -> None:
     from sextant.weights import bf16_base_names
 
     spec = FinetuneSpec(method="lora", rank=4, alpha=8.0, targets=("q", "v", "down"))
-    fp32 = short("llama-tiny", 5).replace(finetune=spec)
+    fp32 = short("llama-tiny", 4).replace(finetune=spec)
     bf16 = fp32.replace(finetune=FinetuneSpec(method="lora", rank=4, alpha=8.0,
                                               targets=("q", "v", "down"), base_dtype="bf16"))
     assert bf16.content_hash() != fp32.content_hash()
     with pytest.raises(UserError, match=r"tensorflow's model code has no bf16 frozen base .* "
                                         r"Frameworks that have it: torch, jax"):
         check_layout(bf16, Strategy(framework="tensorflow"))
-    run = lambda w, f: execute(w, Strategy(framework=f),  # noqa: E731
-                               runs_dir=Path(tempfile.mkdtemp()))
-    full = run(fp32, "torch")
-    runs = {f: run(bf16, f) for f in ("torch", "jax") if importlib.util.find_spec(f)}
+    runs = {f: execute(bf16, Strategy(framework=f), runs_dir=Path(tempfile.mkdtemp()))
+            for f in ("torch", "jax") if importlib.util.find_spec(f)}
     rounded = bf16_base_names(bf16)
     start = initial_params(bf16)
-    matrix_bytes = sum(start[k].nbytes for k in rounded)
+    frozen = [k for k in param_shapes(bf16.model)]
+    expected_bytes = sum(start[k].nbytes // (2 if k in rounded else 1) for k in frozen)
     for f, record in runs.items():
         same_training(record, runs["torch"])
-        # The rounding moves the model a little, not a lot.
-        assert record.losses[0] != full.losses[0]
-        assert record.losses[0] == pytest.approx(full.losses[0], rel=1e-2)
         final = np.load(Path(record.run_dir) / "final_params.npz")
         for name in rounded:
             expected = start[name].astype(ml_dtypes.bfloat16).astype(np.float32)
             assert np.array_equal(final[name], expected), (f, name)
-        saved = (full.ranks[0].memory_accounting["frozen_params"]
-                 - record.ranks[0].memory_accounting["frozen_params"])
-        assert saved == matrix_bytes // 2, f
+            assert not np.array_equal(expected, start[name])  # the rounding is real
+        # The frozen base's bytes as the framework holds them: its matrices at 2 bytes.
+        assert record.ranks[0].memory_accounting["frozen_params"] == expected_bytes, f
 
 
 @needs_torch
