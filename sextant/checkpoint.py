@@ -29,7 +29,6 @@ the check is never read. A rank that refuses the checkpoint the parent accepted 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
 import re
@@ -37,14 +36,13 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json
-from sextant.keys import checkpoint_key
+from sextant.keys import checkpoint_key, sign, signed
 
-if TYPE_CHECKING:  # the contracts import the workload and strategy modules
-    from sextant.backends.contracts import WorkerContext
+from sextant.contracts import WorkerContext
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 2
@@ -95,11 +93,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _signature(manifest: dict[str, Any]) -> str:
-    """HMAC-SHA256 of the manifest's canonical JSON (every key but `hmac` itself)."""
-    body = {k: v for k, v in manifest.items() if k != "hmac"}
-    blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(checkpoint_key(), blob, hashlib.sha256).hexdigest()
 
 
 def seal(root: str | Path, step: int, meta: dict[str, Any]) -> Path:
@@ -112,7 +105,8 @@ def seal(root: str | Path, step: int, meta: dict[str, Any]) -> Path:
         files[path.relative_to(partial).as_posix()] = {"sha256": _sha256(path),
                                                        "bytes": path.stat().st_size}
     manifest = {"schema": MANIFEST_SCHEMA, "step": step, "files": files, **meta}
-    atomic_write_json(partial / MANIFEST, {**manifest, "hmac": _signature(manifest)})
+    atomic_write_json(partial / MANIFEST, {**manifest, "hmac": sign(checkpoint_key(), manifest,
+                                                                field="hmac")})
     if final.exists():  # the same step saved again (a resumed run): replace it
         stale = final.with_name(final.name + ".stale")
         shutil.rmtree(stale, ignore_errors=True)
@@ -248,9 +242,7 @@ def _check_open(dir_fd: int, name: str, *, state_hash: str | None, trust: bool,
     if isinstance(manifest, str):
         return manifest
     if not trust:
-        signature = manifest.get("hmac")
-        if not (isinstance(signature, str) and hmac.compare_digest(signature,
-                                                                   _signature(manifest))):
+        if not signed(checkpoint_key(), manifest, field="hmac"):
             return ("not signed with this user's checkpoint key (written by another user or "
                     "sextant version, or edited since); pass --trust-checkpoint to load it "
                     "anyway")

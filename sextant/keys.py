@@ -1,4 +1,5 @@
-"""This user's sextant config directory and the secret key that signs their checkpoints.
+"""This user's sextant config directory, the secret key that signs their checkpoints, and the
+one signing code that checkpoints and the run collector share.
 
 The directory is `$SEXTANT_CONFIG_DIR`, else `$XDG_CONFIG_HOME/sextant`, else
 `~/.config/sextant`. The key (32 random bytes, hex) is created on first use, readable by this
@@ -9,11 +10,16 @@ the same complete file.
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
+import json
 import os
 import secrets
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sextant.errors import UserError
 
@@ -70,3 +76,20 @@ def _create(path: Path) -> None:
 def checkpoint_key() -> bytes:
     """The secret that signs this user's checkpoint manifests (created on first use)."""
     return _key_at(config_dir() / CHECKPOINT_KEY)
+
+
+def sign(key: bytes, doc: Mapping[str, Any], *, field: str, context: bytes = b"") -> str:
+    """HMAC-SHA256 of `context` and `doc`'s canonical JSON (sorted keys, no spaces), every key
+    but `field`, the one that carries the signature. `context` binds the signature to
+    something outside the document (the collector's per-connection challenge), so a signed
+    message replayed on another connection does not verify."""
+    body = {k: v for k, v in doc.items() if k != field}
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, context + blob, hashlib.sha256).hexdigest()
+
+
+def signed(key: bytes, doc: Mapping[str, Any], *, field: str, context: bytes = b"") -> bool:
+    """Whether `doc[field]` is `sign(key, doc, ...)`, compared in constant time."""
+    signature = doc.get(field)
+    return isinstance(signature, str) and hmac.compare_digest(
+        signature, sign(key, doc, field=field, context=context))

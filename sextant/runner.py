@@ -32,7 +32,7 @@ from sextant.init import count_params, flops_per_step
 from sextant.launch.local import Launcher, launch
 from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
-from sextant.results.record import RECORD_VERSION, RunRecord
+from sextant.results.record import RunIdentity, RunRecord
 from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
 from sextant.workload import LlamaSpec, Workload, model_features
@@ -188,21 +188,24 @@ def run_dir_name(workload: Workload, strategy: Strategy) -> str:
     return f"{stamp}-{name or 'workload'}-{slug}-{time.monotonic_ns() % 10**6:06d}"
 
 
-def check_layout(workload: Workload, strategy: Strategy) -> None:
+def check_workload_fits(workload: Workload, strategy: Strategy) -> None:
+    """The workload runs under the strategy: the backend's model code has every part the
+    model uses, and the global batch splits over the replicas, micro-batches and stages."""
     check_model_features(workload, strategy)
-    if workload.global_batch % strategy.replicas:
+    dims = strategy.dims()
+    if workload.global_batch % dims.dp:
         raise UserError(
             f"global_batch {workload.global_batch} is not divisible by the "
-            f"{strategy.replicas} data-parallel replicas of {strategy.label}"
+            f"{dims.dp} data-parallel replicas of {strategy.label}"
         )
-    rows = workload.global_batch // strategy.replicas
-    if rows % strategy.grad_accum:
+    rows = workload.global_batch // dims.dp
+    if rows % dims.grad_accum:
         raise UserError(
-            f"--grad-accum {strategy.grad_accum} does not divide the {rows} rows each replica "
-            f"gets (global_batch {workload.global_batch} / {strategy.replicas} replicas); "
+            f"--grad-accum {dims.grad_accum} does not divide the {rows} rows each replica "
+            f"gets (global_batch {workload.global_batch} / {dims.dp} replicas); "
             f"use a divisor of {rows}"
         )
-    if strategy.tp > 1 or strategy.pp > 1:
+    if dims.tp > 1 or dims.pp > 1:
         check_model_parallel(workload, strategy)
 
 
@@ -303,20 +306,13 @@ def execute(
 
     `workload_file` is the path the user gave (the report's reproduce commands name it). A
     run that diverges is stored with status 'diverged' before its RunFailed propagates."""
-    check_layout(workload, strategy)
+    check_workload_fits(workload, strategy)
     resume_step = _resume_step(workload, strategy)
     run_dir = runs_dir / run_dir_name(workload, strategy)
-    identity = {
-        "schema": RECORD_VERSION,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "group_id": group_id,
-        "workload": workload.to_dict(),
-        "workload_hash": workload.content_hash(),
-        "workload_file": workload_file,
-        "strategy": strategy.to_dict(),
-        "label": strategy.label,
-        "run_dir": str(run_dir),
-    }
+    identity = RunIdentity(
+        strategy=strategy, workload=workload.to_dict(), workload_hash=workload.content_hash(),
+        workload_file=workload_file, created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        group_id=group_id, run_dir=str(run_dir))
     sampler = Sampler() if launcher is None else None  # other launchers: ranks elsewhere
     steps_seen: list[float] = []
 
@@ -342,20 +338,18 @@ def execute(
             keep(store, stopped_record(identity, workload, run_dir, "interrupted",
                                        f"stopped by {exc or 'SIGINT'}"))
         raise
-    raw = {
-        **identity,
-        "status": "ok",
-        **aggregate(workload, strategy, ranks),
-        "ranks": rank_summaries(workload, ranks),
-        "fingerprint": {**ranks[0]["fingerprint"], "network": network(cluster, ranks)},
-    }
+    figures = aggregate(workload, strategy, ranks)
+    metrics = figures["metrics"]
+    fingerprint = {**ranks[0]["fingerprint"], "network": network(cluster, ranks)}
     if sampler is not None:
         window = (steps_seen[0], steps_seen[-1]) if len(steps_seen) >= 2 else None
-        raw["fingerprint"]["interference"] = sampler.summary(window)
-        raw["metrics"]["disturbed"] = raw["fingerprint"]["interference"]["disturbed"]
+        fingerprint["interference"] = sampler.summary(window)
+        metrics["disturbed"] = fingerprint["interference"]["disturbed"]
     if trial is not None:
-        raw["metrics"]["trial"], raw["metrics"]["trials"] = trial
-    record = RunRecord.from_dict(raw)
+        metrics["trial"], metrics["trials"] = trial
+    record = identity.record(status="ok", metrics=metrics, losses=figures["losses"],
+                             grad_norms=figures["grad_norms"],
+                             ranks=rank_summaries(workload, ranks), fingerprint=fingerprint)
     if store is not None:
         record = record.replace(id=keep(store, record))
     return record
@@ -386,7 +380,7 @@ def _sampling(sampler: Sampler | None) -> Iterator[None]:
         sampler.stop()
 
 
-def _keep_failed(exc: RunFailed, store: ResultsStore | None, identity: dict[str, Any],
+def _keep_failed(exc: RunFailed, store: ResultsStore | None, identity: RunIdentity,
                  workload: Workload, run_dir: Path) -> NoReturn:
     """Store a failed run (status 'failed', or 'diverged' with its first non-finite step),
     then raise its RunFailed, naming the run directory."""
@@ -415,22 +409,19 @@ def network(cluster: str | None, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "link_bit_s": c.link.rate_bit_s, "latency_s": c.link.latency_s, "loss": c.link.loss}
 
 
-def stopped_record(identity: dict[str, Any], workload: Workload, run_dir: Path, status: str,
+def stopped_record(identity: RunIdentity, workload: Workload, run_dir: Path, status: str,
                    reason: str) -> RunRecord:
     """The record of a run that did not finish: why, and how far its slowest rank got."""
     steps = []
     for path in run_dir.glob("rank*.events.jsonl"):
         with open(path, errors="replace") as f:
             steps.append(sum(1 for line in f if '"event": "step"' in line))
-    return RunRecord.from_dict({
-        **identity,
-        "status": status,
-        "metrics": {"params": count_params(workload.model), "final_loss": None,
-                    "error": reason, "steps_done": min(steps, default=0)},
-    })
+    return identity.record(status=status, metrics={
+        "params": count_params(workload.model), "final_loss": None, "error": reason,
+        "steps_done": min(steps, default=0)})
 
 
-def diverged_record(identity: dict[str, Any], workload: Workload, run_dir: Path
+def diverged_record(identity: RunIdentity, workload: Workload, run_dir: Path
                     ) -> RunRecord | None:
     """The record of a run stopped by a non-finite loss or gradient norm (the first rank's
     report, see measure.loop.check_finite), or None if no rank reported one."""
@@ -438,15 +429,12 @@ def diverged_record(identity: dict[str, Any], workload: Workload, run_dir: Path
     if not reports:
         return None
     first = min((json.loads(p.read_text()) for p in reports), key=lambda r: r["step"])
-    return RunRecord.from_dict({
-        **identity,
-        "status": "diverged",
-        "metrics": {"params": count_params(workload.model), "final_loss": None,
-                    "diverged_at_step": first["step"], "diverged_rank": first["rank"],
-                    "diverged_value": first["what"]},
-        "losses": first["losses"],
-        "grad_norms": first["grad_norms"],
-    })
+    return identity.record(
+        status="diverged",
+        metrics={"params": count_params(workload.model), "final_loss": None,
+                 "diverged_at_step": first["step"], "diverged_rank": first["rank"],
+                 "diverged_value": first["what"]},
+        losses=first["losses"], grad_norms=first["grad_norms"])
 
 
 def keep(store: ResultsStore, record: RunRecord) -> int:

@@ -8,11 +8,18 @@ names what is supported, never a silent fallback.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sextant.errors import UserError
+from sextant.fields import (
+    boolean,
+    check_fields,
+    int_at_least,
+    one_of,
+    option,
+    to_flags,
+)
 
 FRAMEWORKS = ("torch", "jax", "tensorflow", "deepspeed", "mlx", "keras", "paddle",
               "mindspore")
@@ -64,6 +71,7 @@ PRECISION_MEANINGS = {
 }
 """One line per precision, in the order of PRECISIONS (the CLI's help is made of them)."""
 PRECISIONS = tuple(PRECISION_MEANINGS)
+PRECISION_HELP = ", ".join(f"{name} ({meaning})" for name, meaning in PRECISION_MEANINGS.items())
 MIXED_PRECISIONS = ("bf16", "fp16")
 DEVICES = ("cpu", "gpu")
 """Where a run's ranks compute: 'cpu' cores, or one 'gpu' per rank (placed by local rank)."""
@@ -74,113 +82,137 @@ MAX_THREADS = 1024
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
 
-Check = Callable[[str, Any], None]
-"""A field validator: (field name, value) -> None, or a UserError that says what was wrong
-and what is allowed."""
+@dataclass(frozen=True, slots=True)
+class ParallelDims:
+    """A run's parallel layout as one typed value, read alike by the runner, the backends, the
+    measured and planned communication and the planner (in the manner of torchtitan's
+    ParallelDims): devices = dp x tp x pp."""
 
+    dp: int
+    """Data-parallel replicas: the global batch is split this many ways."""
+    tp: int
+    """Tensor-parallel degree: devices that split each layer."""
+    pp: int
+    """Pipeline stages."""
+    zero: int | None
+    """ZeRO stage of the data-parallel group (ZERO_STAGE: 0 replicates, 3 shards everything);
+    None where the strategy's data parallelism is none of those (parameter servers, tensor-
+    and pipeline-parallel runs, whose data-parallel part is plain replication)."""
+    sp: bool
+    """Sequence parallelism between the tensor-parallel regions."""
+    microbatches: int
+    """Pipeline micro-batches per batch."""
+    grad_accum: int
+    """Micro-batches per optimizer step (gradients communicated once per step)."""
+    ps: int
+    """Parameter-server processes (beside the dp x tp x pp training devices)."""
 
-def one_of(choices: tuple[str, ...], what: str) -> Check:
-    """The value is one of `choices` ("unknown <what> 'x'; allowed: a, b")."""
-
-    def check(name: str, value: Any) -> None:
-        if value not in choices:
-            raise UserError(f"unknown {what} {value!r}; allowed: {', '.join(choices)}")
-
-    return check
-
-
-def int_at_least(low: int, *, optional: bool = False, at_most: int | None = None) -> Check:
-    """The value is an integer (not a bool) >= `low` (and <= `at_most`, when given); with
-    `optional`, None passes too."""
-
-    def check(name: str, value: Any) -> None:
-        if optional and value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise UserError(f"{name} must be an integer >= {low}. Received: {value!r}")
-        if at_most is not None and value > at_most:
-            raise UserError(f"{name} must be an integer from {low} to {at_most}. "
-                            f"Received: {value!r}")
-
-    return check
-
-
-def boolean(name: str, value: Any) -> None:
-    """The value is True or False (not 1, not "yes")."""
-    if not isinstance(value, bool):
-        raise UserError(f"{name} must be true or false. Received: {value!r}")
-
-
-def checked(default: Any, check: Check) -> Any:
-    """A Strategy field with its default and its validator (run by Strategy.__post_init__)."""
-    return field(default=default, metadata={"check": check})
-
-
-def flag_of(field_name: str) -> str:
-    """The command-line flag of a Strategy field: `grad_accum` -> `--grad-accum`."""
-    return "--" + field_name.replace("_", "-")
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Strategy:
-    framework: str = field(metadata={"check": one_of(FRAMEWORKS, "framework")})
+    framework: str = option(dataclasses.MISSING, one_of(FRAMEWORKS, "framework"), group="who",
+                            flag_default="torch",
+                            help=f"{', '.join(FRAMEWORKS)} (default: torch)")
     """Which framework trains the workload."""
-    mode: str = checked("eager", one_of(MODES, "mode"))
+    mode: str = option("eager", one_of(MODES, "mode"), group="who", flag_default=None,
+                       help="eager or compiled (default: the framework's usual way: eager for "
+                            "torch, compiled (jit) for jax)")
     """'eager' or 'compiled' (torch.compile, jax.jit, tf.function(jit_compile=True))."""
-    parallel: str = checked("single", one_of(PARALLEL, "parallel strategy"))
+    parallel: str = option("single", one_of(PARALLEL, "parallel strategy"), group="who",
+                           choices=PARALLEL,
+                           help="the parallel strategy (default: {default}; `sextant "
+                                "capabilities` shows which framework supports which)")
     """'single' (one process) or 'dp' (data parallel, gradients all-reduced)."""
-    workers: int = checked(1, int_at_least(1))
+    workers: int = option(1, int_at_least(1), group="who", flag_default=None,
+                          help="worker processes (default: 1, or 2 with a parallel strategy)")
     """Worker processes."""
-    precision: str = checked("fp32", one_of(PRECISIONS, "precision"))
+    precision: str = option("fp32", one_of(PRECISIONS, "precision"), group="device",
+                            choices=PRECISIONS,
+                            help=PRECISION_HELP + "; default: {default}")
     """Numerical precision (PRECISIONS): what the framework is asked for; each run records
     the precision it actually used."""
-    device: str = checked("cpu", one_of(DEVICES, "device"))
+    device: str = option("cpu", one_of(DEVICES, "device"), group="device", flag_default="auto",
+                         choices=("auto", *DEVICES),
+                         help="where ranks compute: one GPU per rank where the host has GPUs "
+                              "(auto, the default), or CPU cores (cpu), or refuse without GPUs "
+                              "(gpu)")
     """'cpu', or 'gpu': one GPU per primary rank, the host's visible device at its local rank
     (the CLI's --device auto picks 'gpu' where the host has GPUs)."""
-    grad_accum: int = checked(1, int_at_least(1))
+    grad_accum: int = option(1, int_at_least(1), group="lever",
+                             help="micro-batches per optimizer step (global batch unchanged; "
+                                  "default 1)")
     """Micro-batches per optimizer step; gradients are communicated once per step. The global
     batch is unchanged, so the losses must equal the grad_accum=1 run."""
-    compress: str = checked("none", one_of(COMPRESSIONS, "compression"))
+    compress: str = option("none", one_of(COMPRESSIONS, "compression"), group="lever",
+                           help="gradient-communication compression: none (default), bf16, "
+                                "fp16, powersgd")
     """Gradient-communication compression (data-parallel strategies only)."""
-    activation_checkpointing: bool = checked(False, boolean)
+    activation_checkpointing: bool = option(
+        False, boolean, group="lever",
+        help="recompute each transformer block in backward instead of keeping its activations "
+             "(`sextant capabilities` shows who supports it)")
     """Recompute each transformer block's activations in the backward pass instead of keeping
     them (less activation memory, about one more forward per step; numerics unchanged)."""
-    checkpoint_every: int = checked(0, int_at_least(0))
+    checkpoint_every: int = option(0, int_at_least(0), group="lever",
+                                   help="save a checkpoint every K steps (default: never)")
     """Save a checkpoint after every K steps (0: never)."""
-    checkpoint_dir: str | None = None
+    checkpoint_dir: str | None = option(None, group="lever", help="checkpoint directory")
     """Where checkpoints go (required with checkpoint_every or resume)."""
-    resume: bool = False
+    resume: bool = option(False, group="lever",
+                          help="continue from the newest valid checkpoint in --checkpoint-dir")
     """Continue from the newest valid checkpoint in checkpoint_dir."""
-    trust_checkpoint: bool = checked(False, boolean)
+    trust_checkpoint: bool = option(
+        False, boolean, group="lever",
+        help="with --resume: also load checkpoints not signed with your own key (written by "
+             "someone else: loading one can run their code; see docs/reliability.md)")
     """Load checkpoints not signed with this user's key (sextant.checkpoint's trust model)."""
-    devices_per_worker: int = checked(1, int_at_least(1))
+    devices_per_worker: int = option(1, int_at_least(1), group="layout",
+                                     help="devices inside each worker process (jax host "
+                                          "devices, tensorflow logical CPUs; default: 1)")
     """Devices inside each worker process (jax: host devices of one CPU process;
     tensorflow: logical CPU devices under MirroredStrategy)."""
-    ps: int = checked(0, int_at_least(0))
+    ps: int = option(0, int_at_least(0), group="layout",
+                     help="parameter-server processes (with --parallel ps)")
     """Parameter-server processes (parallel 'ps' only)."""
-    threads: int | None = checked(None, int_at_least(1, optional=True, at_most=MAX_THREADS))
+    threads: int | None = option(None, int_at_least(1, optional=True, at_most=MAX_THREADS),
+                                 group="who", help="threads per worker (default: cores / "
+                                                   "workers)")
     """Intra-op threads per worker; default: the machine's cores divided by the workers."""
-    tp: int = checked(1, int_at_least(1))
+    tp: int = option(1, int_at_least(1), group="layout", flag_default=None,
+                     help="with --parallel tp/tp-manual: tensor-parallel degree (default: all "
+                          "devices; fewer makes the rest data parallel, dp x tp)")
     """Tensor-parallel degree (parallel 'tp' / 'tp-manual'): devices that split each layer."""
-    pp: int = checked(1, int_at_least(1))
+    pp: int = option(1, int_at_least(1), group="layout", flag_default=None,
+                     help="with --parallel pp: pipeline stages (default: all devices; fewer "
+                          "makes the rest data parallel, dp x pp)")
     """Pipeline stages (parallel 'pp')."""
-    microbatches: int = checked(1, int_at_least(1))
+    microbatches: int = option(1, int_at_least(1), group="layout", flag_default=None,
+                               help="with --parallel pp: micro-batches per batch (default: 2 x "
+                                    "stages)")
     """Micro-batches each batch is cut into for the pipeline (parallel 'pp')."""
-    schedule: str = checked("gpipe", one_of(PIPELINE_SCHEDULES, "pipeline schedule"))
+    schedule: str = option("gpipe", one_of(PIPELINE_SCHEDULES, "pipeline schedule"),
+                           group="layout", help="with --parallel pp: gpipe (default) or 1f1b")
     """Pipeline schedule (parallel 'pp'): 'gpipe' (all forwards, then all backwards) or
     '1f1b' (one forward, one backward, interleaved once the pipeline is full)."""
-    sequence_parallel: bool = checked(False, boolean)
+    sequence_parallel: bool = option(False, boolean, group="layout",
+                                     help="with --parallel tp: split norms and residuals "
+                                          "along the sequence")
     """With tensor parallelism: norms and residuals split along the sequence between the
     tensor-parallel regions (all-gather / reduce-scatter instead of all-reduce)."""
-    keras_backend: str = checked("jax", one_of(KERAS_BACKENDS, "keras backend"))
+    keras_backend: str = option("jax", one_of(KERAS_BACKENDS, "keras backend"), group="lever",
+                                help="with --framework keras: the backend Keras runs on, jax "
+                                     "(default: the one with keras.distribution), torch or "
+                                     "tensorflow")
     """Framework 'keras' only: the backend Keras 3 runs on (KERAS_BACKEND in the worker):
     'jax' (the default: the only one with keras.distribution on Keras 3.15, and Keras'
     fastest here, docs/keras.md), 'torch' or 'tensorflow'."""
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if "check" in f.metadata:
-                f.metadata["check"](f.name, getattr(self, f.name))
+        check_fields(self)
         self._check_layout()
         self._check_levers()
         self._check_model_parallel()
@@ -243,6 +275,13 @@ class Strategy:
         that are not tensor- or pipeline-parallel peers of one another)."""
         return self.workers * self.devices_per_worker // (self.tp * self.pp)
 
+    def dims(self) -> ParallelDims:
+        """The run's parallel layout (ParallelDims), one value for every reader."""
+        return ParallelDims(dp=self.replicas, tp=self.tp, pp=self.pp,
+                            zero=ZERO_STAGE.get(self.parallel), sp=self.sequence_parallel,
+                            microbatches=self.microbatches, grad_accum=self.grad_accum,
+                            ps=self.ps)
+
     @property
     def label(self) -> str:
         """Short human name, e.g. 'torch compiled', 'torch dp x2', 'jax fsdp 1x8',
@@ -279,17 +318,10 @@ class Strategy:
         return dataclasses.asdict(self)
 
     def to_flags(self) -> list[str]:
-        """The command-line flags that rebuild this strategy, every field spelled out (so the
-        result does not depend on the CLI's defaults): `--field-name VALUE`, a true boolean
-        as its bare flag, a false one and a None value left out. `sextant join` and the
-        Slurm batch script take these; tests/test_strategy_flags.py parses them back."""
-        flags: list[str] = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None or value is False:
-                continue
-            flags += [flag_of(f.name)] if value is True else [flag_of(f.name), str(value)]
-        return flags
+        """The command-line flags that rebuild this strategy (sextant.fields.to_flags):
+        `sextant join` and the Slurm batch script take these; tests/test_strategy_flags.py
+        parses them back."""
+        return to_flags(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Strategy:

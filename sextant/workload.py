@@ -714,14 +714,3 @@ def bundled_workloads() -> list[str]:
 HF_PREFIX = "hf:"
 """`--workload hf:path/config.json[,scale=0.01,...]`: a workload made from a Hugging Face
 config (sextant.hf)."""
-
-
-def load_named(spec: str | Path) -> Workload:
-    path = Path(spec)
-    if not path.exists() and path.suffix == "" and (BUNDLED_DIR / f"{path}.toml").is_file():
-        path = BUNDLED_DIR / f"{path}.toml"
-    elif not path.exists():
-        raise UserError(
-            f"workload file not found: {spec} (bundled workloads: {', '.join(bundled_workloads())})"
-        )
-    return load_workload(path)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sextant.backends.base import REGISTRY, available, get_backend, require
-from sextant.backends.contracts import RANK_RESULT_KEYS, missing_keys
+from sextant.contracts import RANK_RESULT_KEYS, missing_keys
 from sextant.errors import UserError
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS, Strategy
 from tests.helpers import PARITY_RTOL, ensure_environment, same_training, short

@@ -18,6 +18,7 @@ import pytest
 
 from sextant import checkpoint as ckpt
 from sextant.errors import RunFailed
+from sextant.keys import checkpoint_key, sign
 from sextant.runner import execute
 from tests.helpers import needs_torch, short
 from tests.test_reliability import (
@@ -64,7 +65,7 @@ def _crafted_metadata(victim: Path, marker: Path, *, resign: bool) -> None:
         manifest["files"][".metadata"] = {"sha256": hashlib.sha256(data).hexdigest(),
                                           "bytes": len(data)}
         manifest.pop("hmac")
-        manifest["hmac"] = ckpt._signature(manifest)
+        manifest["hmac"] = sign(checkpoint_key(), manifest, field="hmac")
         (victim / ckpt.MANIFEST).write_text(json.dumps(manifest))
 
 

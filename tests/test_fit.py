@@ -86,3 +86,17 @@ def test_a_long_run_says_so_and_asks_for_yes_on_a_terminal(
     long_run_check(big, "cpu", yes=False, out=console)
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "predicted to take about" in text and "starting anyway (no terminal)" in text
+
+
+def test_a_calibrated_machine_gets_the_planner_s_step_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.report.runs import calibrated_machine
+
+    w = short("gpt-tiny", 5)
+    monkeypatch.chdir(tmp_path)
+    assert estimate(w).how.startswith("training FLOPs")  # never calibrated here
+    (tmp_path / "sextant-results").mkdir()
+    assert calibrated_machine(tmp_path / "sextant-results") is not None
+    planned = estimate(w)
+    assert planned.how == "the planner, on this machine's calibration" and planned.step_s > 0
+    assert planned.memory_bytes == estimate(w, planner=False).memory_bytes

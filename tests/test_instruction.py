@@ -14,7 +14,7 @@ import pytest
 from sextant import data
 from sextant.data import files, instruction
 from sextant.errors import UserError
-from sextant.runner import check_layout, execute
+from sextant.runner import check_workload_fits, execute
 from sextant.sources import resolve_workload
 from sextant.strategy import Strategy
 from sextant.workload import IGNORE_TARGET, Workload
@@ -171,10 +171,10 @@ def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
         resolve_workload(path)
     w: Workload = resolve_workload(instruction_workload(tmp_path))
     with pytest.raises(UserError, match=r"runs with --parallel single and no --grad-accum"):
-        check_layout(w, Strategy(framework="torch", parallel="dp", workers=2))
+        check_workload_fits(w, Strategy(framework="torch", parallel="dp", workers=2))
     with pytest.raises(UserError, match=r"paddle's model code has no loss that leaves prompt "
                                         r"tokens out .* Frameworks that have it: torch"):
-        check_layout(w, Strategy(framework="paddle"))
+        check_workload_fits(w, Strategy(framework="paddle"))
     # The rows are checked against the digest the workload was resolved with.
     (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n")
     instruction._CHECKED.clear()

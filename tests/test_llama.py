@@ -76,7 +76,7 @@ def test_rotary_tables_turn_pairs_by_position_times_frequency() -> None:
 
 
 def test_tp_and_pp_refuse_what_does_not_split_in_one_line() -> None:
-    from sextant.runner import check_layout
+    from sextant.runner import check_workload_fits
 
     llama = resolve_workload("llama-tiny")
     cases = [
@@ -94,7 +94,7 @@ def test_tp_and_pp_refuse_what_does_not_split_in_one_line() -> None:
     ]
     for workload, fields, message in cases:
         with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            check_layout(workload, Strategy(framework="torch", **fields))
+            check_workload_fits(workload, Strategy(framework="torch", **fields))
     with pytest.raises(UserError, match="needs --tp N >= 2 dividing the 2 devices"):
         Strategy(framework="torch", parallel="tp", workers=2, tp=3)
     with pytest.raises(UserError, match="--pp, --microbatches and --schedule are for"):

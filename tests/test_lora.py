@@ -15,7 +15,7 @@ import pytest
 
 from sextant.errors import UserError
 from sextant.init import adapter_shapes, init_adapters, param_shapes
-from sextant.runner import check_layout, execute
+from sextant.runner import check_workload_fits, execute
 from sextant.strategy import Strategy
 from sextant.workload import FinetuneSpec, load_workload, workload_from_dict
 from sextant.weights import initial_params, trainable_count
@@ -87,11 +87,11 @@ def test_what_lora_is_not_built_for_is_refused_before_any_worker() -> None:
     w = short("llama-tiny", 5).replace(finetune=LORA)
     for framework in ("paddle", "mindspore"):
         with pytest.raises(UserError, match=rf"^{framework}'s model code has no LoRA adapters"):
-            check_layout(w, Strategy(framework=framework))
+            check_workload_fits(w, Strategy(framework=framework))
     with pytest.raises(UserError, match=r"runs with --parallel single or dp in fp32"):
-        check_layout(w, Strategy(framework="torch", parallel="fsdp", workers=2))
+        check_workload_fits(w, Strategy(framework="torch", parallel="fsdp", workers=2))
     with pytest.raises(UserError, match=r"runs with --parallel single or dp in fp32"):
-        check_layout(w, Strategy(framework="torch", precision="bf16"))
+        check_workload_fits(w, Strategy(framework="torch", precision="bf16"))
     # compare leaves those rows out with the reason, unless the frameworks were named.
     from sextant.commands.compare import _model_supported
     from sextant.display import console
@@ -257,7 +257,7 @@ def test_a_bf16_frozen_base_trains_alike_on_torch_and_jax() -> None:
     assert bf16.content_hash() != fp32.content_hash()
     with pytest.raises(UserError, match=r"tensorflow's model code has no bf16 frozen base .* "
                                         r"Frameworks that have it: torch, jax"):
-        check_layout(bf16, Strategy(framework="tensorflow"))
+        check_workload_fits(bf16, Strategy(framework="tensorflow"))
     runs = {f: execute(bf16, Strategy(framework=f), runs_dir=Path(tempfile.mkdtemp()))
             for f in ("torch", "jax") if importlib.util.find_spec(f)}
     rounded = bf16_base_names(bf16)

@@ -238,7 +238,7 @@ def test_runs_from_hf_dir_start_from_the_pretrained_weights(
 
 
 def test_a_backend_without_the_model_part_refuses_before_any_worker(checkpoints: dict) -> None:
-    from sextant.runner import check_layout
+    from sextant.runner import check_workload_fits
     from sextant.strategy import Strategy
 
     for family, part in (("qwen2", "query/key/value biases"), ("gpt2", "tied to the embedding")):
@@ -246,8 +246,8 @@ def test_a_backend_without_the_model_part_refuses_before_any_worker(checkpoints:
         for framework in ("paddle", "mindspore"):
             with pytest.raises(UserError, match=rf"^{framework}'s model code has no .*{part}.*"
                                                 r"Frameworks that have it: torch, jax, "):
-                check_layout(w, Strategy(framework=framework))
-        check_layout(w, Strategy(framework="torch"))
+                check_workload_fits(w, Strategy(framework=framework))
+        check_workload_fits(w, Strategy(framework="torch"))
 
 
 def test_the_weights_content_names_the_workload(checkpoints: dict, tmp_path: Path,

@@ -14,7 +14,8 @@ import pytest
 from sextant.cli import build_parser
 from sextant.commands.run import strategy_from_args
 from sextant.launch.slurm import join_args
-from sextant.strategy import Strategy, flag_of
+from sextant.fields import flag_of
+from sextant.strategy import Strategy
 from tests.helpers import run_cli
 
 CASES = [
@@ -80,3 +81,31 @@ def test_the_slurm_dry_run_keeps_checkpointing_and_resume(tmp_path: Path):
     assert (args.checkpoint_every, args.checkpoint_dir, args.resume, args.trust_checkpoint,
             args.devices_per_worker, args.device, args.precision) == (
         2, "ck", True, True, 1, "cpu", "fp32")
+
+
+def test_every_strategy_field_is_a_flag_of_run_and_join():
+    """The flags are made from the Strategy's declaration: a new field is a new flag."""
+    for command in ("run", "join"):
+        args = build_parser().parse_args([command, "--framework", "torch"])
+        missing = [f.name for f in dataclasses.fields(Strategy) if not hasattr(args, f.name)]
+        assert not missing, (command, missing)
+
+
+def test_a_strategy_file_sets_the_fields_and_a_flag_wins(tmp_path: Path):
+    path = tmp_path / "s.toml"
+    path.write_text('framework = "torch"\nparallel = "dp"\nworkers = 2\ngrad_accum = 2\n'
+                    'compress = "bf16"\n')
+    args = build_parser().parse_args(["run", "--strategy", str(path), "--grad-accum", "4"])
+    strategy = strategy_from_args(args)
+    assert (strategy.parallel, strategy.workers, strategy.grad_accum, strategy.compress) == (
+        "dp", 2, 4, "bf16")
+
+
+def test_a_strategy_file_with_an_unknown_field_is_one_line(tmp_path: Path):
+    path = tmp_path / "s.toml"
+    path.write_text('framework = "torch"\nworkerz = 2\n')
+    out = run_cli("run", "--strategy", str(path), timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"sextant: error: strategy file {path}: unknown field 'workerz'; allowed: "
+        + ", ".join(f.name for f in dataclasses.fields(Strategy))]

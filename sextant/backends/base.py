@@ -6,7 +6,7 @@ starts; `run()` is called inside the worker process.
 
 A backend class inherits `BackendBase` (the defaults of the optional parts of the protocol:
 no extra checks, one worker process per worker) and satisfies `Backend`. The contracts it
-receives and returns are typed in `sextant.backends.contracts`.
+receives and returns are typed in `sextant.contracts`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from sextant.errors import UserError
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
     from sextant.workload import Workload
 

@@ -44,7 +44,7 @@ from sextant.measure.loop import StepRecorder, timed_training
 if TYPE_CHECKING:
     import numpy as np
 
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 
 @dataclass(kw_only=True)

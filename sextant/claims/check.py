@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from functools import partial
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from sextant.measure.intervals import (
     CONFIDENCE,
@@ -55,6 +56,27 @@ LESS_MEMORY_BELOW = 0.95
 
 _EPS = 1e-9
 """Ratios at a threshold count as reaching it (0.22 / 0.20 is 1.0999999999999999)."""
+
+
+class ClaimDict(TypedDict):
+    """A Claim as JSON (the report's claims section; `sextant claims --json`)."""
+
+    id: str
+    claim: str
+    compared: str
+    rule: str
+    verdict: str
+    figure: str
+    value: float | None
+    low: float | None
+    high: float | None
+    confidence: float
+    unit: str
+    details: list[str]
+    command: str
+    reason: str
+    run_ids: list[Any]
+
 
 @dataclass(kw_only=True, frozen=True)
 class Claim:
@@ -90,7 +112,7 @@ class Claim:
     run_ids: tuple[Any, ...] = field(default=())
     """Results-store runs it rests on."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ClaimDict:
         return {
             "id": self.id, "claim": self.claim, "compared": self.compared, "rule": self.rule,
             "verdict": self.verdict, "figure": self.figure, "value": self.value,
@@ -238,7 +260,8 @@ def _ids(*runs: RunRecord) -> tuple[Any, ...]:
 # -- the claims -------------------------------------------------------------------------
 
 def claim_compile(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="compile", claim="torch.compile gives a 10-30% speed-up",
         compared="torch compiled vs torch eager, one process each",
         rule=f"holds if the interval of eager / compiled step time is >= "
@@ -253,19 +276,20 @@ def claim_compile(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Cla
     ratio = speedup(eager, compiled, runs) if eager and compiled else None
     if eager is None or compiled is None or ratio is None:
         missing = "torch eager" if eager is None else "torch compiled"
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason=f"no one-process {missing} run of this workload")
     value, low, high = ratio
     figure = f"{_x(value)}: {_faster('compiled', value)}{_span(low, high)}"
     detail = (f"{eager.label} {_ms(eager)} ms vs {compiled.label} {_ms(compiled)} ms "
               "median step")
-    return Claim(**base, verdict=verdict_at_least(low, high, COMPILE_MIN_SPEEDUP),
+    return make(verdict=verdict_at_least(low, high, COMPILE_MIN_SPEEDUP),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(eager, compiled))
 
 
 def claim_jax(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="jax-vs-eager",
         claim="JAX (XLA) is faster than eager PyTorch and saves ~20% compute",
         compared="jax (jit) vs torch eager, one process each",
@@ -283,25 +307,26 @@ def claim_jax(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
     if torch is None or jax is None or ratio is None:
         other = _pick(runs, one_jax)
         if torch is not None and other is not None:
-            return Claim(**base, verdict=NOT_MEASURED, figure="-",
+            return make(verdict=NOT_MEASURED, figure="-",
                          reason=f"not ranked: {other.label} and {torch.label} ran "
                                 f"under different conditions ({unequal(other, torch)})")
         missing = "torch eager" if torch is None else "jax"
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason=f"no one-process {missing} run of this workload")
     value, low, high = ratio
     saving = 1 - 1 / value
     figure = (f"{_x(value)}: JAX's step takes {abs(saving) * 100:.0f}% "
               f"{'less' if saving >= 0 else 'more'} time{_span(low, high)}")
     detail = f"{torch.label} {_ms(torch)} ms vs {jax.label} {_ms(jax)} ms median step"
-    return Claim(**base, verdict=verdict_at_least(low, high, 1 / (1 - JAX_MIN_SAVING)),
+    return make(verdict=verdict_at_least(low, high, 1 / (1 - JAX_MIN_SAVING)),
                  figure=figure, value=value, low=low, high=high, details=(detail,),
                  run_ids=_ids(torch, jax))
 
 
 def claim_mixed_precision(runs: Sequence[RunRecord], workload: Mapping[str, Any]
                           ) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="mixed-precision", claim="Mixed precision (bf16) roughly doubles training speed",
         compared="bf16 vs fp32, same framework, mode, parallel strategy and workers",
         rule=f"holds if the interval of fp32 / bf16 step time is >= {MIXED_MIN_SPEEDUP:.1f}x "
@@ -320,12 +345,12 @@ def claim_mixed_precision(runs: Sequence[RunRecord], workload: Mapping[str, Any]
                                          for _, b, _ in pairs):
             pairs.append((full, low_p, ratio))
     if not pairs:
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason="no bf16 run with a matching fp32 run of this workload")
     full, low_p, (value, low, high) = _median_item(pairs, key=lambda p: p[2][0])
     details = tuple(f"{f.label} fp32 {_ms(f)} ms vs bf16 {_ms(b)} ms: {_x(r[0])}"
                     for f, b, r in pairs)
-    return Claim(**base, verdict=verdict_at_least(low, high, MIXED_MIN_SPEEDUP),
+    return make(verdict=verdict_at_least(low, high, MIXED_MIN_SPEEDUP),
                  figure=f"{_x(value)} faster in bf16{_span(low, high)}", value=value, low=low,
                  high=high, details=details, command=_show_cmd(_ids(full, low_p)),
                  run_ids=tuple(i for f, b, _ in pairs for i in _ids(f, b)))
@@ -346,7 +371,8 @@ def _with_compress(run: RunRecord) -> str:
 
 def claim_compression(runs: Sequence[RunRecord], workload: Mapping[str, Any]
                       ) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="compression",
         claim="Gradient compression trades CPU time for network bandwidth",
         compared="data-parallel run with gradient compression vs the same run without",
@@ -372,7 +398,7 @@ def claim_compression(runs: Sequence[RunRecord], workload: Mapping[str, Any]
             continue
         pairs.append((plain, comp, comm_c / comm_p, work_c / work_p))
     if not pairs:
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason="no data-parallel run with gradient compression and a matching "
                             "run without, both with exposed communication measured")
     plain, comp, comm_ratio, work_ratio = _median_item(pairs, key=lambda p: p[2])
@@ -397,7 +423,7 @@ def claim_compression(runs: Sequence[RunRecord], workload: Mapping[str, Any]
         verdict = NOT_HOLD
     else:
         verdict = INCONCLUSIVE
-    return Claim(**base, verdict=verdict, figure=figure,
+    return make(verdict=verdict, figure=figure,
                  value=comm_iv[0] if comm_iv else comm_ratio,
                  low=comm_iv[1] if comm_iv else None, high=comm_iv[2] if comm_iv else None,
                  details=details, command=_show_cmd(_ids(plain, comp)),
@@ -423,7 +449,8 @@ def claim_workers(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Cla
     multi = [r for r in runs if _multi(r) and _plain(r) and r.metrics.step_time_median_s]
     frameworks = list(dict.fromkeys(r.strategy.framework for r in multi)) or ["torch"]
     workers = max((r.strategy.workers for r in multi), default=2)
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="workers-slower", claim="Adding workers can make training slower",
         compared="throughput of each multi-worker run vs one process, same framework and "
                  "mode, same global batch",
@@ -444,7 +471,7 @@ def claim_workers(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Cla
         if ratio is not None:
             pairs.append((single, run, ratio))
     if not pairs:
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason="no multi-worker run with a one-process run of the same framework "
                             "and mode")
     single, run, (value, low, high) = min(pairs, key=lambda p: p[2][0])
@@ -455,7 +482,7 @@ def claim_workers(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Cla
     each = [verdict_below(lo, hi, SLOWER_BELOW) for _, _, (_, lo, hi) in pairs]
     verdict = (HOLDS if HOLDS in each else NOT_HOLD if all(v == NOT_HOLD for v in each)
                else INCONCLUSIVE)
-    return Claim(**base, verdict=verdict,
+    return make(verdict=verdict,
                  figure=figure, value=value, low=low, high=high, details=details,
                  run_ids=tuple(i for s, r, _ in pairs for i in _ids(s, r)))
 
@@ -470,7 +497,8 @@ def _rss_range(run: RunRecord) -> tuple[float, float] | None:
 
 
 def claim_tf_memory(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="tf-memory", claim="TensorFlow uses less memory than PyTorch and JAX",
         compared="peak RSS per worker, same parallel strategy and workers, each framework "
                  "at its leanest mode",
@@ -519,7 +547,7 @@ def claim_tf_memory(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> C
         reason = ("no torch or jax run with the same parallel strategy and workers as a "
                   "TensorFlow run" if has_tf else
                   "no TensorFlow run of this workload (pip install 'sextant[tensorflow]')")
-        return Claim(**base, verdict=NOT_MEASURED, figure="-", reason=reason)
+        return make(verdict=NOT_MEASURED, figure="-", reason=reason)
     tf, other, value, low, high = max(pairs, key=lambda p: p[2])
     details = tuple(f"{t.label} {_mb(t)} MB vs {o.label} {_mb(o)} MB: {_x(v)}"
                     for t, o, v, _, _ in pairs)
@@ -528,7 +556,7 @@ def claim_tf_memory(runs: Sequence[RunRecord], workload: Mapping[str, Any]) -> C
     each = [verdict_below(lo, hi, LESS_MEMORY_BELOW) for _, _, _, lo, hi in pairs]
     verdict = (HOLDS if all(v == HOLDS for v in each) else NOT_HOLD if NOT_HOLD in each
                else INCONCLUSIVE)
-    return Claim(**base, verdict=verdict, figure=figure, value=value,
+    return make(verdict=verdict, figure=figure, value=value,
                  low=low, high=high, details=details,
                  run_ids=tuple(dict.fromkeys(i for t, o, *_ in pairs for i in _ids(t, o))))
 

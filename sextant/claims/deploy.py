@@ -13,6 +13,7 @@ tried here (not installed) leaves a verdict it could overturn inconclusive.
 from __future__ import annotations
 
 import shlex
+from functools import partial
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,7 +60,8 @@ def _ids(rows: Sequence[DeployRecord]) -> tuple[Any, ...]:
 
 
 def claim_tf_complete(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="tf-deploy", claim="TensorFlow has the most complete deployment path",
         compared="the formats each framework's own exporters built from the same weights, "
                  "and the targets its working artifacts reach",
@@ -69,7 +71,7 @@ def claim_tf_complete(rows: Sequence[DeployRecord], workload: Mapping[str, Any])
     fw = _by_framework(rows)
     tf = fw.get("tensorflow", [])
     if not any(r.status != UNAVAILABLE for r in tf) or len(fw) < 2:
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason="needs TensorFlow's deployment rows and another framework's")
     mine, count = _targets(tf), sum(works(r) for r in tf)
     beaten = [f for f, rs in fw.items() if f != "tensorflow"
@@ -82,7 +84,7 @@ def claim_tf_complete(rows: Sequence[DeployRecord], workload: Mapping[str, Any])
                                          f"could change the comparison")
     figure = (f"TensorFlow {count} working formats reaching {', '.join(sorted(mine))}"
               + (f"; more complete: {', '.join(beaten)}" if beaten else ""))
-    return Claim(**base, verdict=verdict, figure=figure, value=float(count),
+    return make(verdict=verdict, figure=figure, value=float(count),
                  details=tuple(_line(f, rs) for f, rs in fw.items()), reason=reason,
                  run_ids=_ids(rows))
 
@@ -93,7 +95,8 @@ def own_only(r: DeployRecord) -> bool:
 
 
 def claim_torch_tools(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="torch-tools", claim="PyTorch needs extra tools to deploy",
         compared="the targets PyTorch's working artifacts reach with torch alone, against "
                  "those they reach with other packages (onnx, onnxruntime, executorch)",
@@ -101,7 +104,7 @@ def claim_torch_tools(rows: Sequence[DeployRecord], workload: Mapping[str, Any])
         unit="targets", command=deploy_cmd(rows, workload))
     torch_rows = [r for r in rows if r.framework == "torch"]
     if not any(works(r) for r in torch_rows):
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason="no working PyTorch deployment artifact")
     alone = _targets([r for r in torch_rows if own_only(r)])
     extra = _targets(torch_rows) - alone
@@ -112,7 +115,7 @@ def claim_torch_tools(rows: Sequence[DeployRecord], workload: Mapping[str, Any])
         verdict, reason = INCONCLUSIVE, f"not available here: {', '.join(unavailable)}"
     figure = (f"torch alone reaches {', '.join(sorted(alone)) or 'nothing'}"
               + (f"; only with other packages: {', '.join(sorted(extra))}" if extra else ""))
-    return Claim(**base, verdict=verdict, figure=figure, value=float(len(extra)),
+    return make(verdict=verdict, figure=figure, value=float(len(extra)),
                  details=(_line("torch", torch_rows),), reason=reason,
                  run_ids=_ids(torch_rows))
 
@@ -122,7 +125,8 @@ def _defects(rows: Sequence[DeployRecord]) -> int:
 
 
 def claim_jax_maturity(rows: Sequence[DeployRecord], workload: Mapping[str, Any]) -> Claim:
-    base: dict[str, Any] = dict(
+    make = partial(
+        Claim,
         id="jax-deploy", claim="JAX deploys through SavedModel or ONNX, less maturely",
         compared="JAX's artifacts (jax.export, jax2tf SavedModel and LiteRT, jax2onnx) against "
                  "TensorFlow's, from the same weights",
@@ -133,7 +137,7 @@ def claim_jax_maturity(rows: Sequence[DeployRecord], workload: Mapping[str, Any]
     jax, tf = fw.get("jax", []), fw.get("tensorflow", [])
     if not any(r.status != UNAVAILABLE for r in jax) or not any(
             r.status != UNAVAILABLE for r in tf):
-        return Claim(**base, verdict=NOT_MEASURED, figure="-",
+        return make(verdict=NOT_MEASURED, figure="-",
                      reason="needs JAX's and TensorFlow's deployment rows")
     through = [r.format for r in jax if works(r) and r.format in ("savedmodel", "onnx")]
     j_ok, t_ok = sum(works(r) for r in jax), sum(works(r) for r in tf)
@@ -144,7 +148,7 @@ def claim_jax_maturity(rows: Sequence[DeployRecord], workload: Mapping[str, Any]
         verdict, reason = INCONCLUSIVE, "a JAX or TensorFlow format is not available here"
     figure = (f"JAX {j_ok} working ({', '.join(through) or 'no SavedModel or ONNX'}) and "
               f"{_defects(jax)} failing, TensorFlow {t_ok} working and {_defects(tf)} failing")
-    return Claim(**base, verdict=verdict, figure=figure, value=float(j_ok),
+    return make(verdict=verdict, figure=figure, value=float(j_ok),
                  details=(_line("jax", jax), _line("tensorflow", tf)), reason=reason,
                  run_ids=_ids(jax + tf))
 

@@ -10,10 +10,10 @@ import json
 import sys
 from typing import Any
 
-from sextant.defaults import MEASUREMENT_TIMEOUT_S
+from sextant.commands.plan_flags import CALIBRATE_GROUPS, CalibrateFlags
 from sextant.display import console
 from sextant.errors import UserError
-from sextant.paths import DEFAULT_CALIBRATION
+from sextant.fields import add_flags
 
 
 def register(subparsers: Any) -> None:
@@ -25,33 +25,8 @@ def register(subparsers: Any) -> None:
         "copy bandwidth, and all-reduce time between 2 gloo processes on 127.0.0.1 from 1 KB "
         "to 64 MB, fitted by least squares to t = alpha + beta * bytes.",
     )
-    c.add_argument("--out", metavar="PATH", help=f"default ./{DEFAULT_CALIBRATION.as_posix()}")
-    c.add_argument(
-        "--max-bytes",
-        type=int,
-        default=64 * 2**20,
-        help="largest all-reduce message (default 64 MiB)",
-    )
-    c.add_argument(
-        "--timeout",
-        type=float,
-        default=MEASUREMENT_TIMEOUT_S,
-        help=f"seconds allowed for the worker processes (default {MEASUREMENT_TIMEOUT_S:g})",
-    )
-    c.add_argument("--json", action="store_true", help="print the calibration as JSON")
-    dev = c.add_argument_group(
-        "device (--device gpu): the kernel efficiency over a workload's GEMM shapes and the "
-        "all-reduce bus bandwidth between this host's GPUs, for 'sextant plan'")
-    dev.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                     help="cpu (default: the host only) or gpu (also its GPUs)")
-    dev.add_argument("--model", help="planner preset whose GEMMs to time (see 'sextant plan "
-                     "list')")
-    dev.add_argument("--workload", metavar="FILE", help="a workload TOML instead of --model")
-    dev.add_argument("--accelerator", help="catalogue key of the GPU (default: from its name)")
-    dev.add_argument("--mbs", type=int, default=1, help="micro-batch in sequences (default 1)")
-    dev.add_argument("--tp", type=int, default=1, help="tensor-parallel split (default 1)")
-    dev.add_argument("--device-max-bytes", type=int, default=1 << 30,
-                     help="largest GPU all-reduce message (default 1 GiB)")
+    for key, title in CALIBRATE_GROUPS:
+        add_flags(c.add_argument_group(title) if title else c, CalibrateFlags, (key,))
     c.set_defaults(func=run_calibrate)
 
 
@@ -72,13 +47,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
         device=_device_section(args, progress) if args.device == "gpu" else None,
     )
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps({**doc.to_dict(), "path": doc.path}, indent=2))
     else:
         render_calibration(doc, console(None, highlight=True), out)
     return 0
 
 
-def _device_section(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+def _device_section(args: argparse.Namespace, progress: Any) -> Any:
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.device_calibration import calibrate_device
     from sextant.planner import load_workload_shape, preset

@@ -41,9 +41,9 @@ def register(sub: Any) -> None:
                     "3 a check failed (--strict: or warned), 2 bad input.")
     add_run_args(p, steps_help="steps of each check run (default: a tenth of the workload's, "
                                "at least warmup + 3)")
-    add_framework_args(p, parallel="dp", workers=2,
-                       workers_help="workers of the multi-worker checks; scaling sweeps 1..N "
-                                    "(default: 2)")
+    add_framework_args(p, defaults={"parallel": "dp", "workers": 2},
+                       helps={"workers": "workers of the multi-worker checks; scaling sweeps "
+                                         "1..N (default: 2)"})
     p.add_argument("--only", default=None,
                    help=f"comma-separated subset of: {', '.join(CHECKS)} (default: all)")
     p.add_argument("--json", action="store_true", help="print the results as a JSON list")

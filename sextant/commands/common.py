@@ -19,7 +19,8 @@ from sextant.measure.stats import max_loss_diff
 from sextant.paths import DEFAULT_DB, default_db, runs_beside
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
-from sextant.strategy import DEVICES, FRAMEWORKS, PARALLEL, PRECISION_MEANINGS, PRECISIONS
+from sextant.fields import add_flags, values_from
+from sextant.strategy import Strategy
 
 DEFAULT_WORKLOAD = "gpt-tiny"
 GPU_WORKLOAD = "gpt2-small"
@@ -99,73 +100,37 @@ def add_run_args(p: argparse.ArgumentParser, *,
     add_store_args(p)
 
 
-def add_framework_args(p: argparse.ArgumentParser, *, parallel: str = "single",
-                       workers: int | None = None,
-                       workers_help: str = "worker processes (default: 1, or 2 with a "
-                                           "parallel strategy)") -> None:
+def add_framework_args(p: argparse.ArgumentParser, *,
+                       defaults: dict[str, Any] | None = None,
+                       helps: dict[str, str] | None = None) -> None:
     """Who trains and over how many processes: --framework, --mode, --parallel, --workers,
-    --threads (the Strategy fields every training command shares)."""
-    p.add_argument("--framework", default="torch",
-                   help=f"{', '.join(FRAMEWORKS)} (default: torch)")
-    p.add_argument("--mode", default=None,
-                   help="eager or compiled (default: the framework's usual way: eager for "
-                        "torch, compiled (jit) for jax)")
-    p.add_argument("--parallel", default=parallel, choices=PARALLEL,
-                   help=f"the parallel strategy (default: {parallel}; `sextant capabilities` "
-                        "shows which framework supports which)")
-    p.add_argument("--workers", type=int, default=workers, help=workers_help)
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads per worker (default: cores / workers)")
+    --threads (the Strategy fields every training command shares), as Strategy declares them;
+    `defaults` and `helps`: this command's own (sextant.fields.add_flags)."""
+    add_flags(p, Strategy, ("who",), defaults=defaults, helps=helps)
 
 
-def add_device_args(p: argparse.ArgumentParser, *, precision_default: str | None = "fp32",
-                    precision_help: str = "default: fp32") -> None:
+def add_device_args(p: argparse.ArgumentParser, *, defaults: dict[str, Any] | None = None,
+                    helps: dict[str, str] | None = None) -> None:
     """--device and --precision, the two axes that decide what a measurement can be
     compared with."""
-    p.add_argument("--device", default="auto", choices=("auto", *DEVICES),
-                   help="where ranks compute: one GPU per rank where the host has GPUs "
-                        "(auto, the default), or CPU cores (cpu), or refuse without GPUs (gpu)")
-    meanings = ", ".join(f"{name} ({PRECISION_MEANINGS[name]})" for name in PRECISIONS)
-    p.add_argument("--precision", default=precision_default, choices=PRECISIONS,
-                   help=f"{meanings}; {precision_help}")
+    add_flags(p, Strategy, ("device",), defaults=defaults, helps=helps)
 
 
 def add_lever_args(p: argparse.ArgumentParser) -> None:
-    """The distributed-training levers (see `sextant capabilities` for who supports what)."""
-    add_device_args(p)
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per optimizer step (global batch unchanged; default 1)")
-    p.add_argument("--compress", default="none",
-                   help="gradient-communication compression: none (default), bf16, fp16, powersgd")
-    p.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each transformer block in backward instead of keeping its "
-                        "activations (`sextant capabilities` shows who supports it)")
-    p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="save a checkpoint every K steps (default: never)")
-    p.add_argument("--checkpoint-dir", default=None, help="checkpoint directory")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest valid checkpoint in --checkpoint-dir")
-    p.add_argument("--keras-backend", default="jax",
-                   help="with --framework keras: the backend Keras runs on, jax (default: "
-                        "the one with keras.distribution), torch or tensorflow")
-    p.add_argument("--trust-checkpoint", action="store_true",
-                   help="with --resume: also load checkpoints not signed with your own key "
-                        "(written by someone else: loading one can run their code; see "
-                        "docs/reliability.md)")
+    """--device, --precision and the distributed-training levers (see `sextant capabilities`
+    for who supports what)."""
+    add_flags(p, Strategy, ("device", "lever"))
 
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The device, precision and lever fields of the Strategy the flags ask for."""
     # Under Slurm or Kubernetes the ranks run on the cluster's nodes, not here: --device gpu
     # is taken as asked (the nodes check it); auto still looks at this host.
     remote = getattr(args, "launcher", "local") in ("slurm", "kubernetes") and (
         args.device == "gpu")
-    device = "gpu" if remote else resolve_device(args.device, detect())
-    return {"precision": args.precision, "device": device,
-            "grad_accum": args.grad_accum,
-            "compress": args.compress, "checkpoint_every": args.checkpoint_every,
-            "activation_checkpointing": args.activation_checkpointing,
-            "checkpoint_dir": args.checkpoint_dir, "resume": args.resume,
-            "trust_checkpoint": args.trust_checkpoint, "keras_backend": args.keras_backend}
+    values = values_from(args, Strategy, ("device", "lever"))
+    values["device"] = "gpu" if remote else resolve_device(args.device, detect())
+    return values
 
 
 def open_store(args: argparse.Namespace, *, create: bool = True) -> ResultsStore:

@@ -44,7 +44,7 @@ from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.results.record import RunRecord
 from sextant.runner import execute
-from sextant.strategy import MIXED_PRECISIONS, Strategy
+from sextant.strategy import MIXED_PRECISIONS, PRECISION_HELP, Strategy
 from sextant.workload import Workload
 from sextant.sources import workload_source
 
@@ -87,9 +87,9 @@ def _add_compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="workers of the data-parallel rows (default: 2 on CPU cores, every "
                         "visible GPU on a GPU host)")
-    add_device_args(p, precision_default=None,
-                    precision_help="default: bf16 on GPUs, what GPU users train with; fp32 "
-                                   "on CPU cores")
+    add_device_args(p, defaults={"precision": None},
+                    helps={"precision": PRECISION_HELP + "; default: bf16 on GPUs, what GPU "
+                                                         "users train with; fp32 on CPU cores"})
     p.add_argument("--report", type=Path, default=None,
                    help="where to write the HTML report (default: next to the results database)")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
@@ -245,9 +245,10 @@ def layout_table(records: Sequence[RunRecord]) -> Any:
         single = singles.get(row["framework"])
         comm, params, opt = (row[k] for k in ("comm_bytes_per_step", "param_bytes",
                                                 "optimizer_bytes"))
+        step = row["step_time_s"]
         table.add_row(
-            rec.label, fmt_ms(row["step_time_s"]),
-            "-" if not single else f"{row['step_time_s'] / single:.2f}x",
+            rec.label, fmt_ms(step),
+            "-" if not single or step is None else f"{step / single:.2f}x",
             fmt_share(m.exposed_comm_share),
             "-" if comm is None else f"{comm / 2**20:.2f}",
             "-" if params is None else f"{params / 2**20:.3f}",

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 from sextant.commands.common import add_store_args, db_path
 from sextant.display import console
 from sextant.errors import UserError
+from sextant.fields import add_flags
 from sextant.paths import DEFAULT_CALIBRATION
+from sextant.commands.plan_flags import GROUPS, PlanFlags
 
 if TYPE_CHECKING:
     from sextant.planner.plan_doc import Plan
@@ -60,174 +62,11 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    src = p.add_argument_group("model")
-    src.add_argument("--model", help="architecture preset (see 'sextant plan list'), e.g. llama-70b, gpt3-175b")
-    src.add_argument(
-        "--workload", metavar="FILE", help="a sextant workload TOML instead of --model"
-    )
-    hw = p.add_argument_group("hardware")
-    hw.add_argument(
-        "--gpus", "--devices", dest="gpus", type=int, metavar="N", help="number of accelerators"
-    )
-    hw.add_argument(
-        "--accelerator", default="h100-sxm", help="catalogue accelerator (default h100-sxm)"
-    )
-    hw.add_argument("--network", help="inter-node link (default: the accelerator's usual one)")
-    hw.add_argument("--intra-link", help="intra-node link (default: the accelerator's)")
-    hw.add_argument("--gpus-per-node", type=int, help="devices per node (default: catalogue)")
-    hw.add_argument(
-        "--nics-per-node", type=int, help="network ports per node (default: one per device)"
-    )
-    hw.add_argument(
-        "--oversubscription",
-        type=float,
-        default=1.0,
-        help="fabric taper above one leaf switch (default 1: non-blocking); needs --nodes-per-leaf",
-    )
-    hw.add_argument("--nodes-per-leaf", type=int, help="nodes under one leaf switch (rail group)")
-    hw.add_argument(
-        "--host-memory-gb", type=float, help="host RAM per node: offloaded bytes must fit in it"
-    )
-    _add_catalogue_args(hw)
-    tr = p.add_argument_group("training")
-    tr.add_argument("--tokens", type=float, help="tokens to train, e.g. 2e12 (time and cost)")
-    tr.add_argument("--global-batch", type=int, help="sequences per step (default: the model's)")
-    tr.add_argument(
-        "--precision",
-        choices=("bf16", "fp16", "fp32"),
-        help="default bf16 where the accelerator has it, else fp16, else fp32",
-    )
-    tr.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    tr.add_argument(
-        "--fp8",
-        action="store_true",
-        help="FP8 GEMMs at the accelerator's fp8 peak (MFU stays relative to the 16-bit peak)",
-    )
-    tr.add_argument(
-        "--price-per-hour", type=float, help="USD per device-hour (default: catalogue estimate)"
-    )
-    tr.add_argument(
-        "--goodput",
-        type=float,
-        default=1.0,
-        help="share of wall time that trains, for time and cost (default 1; Llama 3 reports "
-        "> 0.9 on 16K GPUs)",
-    )
-    lay = p.add_argument_group("layout (each one given is pinned; the others are searched)")
-    lay.add_argument("--dp", type=int)
-    lay.add_argument("--tp", type=int)
-    lay.add_argument("--pp", type=int)
-    lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (3 = FSDP)")
-    lay.add_argument("--mbs", type=int, help="micro-batch size")
-    lay.add_argument(
-        "--recompute",
-        choices=("none", "selective", "full", "op", "alternate"),  # estimate.RECOMPUTE
-        help="none, selective (attention core), full; op / alternate: torchtitan's selective "
-        "op AC (every other matmul recomputed) and selective layer AC (every 2nd layer); "
-        "the last two only when given",
-    )
-    lay.add_argument("--sp", choices=("on", "off"), help="sequence parallelism")
-    lay.add_argument("--offload", choices=("none", "optimizer", "params"))
-    lay.add_argument("--interleave", type=int, help="model chunks per pipeline stage")
-    lay.add_argument("--cp", type=int, help="context-parallel degree (splits the sequence)")
-    lay.add_argument(
-        "--cp-method",
-        choices=("ring", "allgather"),  # profiles.CP_METHODS
-        default=None,
-        help="override the stack's context-parallel exchange: ring (ring attention, hidden "
-        "behind the attention) or allgather (K and V gathered before the attention)",
-    )
-    lay.add_argument(
-        "--zero3-gather",
-        choices=("layer", "tensor"),  # profiles.ZERO3_GATHERS
-        default=None,
-        help="override what one ZeRO-3 / FSDP collective carries: layer (FSDP's per-block "
-        "units, DeepSpeed's coalesced gathers) or tensor (one collective per parameter "
-        "tensor, DeepSpeed's ZeRO-3 as released in 2021)",
-    )
-    lay.add_argument("--ep", type=int, help="expert-parallel degree (MoE models)")
-    lay.add_argument(
-        "--hsdp",
-        choices=("on", "off"),
-        help="hybrid sharding: ZeRO within the node, replicas across nodes (needs --zero >= 1)",
-    )
-    asm = p.add_argument_group("assumptions")
-    asm.add_argument(
-        "--mfu",
-        type=float,
-        default=None,
-        help="end-to-end model FLOP utilisation to plan for (model FLOPs / peak / step time, "
-        "as papers report it): the kernel efficiency is solved so the chosen layout reaches it",
-    )
-    asm.add_argument(
-        "--kernel-efficiency",
-        type=float,
-        default=None,
-        help="fraction of dense peak the GEMM/attention kernels reach (default: the "
-        "calibrated value of docs/planner.md; the old meaning of --mfu)",
-    )
-    asm.add_argument(
-        "--stack",
-        default=None,
-        help="the training stack whose defaults the plan assumes (profiles.py): generic (the "
-        "ZeRO paper's accounting, default; maxtext on a TPU), megatron-core, deepspeed, "
-        "torchtitan, maxtext; "
-        "dated: megatron-lm-2021, deepspeed-0.3, llama3-2024",
-    )
-    asm.add_argument(
-        "--memory-model",
-        default=None,
-        help="override the stack's allocation: zero (the ZeRO paper's 16 bytes/param), "
-        "megatron (distributed optimizer, fp32 main grads), deepspeed (its estimators), "
-        "torch (fp32 params and grads, FSDP2/DDP)",
-    )
-    asm.add_argument(
-        "--overlap",
-        type=float,
-        default=0.5,
-        help="fraction of data-parallel comm that may hide behind compute "
-        "(default 0.5; the plan also shows 0)",
-    )
-    asm.add_argument("--tp-overlap", type=float, default=0.0)
-    asm.add_argument("--link-efficiency", type=float, default=1.0)
-    asm.add_argument("--fragmentation", type=float, default=0.10)
-    asm.add_argument(
-        "--overhead-gb",
-        type=float,
-        default=None,
-        help="runtime memory per device before tensors (default 1 GB; 0.3 on cpu-local)",
-    )
-    asm.add_argument(
-        "--stages",
-        choices=("balanced", "even"),
-        default=None,
-        help="override the stack's pipeline layer split: balanced (the last stage gives up "
-        "layers for the output projection, current stacks) or even (ceil(L/p) layers per "
-        "stage, 2021-era)",
-    )
-    asm.add_argument(
-        "--elementwise",
-        choices=("fused", "eager"),
-        default=None,
-        help="override the stack's elementwise kernels: fused (torch.compile, Transformer "
-        "Engine, XLA) or eager (one kernel per operator, PyTorch without compile)",
-    )
-    asm.add_argument(
-        "--no-flash-attention",
-        action="store_true",
-        help="store attention scores (2021-era stacks, Korthikanti's 5as term)",
-    )
-    out = p.add_argument_group("output")
-    out.add_argument("--search", action="store_true", help="also print the best layouts ranked")
-    out.add_argument("--top", type=int, default=10, help="rows of --search (default 10)")
-    out.add_argument(
-        "--threshold",
-        type=float,
-        default=0.8,
-        help="scaling efficiency threshold for the knee (default 0.8)",
-    )
-    out.add_argument("--no-curve", action="store_true", help="skip the scaling curve")
-    out.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    groups = {key: p.add_argument_group(title) for key, title in GROUPS}
+    for key, group in groups.items():
+        add_flags(group, PlanFlags, (key,))
+        if key == "hardware":
+            _add_catalogue_args(group)
     p.set_defaults(func=run_plan)
 
     verbs = p.add_subparsers(dest="verb", metavar="VERB", title="verbs",
@@ -329,14 +168,16 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     shape = preset(args.model) if args.model else load_workload_shape(args.workload)
     cat = load_catalogue(args.catalogue, args.calibration)
     measured = _measured(args, cat)
-    options = _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured)
+    options = replace(
+        _options(args, cat.accelerator(args.accelerator), shape.global_batch, measured),
+        finetune=_finetune(args))
     hw = resolve_hardware(
         cat, args.accelerator, args.network, intra_link=args.intra_link, options=options
     )
-    if measured and measured.get("allreduce") and args.intra_link is None:
+    if measured and measured.allreduce and args.intra_link is None:
         # The all-reduce bus bandwidth measured between this host's devices replaces the
         # catalogue's plateau of the intra-node link (its ramp over message sizes stays).
-        plateau = float(measured["allreduce"]["plateau_busbw_bytes_per_s"])
+        plateau = measured.allreduce.plateau_busbw_bytes_per_s
         hw = replace(hw, intra=replace(hw.intra, bus_bandwidth=plateau))
     req = PlanRequest(
         shape=shape,
@@ -358,7 +199,33 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     return make_plan(req, cat, hw)
 
 
-def _measured(args: argparse.Namespace, cat: Any) -> dict[str, Any] | None:
+def _finetune(args: argparse.Namespace) -> Any:
+    """The fine-tuning flags over the workload's [finetune] table (when --workload names a
+    sextant workload that has one); None: every parameter trains."""
+    from sextant.planner.finetune import FineTune
+    from sextant.planner.workload_shapes import load_workload_finetune
+
+    given = load_workload_finetune(args.workload) if args.workload else None
+    flags: dict[str, Any] = {
+        key: value for key, value in (
+            ("method", args.finetune), ("rank", args.lora_rank),
+            ("targets", None if args.lora_targets is None else tuple(
+                t.strip() for t in args.lora_targets.split(",") if t.strip())),
+            ("base_dtype", args.base_dtype),
+        ) if value is not None
+    }
+    if not flags and given is None:
+        return None
+    method = flags.get("method", given.method if given else "full")
+    if method != "lora" and set(flags) - {"method"}:
+        raise UserError("--lora-rank, --lora-targets and --base-dtype need --finetune lora. "
+                        f"Received: --finetune {method}")
+    base: dict[str, Any] = {} if given is None else {
+        "method": given.method, "rank": given.rank, "targets": given.targets}
+    return FineTune(**{**base, **flags})
+
+
+def _measured(args: argparse.Namespace, cat: Any) -> Any:
     """The calibration's device section when it was measured on the planned accelerator
     (`sextant calibrate --device gpu`)."""
     from sextant.planner.device_calibration import measured_for
@@ -412,7 +279,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _options(args: argparse.Namespace, acc: Any, model_batch: int,
-             measured: dict[str, Any] | None = None) -> Any:
+             measured: Any = None) -> Any:
     """PlanOptions from the flags: the user's knobs over the chosen stack's profile; the
     kernel efficiency measured on this accelerator (`measured`) unless one is asked for, else
     its published GEMM rate (Accelerator.kernel_efficiency)."""
@@ -430,7 +297,7 @@ def _options(args: argparse.Namespace, acc: Any, model_batch: int,
     efficiency = {"compute_efficiency": acc.kernel_efficiency if args.kernel_efficiency is None
                   else args.kernel_efficiency}
     if measured and args.kernel_efficiency is None and args.mfu is None:
-        efficiency = {"compute_efficiency": min(float(measured["kernel_efficiency"]), 1.0)}
+        efficiency = {"compute_efficiency": min(measured.kernel_efficiency, 1.0)}
     return PlanOptions(
         precision=precision,
         optimizer=args.optimizer,

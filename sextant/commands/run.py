@@ -15,8 +15,6 @@ from sextant.backends import get_backend, require
 from sextant.backends.base import REGISTRY, BackendBase
 from sextant.commands.common import (
     RunProgress,
-    add_framework_args,
-    add_lever_args,
     add_run_args,
     comparison_table,
     lever_fields,
@@ -28,6 +26,7 @@ from sextant.display import console
 from sextant.backends.base import layout_of
 from sextant.devices import check_ranks_fit, detect
 from sextant.errors import RunFailed, UserError
+from sextant.fields import add_flags, flag_defaults, values_from
 from sextant.fsutil import atomic_output
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
@@ -95,26 +94,36 @@ KUBERNETES_FLAGS = ("k8s_kind", "image", "cpu", "memory", "namespace", "out")
 
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
-    """The strategy of one run (framework, mode, parallelism, levers)."""
-    add_framework_args(p)
-    p.add_argument("--devices-per-worker", type=int, default=1,
-                   help="devices inside each worker process (jax host devices, tensorflow "
-                        "logical CPUs; default: 1)")
-    p.add_argument("--ps", type=int, default=0,
-                   help="parameter-server processes (with --parallel ps)")
-    p.add_argument("--tp", type=int, default=None,
-                   help="with --parallel tp/tp-manual: tensor-parallel degree (default: all "
-                        "devices; fewer makes the rest data parallel, dp x tp)")
-    p.add_argument("--sequence-parallel", action="store_true",
-                   help="with --parallel tp: split norms and residuals along the sequence")
-    p.add_argument("--pp", type=int, default=None,
-                   help="with --parallel pp: pipeline stages (default: all devices; fewer "
-                        "makes the rest data parallel, dp x pp)")
-    p.add_argument("--microbatches", type=int, default=None,
-                   help="with --parallel pp: micro-batches per batch (default: 2 x stages)")
-    p.add_argument("--schedule", default="gpipe",
-                   help="with --parallel pp: gpipe (default) or 1f1b")
-    add_lever_args(p)
+    """The strategy of one run (framework, mode, parallelism, levers): a flag for every
+    Strategy field, as it declares them, and --strategy for all of them from a file."""
+    add_flags(p, Strategy, ("who", "device", "lever", "layout"))
+    p.add_argument("--strategy", type=Path, default=None, metavar="FILE",
+                   help="a TOML file of Strategy fields (framework = \"jax\", parallel = "
+                        "\"fsdp\", workers = 2, ...; the names of these flags, with _ for -); "
+                        "a flag given on the command line wins over the file")
+
+
+STRATEGY_FLAGS = ("who", "device", "lever", "layout")
+
+
+def strategy_file(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags with --strategy FILE's fields filled in where no flag changed them."""
+    path = getattr(args, "strategy", None)
+    if path is None:
+        return args
+    from sextant.tomlfile import read_toml
+
+    table = read_toml(path, "strategy file")
+    defaults = flag_defaults(Strategy, STRATEGY_FLAGS)
+    unknown = sorted(set(table) - set(defaults))
+    if unknown:
+        raise UserError(f"strategy file {path}: unknown field {unknown[0]!r}; allowed: "
+                        f"{', '.join(defaults)}")
+    merged = vars(args).copy()
+    for name, value in table.items():
+        if merged[name] == defaults[name]:
+            merged[name] = value
+    return argparse.Namespace(**merged)
 
 
 def model_parallel_fields(args: argparse.Namespace, devices: int) -> dict[str, Any]:
@@ -131,7 +140,9 @@ def model_parallel_fields(args: argparse.Namespace, devices: int) -> dict[str, A
 
 
 def strategy_from_args(args: argparse.Namespace, default_workers: int = 2) -> Strategy:
-    """The strategy the flags ask for, checked against the framework's capabilities."""
+    """The strategy the flags (and --strategy's file) ask for, checked against the
+    framework's capabilities."""
+    args = strategy_file(args)
     if args.workers is not None:
         workers = args.workers
     elif args.parallel == "single" or args.devices_per_worker > 1:
@@ -142,10 +153,9 @@ def strategy_from_args(args: argparse.Namespace, default_workers: int = 2) -> St
     if mode is None:
         mode = (get_backend(args.framework).capabilities().modes[0]
                 if args.framework in REGISTRY else "eager")
-    strategy = Strategy(framework=args.framework, mode=mode, parallel=args.parallel,
-                        workers=workers, devices_per_worker=args.devices_per_worker,
-                        ps=args.ps, threads=args.threads, **lever_fields(args),
-                        **model_parallel_fields(args, workers * args.devices_per_worker))
+    strategy = Strategy(**{**values_from(args, Strategy, ("who", "layout")),
+                           "workers": workers, "mode": mode, **lever_fields(args),
+                           **model_parallel_fields(args, workers * args.devices_per_worker)})
     require(strategy)
     return strategy
 

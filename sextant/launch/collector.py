@@ -28,8 +28,6 @@ dropped and logged, never raised; a line longer than `MAX_LINE` ends the connect
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import io
 import json
 import os
@@ -44,6 +42,9 @@ from typing import IO, Any
 
 from sextant.defaults import COLLECTIVE_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
+from sextant.contracts import EVENTS, MESSAGES, DoneEvent, Event
+from sextant.keys import sign, signed
+from sextant.schema import problem
 
 CONNECT_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0
@@ -106,15 +107,14 @@ def secret_from_env(env: dict[str, str] | os._Environ[str]) -> bytes | None:
     return secret
 
 
-def _canonical(msg: dict[str, Any]) -> bytes:
-    return json.dumps({k: v for k, v in msg.items() if k != "digest"}, sort_keys=True,
-                      separators=(",", ":")).encode()
-
-
 def digest(secret: bytes, challenge: str, msg: dict[str, Any]) -> str:
     """HMAC-SHA256 of the peer's challenge and the message (every key but `digest`)."""
-    return hmac.new(secret, challenge.encode() + b"\n" + _canonical(msg),
-                    hashlib.sha256).hexdigest()
+    return sign(secret, msg, field="digest", context=challenge.encode() + b"\n")
+
+
+def verified(secret: bytes, challenge: str, msg: dict[str, Any]) -> bool:
+    """Whether `msg` carries its `digest` for this secret and the peer's challenge."""
+    return signed(secret, msg, field="digest", context=challenge.encode() + b"\n")
 
 
 def _is_int(value: Any) -> bool:
@@ -146,30 +146,22 @@ def check_hello(msg: Any, world: int) -> str | None:
     return None
 
 
-SCHEMA: dict[str, tuple[str, type]] = {
-    "event": ("event", dict),
-    "result": ("result", dict),
-    "error": ("text", str),
-}
-"""A ranked message's kind -> (its one required key, that key's type)."""
-
-
 def check_message(msg: Any) -> str | None:
     """None when `msg` is a well-formed event, result or error (after the hello), else what
-    is wrong with it."""
+    is wrong with it (sextant.contracts.MESSAGES; an event's fields: EVENTS)."""
     if not isinstance(msg, dict):
         return "not a JSON object"
     kind = msg.get("kind")
-    if not isinstance(kind, str) or kind not in SCHEMA:
+    if not isinstance(kind, str) or kind not in MESSAGES:
         return f"unknown kind {str(kind)[:40]!r}"
-    key, kind_type = SCHEMA[kind]
-    if not isinstance(msg.get(key), kind_type):
-        return f"{kind} without a {kind_type.__name__} {key!r}"
-    if kind == "event" and not isinstance(msg["event"].get("event"), str):
-        return "event without its name"
-    if kind == "result" and not all(isinstance(k, str) for k in msg["result"]):
-        return "result with a non-text key"
-    return None
+    wrong = problem(msg, MESSAGES[kind], f"{kind}: ")
+    if wrong is None and kind == "event":
+        event = msg["event"]
+        wrong = problem(event, Event, "event: ") or problem(
+            event, EVENTS.get(str(event["event"]), DoneEvent), f"event {event['event']}: ")
+    if wrong is None and kind == "result" and not all(isinstance(k, str) for k in msg["result"]):
+        wrong = "result with a non-text key"
+    return wrong
 
 
 def _read_line(stream: IO[bytes], limit: int) -> bytes | None:
@@ -376,8 +368,7 @@ class Collector:
             return None, b""
         hello = _loads(raw)
         problem = check_hello(hello, self.world)
-        if problem is None and not hmac.compare_digest(
-                hello["digest"], digest(self._secret, challenge, hello)):
+        if problem is None and not verified(self._secret, challenge, hello):
             problem = "the hello is not signed with this run's secret"
         if problem is None:
             with self._join_lock:
@@ -501,8 +492,7 @@ class Channel:
             self.close()
             raise RunFailed(f"rank {rank}: the collector at {address} closed the rendezvous "
                             f"(not every rank joined in time)")
-        if not (_is_hex(welcome.get("digest")) and hmac.compare_digest(
-                welcome["digest"], digest(secret, own, welcome))):
+        if not (_is_hex(welcome.get("digest")) and verified(secret, own, welcome)):
             self.close()
             raise CollectorRefused(f"rank {rank}: the collector at {address} does not know "
                                    f"this run's secret; its plan is not used")

@@ -45,7 +45,7 @@ from sextant.launch.collector import (
 from sextant.launch.local import EventHandler, Launcher, free_port
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import WorkerContext
+    from sextant.contracts import WorkerContext
     from sextant.strategy import Strategy
     from sextant.workload import Workload
 

@@ -6,7 +6,7 @@ progress events to `rank{r}.events.jsonl` (one JSON object per line, flushed as 
 its measurements to `rank{r}.result.json` (atomically, at the end). A failure writes
 `rank{r}.error.txt` and exits non-zero; the launcher names the rank.
 
-WorkerContext is defined in sextant.backends.contracts and re-exported here.
+WorkerContext is defined in sextant.contracts and re-exported here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sextant.backends.contracts import EVENT_SCHEMA, WorkerContext
+from sextant.contracts import EVENT_SCHEMA, WorkerContext
 from sextant.devices import pin_rank
 from sextant.errors import UserError
 from sextant.fsutil import atomic_write_json, remove_private_tempdirs

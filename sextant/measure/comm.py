@@ -12,25 +12,25 @@ import math
 from typing import Any
 
 from sextant.measure.collective_table import dp_bytes_sent, dp_collectives
-from sextant.strategy import ZERO_STAGE
+from sextant.strategy import Strategy
 
 # The backends reduce once per step under accumulation (no_sync /
 # set_requires_gradient_sync(False)): the "torch-no-sync" schedule.
 SCHEDULE = "torch-no-sync"
 
 
-def bytes_per_step(strategy: Any, params: int, powersgd_payload: int | None = None
+def bytes_per_step(strategy: Strategy, params: int, powersgd_payload: int | None = None
                    ) -> dict[str, float] | None:
     """{'all_reduce': ..., 'reduce_scatter': ..., 'all_gather': ..., 'total': ...} sent per
     rank per step, or None for strategies without gradient collectives."""
-    n = strategy.replicas
-    if strategy.parallel in ("single", "ps") or n < 2 or strategy.parallel not in ZERO_STAGE:
+    dims = strategy.dims()
+    n, zero, accum = dims.dp, dims.zero, dims.grad_accum
+    if zero is None or n < 2:  # one replica, or no ZeRO-style data parallelism (ps, tp, pp)
         return None
     full = 4.0 * params
     grad = {"none": full, "bf16": full / 2, "fp16": full / 2}.get(strategy.compress)
     if strategy.compress == "powersgd":
         grad = float(powersgd_payload) if powersgd_payload is not None else None
-    zero, accum = ZERO_STAGE[strategy.parallel], strategy.grad_accum
     payload = math.nan if grad is None else grad  # PowerSGD without a measured payload
     sent = dp_bytes_sent(zero, n, payload, full, microbatches=accum, schedule=SCHEDULE)
     counts = dp_collectives(zero, accum, SCHEDULE)
@@ -39,7 +39,7 @@ def bytes_per_step(strategy: Any, params: int, powersgd_payload: int | None = No
     return out
 
 
-def megatron_tp_payload(workload: Any, strategy: Any) -> dict[str, float] | None:
+def megatron_tp_payload(workload: Any, strategy: Strategy) -> dict[str, float] | None:
     """The planner's tensor-parallel term as bytes: per transformer layer and micro-batch,
     four all-reduces (two forward, two backward: after the row-parallel attention output
     and down projection, and their conjugates) of one activation, tokens x d_model x 4 bytes

@@ -35,15 +35,14 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sextant import data
 from sextant.errors import TrainingDiverged
 from sextant.fsutil import atomic_write_json
 from sextant.measure import memory
 
-if TYPE_CHECKING:  # the contracts import the workload and strategy modules
-    from sextant.backends.contracts import WorkerContext
+from sextant.contracts import WorkerContext
 
 
 def timed_training(

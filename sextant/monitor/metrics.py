@@ -31,26 +31,23 @@ import json
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from sextant.contracts import EVENTS
 from sextant.fsutil import atomic_write_text
+from sextant.schema import problem
 
 METRICS_SCHEMA = 1
 METRICS_FILE = "metrics.jsonl"
 
 _NUMBER = (int, float)
-# Required fields (name -> allowed types; None allowed where listed) per event kind.
-_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "run": {"run": (str,), "world": (int,)},
-    "start": {"steps": (int,)},
-    "step": {"step": (int,), "loss": (*_NUMBER, type(None)), "step_time_s": _NUMBER,
-             "data_time_s": _NUMBER, "rows": (int, type(None))},
-    "phase": {"name": (str,)},
-    "checkpoint": {"step": (int,), "seconds": _NUMBER},
-    "resumed": {"step": (int,)},
-    "warning": {"message": (str,)},
-    "done": {},
-}
+
+
+class RunLine(TypedDict):
+    """The first line of metrics.jsonl (the run it describes); events follow (EVENTS)."""
+
+    run: str
+    world: int
 
 
 class MetricsSchemaError(ValueError):
@@ -74,14 +71,10 @@ def validate_record(record: Any) -> None:
         t = record.get("time")
         if isinstance(t, bool) or not isinstance(t, _NUMBER) or not math.isfinite(t):
             raise MetricsSchemaError(f"{kind}: 'time' must be a finite number. Received: {t!r}")
-    for name, types in _FIELDS.get(kind, {}).items():
-        if name not in record:
-            raise MetricsSchemaError(f"{kind}: missing field {name!r}")
-        value = record[name]
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise MetricsSchemaError(
-                f"{kind}: {name!r} has type {type(value).__name__}; allowed: "
-                f"{', '.join(t.__name__ for t in types)}")
+    shape = RunLine if kind == "run" else EVENTS.get(kind)
+    wrong = problem(record, shape, f"{kind}: ") if shape is not None else None
+    if wrong is not None:
+        raise MetricsSchemaError(wrong)
     if kind == "step":
         if record["step"] < 1:
             raise MetricsSchemaError(f"step: 'step' must be >= 1. Received: {record['step']}")

@@ -64,6 +64,19 @@ def mfu(flops_per_step: float, step_s: float | None, device_name: str | None,
             "note": ""}
 
 
+def _finetune(workload: Mapping[str, Any]) -> Any:
+    """The run's [finetune] table as the planner's FineTune (LoRA trains its adapters beside a
+    frozen base in fp32, the only base `run` builds); None: every parameter trains."""
+    from sextant.planner.finetune import FineTune
+
+    table = workload.get("finetune") or {}
+    if table.get("method") != "lora":
+        return None
+    return FineTune(method="lora", rank=int(table.get("rank", 8)),
+                    targets=tuple(table.get("targets", ("q", "v"))),
+                    base_dtype=str(table.get("base_dtype", "fp32")))
+
+
 def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, precision: str,
                      *, compiled: bool = True) -> float | None:
     """The planner's step time for `workload` on one such device (no calibration: the
@@ -82,7 +95,7 @@ def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, preci
         shape = shape_from_workload(dict(workload), where="the run's workload")
         cat = load_catalogue()
         opts = PlanOptions(precision=_planner_precision(precision),
-                           global_batch=shape.global_batch,
+                           global_batch=shape.global_batch, finetune=_finetune(workload),
                            compute_efficiency=cat.accelerator(key).kernel_efficiency,
                            stack=profile(DEFAULT_STACK).with_overrides(
                                fused_elementwise=compiled))

@@ -26,6 +26,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ from sextant.defaults import MEASUREMENT_TIMEOUT_S
 from sextant.errors import RunFailed, UserError
 from sextant.fsutil import atomic_write_text
 from sextant.measure.collectives import fit_alpha_beta
+from sextant.planner.calibration_doc import (
+    Calibration,
+    DeviceSection,
+    GemmRate,
+    Host,
+    LoopbackAllReduce,
+)
 from sextant.planner.catalogue import DEFAULT_CALIBRATION
 
 GEMM_N = 1024
@@ -78,7 +86,7 @@ def default_out() -> Path:
     return DEFAULT_CALIBRATION
 
 
-def host_info() -> dict[str, Any]:
+def host_info() -> Host:
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -95,13 +103,8 @@ def host_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {
-        "cpu": cpu,
-        "cores": cores,
-        "memory_bytes": memory,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+    return Host(cpu=cpu, cores=cores, memory_bytes=float(memory),
+                python=platform.python_version(), platform=platform.platform())
 
 
 def _child_env(threads: int) -> dict[str, str]:
@@ -111,7 +114,17 @@ def _child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def measure_gemm(lib: str, threads: int, n: int = GEMM_N, timeout: float = 60.0) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class GemmTiming:
+    """One library's n x n float32 product timed in a child process."""
+
+    flops: float
+    """From the best repetition: interference only ever slows a run."""
+    flops_median: float
+    version: str
+
+
+def measure_gemm(lib: str, threads: int, n: int = GEMM_N, timeout: float = 60.0) -> GemmTiming:
     """FLOP/s of an n x n float32 matrix product in a child process with `threads` threads."""
     try:
         proc = subprocess.run(
@@ -130,10 +143,9 @@ def measure_gemm(lib: str, threads: int, n: int = GEMM_N, timeout: float = 60.0)
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         raise RunFailed(f"GEMM measurement ({lib}, {threads} threads) failed: {tail[0]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    # Peak = the best repetition (interference only ever slows a run); the median is kept.
-    out["flops"] = 2.0 * n**3 / out["seconds_best"]
-    out["flops_median"] = 2.0 * n**3 / out["seconds_median"]
-    return out
+    return GemmTiming(flops=2.0 * n**3 / out["seconds_best"],
+                      flops_median=2.0 * n**3 / out["seconds_median"],
+                      version=str(out["version"]))
 
 
 def measure_memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
@@ -174,8 +186,8 @@ def calibrate(
     max_bytes: int = 64 * 2**20,
     timeout: float = MEASUREMENT_TIMEOUT_S,
     progress=None,
-    device: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    device: DeviceSection | None = None,
+) -> Calibration:
     """Measure this host (GEMM, memory copy, loopback all-reduce) and write the document,
     with `device` (device_calibration.calibrate_device) as its device section."""
     started = time.perf_counter()
@@ -186,20 +198,15 @@ def calibrate(
             progress.flush()
 
     host = host_info()
-    gemm: dict[str, Any] = {}
+    gemm: dict[str, GemmRate] = {}
     libs = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
     for lib in libs:
-        say(f"GEMM {GEMM_N}x{GEMM_N} float32 with {lib} (1 and {host['cores']} threads)")
+        say(f"GEMM {GEMM_N}x{GEMM_N} float32 with {lib} (1 and {host.cores} threads)")
         one = measure_gemm(lib, 1)
-        full = measure_gemm(lib, host["cores"]) if host["cores"] > 1 else one
-        gemm[lib] = {
-            "n": GEMM_N,
-            "dtype": "float32",
-            "version": one["version"],
-            "flops_1_thread": one["flops"],
-            "flops_all_threads": full["flops"],
-            "threads": host["cores"],
-        }
+        full = measure_gemm(lib, host.cores) if host.cores > 1 else one
+        gemm[lib] = GemmRate(n=GEMM_N, dtype="float32", version=one.version,
+                             flops_1_thread=one.flops, flops_all_threads=full.flops,
+                             threads=host.cores)
     say("memory copy bandwidth (256 MiB)")
     mem_bw = measure_memory_bandwidth()
     allreduce = None
@@ -207,96 +214,98 @@ def calibrate(
     if "torch" in libs:
         say(f"all-reduce between 2 gloo processes, 1 KiB to {max_bytes // 2**20} MiB")
         ar = measure_allreduce(max_bytes=max_bytes, timeout=timeout)
-        allreduce = {k: v for k, v in ar.items() if k != "fit"} | ar["fit"]
+        fit = ar["fit"]
+        allreduce = LoopbackAllReduce(
+            sizes_bytes=tuple(map(float, ar["sizes_bytes"])),
+            times_s=tuple(map(float, ar["times_s"])),
+            alpha_s=float(fit["alpha_s"]), beta_s_per_byte=float(fit["beta_s_per_byte"]),
+            bandwidth_bytes_per_s=float(fit.get("bandwidth_bytes_per_s", 0.0)),
+            median_rel_residual=float(fit.get("median_rel_residual", 0.0)),
+            max_rel_residual=float(fit.get("max_rel_residual", 0.0)),
+            extra={k: v for k, v in {**ar, **fit}.items() if k not in _LOOPBACK_FIELDS},
+        )
     else:
         notes.append("PyTorch not installed: all-reduce not measured (pip install sextant[torch])")
-    doc = {
-        "schema": 1,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": host,
-        "gemm": gemm,
-        "memory_bw_bytes_per_s": mem_bw,
-        "allreduce": allreduce,
-        "device": device,
-        "seconds": time.perf_counter() - started,
-        "notes": notes,
-    }
+    doc = Calibration(
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), host=host, gemm=gemm,
+        memory_bw_bytes_per_s=mem_bw, allreduce=allreduce, device=device,
+        seconds=time.perf_counter() - started, notes=tuple(notes),
+    )
     path = Path(out) if out else default_out()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(doc.to_dict(), indent=2) + "\n")
     except OSError as exc:
         raise UserError(f"cannot write calibration to {path}: {exc}") from None
-    doc["path"] = str(path)
-    return doc
+    return replace(doc, path=str(path))
 
 
-def render_calibration(doc: dict[str, Any], console, path) -> None:
+_LOOPBACK_FIELDS = ("sizes_bytes", "times_s", "alpha_s", "beta_s_per_byte",
+                    "bandwidth_bytes_per_s", "median_rel_residual", "max_rel_residual", "fit")
+"""What LoopbackAllReduce names; the measurement's other keys travel in its `extra`."""
+
+
+def render_calibration(doc: Calibration, console, path) -> None:
     from rich.table import Table
 
-    h = doc["host"]
-    console.print(
-        f"[bold]{h['cpu']}[/bold], {h['cores']} cores, {h['memory_bytes'] / 1e9:.1f} GB RAM"
-    )
+    h = doc.host
+    console.print(f"[bold]{h.cpu}[/bold], {h.cores} cores, {h.memory_bytes / 1e9:.1f} GB RAM")
     t = Table(title="GEMM float32", title_justify="left")
-    for col in ("library", "1 thread GFLOP/s", f"{h['cores']} threads GFLOP/s"):
+    for col in ("library", "1 thread GFLOP/s", f"{h.cores} threads GFLOP/s"):
         t.add_column(col, justify="left" if col == "library" else "right")
-    for lib, g in doc["gemm"].items():
-        t.add_row(
-            f"{lib} {g['version']}",
-            f"{g['flops_1_thread'] / 1e9:.1f}",
-            f"{g['flops_all_threads'] / 1e9:.1f}",
-        )
+    for lib, g in doc.gemm.items():
+        t.add_row(f"{lib} {g.version}", f"{g.flops_1_thread / 1e9:.1f}",
+                  f"{g.flops_all_threads / 1e9:.1f}")
     console.print(t)
-    console.print(f"memory copy bandwidth: {doc['memory_bw_bytes_per_s'] / 1e9:.1f} GB/s")
-    ar = doc.get("allreduce")
+    console.print(f"memory copy bandwidth: {(doc.memory_bw_bytes_per_s or 0.0) / 1e9:.1f} GB/s")
+    ar = doc.allreduce
     if ar:
         t = Table(title="all-reduce, 2 gloo processes on 127.0.0.1", title_justify="left")
         for col in ("bytes", "median", "fit", "error"):
             t.add_column(col, justify="right")
-        for m, s in zip(ar["sizes_bytes"], ar["times_s"]):
-            fit = ar["alpha_s"] + ar["beta_s_per_byte"] * m
-            t.add_row(f"{m:,}", f"{s * 1e3:.3f} ms", f"{fit * 1e3:.3f} ms", f"{(fit - s) / s:+.0%}")
+        for m, s in zip(ar.sizes_bytes, ar.times_s):
+            fit = ar.alpha_s + ar.beta_s_per_byte * m
+            t.add_row(f"{m:,.0f}", f"{s * 1e3:.3f} ms", f"{fit * 1e3:.3f} ms",
+                      f"{(fit - s) / s:+.0%}")
         console.print(t)
         console.print(
-            f"fit: alpha = {ar['alpha_s'] * 1e6:.1f} us, beta = "
-            f"{ar['beta_s_per_byte'] * 1e9:.4f} ns/byte "
-            f"({ar['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s), "
-            f"median |error| {ar['median_rel_residual']:.0%}, "
-            f"max {ar['max_rel_residual']:.0%}"
+            f"fit: alpha = {ar.alpha_s * 1e6:.1f} us, beta = "
+            f"{ar.beta_s_per_byte * 1e9:.4f} ns/byte "
+            f"({ar.bandwidth_bytes_per_s / 1e9:.2f} GB/s), "
+            f"median |error| {ar.median_rel_residual:.0%}, max {ar.max_rel_residual:.0%}"
         )
-    if doc.get("device"):
-        _render_device(doc["device"], console)
-    for note in doc.get("notes", []) + ((doc.get("device") or {}).get("notes") or []):
+    if doc.device:
+        _render_device(doc.device, console)
+    for note in doc.notes + (doc.device.notes if doc.device else ()):
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(
-        f"saved to {path} in {doc['seconds']:.1f} s; plan with "
-        + (f"--accelerator {doc['device']['accelerator']}" if (doc.get("device") or {}).get(
-            "accelerator") else "--accelerator cpu-local --network loopback")
+        f"saved to {path} in {doc.seconds:.1f} s; plan with "
+        + (f"--accelerator {doc.device.accelerator}" if doc.device and doc.device.accelerator
+           else "--accelerator cpu-local --network loopback")
     )
 
 
-def _render_device(dev: dict[str, Any], console) -> None:
+def _render_device(dev: DeviceSection, console) -> None:
     from rich.table import Table
 
-    t = Table(title=f"GEMMs of {dev['workload']} ({dev['tokens']} tokens, tp {dev['tp']}) on "
-              f"{dev['device_name']}, {dev['dtype']}", title_justify="left")
+    t = Table(title=f"GEMMs of {dev.workload} ({dev.tokens} tokens, tp {dev.tp}) on "
+              f"{dev.device_name}, {dev.dtype}", title_justify="left")
     for col in ("M x K x N", "per step", "TFLOP/s", "of peak"):
         t.add_column(col, justify="right")
-    for g in dev["gemms"]:
-        t.add_row(f"{g['m']} x {g['k']} x {g['n']}", str(g["count"]),
-                  f"{g['flops'] / 1e12:.1f}", f"{g['flops'] / dev['peak_flops']:.0%}")
+    for g in dev.gemms:
+        t.add_row(f"{g.m} x {g.k} x {g.n}", str(g.count),
+                  f"{g.flops / 1e12:.1f}", f"{g.flops / dev.peak_flops:.0%}")
     console.print(t)
-    console.print(f"kernel efficiency (FLOP-weighted): {dev['kernel_efficiency']:.3f} of "
-                  f"{dev['peak_flops'] / 1e12:g} TFLOP/s")
-    ar = dev.get("allreduce")
+    console.print(f"kernel efficiency (FLOP-weighted): {dev.kernel_efficiency:.3f} of "
+                  f"{dev.peak_flops / 1e12:g} TFLOP/s")
+    ar = dev.allreduce
     if ar:
-        t = Table(title=f"all-reduce, {ar['world']} processes ({ar['backend']})",
+        t = Table(title=f"all-reduce, {ar.world} processes ({ar.backend})",
                   title_justify="left")
         for col in ("bytes", "median", "bus bandwidth"):
             t.add_column(col, justify="right")
-        for m, s, bw in zip(ar["sizes_bytes"], ar["times_s"], ar["busbw_bytes_per_s"]):
-            t.add_row(f"{m:,}", f"{s * 1e3:.3f} ms", f"{bw / 1e9:.1f} GB/s")
+        for m, s, bw in zip(ar.sizes_bytes, ar.times_s, ar.busbw_bytes_per_s):
+            t.add_row(f"{m:,.0f}", f"{s * 1e3:.3f} ms", f"{bw / 1e9:.1f} GB/s")
         console.print(t)
 
 

@@ -22,6 +22,8 @@ import numpy as np
 from sextant.errors import UserError
 from sextant.paths import DEFAULT_CALIBRATION
 from sextant.planner import efficiency
+from sextant.planner.calibration_doc import Calibration, GemmRate, LoopbackAllReduce
+from sextant.planner.calibration_doc import from_dict as calibration_from_dict
 from sextant.planner.topology import Torus
 from sextant.tomlfile import read_toml
 
@@ -189,7 +191,7 @@ class Catalogue:
     collective_base_latency: float
     """Seconds a collective costs before any byte moves (NCCL baseLat)."""
     path: str
-    calibration: dict[str, Any] | None = field(default=None)
+    calibration: Calibration | None = field(default=None)
 
     def accelerator(self, key: str) -> Accelerator:
         if key not in self.accelerators:
@@ -216,48 +218,56 @@ class Catalogue:
     def price(self, key: str) -> float | None:
         return self.prices.get(key)
 
-    def with_calibration(self, calib: dict[str, Any], *, library: str | None = None) -> Catalogue:
+    def with_calibration(self, calib: Calibration, *, library: str | None = None) -> Catalogue:
         """Fill cpu-local and loopback from a calibration document (see calibrate.py).
         `library` picks that GEMM measurement (e.g. 'torch' for torch runs) when present;
         otherwise the fastest library measured is this machine's peak."""
         accs = dict(self.accelerators)
         links = dict(self.links)
-        host = calib.get("host", {})
-        gemm = calib.get("gemm", {})
-        if library and (gemm.get(library) or {}).get("flops_all_threads"):
+        host = calib.host
+        gemm = dict(calib.gemm)
+        if library and library in gemm and gemm[library].flops_all_threads:
             gemm = {library: gemm[library]}
         best = _best_gemm(gemm)
         if "cpu-local" in accs and best is not None:
             peak_all, peak_one = best
-            cores = int(host.get("cores") or 1)
+            cores = int(host.cores or 1)
             accs["cpu-local"] = replace(
                 accs["cpu-local"],
                 peak_flops={"fp32": peak_all, "bf16": peak_all, "fp16": peak_all},
-                memory_bytes=float(host.get("memory_bytes") or 0) or None,
-                memory_bw=calib.get("memory_bw_bytes_per_s"),
+                memory_bytes=float(host.memory_bytes or 0) or None,
+                memory_bw=calib.memory_bw_bytes_per_s,
                 shared_node=True,
                 devices_per_node=max(cores, 1024),
                 flops_by_threads=((1, peak_one), (cores, peak_all)),
             )
-        fit = calib.get("allreduce")
-        if "loopback" in links and fit and fit.get("beta_s_per_byte"):
+        fit = calib.allreduce
+        if "loopback" in links and fit and fit.beta_s_per_byte:
             # A 2-rank ring all-reduce costs 2(n-1)=2 latency steps and 2(n-1)/n=1 times the
             # bytes over the link: t = 2*latency + bytes/bandwidth (see comms.py).
             links["loopback"] = replace(
                 links["loopback"],
-                bandwidth=1.0 / fit["beta_s_per_byte"],
-                latency=max(fit["alpha_s"], 0.0) / 2.0,
+                bandwidth=1.0 / fit.beta_s_per_byte,
+                latency=max(fit.alpha_s, 0.0) / 2.0,
             )
         return replace(self, accelerators=accs, links=links, calibration=calib)
 
+    def with_loopback_fit(self, alpha_s: float, beta_s_per_byte: float) -> Catalogue:
+        """This calibrated catalogue with the loopback all-reduce fit replaced (a link of
+        another rate, as the report's what-if lines draw it)."""
+        if self.calibration is None:
+            raise UserError("the catalogue is not calibrated: run 'sextant calibrate' first")
+        fit = LoopbackAllReduce(alpha_s=alpha_s, beta_s_per_byte=beta_s_per_byte)
+        return self.with_calibration(replace(self.calibration, allreduce=fit))
 
-def _best_gemm(gemm: dict[str, Any]) -> tuple[float, float] | None:
+
+def _best_gemm(gemm: Mapping[str, GemmRate]) -> tuple[float, float] | None:
     """(all-thread, one-thread) FLOP/s of the faster measured GEMM library."""
     best: tuple[float, float] | None = None
     for entry in gemm.values():
-        if not entry or not entry.get("flops_all_threads"):
+        if not entry.flops_all_threads:
             continue
-        pair = (float(entry["flops_all_threads"]), float(entry.get("flops_1_thread") or 0))
+        pair = (float(entry.flops_all_threads), float(entry.flops_1_thread or 0))
         if best is None or pair[0] > best[0]:
             best = pair
     if best is not None and best[1] <= 0:
@@ -327,14 +337,12 @@ def load_catalogue(
     return cat
 
 
-def read_calibration(path: str | Path) -> dict[str, Any]:
+def read_calibration(path: str | Path) -> Calibration:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read calibration {path}: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != 1:
-        raise UserError(f"{path} is not a sextant calibration file (schema 1)")
-    return data
+    return calibration_from_dict(data, str(path))
 
 
 def _number(where: str, raw: Table, key: str) -> float | None:

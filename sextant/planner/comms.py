@@ -41,6 +41,7 @@ from sextant.measure.collective_table import DP_SCHEDULES as DP_SCHEDULES
 from sextant.measure.collective_table import bus_factor
 from sextant.measure.collective_table import dp_bytes_sent as dp_bytes_sent
 from sextant.measure.collective_table import dp_collectives as dp_collectives
+from sextant.planner.memory import model_of
 
 TREE_BW_FACTOR = 0.9  # NCCL tuning.cc: busBw *= .9 for Tree
 
@@ -190,21 +191,15 @@ def p2p(m, bw, lat, call=0.0, ramp=None):
 
 
 # --- gradient buckets ------------------------------------------------------------------------
-DP_BUCKET_DEFAULTS = {
-    "torch": ("bytes", 25 * 2**20),
-    "deepspeed": ("elements", 5e8),
-}
-"""Framework defaults for the data-parallel gradient bucket, by memory model: torch DDP's
-bucket_cap_mb = 25 (torch.nn.parallel.DistributedDataParallel signature), DeepSpeed's
-zero_optimization.reduce_bucket_size = 5e8 elements (deepspeed/runtime/zero/config.py:
-"Number of elements reduced/allreduced at a time"). 'zero' and 'megatron' reduce the whole
-contiguous gradient buffer in one call (Megatron-LM's DDP over its grad buffer; the ZeRO
-paper's accounting)."""
-
-
 def dp_bucket_bytes(memory_model: str, override: float | None, grad_bytes_per_elem: float):
-    """Bytes per gradient bucket (0: one call over the whole buffer)."""
+    """Bytes per gradient bucket (0: one call over the whole buffer): the override, else the
+    memory model's default (MemoryModel.dp_bucket_bytes / dp_bucket_elements: torch DDP's
+    bucket_cap_mb = 25, torch.nn.parallel.DistributedDataParallel's signature; DeepSpeed's
+    zero_optimization.reduce_bucket_size = 5e8 elements, deepspeed/runtime/zero/config.py:
+    "Number of elements reduced/allreduced at a time"; 'zero' and 'megatron' reduce the whole
+    contiguous gradient buffer in one call, Megatron-LM's DDP over its grad buffer and the
+    ZeRO paper's accounting)."""
     if override is not None:
         return float(override)
-    unit, size = DP_BUCKET_DEFAULTS.get(memory_model, ("bytes", 0.0))
-    return float(size) * (grad_bytes_per_elem if unit == "elements" else 1.0)
+    model = model_of(memory_model)
+    return float(model.dp_bucket_bytes) + float(model.dp_bucket_elements) * grad_bytes_per_elem

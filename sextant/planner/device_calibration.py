@@ -31,10 +31,18 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sextant.errors import RunFailed, UserError
+from sextant.planner.calibration_doc import (
+    Calibration,
+    DeviceAllReduce,
+    DeviceGemm,
+    DeviceSection,
+)
 from sextant.planner.models import ModelCost
 
 DEVICES = ("gpu", "cpu")
@@ -114,8 +122,18 @@ def gemm_shapes(cost: ModelCost, tokens: int, tp: int = 1) -> list[tuple[int, in
     return [(m_, k_, n_, c) for (m_, k_, n_), c in found.items()]
 
 
+@dataclass(frozen=True, slots=True)
+class MeasuredGemms:
+    """The products of one child process, with the device it ran on."""
+
+    device_name: str
+    device_count: int
+    torch: str
+    gemms: tuple[DeviceGemm, ...]
+
+
 def measure_gemms(shapes: list[tuple[int, int, int, int]], *, device: str, dtype: str,
-                  timeout: float) -> dict[str, Any]:
+                  timeout: float) -> MeasuredGemms:
     """Time each product in one child process on `device` ('cuda' or 'cpu')."""
     unique = [[m, k, n] for m, k, n, _ in shapes]
     try:
@@ -129,17 +147,23 @@ def measure_gemms(shapes: list[tuple[int, int, int, int]], *, device: str, dtype
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         raise RunFailed(f"GEMM shape measurement on {device} failed: {tail[0]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    gemms = []
     for row, (_, _, _, count) in zip(out["gemms"], shapes):
-        row["count"] = count
-        row["flops"] = 2.0 * row["m"] * row["k"] * row["n"] / row["seconds_best"]
-    return dict(out)
+        m, k, n, best = int(row["m"]), int(row["k"]), int(row["n"]), float(row["seconds_best"])
+        gemms.append(DeviceGemm(
+            m=m, k=k, n=n, count=count, seconds_best=best, flops=2.0 * m * k * n / best,
+            extra={key: v for key, v in row.items() if key not in ("m", "k", "n",
+                                                                   "seconds_best")}))
+    return MeasuredGemms(device_name=str(out["device_name"]),
+                         device_count=int(out["device_count"]), torch=str(out["torch"]),
+                         gemms=tuple(gemms))
 
 
-def kernel_efficiency(gemms: list[dict[str, Any]], peak: float) -> float:
+def kernel_efficiency(gemms: Sequence[DeviceGemm], peak: float) -> float:
     """The FLOP-weighted rate of the measured products over `peak`: the step's GEMM FLOPs
     over the time they took, as a fraction of the dense peak."""
-    flops = sum(g["count"] * 2.0 * g["m"] * g["k"] * g["n"] for g in gemms)
-    seconds = sum(g["count"] * g["seconds_best"] for g in gemms)
+    flops = sum(g.count * 2.0 * g.m * g.k * g.n for g in gemms)
+    seconds = sum(g.count * g.seconds_best for g in gemms)
     if seconds <= 0 or peak <= 0:
         raise UserError("no GEMM time measured: nothing to compute an efficiency from")
     return flops / seconds / peak
@@ -157,7 +181,7 @@ def collective_sizes(max_bytes: int) -> list[int]:
 
 
 def measure_bus_bandwidth(*, world: int, device: str, max_bytes: int,
-                          timeout: float) -> dict[str, Any]:
+                          timeout: float) -> DeviceAllReduce:
     """All-reduce medians and bus bandwidths between `world` processes, one per device
     (NCCL on 'cuda', gloo on 'cpu'), on this host."""
     from sextant.launch.hosts import private_loopback
@@ -180,16 +204,17 @@ def measure_bus_bandwidth(*, world: int, device: str, max_bytes: int,
             world, timeout=timeout, what="all-reduce worker", placement=where)
         data = json.loads(out.read_text())
     factor = 2.0 * (world - 1) / world
-    data["busbw_bytes_per_s"] = [factor * s / t for s, t in zip(data["sizes_bytes"],
-                                                                 data["times_s"])]
-    data["plateau_busbw_bytes_per_s"] = data["busbw_bytes_per_s"][-1]
-    return data
+    sizes_b, times = tuple(map(float, data["sizes_bytes"])), tuple(map(float, data["times_s"]))
+    busbw = tuple(factor * s / t for s, t in zip(sizes_b, times))
+    return DeviceAllReduce(world=int(data["world"]), backend=str(data["backend"]),
+                           sizes_bytes=sizes_b, times_s=times, busbw_bytes_per_s=busbw,
+                           plateau_busbw_bytes_per_s=busbw[-1])
 
 
 def calibrate_device(*, cost: ModelCost, tokens: int, tp: int = 1, device: str = "gpu",
                      accelerator: Any = None, peak: float | None = None,
                      world: int | None = None, max_bytes: int = 1 << 30,
-                     timeout: float = 600.0, say=None) -> dict[str, Any]:
+                     timeout: float = 600.0, say=None) -> DeviceSection:
     """The device section of a calibration document: the GEMMs of `cost` at `tokens` tokens
     per micro-batch (tp-way split), their kernel efficiency against `peak` (the catalogue
     accelerator's 16-bit peak on a GPU, given explicitly on a CPU) and, with two or more
@@ -203,38 +228,29 @@ def calibrate_device(*, cost: ModelCost, tokens: int, tp: int = 1, device: str =
     started = time.perf_counter()
     measured = measure_gemms(shapes, device=torch_device, dtype=dtype, timeout=timeout)
     if device == "gpu" and accelerator is None:
-        accelerator = _catalogued(measured["device_name"])
+        accelerator = _catalogued(measured.device_name)
     if peak is None:
         if accelerator is None:
             raise UserError("the peak to compare with is unknown: give an accelerator")
         peak = accelerator.peak(dtype)
     key = accelerator.key if accelerator is not None else None
-    doc: dict[str, Any] = {
-        "device": device,
-        "accelerator": key,
-        "device_name": measured["device_name"],
-        "device_count": measured["device_count"],
-        "torch": measured["torch"],
-        "dtype": dtype,
-        "workload": cost.name,
-        "tokens": tokens,
-        "tp": tp,
-        "peak_flops": peak,
-        "gemms": measured["gemms"],
-        "kernel_efficiency": kernel_efficiency(measured["gemms"], peak),
-        "allreduce": None,
-        "notes": [],
-    }
-    n = world if world is not None else measured["device_count"]
+    n = world if world is not None else measured.device_count
+    allreduce: DeviceAllReduce | None = None
+    notes: tuple[str, ...] = ()
     if n >= 2:
         say(f"all-reduce between {n} {'GPUs (NCCL)' if device == 'gpu' else 'gloo processes'}")
-        doc["allreduce"] = measure_bus_bandwidth(world=n, device=torch_device,
-                                                 max_bytes=max_bytes, timeout=timeout)
+        allreduce = measure_bus_bandwidth(world=n, device=torch_device, max_bytes=max_bytes,
+                                          timeout=timeout)
     else:
-        doc["notes"].append("one device: no collective to measure (the catalogue's bus "
-                            "bandwidth stays)")
-    doc["seconds"] = time.perf_counter() - started
-    return doc
+        notes = ("one device: no collective to measure (the catalogue's bus bandwidth "
+                 "stays)",)
+    return DeviceSection(
+        device=device, accelerator=key, device_name=measured.device_name,
+        device_count=measured.device_count, torch=measured.torch, dtype=dtype,
+        workload=cost.name, tokens=tokens, tp=tp, peak_flops=peak, gemms=measured.gemms,
+        kernel_efficiency=kernel_efficiency(measured.gemms, peak), allreduce=allreduce,
+        notes=notes, seconds=time.perf_counter() - started,
+    )
 
 
 def _catalogued(device_name: str) -> Any:
@@ -247,10 +263,10 @@ def _catalogued(device_name: str) -> Any:
     return load_catalogue(calibration=None).accelerator(key)
 
 
-def measured_for(calibration: dict[str, Any] | None, accelerator: str) -> dict[str, Any] | None:
+def measured_for(calibration: Calibration | None, accelerator: str) -> DeviceSection | None:
     """The device section of a calibration document when it was measured on `accelerator`."""
-    section = (calibration or {}).get("device")
-    if not isinstance(section, dict) or section.get("accelerator") != accelerator:
+    section = None if calibration is None else calibration.device
+    if section is None or section.accelerator != accelerator:
         return None
     return section
 

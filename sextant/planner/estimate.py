@@ -55,6 +55,7 @@ from sextant.planner.evaluation import (
     sum_parts,
     tree_map,
 )
+from sextant.planner.finetune import adapted
 from sextant.planner.layout import KNOBS, OFFLOAD, RECOMPUTE, Layout, check_layout
 from sextant.planner.models import ModelCost
 from sextant.planner.options import PlanOptions, with_options
@@ -115,6 +116,7 @@ def _evaluate(
 ) -> Evaluation:
     """The fold: each term of terms.py over one LayoutContext, gathered into named parts.
     The step is the parts' sum in this order."""
+    cost = adapted(cost, opts.finetune, opts.precision)
     c = layout_context(cost, hw, opts, lay)
     lk = links(c)
     mem = memory_term(c)

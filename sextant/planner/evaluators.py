@@ -20,6 +20,7 @@ from sextant.planner import comms
 from sextant.planner.catalogue import Catalogue, Link, Table, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.evaluation import Evaluation
+from sextant.planner.finetune import FineTune, adapted
 from sextant.planner.memory import model_state_bytes, transient_param_bytes
 from sextant.planner.models import ModelCost, TransformerShape, megatron_gpt, preset
 from sextant.planner.profiles import default_stack, profile
@@ -136,6 +137,20 @@ def model_states_on_device_gb(
     return float(states["total"] + extra) / 1e9
 
 
+@evaluator
+def lora_states_gb(*, model: str | Table, rank: int, targets: list[str], base_dtype: str,
+                   part: str = "states") -> float:
+    """LoRA's model states over the whole job, GB: the frozen base's weights in its dtype
+    plus the adapters' weights, gradients and optimizer state (mixed-precision Adam, K = 12;
+    finetune.py). `part` "checkpoint": the adapters alone, saved in the base's dtype."""
+    ft = FineTune(method="lora", rank=rank, targets=tuple(targets), base_dtype=base_dtype)
+    cost = adapted(_shape(model).cost(), ft, "bf16")
+    if part == "checkpoint":
+        return cost.adapter_params * cost.frozen_bytes / 1e9
+    return (cost.total_params * cost.frozen_bytes
+            + float(model_state_bytes(cost.adapter_params)["total"])) / 1e9
+
+
 # --- Megatron-LM on Selene ----------------------------------------------------------------------
 
 
@@ -241,7 +256,10 @@ def _options(batch: int, options: Table, accelerator: str) -> PlanOptions:
     accelerator's default (default_stack: maxtext on a TPU), `elementwise` ("fused" or
     "eager") overrides its elementwise kernels; the kernel efficiency the
     accelerator's published GEMM rate where it has one (Accelerator.kernel_efficiency)."""
-    rest = {k: v for k, v in _fields(options).items() if k not in ("stack", "elementwise")}
+    rest = {k: v for k, v in _fields(options).items()
+            if k not in ("stack", "elementwise", "finetune")}
+    if "finetune" in options:
+        rest["finetune"] = _finetune(options["finetune"])
     acc = _cat().accelerator(accelerator)
     rest.setdefault("compute_efficiency", acc.kernel_efficiency)
     name = str(options.get("stack") or default_stack(acc))
@@ -249,6 +267,14 @@ def _options(batch: int, options: Table, accelerator: str) -> PlanOptions:
     stack = profile(name).with_overrides(
         fused_elementwise=None if elementwise is None else elementwise == "fused")
     return PlanOptions(global_batch=batch, stack=stack, **rest)
+
+
+def _finetune(spec: Any) -> FineTune:
+    """A record's `finetune` table (FineTune's fields, `targets` a list)."""
+    values = _fields(spec)
+    if "targets" in values:
+        values["targets"] = tuple(values["targets"])
+    return FineTune(**values)
 
 
 def _hardware(accelerator: str, network: str, opts: PlanOptions, overrides: Table):
@@ -291,6 +317,8 @@ def _figure(f: Evaluation, figure: str, devices: int, cost: ModelCost | None = N
         return float(f.tokens_per_s) / devices
     if figure == "memory_gib":
         return float(f.memory) / 2**30
+    if figure == "memory_gb":
+        return float(f.memory) / 1e9
     if figure in ("mfu_maxtext_2023", "mfu_maxtext_2024") and cost is not None:
         attention = cost.attention_flops_per_token
         if figure == "mfu_maxtext_2024":
@@ -299,7 +327,7 @@ def _figure(f: Evaluation, figure: str, devices: int, cost: ModelCost | None = N
         return float(f.mfu) * flops / cost.model_flops_per_token
     if figure not in FIGURES:
         allowed = ", ".join(sorted([*FIGURES, *MFU_CONVENTIONS, "tokens_per_s_per_device",
-                                    "memory_gib"]))
+                                    "memory_gib", "memory_gb"]))
         raise UserError(f"unknown figure {figure!r}; allowed: {allowed}")
     return float(getattr(f, figure))
 

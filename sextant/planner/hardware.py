@@ -83,11 +83,11 @@ def resolve_hardware(
 
 
 def head_flops_per_token(cost: ModelCost) -> float:
-    """FLOPs of a transformer's output projection per token, forward and backward (6 V h);
-    0 for other families."""
+    """FLOPs of a transformer's output projection per token, forward and backward (6 V h;
+    4 V h when it is frozen: no weight gradient); 0 for other families."""
     if cost.family != "transformer":
         return 0.0
-    return 6.0 * (cost.logits_bytes_per_token / 4.0) * cost.hidden
+    return (4.0 + 2.0 * cost.weight_grad_passes) * (cost.logits_bytes_per_token / 4.0) * cost.hidden
 
 
 def attention_kernel(acc: Accelerator, opts: PlanOptions) -> tuple[str, float] | None:

@@ -20,7 +20,7 @@ from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_
 from sextant.planner.evaluation import Evaluation
 from sextant.planner.models import MLPShape, TransformerShape
 from sextant.planner.workload_shapes import shape_from_workload
-from sextant.strategy import ZERO_STAGE
+from sextant.strategy import ZERO_STAGE, ParallelDims
 
 if TYPE_CHECKING:
     from sextant.results.record import RunRecord
@@ -44,15 +44,21 @@ def load_machine(calibration: str | Path | None = None,
     return None
 
 
-def layout_for(parallel: str, workers: int, global_batch: int) -> Layout | None:
-    """The planner layout of a sextant strategy, or None when the planner does not model it
-    (e.g. parameter servers) or the batch does not split evenly."""
-    if parallel == "single" or workers == 1:
+def layout_for(dims: ParallelDims, global_batch: int) -> Layout | None:
+    """The planner layout of a run's parallel dims (Strategy.dims()), or None when the planner
+    does not model it here (parameter servers, tensor- or pipeline-parallel runs) or the batch
+    does not split evenly over the replicas."""
+    if dims.devices == 1:
         return Layout(dp=1, mbs=global_batch)
-    zero = ZERO_STAGE.get(parallel)
-    if zero is None or global_batch % workers:
+    if dims.zero is None or dims.tp > 1 or dims.pp > 1 or global_batch % dims.dp:
         return None
-    return Layout(dp=workers, zero=zero, mbs=global_batch // workers)
+    return Layout(dp=dims.dp, zero=dims.zero, mbs=global_batch // dims.dp)
+
+
+def replicas_of(parallel: str, n: int) -> ParallelDims:
+    """The dims of `n` data-parallel replicas of `parallel` (a scaling series' points)."""
+    return ParallelDims(dp=n, tp=1, pp=1, zero=ZERO_STAGE.get(parallel), sp=False,
+                        microbatches=1, grad_accum=1, ps=0)
 
 
 def precision_of(run: RunRecord) -> str:
@@ -112,7 +118,7 @@ def predict_scaling(cat: Catalogue, single_run: RunRecord, parallel: str,
     tokens_per_step = shape.global_batch * shape.cost(flash_attention=False).tokens_per_sample
     points = []
     for n in sorted(set(workers)):
-        layout = layout_for(parallel, n, shape.global_batch)
+        layout = layout_for(replicas_of(parallel, n), shape.global_batch)
         if layout is None:
             continue
         f = figures(cat, framework, shape, layout, precision, efficiency)

@@ -17,7 +17,8 @@ gradients, stage 3 also the parameters (FSDP FULL_SHARD is stage 3; SHARD_GRAD_O
     stage 3:       (2 + 2 + K) * Psi / N_d
 
 That is the memory model "zero" (the default, exact against the paper). What frameworks
-allocate differs, and `--memory-model` picks it (MEMORY_MODELS below, each with its source):
+allocate differs, and `--memory-model` picks it (profiles.toml [memory_models.*],
+loaded into MemoryModel records, each with its source):
 
     megatron   Megatron-LM distributed optimizer (= stage 1): bf16 parameters 2 and fp32 main
                gradients 4 replicated, fp32 master weights + Adam moments 12 / N_d, i.e. the
@@ -40,6 +41,11 @@ parameters too. Host memory per node is the per-device host bytes times the devi
 
 from __future__ import annotations
 
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from sextant.errors import UserError
@@ -52,24 +58,98 @@ STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("fp32", "sgd"): (4, 4, 4),  # momentum
 }
 OPTIMIZERS = ("adam", "sgd")
-MEMORY_MODELS = ("zero", "megatron", "deepspeed", "torch")
-MEMORY_MODEL_SOURCES = {
-    "zero": "Rajbhandari et al. 2020 (ZeRO) §3.1, §5: 2 + 2 + K bytes, K = 12",
-    "megatron": "Megatron-Core developer guide, Distributed Optimizer: bytes per parameter "
-    "18 / 6 + 12/d (bf16 params, fp32 grads), 20 / 4 + 16/d (fp16), 16 / 8 + 8/d (fp32)",
-    "deepspeed": "DeepSpeed runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs "
-    "and stage3.py estimate_zero3_model_states_mem_needs",
-    "torch": "torch.distributed.fsdp.MixedPrecisionPolicy / torch.autocast: fp32 sharded "
-    "parameters and gradients, 16-bit copies gathered for compute; DDP "
-    "gradient_as_bucket_view=False keeps bucket copies of the gradients",
-}
-# Bytes per parameter on the wire: (gradient reduction, parameter all-gather).
-COMM_BYTES = {
-    "zero": (2, 2),  # fp16 gradients and parameters (ZeRO §7)
-    "megatron": (4, 2),  # fp32 main-gradient reduce-scatter, bf16 parameter all-gather
-    "deepspeed": (2, 2),
-    "torch": (4, 2),  # reduce_dtype fp32 (torchtitan's default), param_dtype bf16
-}
+DATA = Path(__file__).with_name("profiles.toml")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class MemoryModel:
+    """A stack's allocation per parameter, as data (profiles.toml [memory_models.*]): what
+    each function below reads instead of branching on the model's name."""
+
+    name: str
+    source: str
+    bf16: tuple[float, float, float]
+    """Mixed precision with bf16: (parameter, gradient, optimizer extra) bytes; the extra is
+    added to the optimizer's own state (STATE_BYTES): -4 where the fp32 parameters are the
+    master copy, +4 where an fp32 gradient partition is counted with the optimizer."""
+    fp16: tuple[float, float, float]
+    """The same with fp16."""
+    comm_bytes: tuple[float, float]
+    """Mixed precision: bytes per parameter of the gradient reduction and of the parameter
+    all-gather on the wire (fp32 training moves 4 and 4)."""
+    param_shard_stage: int = 3
+    """The ZeRO stage from which parameters are sharded at rest (FSDP2 shards them from
+    SHARD_GRAD_OP, 2)."""
+    grad_shard_stage: int = 2
+    """The stage from which the kept gradients are sharded (DeepSpeed's estimators keep the
+    16-bit gradients whole in stages 1-2: 3)."""
+    grads_beside_stage3: bool = True
+    """Whether 16-bit gradients are kept apart at stage 3 (DeepSpeed's estimators: no, the
+    fp32 partition is in the optimizer's 16 bytes)."""
+    host_grad_partition: bool = True
+    """With optimizer offload, an fp32 gradient partition in host memory (ZeRO-Offload);
+    DeepSpeed's estimators count it in the optimizer's bytes already."""
+    gathered_layers: float = 2.0
+    """ZeRO-3 / FSDP: layers gathered whole in the compute dtype (one, and the next
+    prefetched)."""
+    gathered_largest_module_copies: float = 0.0
+    """ZeRO-3: copies (parameters, gradients) of the largest module kept whole in the compute
+    dtype (DeepSpeed's estimators: 2)."""
+    stage2_keeps_gathered: bool = False
+    """SHARD_GRAD_OP (stage 2) keeps every gathered layer from forward to backward (FSDP)."""
+    root_unit_gathered: bool = False
+    """FSDP2's root unit (embedding, final norm, output projection) gathered whole at
+    ZeRO-3 (root_unit_bytes)."""
+    loss_factor: float = 1.0
+    loss_factor_tp: float = 1.0
+    """The loss's peak logits bytes over Korthikanti's fp32 logits, without and with
+    tensor parallelism (loss_bytes_factor)."""
+    ddp_bucket_copy_bytes: float = 0.0
+    """Bytes per gradient element DDP's buckets copy at stages 0-1 (torch's
+    gradient_as_bucket_view=False: 4); 0: none."""
+    dp_bucket_bytes: float = 0.0
+    dp_bucket_elements: float = 0.0
+    """The stack's default gradient bucket, in bytes or in elements (comms.dp_bucket_bytes);
+    both 0: one call over the whole buffer."""
+    dp_schedule: str = "zero"
+    """The data-parallel schedule a profile takes when `--memory-model` selects this one."""
+    note: str = ""
+    """What a plan under this model says about its memory figure (empty: nothing)."""
+
+
+def _load(path: Path = DATA) -> dict[str, MemoryModel]:
+    allowed = {f.name for f in fields(MemoryModel)} - {"name"}
+    with path.open("rb") as fh:
+        raw = tomllib.load(fh).get("memory_models")
+    if not isinstance(raw, dict) or not raw:
+        raise UserError(f"{path}: expected [memory_models.*] tables")
+    out = {}
+    for name, table in raw.items():
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise UserError(f"{path} [memory_models.{name}]: unknown keys {unknown}; "
+                            f"allowed: {', '.join(sorted(allowed))}")
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in table.items()}
+        out[name] = MemoryModel(name=name, **values)
+    return out
+
+
+MODELS: dict[str, MemoryModel] = _load()
+"""Every memory model (profiles.toml), loaded once."""
+MEMORY_MODELS = tuple(MODELS)
+MEMORY_MODEL_SOURCES = {name: m.source for name, m in MODELS.items()}
+
+
+def model_of(model: str | MemoryModel) -> MemoryModel:
+    """The record of a memory model given by name (`--memory-model`, a profile's field)."""
+    if isinstance(model, MemoryModel):
+        return model
+    if model not in MODELS:
+        raise UserError(
+            f"unknown memory model {model!r}; allowed: {', '.join(MEMORY_MODELS)}"
+        )
+    return MODELS[model]
 
 
 def _kind(precision: str) -> str:
@@ -79,33 +159,27 @@ def _kind(precision: str) -> str:
 
 
 def state_bytes(
-    precision: str, optimizer: str = "adam", memory_model: str = "zero"
-) -> tuple[int, int, int]:
-    """(param, grad, optimizer) bytes per parameter; 'bf16' and 'fp16' are mixed precision.
-    For 'megatron' with fp16 the fp32 main gradients (4) are counted in the optimizer part,
-    since the distributed optimizer shards them (its table's 4 + 16/d)."""
+    precision: str, optimizer: str = "adam", memory_model: str | MemoryModel = "zero"
+) -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per parameter; 'bf16' and 'fp16' are mixed precision
+    (the model's `bf16` and `fp16` rows; 'mixed' reads as bf16)."""
     kind = _kind(precision)
     if optimizer not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
-    if memory_model not in MEMORY_MODELS:
-        raise UserError(
-            f"unknown memory model {memory_model!r}; allowed: {', '.join(MEMORY_MODELS)}"
-        )
+    model = model_of(memory_model)
     pb, gb, ob = STATE_BYTES[(kind, optimizer)]
-    if memory_model == "megatron" and kind == "mixed":
-        return (2, 4, ob) if precision != "fp16" else (2, 2, ob + 4)
-    if memory_model == "torch" and kind == "mixed":
-        return (4, 4, ob - 4)  # fp32 parameters are the master copy
-    if memory_model == "deepspeed" and kind == "mixed":
-        return (2, 2, ob + 4)  # + the fp32 gradient partition the optimizer steps on
-    return (pb, gb, ob)
+    if kind == "fp32":
+        return (pb, gb, ob)
+    p, g, extra = model.fp16 if precision == "fp16" else model.bf16
+    return (p, g, ob + extra)
 
 
-def comm_bytes(precision: str, memory_model: str = "zero") -> tuple[int, int]:
+def comm_bytes(precision: str, memory_model: str | MemoryModel = "zero") -> tuple[float, float]:
     """(gradient, parameter) bytes per parameter that the collectives move."""
     if _kind(precision) == "fp32":
         return (4, 4)
-    return COMM_BYTES[memory_model]
+    return model_of(memory_model).comm_bytes
+
 
 
 def state_coefficients(
@@ -115,27 +189,24 @@ def state_coefficients(
     precision: str = "bf16",
     optimizer: str = "adam",
     offload=0,
-    memory_model: str = "zero",
+    memory_model: str | MemoryModel = "zero",
 ) -> dict[str, np.ndarray]:
     """Per-parameter bytes of each model-state component on one device (and in host memory),
     after ZeRO sharding over `dp` ranks and offload. Multiply by the parameters the device
     holds before data-parallel sharding to get bytes (model_state_bytes)."""
-    pb, gb, ob = state_bytes(precision, optimizer, memory_model)
+    model = model_of(memory_model)
+    pb, gb, ob = state_bytes(precision, optimizer, model)
     dp = np.asarray(dp, dtype=np.float64)
     zero = np.asarray(zero)
     offload = np.asarray(offload)
     inv = 1.0 / dp
-    shard_p = zero >= 3
-    shard_g = zero >= 2
-    host_grads = 4.0 * np.where(zero >= 1, inv, 1.0)  # fp32 gradient partition (CPU Adam)
-    if memory_model == "deepspeed":
-        # Its estimators: fp16 gradients whole in stages 1-2 (the "4 P"), none kept apart in
-        # stage 3 (the "18 P / N_d"); the fp32 partition is already in the optimizer's 16.
-        shard_g = zero >= 3
+    shard_p = zero >= model.param_shard_stage
+    shard_g = zero >= model.grad_shard_stage
+    # The fp32 gradient partition CPU Adam steps on, where the model keeps it apart.
+    host_grads = (4.0 * np.where(zero >= 1, inv, 1.0) if model.host_grad_partition
+                  else 0.0)
+    if not model.grads_beside_stage3:
         gb = np.where(zero >= 3, 0.0, gb)
-        host_grads = 0.0
-    if memory_model == "torch":
-        shard_p = zero >= 2  # FSDP2 shards parameters at rest in SHARD_GRAD_OP too
     p = pb * np.where(shard_p, inv, 1.0)
     g = gb * np.where(shard_g, inv, 1.0)
     o = ob * np.where(zero >= 1, inv, 1.0)
@@ -154,7 +225,7 @@ def model_state_bytes(
     precision: str = "bf16",
     optimizer: str = "adam",
     offload=0,
-    memory_model: str = "zero",
+    memory_model: str | MemoryModel = "zero",
 ) -> dict[str, np.ndarray]:
     """Per-device bytes of parameters, gradients and optimizer state (ZeRO §5).
 
@@ -174,20 +245,21 @@ def model_state_bytes(
     return out
 
 
-def root_unit_bytes(root_params, zero, *, precision: str = "bf16", memory_model: str = "zero"):
+def root_unit_bytes(root_params, zero, *, precision: str = "bf16",
+                    memory_model: str | MemoryModel = "zero"):
     """FSDP2's root unit, unsharded ("torch" model, ZeRO-3): torchtitan wraps each block in
     its own `fully_shard` and the rest (embedding, final norm, output projection) in the
     root's, whose parameters are gathered whole in the compute dtype when the backward starts,
     the moment the loss's logits peak (torch's `fully_shard`: "we usually set False for the
     root module, because the root module is typically required immediately when the backward
     pass begins"). Per stage: the root parameters that stage holds, over tp."""
-    if memory_model != "torch":
+    if not model_of(memory_model).root_unit_gathered:
         return np.zeros_like(np.asarray(zero, dtype=np.float64))
     compute = 4.0 if _kind(precision) == "fp32" else 2.0
     return np.where(np.asarray(zero) >= 3, compute * np.asarray(root_params, np.float64), 0.0)
 
 
-def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16", tp=1):
+def loss_bytes_factor(memory_model: str | MemoryModel = "zero", precision: str = "bf16", tp=1):
     """The loss's peak logits bytes over Korthikanti's fp32 logits (4 s b V, §4.3).
 
     "torch": PyTorch's cross-entropy as torchtitan calls it
@@ -203,11 +275,10 @@ def loss_bytes_factor(memory_model: str = "zero", precision: str = "bf16", tp=1)
     the saved log-softmax, the zeroed gradient, the sum and the product: 16 bytes a logit of
     its vocabulary shard, 4 times Korthikanti's. Both measured: benchmarks/loss_memory.py.
     Fused losses (Megatron's vocab-parallel cross-entropy, the others): 1."""
-    if memory_model != "torch":
-        return 1.0
+    model = model_of(memory_model)
     if np.ndim(tp) == 0:
-        return 4.0 if tp > 1 else 3.0
-    return np.where(np.asarray(tp) > 1, 4.0, 3.0)
+        return model.loss_factor_tp if tp > 1 else model.loss_factor
+    return np.where(np.asarray(tp) > 1, model.loss_factor_tp, model.loss_factor)
 
 
 def transient_param_bytes(
@@ -216,7 +287,7 @@ def transient_param_bytes(
     zero,
     *,
     precision: str = "bf16",
-    memory_model: str = "zero",
+    memory_model: str | MemoryModel = "zero",
     largest_module_params=0.0,
 ):
     """Bytes of parameters (and gradients) materialised whole for compute beyond the states.
@@ -227,27 +298,27 @@ def transient_param_bytes(
     gradients: 4 bytes per parameter of that module. With the "torch" model, SHARD_GRAD_OP
     (zero 2) keeps every gathered layer from forward to backward.
     """
+    model = model_of(memory_model)
     zero = np.asarray(zero)
     lps = np.asarray(layers_on_device, dtype=np.float64)
     compute = 4.0 if _kind(precision) == "fp32" else 2.0
-    if memory_model == "deepspeed":
-        z3 = 2.0 * compute * np.asarray(largest_module_params, dtype=np.float64) * np.ones_like(lps)
-    else:
-        z3 = np.minimum(2.0, lps) * layer_params * compute
+    z3 = (np.minimum(model.gathered_layers, lps) * layer_params * compute
+          + model.gathered_largest_module_copies * compute
+          * np.asarray(largest_module_params, dtype=np.float64) * np.ones_like(lps))
     out = np.where(zero >= 3, z3, 0.0)
-    if memory_model == "torch":
+    if model.stage2_keeps_gathered:
         out = np.where(zero == 2, lps * layer_params * compute, out)
     return out
 
 
-def buffer_bytes(grad_params, zero, *, precision: str = "bf16", memory_model: str = "zero"):
+def buffer_bytes(grad_params, zero, *, precision: str = "bf16",
+                 memory_model: str | MemoryModel = "zero"):
     """Communication buffers: DDP's gradient buckets, a copy of every gradient unless
-    gradient_as_bucket_view=True ("torch" model, stage 0 and 1, which run DDP)."""
+    gradient_as_bucket_view=True (MemoryModel.ddp_bucket_copy_bytes, stages 0 and 1, which
+    run DDP)."""
     zero = np.asarray(zero)
-    if memory_model != "torch":
-        return np.zeros_like(np.asarray(grad_params, dtype=np.float64) * zero)
-    gb = 4.0
-    return np.where(zero <= 1, gb * np.asarray(grad_params, dtype=np.float64), 0.0)
+    copy = model_of(memory_model).ddp_bucket_copy_bytes
+    return np.where(zero <= 1, copy * np.asarray(grad_params, dtype=np.float64), 0.0)
 
 
 def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=1.0,

@@ -305,6 +305,31 @@ class TransformerShape:
             + self.final_norm_params()
         )
 
+    def _lora_matrices(self) -> tuple[tuple[str, float], ...]:
+        """(projection, in + out per layer) for each projection LoRA may target (ModelCost.
+        lora_matrices): PEFT's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and
+        down_proj, every expert's MLP counted; with MLA, q the query projections, k and v
+        the key and value up-projections. A GPT MLP has no gate."""
+        h, nh = self.d_model, self.n_heads
+        fe = self.moe_d_ff or self.d_ff
+        # MLP matrices per layer, the mean over the layers when the first ones are dense.
+        mlps = ((self.moe_layers * (self.n_experts + self.n_shared_experts) * (h + fe)
+                 + self.n_dense_layers * (h + self.d_ff)) / self.n_layers
+                if self.n_experts else float(h + self.d_ff))
+        if self.mla:
+            q = (float(h + self.q_lora_rank + self.q_lora_rank + nh * self.qk_dim)
+                 if self.q_lora_rank else float(h + nh * self.qk_dim))
+            k = float(self.kv_lora_rank + nh * self.hd)
+            v = float(self.kv_lora_rank + nh * self.v_dim)
+            o = float(nh * self.v_dim + h)
+        else:
+            q, kv = float(h + nh * self.hd), float(h + self.n_kv_heads * self.hd)
+            k, v, o = kv, kv, float(nh * self.hd + h)
+        out = [("q", q), ("k", k), ("v", v), ("o", o)]
+        if self.gated_mlp:
+            out.append(("gate", mlps))
+        return tuple(out + [("up", mlps), ("down", mlps)])
+
     def describe(self) -> str:
         kv = f", {self.n_kv_heads} kv heads" if self.n_kv_heads != self.n_heads else ""
         return (
@@ -441,6 +466,7 @@ class TransformerShape:
                 max(self.vocab_size * h, h * q, h * f)  # separate Q/K/V, gate/up (HF layout)
             ),
             layer_tensors=tuple(float(x) for x in self.layer_tensors()),
+            lora_matrices=self._lora_matrices(),
             gemms=(
                 (float(h), float(q + 2 * kv), True),
                 (float(q), float(h), False),
@@ -579,6 +605,21 @@ class ModelCost:
     """Matrix multiplies of one layer as (K, M, column_parallel): a token's row of K values
     times a K x M weight. Tensor parallelism splits M of a column-parallel GEMM (QKV, MLP in)
     and K of a row-parallel one (attention output, MLP out), Shoeybi et al. 2019 §3."""
+    lora_matrices: tuple[tuple[str, float], ...] = ()
+    """The projections a LoRA adapter may target (q, k, v, o, gate, up, down) as
+    (name, in + out summed over that projection's matrices in one layer, the mean over the
+    layers): an adapter of rank r on it holds r x that many parameters per layer. Empty: the
+    model has no such projections (an MLP)."""
+    trainable_share: float = 1.0
+    """Parameters that train (gradients, optimizer state) over the parameters held: 1, or
+    under LoRA the adapters over the base (finetune.adapted), spread evenly over the devices."""
+    frozen_bytes: float = 0.0
+    """Bytes of each frozen base parameter (LoRA's base dtype); 0: nothing is frozen."""
+    weight_grad_passes: float = 1.0
+    """Weight-gradient GEMMs per layer and micro-batch: 1, or 0 when the matrices are frozen
+    (LoRA: only the input gradients flow back through them)."""
+    adapter_params: float = 0.0
+    """LoRA's trainable adapter parameters, all layers (0: no adapters)."""
     layer_tensors: tuple[float, ...] = ()
     """Elements of each parameter tensor of one layer as Megatron-LM lays them out (QKV in
     one weight, the gated MLP's gate and up in one; each GEMM weight, each bias, each norm's

@@ -12,6 +12,7 @@ import numpy as np
 
 from sextant.errors import UserError
 from sextant.planner import topology
+from sextant.planner.calibration_doc import DeviceSection
 from sextant.planner.catalogue import Catalogue
 from sextant.planner.estimate import (
     OFFLOAD,
@@ -24,8 +25,11 @@ from sextant.planner.estimate import (
     solve_mfu,
 )
 from sextant.planner.evaluation import Evaluation
+from sextant.planner.finetune import adapted
+from sextant.planner.memory import model_of
 from sextant.planner.models import MLPShape, ModelCost, TransformerShape
 from sextant.planner.plan_doc import (
+    finetune_section,
     CurvePoint,
     MfuTarget,
     Part,
@@ -85,7 +89,7 @@ class PlanRequest:
     batch_given: bool = True
     """False when the global batch is the model's default (no --global-batch): on a TPU the
     plan may then round it to what the chips split without a pipeline (_torus_batch)."""
-    calibrated: dict[str, Any] | None = None
+    calibrated: DeviceSection | None = None
     """The calibration's device section whose kernel efficiency and bus bandwidth the plan
     uses (`sextant calibrate --device gpu` on this accelerator); None: the catalogue's."""
 
@@ -235,7 +239,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> Plan:
         hardware=hardware_section(hw, cat, req.devices, opts.precision, ev.capacity,
                                   _slices(hw, req.devices, layout)),
         assumptions=assumptions_section(
-            opts, hw, None if req.calibrated is None else req.calibrated["device_name"],
+            opts, hw, None if req.calibrated is None else req.calibrated.device_name,
             req.options.target_mfu, tokens_step),
         mfu_target=None if goal is None else replace(
             goal, reached=ev.mfu, limit=_mfu_limit(ev, hw)[0], limit_share=_mfu_limit(ev, hw)[1]),
@@ -252,6 +256,7 @@ def make_plan(req: PlanRequest, cat: Catalogue, hw: Hardware) -> Plan:
         ),
         warnings=warnings,
         training=_training(req, cat, hw.accelerator.key, ev, tokens_step),
+        finetune=finetune_section(opts.finetune, cost, opts.precision),
     )
     if req.curve:
         plan = replace(plan, scaling=_scaling(req, cost, hw, opts, knobs, result, warnings))
@@ -267,7 +272,8 @@ def _check_request(req: PlanRequest, hw: Hardware) -> ModelCost:
             f"{hw.accelerator.key} keeps tensors in host memory already: --offload does not "
             "apply (use --offload none)"
         )
-    return req.shape.cost(flash_attention=req.options.flash_attention)
+    return adapted(req.shape.cost(flash_attention=req.options.flash_attention),
+                   req.options.finetune, req.options.precision)
 
 
 def _searched(req: PlanRequest, cost: ModelCost, hw: Hardware, knobs: dict[str, int]
@@ -455,12 +461,9 @@ def _memory_warnings(
             f"--zero3-gather tensor changes nothing here: the layout uses ZeRO-{layout.zero} "
             "(pin --zero 3 to price per-tensor gathers)"
         )
-    if req.options.stack.memory_model == "torch":
-        out.append(
-            "torch's allocation (fp32 parameters and gradients): memory is a lower bound; "
-            "against torchtitan's published peak reserved memory it is 2-6 % low "
-            "(docs/validation.md): keep that much to spare"
-        )
+    note = model_of(req.options.stack.memory_model).note
+    if note:
+        out.append(note)
     return out
 
 
@@ -544,14 +547,15 @@ def _efficiency_note(
             f"{opts.target_mfu:.0%} (--mfu)"
         )
     cal = req.calibrated
-    if cal and opts.compute_efficiency == min(float(cal["kernel_efficiency"]), 1.0):
+    if cal and opts.compute_efficiency == min(cal.kernel_efficiency, 1.0):
+        ar = cal.allreduce
         bus = (f"; intra-node all-reduce bus bandwidth "
-               f"{cal['allreduce']['plateau_busbw_bytes_per_s'] / 1e9:.0f} GB/s measured "
-               f"between {cal['allreduce']['world']} devices" if cal.get("allreduce") else "")
+               f"{ar.plateau_busbw_bytes_per_s / 1e9:.0f} GB/s measured "
+               f"between {ar.world} devices" if ar else "")
         return (
             f"kernel efficiency {opts.compute_efficiency:.2f} of peak measured by sextant "
-            f"calibrate on {cal['device_name']} over the GEMMs of {cal['workload']} at "
-            f"{cal['tokens']} tokens{bus}"
+            f"calibrate on {cal.device_name} over the GEMMs of {cal.workload} at "
+            f"{cal.tokens} tokens{bus}"
         )
     return (
         f"kernel efficiency {opts.compute_efficiency:.2f} of peak is an "

@@ -11,6 +11,7 @@ from typing import Any
 from sextant.planner.catalogue import Catalogue
 from sextant.planner.estimate import Hardware, Layout, PlanOptions, attention_kernel
 from sextant.planner.evaluation import Evaluation, StepPart
+from sextant.planner.finetune import FineTune
 from sextant.planner.models import ModelCost
 
 
@@ -266,6 +267,24 @@ class Scaling:
 
 
 @dataclass(frozen=True, slots=True)
+class FineTuning:
+    """What a fine-tuning plan trains (finetune.py)."""
+
+    method: str
+    """'full' or 'lora'."""
+    rank: int | None
+    targets: tuple[str, ...]
+    base_dtype: str | None
+    """The frozen base's dtype (None: nothing frozen)."""
+    trainable_params: float
+    trainable_share: float
+    frozen_weights_bytes: float
+    """The frozen base's weights, the whole model (before any sharding)."""
+    adapter_checkpoint_bytes: float
+    """The adapters saved in the base's dtype (what ships beside the base)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """A plan: what was planned, on what, under which assumptions, and its figures."""
 
@@ -282,6 +301,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     training: Training | None = None
     scaling: Scaling | None = None
+    finetune: FineTuning | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -295,6 +315,25 @@ def model_summary(shape: Any, cost: ModelCost) -> ModelSummary:
         name=shape.name, family=cost.family, params=cost.total_params, shape=cost.describe,
         source=shape.source, model_flops_per_token=cost.model_flops_per_token,
         flops_per_token_6n=cost.model_flops_per_token - cost.attention_flops_per_token,
+    )
+
+
+def finetune_section(ft: FineTune | None, cost: ModelCost, precision: str
+                     ) -> FineTuning | None:
+    """The plan's fine-tuning section; None when it plans pre-training."""
+    if ft is None:
+        return None
+    if not ft.lora:
+        return FineTuning(method="full", rank=None, targets=(), base_dtype=None,
+                          trainable_params=cost.total_params, trainable_share=1.0,
+                          frozen_weights_bytes=0.0, adapter_checkpoint_bytes=0.0)
+    base = ft.base_bytes(precision)
+    return FineTuning(
+        method="lora", rank=ft.rank, targets=ft.targets,
+        base_dtype=ft.base_dtype or ("fp32" if precision == "fp32" else precision),
+        trainable_params=cost.adapter_params, trainable_share=cost.trainable_share,
+        frozen_weights_bytes=cost.total_params * base,
+        adapter_checkpoint_bytes=cost.adapter_params * base,
     )
 
 

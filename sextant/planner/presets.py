@@ -1,194 +1,39 @@
-"""The published architectures `--model` names, written out with the paper or model card
-each comes from (nothing is downloaded)."""
+"""The published architectures `--model` names (presets.toml, each with the paper or model
+card it comes from; nothing is downloaded), loaded once into TransformerShapes."""
 
 from __future__ import annotations
 
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+from sextant.errors import UserError
 from sextant.planner.models import TransformerShape
 
-_LLAMA2 = "Touvron et al. 2023, Llama 2, Table 1 and model card (4M-token global batch)"
-_LLAMA3 = (
-    "Llama Team 2024, The Llama 3 Herd of Models, Table 3; global batch 16M tokens "
-    "(Table 4, 405B) used as the default for all sizes"
-)
+DATA = Path(__file__).with_name("presets.toml")
+_FIELDS = {f.name for f in fields(TransformerShape)} - {"name"}
 
-PRESETS: dict[str, TransformerShape] = {
-    "gpt3-175b": TransformerShape(
-        name="gpt3-175b",
-        n_layers=96,
-        d_model=12288,
-        n_heads=96,
-        n_kv_heads=96,
-        d_ff=49152,
-        vocab_size=50257,
-        seq_len=2048,
-        tied_embeddings=True,
-        learned_positions=True,
-        biases=True,
-        dropout=True,
-        global_batch=1536,
-        source="Brown et al. 2020, GPT-3, Table 2.1; batch 1536 as in Narayanan et al. 2021 §5",
-    ),
-    "llama2-7b": TransformerShape(
-        name="llama2-7b",
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        n_kv_heads=32,
-        d_ff=11008,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=1024,
-        source=_LLAMA2,
-    ),
-    "llama2-13b": TransformerShape(
-        name="llama2-13b",
-        n_layers=40,
-        d_model=5120,
-        n_heads=40,
-        n_kv_heads=40,
-        d_ff=13824,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=1024,
-        source=_LLAMA2,
-    ),
-    "llama2-70b": TransformerShape(
-        name="llama2-70b",
-        n_layers=80,
-        d_model=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        d_ff=28672,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=1024,
-        source=_LLAMA2,
-    ),
-    "llama3-8b": TransformerShape(
-        name="llama3-8b",
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        d_ff=14336,
-        vocab_size=128256,
-        seq_len=8192,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=2048,
-        source=_LLAMA3,
-    ),
-    "llama3-70b": TransformerShape(
-        name="llama3-70b",
-        n_layers=80,
-        d_model=8192,
-        n_heads=64,
-        n_kv_heads=8,
-        d_ff=28672,
-        vocab_size=128256,
-        seq_len=8192,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=2048,
-        source=_LLAMA3,
-    ),
-    "llama3-405b": TransformerShape(
-        name="llama3-405b",
-        n_layers=126,
-        d_model=16384,
-        n_heads=128,
-        n_kv_heads=8,
-        d_ff=53248,
-        vocab_size=128256,
-        seq_len=8192,
-        gated_mlp=True,
-        layernorm=False,
-        global_batch=2048,
-        source=_LLAMA3,
-    ),
-    "palm-540b": TransformerShape(
-        name="palm-540b",
-        n_layers=118,
-        d_model=18432,
-        n_heads=48,
-        n_kv_heads=1,
-        head_dim=256,
-        d_ff=73728,
-        vocab_size=256000,
-        seq_len=2048,
-        gated_mlp=True,
-        tied_embeddings=True,
-        layernorm=False,
-        global_batch=2048,
-        source="Chowdhery et al. 2022, PaLM, Table 1 (multi-query attention, SwiGLU, shared "
-        "embeddings, final batch 2048 sequences)",
-    ),
-    "mixtral-8x7b": TransformerShape(
-        name="mixtral-8x7b",
-        n_layers=32,
-        d_model=4096,
-        n_heads=32,
-        n_kv_heads=8,
-        d_ff=14336,
-        vocab_size=32000,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        n_experts=8,
-        top_k=2,
-        capacity_factor=1.0,
-        global_batch=1024,
-        source="Jiang et al. 2024, Mixtral of Experts, Table 1 (8 experts, top-2, 46.7B total / "
-        "12.9B active parameters); training sequence length and batch not published "
-        "(4096 x 1024 assumed)",
-    ),
-    "deepseek-v3": TransformerShape(
-        name="deepseek-v3",
-        n_layers=61,
-        d_model=7168,
-        n_heads=128,
-        n_kv_heads=128,
-        head_dim=128,
-        d_ff=18432,
-        vocab_size=129280,
-        seq_len=4096,
-        gated_mlp=True,
-        layernorm=False,
-        n_experts=256,
-        n_shared_experts=1,
-        top_k=8,
-        moe_d_ff=2048,
-        n_dense_layers=3,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        rope_head_dim=64,
-        v_head_dim=128,
-        capacity_factor=1.0,
-        global_batch=15360,
-        source="DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437) §4.2: 61 "
-        "layers, hidden 7168, 128 heads of 128, MLA with d_c = 512, d_c' = 1536, d_h^R = 64; "
-        "every FFN but the first three an MoE layer of 1 shared and 256 routed experts of "
-        "2048, 8 routed per token (no token dropped, §2.1.2: capacity 1); 671B total, 37B "
-        "active (without the 14B multi-token-prediction module); sequence 4K, batch 15,360 "
-        "after the ramp. The dense FFN width 18,432 and the vocabulary 129,280 are the "
-        "released config.json's (the report says 'an extended vocabulary of 128K tokens')",
-    ),
-}
 
-ALIASES = {
-    "gpt3": "gpt3-175b",
-    "llama-7b": "llama2-7b",
-    "llama-13b": "llama2-13b",
-    "llama-70b": "llama2-70b",
-    "llama-8b": "llama3-8b",
-    "llama-405b": "llama3-405b",
-    "palm": "palm-540b",
-    "mixtral": "mixtral-8x7b",
-    "deepseek": "deepseek-v3",
-}
+def _load(path: Path = DATA) -> tuple[dict[str, TransformerShape], dict[str, str]]:
+    """The presets and aliases of `path`: every table checked by TransformerShape, an
+    unknown key refused by name."""
+    with path.open("rb") as fh:
+        raw = tomllib.load(fh)
+    if set(raw) != {"schema", "presets", "aliases"} or raw["schema"] != 1:
+        raise UserError(f"{path}: expected schema = 1, [presets.*] and [aliases]. "
+                        f"Received: {sorted(raw)}")
+    presets = {}
+    for name, table in raw["presets"].items():
+        unknown = sorted(set(table) - _FIELDS)
+        if unknown:
+            raise UserError(f"{path} [presets.{name}]: unknown keys {unknown}; allowed: "
+                            f"{', '.join(sorted(_FIELDS))}")
+        presets[name] = TransformerShape(name=name, **table)
+    aliases = {str(k): str(v) for k, v in raw["aliases"].items()}
+    missing = sorted(v for v in aliases.values() if v not in presets)
+    if missing:
+        raise UserError(f"{path} [aliases]: names no preset {missing}")
+    return presets, aliases
+
+
+PRESETS, ALIASES = _load()

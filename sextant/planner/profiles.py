@@ -10,12 +10,15 @@ figure needs an older release, and says which.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
 
 from sextant.errors import UserError
 from sextant.planner.catalogue import ATTENTION_KERNELS
 from sextant.planner.comms import DP_SCHEDULES
-from sextant.planner.memory import MEMORY_MODELS
+from sextant.planner.memory import MEMORY_MODELS, model_of
 
 CP_METHODS = ("ring", "allgather")
 """'ring' (ring attention, Liu et al. 2023; Megatron-Core's CP: each K/V block travels while
@@ -38,14 +41,15 @@ class StackProfile:
     release: str
     """The release the defaults are read from (and, for a dated variant, why it exists)."""
     memory_model: str
-    """The stack's bytes per parameter under mixed precision (memory.MEMORY_MODELS): where
+    """The stack's bytes per parameter under mixed precision (a memory model of
+    profiles.toml's [memory_models], memory.MemoryModel): where
     its fp32 master weights live (a copy beside 16-bit parameters, or the parameters
     themselves) and its gradient buffers' dtype, as memory.py counts them."""
     dp_schedule: str
     """Data-parallel collectives per step (comms.DP_SCHEDULES)."""
-    dp_bucket_bytes: float | None
+    dp_bucket_bytes: float | None = None
     """Bytes per gradient bucket; None: the stack's own default for its memory model
-    (comms.DP_BUCKET_DEFAULTS); 0: one call over the whole buffer."""
+    (MemoryModel.dp_bucket_bytes, comms.dp_bucket_bytes); 0: one call over the whole buffer."""
     zero3_gather: str
     """What one ZeRO-3 / FSDP collective carries: 'layer' or 'tensor' (ZERO3_GATHERS)."""
     balanced_stages: bool
@@ -113,141 +117,36 @@ class StackProfile:
         kept = {k: v for k, v in changes.items() if v is not None}
         if not kept:
             return self
-        if "memory_model" in kept and "dp_schedule" not in kept:
-            kept["dp_schedule"] = "torch" if kept["memory_model"] == "torch" else "zero"
+        if kept.get("memory_model") in MEMORY_MODELS and "dp_schedule" not in kept:
+            kept["dp_schedule"] = model_of(str(kept["memory_model"])).dp_schedule
         return replace(self, name=f"{self.name} (overridden)", **kept)  # type: ignore[arg-type]
 
 
-_GENERIC = StackProfile(
-    name="generic",
-    release="the ZeRO paper's accounting (Rajbhandari et al. 2020 §3.1): no stack's "
-    "own defaults",
-    memory_model="zero",
-    dp_schedule="zero",
-    dp_bucket_bytes=None,
-    zero3_gather="layer",
-    balanced_stages=True,
-    load="sharded",
-    cp_method="ring",
-)
-"""No stack's own defaults. A dated profile that departs from it in a field or two is written
-as it with those fields."""
+DATA = Path(__file__).with_name("profiles.toml")
 
 
-PROFILES: dict[str, StackProfile] = {
-    p.name: p
-    for p in (
-        _GENERIC,
-        StackProfile(
-            name="megatron-core",
-            release="Megatron-Core 0.x (Megatron-Bridge 25.11): distributed optimizer with fp32 "
-            "main gradients (developer guide, Distributed Optimizer), one reduction over the "
-            "contiguous gradient buffer, uneven first/last pipeline stages, ring CP; Transformer "
-            "Engine's attention: cuDNN's fused flash attention on Hopper, FlashAttention-2 "
-            "before it",
-            memory_model="megatron",
-            dp_schedule="zero",
-            dp_bucket_bytes=None,
-            zero3_gather="layer",
-            balanced_stages=True,
-            load="sharded",
-            cp_method="ring",
-            attention_kernels=("flash3", "flash2"),
-        ),
-        StackProfile(
-            name="deepspeed",
-            release="DeepSpeed >= 0.5.5: its estimators' allocation "
-            "(estimate_zero2/3_model_states_mem_needs), reduce_bucket_size 5e8 elements, "
-            "ZeRO-3 gathers coalesced per module; the model built whole on every rank before "
-            "deepspeed.initialize (zero.Init, which partitions at construction, is opt-in); the "
-            "user's module run eagerly (its compile is opt-in)",
-            memory_model="deepspeed",
-            dp_schedule="zero",
-            dp_bucket_bytes=None,
-            zero3_gather="layer",
-            balanced_stages=True,
-            load="full",
-            cp_method="ring",
-            host_buffer_factor=1.5,
-            fused_elementwise=False,
-        ),
-        StackProfile(
-            name="torchtitan",
-            release="torchtitan with FSDP2 (fully_shard per block, MixedPrecisionPolicy bf16 "
-            "params / fp32 reduce), DDP's 25 MiB buckets, context parallel rotate method "
-            "'allgather' (its JobConfig default); attention through PyTorch SDPA, whose default "
-            "order tries the flash backend (FlashAttention-2) before cuDNN's (opt-in since "
-            "pytorch#138522); eager unless torch.compile is enabled (job_config Compile.enable, "
-            "default False)",
-            memory_model="torch",
-            dp_schedule="torch",
-            dp_bucket_bytes=None,
-            zero3_gather="layer",
-            balanced_stages=True,
-            load="sharded",
-            cp_method="allgather",
-            fused_elementwise=False,
-        ),
-        StackProfile(
-            name="maxtext",
-            release="MaxText (base.yml: weight_dtype float32, bf16 compute; FSDP over the "
-            "scanned layers gathered per layer by XLA; all-gather context parallelism; on "
-            "GPUs attention cudnn_flash_te, Transformer Engine's cuDNN flash attention)",
-            memory_model="torch",
-            dp_schedule="zero",
-            dp_bucket_bytes=0,
-            zero3_gather="layer",
-            balanced_stages=True,
-            load="sharded",
-            cp_method="allgather",
-            async_collectives=True,
-            attention_kernels=("flash3", "flash2"),
-        ),
-        StackProfile(
-            name="megatron-lm-2021",
-            release="dated: Megatron-LM 2021-22 and its Megatron-DeepSpeed fork, for the "
-            "figures of Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG and BLOOM: "
-            "every stage ceil(L/p) layers, the output projection on top of the last",
-            memory_model="zero",
-            dp_schedule="zero",
-            dp_bucket_bytes=None,
-            zero3_gather="layer",
-            balanced_stages=False,
-            load="sharded",
-            cp_method="ring",
-        ),
-        StackProfile(
-            name="deepspeed-0.3",
-            release="dated: DeepSpeed v0.3.13 (March 2021), for Narayanan et al. 2021's ZeRO-3 "
-            "rows: one all-gather per parameter tensor, before its coalesced gathers of "
-            "v0.5.5; run under Megatron-LM 2021's even stage split",
-            memory_model="zero",
-            dp_schedule="zero",
-            dp_bucket_bytes=None,
-            zero3_gather="tensor",
-            balanced_stages=False,
-            load="full",
-            cp_method="ring",
-        ),
-        replace(
-            _GENERIC,
-            name="llm-foundry-2023",
-            release="dated: MosaicML llm-foundry with Composer (2023), for its MPT benchmark "
-            "tables: FSDP through Composer, attn_impl triton (FlashAttention in Triton, the "
-            "triton-pre-mlir build it pinned), eager PyTorch; otherwise generic",
-            attention_kernels=("triton-2023",),
-            fused_elementwise=False,
-        ),
-        replace(
-            _GENERIC,
-            name="llama3-2024",
-            release="dated: Meta's Llama 3 training stack, for Llama 3's 131,072-token MFU "
-            "(Table 4), as Llama Team 2024 §3.3.2 describes its context parallelism (\"we "
-            "first all-gather the key (K) and value (V) tensors\"); otherwise generic",
-            cp_method="allgather",
-        ),
-    )
-}
+def _load(path: Path = DATA) -> dict[str, StackProfile]:
+    """The profiles of `path`, each checked by StackProfile, an unknown key refused by name."""
+    allowed = {f.name for f in fields(StackProfile)} - {"name"}
+    with path.open("rb") as fh:
+        raw = tomllib.load(fh)
+    if raw.get("schema") != 1 or not isinstance(raw.get("profiles"), dict):
+        raise UserError(f"{path}: expected schema = 1 and [profiles.*]")
+    out = {}
+    for name, table in raw["profiles"].items():
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise UserError(f"{path} [profiles.{name}]: unknown keys {unknown}; allowed: "
+                            f"{', '.join(sorted(allowed))}")
+        # The file's untyped values meet the typed record here, which checks each one.
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in table.items()}
+        out[name] = StackProfile(name=name, **values)
+    return out
+
+
+PROFILES: dict[str, StackProfile] = _load()
+"""Every stack profile (profiles.toml), loaded once."""
 DEFAULT_STACK = "generic"
 TORUS_STACK = "maxtext"
 """The stack a plan on a TPU assumes unless --stack says otherwise: TPUs run XLA stacks."""

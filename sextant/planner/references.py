@@ -30,6 +30,7 @@ from sextant.planner.evaluators import EVALUATORS, evaluate
 DATA = Path(__file__).with_name("references.toml")
 KINDS = ("formula", "end-to-end", "collective", "not comparable")
 SPLITS = ("tuning", "held-out")
+GROUPS = ("pre-training", "fine-tuning")
 COUNTED = ("end-to-end", "collective")
 """The kinds whose share within 10 % is reported per split."""
 FORMULA_TOLERANCE = 0.005
@@ -42,6 +43,9 @@ class Source:
     title: str
     split: str
     url: str = ""
+    group: str = "pre-training"
+    """What the source's runs train: 'pre-training', or 'fine-tuning' (LoRA and full
+    fine-tuning), whose rows are counted in a share of their own."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -68,7 +72,7 @@ class Reference:
     interval's nearer end (interval_error)."""
 
 
-_SOURCE_KEYS = {"title", "split", "url"}
+_SOURCE_KEYS = {"title", "split", "url", "group"}
 _REFERENCE_KEYS = set(Reference.__slots__)
 _REQUIRED = {"id", "source", "where", "quantity", "unit", "expected", "kind", "evaluator", "query"}
 
@@ -95,6 +99,11 @@ def parse(raw: dict[str, Any], where: str = str(DATA)) -> tuple[dict[str, Source
             raise UserError(
                 f"{where} [sources.{key}]: split must be one of {SPLITS}. "
                 f"Received: {entry['split']!r}"
+            )
+        if entry.get("group", GROUPS[0]) not in GROUPS:
+            raise UserError(
+                f"{where} [sources.{key}]: group must be one of {GROUPS}. "
+                f"Received: {entry['group']!r}"
             )
         sources[key] = Source(key=key, **entry)
     refs, seen = [], set()
@@ -166,6 +175,8 @@ class Row:
     quote: str
     setting: str
     command: str
+    group: str = GROUPS[0]
+    """The source's group (Source.group)."""
     convention: str = ""
     """For an MFU row: the figure the planner answers with, named after the way the source
     counts model FLOPs (evaluators.MFU_CONVENTIONS)."""
@@ -196,6 +207,7 @@ def check(ref: Reference, source: Source) -> Row:
         quote=ref.quote,
         setting=ref.setting,
         command=ref.command or f"sextant plan references --only {ref.id}",
+        group=source.group,
         convention=str(ref.query.get("figure", "")) if ref.unit == "MFU" else "",
     )
 
@@ -222,23 +234,32 @@ def _share(hits: int, total: int) -> str:
 
 
 def shares(rows: list[Row]) -> dict[str, tuple[int, int]]:
-    """(hits, rows) per figure: formula rows within 0.5 %, and per split the counted rows
-    (end-to-end and collective) within 10 %."""
+    """(hits, rows) per figure: formula rows within 0.5 %, per split the pre-training
+    group's counted rows (end-to-end and collective) within 10 %, and the fine-tuning
+    group's counted rows within 10 % apart ('fine-tuning')."""
     formula = [r for r in rows if r.kind == "formula"]
     out = {"formula": (sum(abs(r.error) <= FORMULA_TOLERANCE for r in formula), len(formula))}
     for split in SPLITS:
-        counted = [r for r in rows if r.kind in COUNTED and r.split == split]
+        counted = [r for r in rows
+                   if r.kind in COUNTED and r.split == split and r.group == GROUPS[0]]
         out[split] = (sum(abs(r.error) <= MEASURED_TOLERANCE for r in counted), len(counted))
+    tuned = [r for r in rows if r.kind in COUNTED and r.group == GROUPS[1]]
+    out[GROUPS[1]] = (sum(abs(r.error) <= MEASURED_TOLERANCE for r in tuned), len(tuned))
     return out
+
+
+def _split_label(row: Row) -> str:
+    """The row's split, with its group when it is not pre-training ('held-out (fine-tuning)')."""
+    return row.split if row.group == GROUPS[0] else f"{row.split} ({row.group})"
 
 
 def by_source(rows: list[Row]) -> list[tuple[str, str, int, int]]:
     """(source key, split, counted rows within 10 %, counted rows) per source with counted
-    rows, in the order the rows come."""
+    rows, in the order the rows come; a fine-tuning source's split names its group."""
     out: dict[str, list[Any]] = {}
     for r in rows:
         if r.kind in COUNTED:
-            entry = out.setdefault(r.source_key, [r.split, 0, 0])
+            entry = out.setdefault(r.source_key, [_split_label(r), 0, 0])
             entry[1] += abs(r.error) <= MEASURED_TOLERANCE
             entry[2] += 1
     return [(key, split, hits, n) for key, (split, hits, n) in out.items()]
@@ -255,6 +276,9 @@ def summary(rows: list[Row]) -> str:
     for split in SPLITS:
         hits, n = s[split]
         parts.append(f"{split} {hits}/{n} within 10% ({_share(hits, n)})")
+    hits, n = s[GROUPS[1]]
+    if n:
+        parts.append(f"fine-tuning {hits}/{n} within 10% ({_share(hits, n)})")
     not_counted = f", {apart} not comparable (shown, not counted)" if apart else ""
     return (
         ", ".join(parts) + f"{not_counted}; median |error| {errs[len(errs) // 2]:.1%}, "
@@ -310,7 +334,7 @@ def references_markdown(rows: list[Row]) -> str:
     for r in rows:
         unit = "" if r.unit in ("MFU", "x") else f" {r.unit}"
         lines.append(
-            f"| `{r.id}` | {r.split} | {r.kind} | {r.quantity}"
+            f"| `{r.id}` | {_split_label(r)} | {r.kind} | {r.quantity}"
             + (f" (counted as `{r.convention}`)" if r.convention else "") + ": "
             f"**{_fmt(r.published, r.unit)}{unit}** "
             f"({r.source}) | {_predicted(r)}{unit} | {r.error:+.1%} |"

@@ -56,6 +56,18 @@ def _render_header(plan: Plan, console: Console) -> None:
         f"global batch {a.global_batch} "
         f"({a.tokens_per_step:,} tokens/step)"
     )
+    ft = plan.finetune
+    if ft is not None and ft.method == "lora":
+        console.print(
+            f"fine-tuning: LoRA r={ft.rank} on {','.join(ft.targets)}: "
+            f"{_count(ft.trainable_params)} trainable parameters "
+            f"({ft.trainable_share:.3%}), frozen {ft.base_dtype} base "
+            f"{ft.frozen_weights_bytes / GB:.3g} GB, adapter checkpoint "
+            f"{ft.adapter_checkpoint_bytes / 1e6:.3g} MB; model FLOPs 4N + 6N(adapters) "
+            "+ attention (no weight gradients of the frozen matrices)"
+        )
+    elif ft is not None:
+        console.print("fine-tuning: full (every parameter trains, as in pre-training)")
     att = a.attention_kernel
     console.print(
         f"kernels: GEMMs at {a.kernel_efficiency:.0%} of peak; attention "

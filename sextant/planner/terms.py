@@ -138,12 +138,31 @@ def _state_coefficients(c: LayoutContext) -> dict[str, np.ndarray]:
                                          memory_model=opts.stack.memory_model)
 
     coef = coefficients(c.shard)
-    if not cost.n_experts:
-        return coef
-    coef_e = coefficients(np.maximum(c.shard / c.ep, 1.0))
-    psi_e = np.where(c.multi, c.lps, float(cost.n_layers)) * cost.expert_params / (c.ep * c.tp)
-    share_e = psi_e / np.maximum(c.psi_first, 1.0)
-    return {k: coef[k] * (1.0 - share_e) + coef_e[k] * share_e for k in coef}
+    if cost.n_experts:
+        coef_e = coefficients(np.maximum(c.shard / c.ep, 1.0))
+        psi_e = np.where(c.multi, c.lps, float(cost.n_layers)) * cost.expert_params / (
+            c.ep * c.tp)
+        share_e = psi_e / np.maximum(c.psi_first, 1.0)
+        coef = {k: coef[k] * (1.0 - share_e) + coef_e[k] * share_e for k in coef}
+    return _frozen_base(c, coef) if cost.frozen_bytes else coef
+
+
+def _frozen_base(c: LayoutContext, trained: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """LoRA (finetune.py): the trained coefficients scaled to the adapters' share, plus the
+    frozen base's weights in its own dtype, sharded at rest where the stack shards
+    parameters (memory.state_coefficients' rule) and in host memory with offload=params."""
+    share, mm = c.cost.trainable_share, c.opts.stack.memory_model
+    at_rest = memory.state_coefficients(c.shard, c.zero, precision=c.opts.precision,
+                                        optimizer=c.opts.optimizer, memory_model=mm)["params"]
+    whole = memory.state_coefficients(1, 0, precision=c.opts.precision,
+                                      optimizer=c.opts.optimizer, memory_model=mm)["params"]
+    frozen = c.cost.frozen_bytes * at_rest / whole
+    return {
+        "params": share * trained["params"] + np.where(c.off >= 2, 0.0, frozen),
+        "grads": share * trained["grads"],
+        "optimizer": share * trained["optimizer"],
+        "host": share * trained["host"] + np.where(c.off >= 2, frozen, 0.0),
+    }
 
 
 def _activations(c: LayoutContext) -> tuple[np.ndarray, np.ndarray]:
@@ -192,10 +211,12 @@ def memory_term(c: LayoutContext) -> MemoryTerm:
     )
     act_first, act_last = _activations(c)
     root_first, root_last = _root_units(c)
+    # Gradient buckets hold the trained parameters' gradients only (LoRA: the adapters').
+    share = cost.trainable_share
     raw_first = (c.psi_first * c_states + gather + root_first
-                 + memory.buffer_bytes(c.psi_first, c.zero, memory_model=mm) + act_first)
+                 + memory.buffer_bytes(share * c.psi_first, c.zero, memory_model=mm) + act_first)
     raw_last = (c.psi_last * c_states + gather + root_last
-                + memory.buffer_bytes(c.psi_last, c.zero, memory_model=mm) + act_last)
+                + memory.buffer_bytes(share * c.psi_last, c.zero, memory_model=mm) + act_last)
     worst_last = raw_last > raw_first
     raw = np.where(worst_last, raw_last, raw_first)
     psi_worst = np.where(worst_last, c.psi_last, c.psi_first)
@@ -292,8 +313,9 @@ def _memory_ops(c: LayoutContext, full_act: Any) -> Any:
         elementwise = elementwise + efficiency.fp8_quantize_bytes(
             cost.gemms, c.tok_dev, c.tp, 1.0 + c.gemm_rc, experts=cost.n_experts, routed=routed
         )
-    # forward, input gradient, weight gradient, recompute
-    t = c.m * c.lps * ((3.0 + c.gemm_rc) * operands + elementwise) / c.mem_bw
+    # forward, input gradient, weight gradient (none for a frozen matrix), recompute
+    passes = 2.0 + cost.weight_grad_passes + c.gemm_rc
+    t = c.m * c.lps * (passes * operands + elementwise) / c.mem_bw
     if opts.fp8:
         # The layers' weights are cast once per step (at the first micro-batch, then kept).
         layer_dev = c.lps * c.layer_local / c.tp
@@ -327,9 +349,11 @@ def compute_term(c: LayoutContext) -> ComputeTerm:
     t_attn = c.tokens_step * share * attn_t / c.n
     t_flops = t_gemm + t_attn
     # Roofline (Williams et al. 2009): every micro-batch reads the device's weights forward
-    # and twice backward (+1 forward with full recomputation).
-    pb = memory.state_bytes(opts.precision, opts.optimizer, opts.stack.memory_model)[0]
-    t_weights = (c.m * (3.0 + c.gemm_rc)) * c.psi_stage * (pb / c.mem_bw)
+    # and twice backward (once for a frozen matrix; +1 forward with full recomputation).
+    pb = cost.frozen_bytes or memory.state_bytes(opts.precision, opts.optimizer,
+                                                 opts.stack.memory_model)[0]
+    reads = 2.0 + cost.weight_grad_passes + c.gemm_rc
+    t_weights = (c.m * reads) * c.psi_stage * (pb / c.mem_bw)
     full_act = memory.activation_bytes_per_layer(
         cost, c.tok_dev, c.tp, c.sp, 0, c.act_bytes / 2.0
     )
@@ -354,7 +378,8 @@ def optimizer_term(c: LayoutContext) -> np.ndarray:
     opts, hw = c.opts, c.hw
     pb, gb, ob = memory.state_bytes(opts.precision, opts.optimizer, opts.stack.memory_model)
     inv_dp = 1.0 / c.shard
-    psi_opt = c.psi_stage * np.where(c.zero >= 1, inv_dp, 1.0)
+    # Only the trained parameters are updated (LoRA: the adapters).
+    psi_opt = c.cost.trainable_share * c.psi_stage * np.where(c.zero >= 1, inv_dp, 1.0)
     opt_traffic = psi_opt * (2.0 * (pb + ob) + gb)
     pcie = hw.host.bandwidth if hw.host is not None else np.inf
     t_offload = (
@@ -475,7 +500,10 @@ def _dp_collectives(c: LayoutContext, lk: Links) -> np.ndarray:
     opts, stack = c.opts, c.opts.stack
     grad_wire, param_wire = memory.comm_bytes(opts.precision, stack.memory_model)
     counts = comms.dp_collectives(c.zero, c.m, stack.dp_schedule)
-    grad_b = c.psi_stage * grad_wire
+    # Gradients of the trained parameters only (LoRA: the adapters'); ZeRO-3 still gathers
+    # every weight, frozen or not, while ZeRO-1/2 gather the updated ones.
+    share = c.cost.trainable_share
+    grad_b = share * c.psi_stage * grad_wire
     # Gradient buckets: one collective per bucket, each at the bandwidth of its own size.
     bucket = comms.dp_bucket_bytes(stack.memory_model, stack.dp_bucket_bytes, grad_wire)
     buckets = np.maximum(np.ceil(grad_b / bucket), 1.0) if bucket else np.ones_like(grad_b)
@@ -488,7 +516,8 @@ def _dp_collectives(c: LayoutContext, lk: Links) -> np.ndarray:
     s_out = np.where(c.hs, 1.0, c.dp_out)
     group = (c.dp_in, s_out, lk.dp, lk.inter)
     rs = units * comms.hier_reduce_scatter(grad_b / units, *group)
-    ag = units * comms.hier_all_gather(c.psi_stage * param_wire / units, *group)
+    param_b = c.psi_stage * param_wire * np.where(z3, 1.0, share)
+    ag = units * comms.hier_all_gather(param_b / units, *group)
     once: Any = 0.0
     if stack.zero3_gather == "tensor":
         # One collective per parameter tensor instead (_per_tensor_zero3); once a step the

@@ -79,7 +79,7 @@ def validate(
         except UserError as exc:
             rows.append({**base, "skipped": str(exc)})
             continue
-        layout = layout_for(strategy.parallel, strategy.workers, shape.global_batch)
+        layout = layout_for(strategy.dims(), shape.global_batch)
         if layout is None:
             rows.append(
                 {

@@ -11,7 +11,7 @@ import hashlib
 from functools import cache
 from pathlib import Path
 
-PLANNER_VERSION = "2026.12.5"
+PLANNER_VERSION = "2026.12.5.1"
 """Raised with every change to what the planner predicts (its terms, conventions, profiles
 or defaults); CHANGELOG.md says what changed."""
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sextant.errors import UserError
 from sextant.planner.catalogue import Table
 from sextant.planner.models import PLAN_BOUNDS, MLPShape, TransformerShape
+
+if TYPE_CHECKING:
+    from sextant.workload import FinetuneSpec
 
 # --- workload files --------------------------------------------------------------------------
 
@@ -211,16 +214,35 @@ def _transformer_from_workload(
 def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
     """The shape of `--workload`: a TOML file, a bundled workload's name or an hf: config.
     Only the shape is read (no [data], no tokens made), at the planner's bounds."""
+    from sextant.sources import is_hf, workload_file
     from sextant.tomlfile import read_toml
-    from sextant.workload import BUNDLED_DIR, HF_PREFIX
 
-    if str(path).startswith(HF_PREFIX):
+    if is_hf(path):
         return _hf_shape(str(path))
-    file = Path(path)
-    if not file.exists() and file.suffix == "" and (BUNDLED_DIR / f"{file}.toml").is_file():
-        file = BUNDLED_DIR / f"{file}.toml"
-    raw = read_toml(file, "workload")
+    raw = read_toml(workload_file(path), "workload")
     return shape_from_workload(raw, where=str(path))
+
+
+def load_workload_finetune(path: str | Path) -> FinetuneSpec | None:
+    """The [finetune] table of `--workload` (a TOML file or a bundled workload), checked as
+    `run` checks it; None without one (and for an hf: config, which has none)."""
+    from sextant.sources import is_hf, workload_file
+    from sextant.tomlfile import read_toml
+    from sextant.workload import FinetuneSpec
+
+    if is_hf(path):
+        return None
+    table = read_toml(workload_file(path), "workload").get("finetune")
+    if table is None:
+        return None
+    allowed = set(FinetuneSpec.__dataclass_fields__)
+    if not isinstance(table, dict) or set(table) - allowed:
+        raise UserError(f"{path}: [finetune] takes {', '.join(sorted(allowed))}. "
+                        f"Received: {table!r}")
+    values = dict(table)
+    if isinstance(values.get("targets"), list):
+        values["targets"] = tuple(values["targets"])
+    return FinetuneSpec(**values)
 
 
 def _hf_shape(spec: str) -> TransformerShape | MLPShape:

@@ -5,7 +5,37 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+
+class Bar(TypedDict):
+    """One bar: its value, with a whisker from low to high where both are known."""
+
+    name: str
+    value: float | None
+    colour: str
+    low: NotRequired[float | None]
+    high: NotRequired[float | None]
+
+
+class StackedBar(TypedDict):
+    """One stacked bar: a value (>= 0) per segment."""
+
+    name: str
+    values: list[float]
+
+
+class Line(TypedDict):
+    """One line: its (x, y) points (y None: no point), how it is drawn, and optional
+    (x, low, high) whiskers. A ghost line is drawn faint and left out of the legend."""
+
+    name: str
+    colour: str
+    points: Sequence[tuple[float, float | None]]
+    dash: NotRequired[str]
+    width: NotRequired[float]
+    ghost: NotRequired[bool]
+    ranges: NotRequired[Sequence[tuple[float, float | None, float | None]]]
 
 FRAMEWORK_COLOURS = {
     # Several shades per framework: runs of one framework share a hue.
@@ -55,7 +85,7 @@ def fmt_tick(v: float) -> str:
     return f"{v:g}"
 
 
-def _label_width(rows: Sequence[dict[str, Any]]) -> int:
+def _label_width(rows: Sequence[Bar] | Sequence[StackedBar]) -> int:
     """Left margin that fits the longest row name (about 7 px a character at 12 px)."""
     longest = max((len(str(r["name"])) for r in rows), default=10)
     return max(120, min(380, 7 * longest + 18))
@@ -75,7 +105,7 @@ def legend(items: Sequence[tuple[str, str, str]]) -> str:
     return f'<div class="legend">{"".join(spans)}</div>'
 
 
-def _hbar_frame(rows: Sequence[dict[str, Any]], hi: float, *, width: int, label: str,
+def _hbar_frame(rows: Sequence[Bar] | Sequence[StackedBar], hi: float, *, width: int, label: str,
                 unit: str) -> tuple[list[str], Callable[[float], float]]:
     """The frame shared by the horizontal bar charts: SVG opening, vertical grid lines with
     tick labels from 0 to `hi`, the axis label; returns the parts and the x scale."""
@@ -99,27 +129,30 @@ def _hbar_frame(rows: Sequence[dict[str, Any]], hi: float, *, width: int, label:
     return parts, x
 
 
-def hbar_chart(rows: Sequence[dict[str, Any]], *, label: str, unit: str,
+def hbar_chart(rows: Sequence[Bar], *, label: str, unit: str,
                fmt: Callable[[float], str] = fmt_tick, width: int = 900) -> str:
     """Horizontal bars (value) with p10-p90 whiskers (low, high); rows: name, value, low,
     high, colour."""
-    rows = [r for r in rows if r.get("value") is not None]
-    if not rows:
+    shown = [(r, v) for r in rows if (v := r.get("value")) is not None]
+    if not shown:
         return "<p class=\"muted\">No data.</p>"
+    rows = [r for r, _ in shown]
     left, bar, top = _label_width(rows), 26, 8
-    parts, x = _hbar_frame(rows, max(max(r["value"], r.get("high") or 0) for r in rows), width=width, label=label, unit=unit)
-    for i, r in enumerate(rows):
+    parts, x = _hbar_frame(rows, max(max(v, r.get("high") or 0) for r, v in shown),
+                           width=width, label=label, unit=unit)
+    for i, (r, value) in enumerate(shown):
         y0 = top + i * bar
         mid = y0 + bar / 2
         parts.append(
             f'<text x="{left - 8}" y="{mid + 4:.1f}" text-anchor="end">{e(r["name"])}</text>'
-            f'<rect x="{left}" y="{y0 + 4}" width="{x(r["value"]) - left:.1f}" '
+            f'<rect x="{left}" y="{y0 + 4}" width="{x(value) - left:.1f}" '
             f'height="{bar - 8}" rx="2" fill="{r["colour"]}" opacity=".85">'
-            f'<title>{e(r["name"])}: {e(fmt(r["value"]))} {e(unit)}</title></rect>'
+            f'<title>{e(r["name"])}: {e(fmt(value))} {e(unit)}</title></rect>'
         )
-        end = x(r["value"])
-        if r.get("low") is not None and r.get("high") is not None:
-            lo, hi_x = x(r["low"]), x(r["high"])
+        end = x(value)
+        low, high = r.get("low"), r.get("high")
+        if low is not None and high is not None:
+            lo, hi_x = x(low), x(high)
             parts.append(
                 f'<line x1="{lo:.1f}" x2="{hi_x:.1f}" y1="{mid:.1f}" y2="{mid:.1f}" '
                 f'stroke="#212529" stroke-width="1.4"/>'
@@ -130,12 +163,12 @@ def hbar_chart(rows: Sequence[dict[str, Any]], *, label: str, unit: str,
             )
             end = max(end, hi_x)
         parts.append(f'<text x="{end + 6:.1f}" y="{mid + 4:.1f}" class="val">'
-                     f'{e(fmt(r["value"]))}</text>')
+                     f'{e(fmt(value))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
-def stacked_hbar_chart(rows: Sequence[dict[str, Any]], segments: Sequence[tuple[str, str]], *,
+def stacked_hbar_chart(rows: Sequence[StackedBar], segments: Sequence[tuple[str, str]], *,
                        label: str, unit: str, fmt: Callable[[float], str] = fmt_tick,
                        width: int = 900) -> str:
     """Horizontal stacked bars; rows: name, values (one per segment, >= 0). segments:
@@ -165,7 +198,7 @@ def stacked_hbar_chart(rows: Sequence[dict[str, Any]], segments: Sequence[tuple[
     return "".join(parts) + legend([(s, c, "") for s, c in segments])
 
 
-def line_chart(series: Sequence[dict[str, Any]], *, label: str, xlabel: str, ylabel: str,
+def line_chart(series: Sequence[Line], *, label: str, xlabel: str, ylabel: str,
                integer_x: bool = False, markers: bool = False, width: int = 900,
                height: int = 320, x_labels: dict[float, str] | None = None,
                x_format: Any = None) -> str:

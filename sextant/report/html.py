@@ -18,6 +18,8 @@ from sextant.errors import UserError
 from sextant.fsutil import atomic_write_text
 from sextant.report.charts import (
     DASHES,
+    Line,
+    StackedBar,
     colour_for,
     e,
     hbar_chart,
@@ -28,12 +30,11 @@ from sextant.measure.agreement import FP32_ATOL as PARITY_ATOL
 from sextant.report.model import (
     ACCELERATOR_COLUMNS,
     DEPLOY_COLUMNS,
-    Report,
-    Summary,
     accelerator_rows,
     build_report,
     deploy_cells,
 )
+from sextant.report.types import Report, Summary
 from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore, finite_json
@@ -185,7 +186,8 @@ def _hero(report: Report) -> str:
                          [(r["rank"], r["candidate"], f'{r["score"]:.2f}', _money(r["tco_usd"]))
                           for r in rec["ranking"][:5]], left=2)
         notes = "".join(f'<p class="small">{e(n)}</p>' for n in rec["notes"])
-        profile = Path(rec["profile"]).name if rec.get("profile") else "-"
+        profile_path = rec.get("profile")
+        profile = Path(profile_path).name if profile_path else "-"
         right = (f'<div class="eyebrow">Ranking</div>{ranking}'
                  f'<p class="small">Team profile <code>{e(profile)}</code>; rules and costs: '
                  f'Full advice below.</p>{notes}')
@@ -343,7 +345,7 @@ def _scaling(report: Report) -> str:
         return ('<section id="scaling"><h2>Scaling with workers</h2><p class="muted">No '
                 'multi-worker run in this report: run <code>sextant compare --workers 2</code>.'
                 '</p></section>')
-    series = []
+    series: list[Line] = []
     for i, s in enumerate(sc["series"]):
         colour = colour_for(s["framework"], s["shade"])
         pts = [(p["workers"], p["tokens_per_s"]) for p in s["points"]]
@@ -356,10 +358,11 @@ def _scaling(report: Report) -> str:
             series.append({"name": "linear", "colour": colour, "dash": "4 4", "ghost": True,
                            "width": 1.2, "points": [(1, base["tokens_per_s"]),
                                                     (top, base["tokens_per_s"] * top)]})
-        if s.get("prediction"):
+        planned = s.get("prediction")
+        if planned:
             series.append({"name": f"{s['name']}, planner", "colour": colour, "dash": "1.5 4",
                            "width": 2.0, "points": [(q["workers"], q["tokens_per_s"])
-                                                    for q in s["prediction"]["points"]]})
+                                                    for q in planned["points"]]})
     chart = line_chart(series, label="throughput by workers", xlabel="workers (replicas)",
                        ylabel="tokens/s", integer_x=True, markers=True, height=300)
     rows = [(s["name"], p["workers"], fmt_rate(p["tokens_per_s"]),
@@ -386,7 +389,8 @@ def _interconnect(report: Report) -> str:
     head = '<section id="interconnect"><h2>Scaling vs interconnect</h2>'
     if not ic["series"]:
         return f'{head}<p class="muted">{e(ic["note"])}</p></section>'
-    series, rows = [], []
+    series: list[Line] = []
+    rows: list[tuple[Any, ...]] = []
     for i, s in enumerate(ic["series"]):
         colour = colour_for(s["framework"], i)
         series.append({"name": s["name"], "colour": colour, "dash": "", "width": 2.4,
@@ -442,7 +446,7 @@ def _memory(report: Report) -> str:
     if not ranks:
         return ('<section id="memory"><h2>Memory per rank</h2><p class="muted">No memory '
                 'measured.</p></section>')
-    rows_chart = []
+    rows_chart: list[StackedBar] = []
     for r in ranks:
         name = r["run"] + (f' · rank {r["rank"]}' if r["rank"] is not None else "")
         if r["rss_start_bytes"] is not None and r["growth_bytes"] is not None:
@@ -501,7 +505,7 @@ def _layouts(report: Report) -> str:
 
 def _parity(report: Report) -> str:
     p = report["parity"]
-    series = []
+    series: list[Line] = []
     for i, c in enumerate(p["curves"]):
         colour = _run_colour(report, c["run"])
         series.append({"name": c["run"], "colour": colour, "dash": DASHES[i % len(DASHES)],

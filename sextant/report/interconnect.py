@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sextant.report.types import Interconnect, LinkFit, LinkPoint, LinkPrediction, LinkSeries
 from sextant.results.record import RunRecord
 from sextant.strategy import DATA_PARALLEL
 
@@ -27,7 +28,7 @@ def _tps(run: RunRecord) -> float | None:
     return v if v is not None and v > 0 else None
 
 
-def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> dict[str, Any]:
+def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> Interconnect:
     """Series of multi-host runs by link rate (see the module docstring); `runs` are all
     stored runs of the report's workload."""
     ok = [r for r in runs if r.status == "ok" and _tps(r) is not None]
@@ -35,7 +36,8 @@ def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> dict[str, An
     for r in ok:  # the latest one-process, one-host run of each framework and mode
         if r.strategy.parallel == "single" and r.strategy.workers == 1:
             singles[(r.strategy.framework, r.strategy.mode)] = r
-    series: dict[tuple[Any, ...], dict[str, Any]] = {}
+    series: dict[tuple[Any, ...], LinkSeries] = {}
+    points: dict[tuple[Any, ...], dict[float, LinkPoint]] = {}
     for r in ok:
         net = r.fingerprint.network
         if net.get("kind") != "emulated" or not net.get("link_bit_s") or len(
@@ -47,19 +49,22 @@ def interconnect(runs: Sequence[RunRecord], machine: Any = None) -> dict[str, An
         single = singles.get((fw, mode))
         s = series.setdefault(key, {
             "name": _name(r, workers), "framework": fw, "parallel": key[2], "workers": workers,
-            "single_id": single.id if single else None, "points": {}, "fit": None})
+            "single_id": single.id if single else None, "points": [], "fit": None,
+            "prediction": None})
         base = _tps(single) if single else None
         tps = _tps(r)
-        s["points"][float(net["link_bit_s"])] = {
+        points.setdefault(key, {})[float(net["link_bit_s"])] = {
             "link_gbit": float(net["link_bit_s"]) / 1e9, "hosts": len(net["hosts"]),
             "tokens_per_s": _tps(r), "id": r.id,
             "exposed_share": r.metrics.exposed_comm_share,
             "efficiency": tps / (workers * base) if base and tps is not None else None}
-        if s["fit"] is None and net.get("allreduce_fit"):
-            s["fit"] = {**net["allreduce_fit"], "link_bit_s": float(net["link_bit_s"])}
+        fit = net.get("allreduce_fit")
+        if s["fit"] is None and fit:
+            s["fit"] = {"alpha_s": fit["alpha_s"], "beta_s_per_byte": fit["beta_s_per_byte"],
+                        "link_bit_s": float(net["link_bit_s"])}
     out = []
-    for s in series.values():
-        s["points"] = [s["points"][k] for k in sorted(s["points"])]
+    for key, s in series.items():
+        s["points"] = [points[key][k] for k in sorted(points[key])]
         single = next((r for r in ok if r.id == s["single_id"]), None)
         s["prediction"] = _predict(s, single, machine)
         out.append(s)
@@ -73,8 +78,8 @@ def _name(run: RunRecord, workers: int) -> str:
     return " ".join(parts)
 
 
-def _predict(s: dict[str, Any], single: RunRecord | None, machine: Any
-             ) -> list[dict[str, Any]] | None:
+def _predict(s: LinkSeries, single: RunRecord | None, machine: Any
+             ) -> list[LinkPrediction] | None:
     """The planner's efficiency at every rate (None without calibration, fit or baseline)."""
     if machine is None or machine.calibration is None or single is None or not s["fit"]:
         return None
@@ -83,13 +88,13 @@ def _predict(s: dict[str, Any], single: RunRecord | None, machine: Any
     from sextant.errors import UserError
     from sextant.planner.local import predict_scaling
 
-    fit, base = s["fit"], _tps(single)
+    fit: LinkFit = s["fit"]
+    base = _tps(single)
     rates = sorted({*(g * 1e9 for g in LINK_GBITS), *(p["link_gbit"] * 1e9 for p in s["points"])})
-    line = []
+    line: list[LinkPrediction] = []
     for rate in rates:
-        link = {"alpha_s": fit["alpha_s"],
-                "beta_s_per_byte": fit["beta_s_per_byte"] * fit["link_bit_s"] / rate}
-        cat = machine.with_calibration({**machine.calibration, "allreduce": link})
+        cat = machine.with_loopback_fit(
+            fit["alpha_s"], fit["beta_s_per_byte"] * fit["link_bit_s"] / rate)
         try:
             pred = predict_scaling(cat, single, s["parallel"], [s["workers"]])
         except UserError:
@@ -108,7 +113,7 @@ def _predict(s: dict[str, Any], single: RunRecord | None, machine: Any
     return line
 
 
-def _note(series: list[dict[str, Any]], machine: Any) -> str:
+def _note(series: list[LinkSeries], machine: Any) -> str:
     if not series:
         return ("No run across hosts for this workload: 'sextant cluster up --link 10gbit', "
                 "then 'sextant compare --cluster sx' (docs/multi-host.md).")

@@ -10,11 +10,11 @@ from sextant.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signe
 from sextant.report.model import (
     ACCELERATOR_COLUMNS,
     DEPLOY_COLUMNS,
-    Report,
     accelerator_rows,
     deploy_cells,
     speedup_cell,
 )
+from sextant.report.types import Report
 
 
 def md(text: Any) -> str:

@@ -1,7 +1,7 @@
-"""Everything the report shows, as one JSON-able dict built from run records.
+"""Everything the report shows, as one typed JSON-able value built from run records.
 
-The HTML page, the Markdown file and `--format json` all render this one dict, so the three
-formats never disagree. Fields missing from a run record (older stores, constructed records)
+The HTML page, the Markdown file and `--format json` all render this one value (its types:
+sextant.report.types), so the three formats never disagree. Fields missing from a run record (older stores, constructed records)
 come out as None and are shown as '-'.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from sextant import __version__
 from sextant.claims import (
     HOLDS,
     NOT_HOLD,
     NOT_MEASURED,
+    ClaimDict,
     check_claims,
     compute_units,
     conditions,
@@ -31,6 +32,30 @@ from sextant.measure.intervals import (
 from sextant.measure.agreement import FP32_ATOL, MIXED_FACTOR, mixed_agreement
 from sextant.measure.stats import max_loss_diff
 from sextant.results.deploy import DeployRecord
+from sextant.report.types import (
+    CommRow,
+    CompileRow,
+    Deployment,
+    DeployRow,
+    Environment,
+    Headline,
+    LayoutRow,
+    Memory,
+    MemoryRank,
+    Parity,
+    ParityRow,
+    PlannedPoint,
+    PlannedScaling,
+    Reason,
+    Recommendation,
+    Report,
+    RunRow,
+    Scaling,
+    ScalingHeadline,
+    ScalingPoint,
+    ScalingSeries,
+    Summary,
+)
 from sextant.results.record import RankSummary, RunRecord
 
 MODEL_STATE_BYTES_PER_PARAM = 16
@@ -38,157 +63,6 @@ MODEL_STATE_BYTES_PER_PARAM = 16
 PROFILE_HINT = "sextant report --profile examples/profiles/startup-nvidia-pytorch.toml"
 NO_CALIBRATION_NOTE = ("The planner's prediction is not drawn: this machine is not calibrated "
                        "(run 'sextant calibrate', then 'sextant report').")
-
-
-class StepTimeCell(TypedDict):
-    median: float | None
-    p10: float | None
-    p90: float | None
-    n: int | None
-
-
-class RateCell(TypedDict):
-    """tokens/s: the median, and the range from the step-time p90 (low) and p10 (high)."""
-
-    median: float | None
-    low: float | None
-    high: float | None
-
-
-class SpeedupCI(TypedDict):
-    low: float | None
-    high: float | None
-    confidence: float
-
-
-class RunRow(TypedDict):
-    """One configuration in the report: its representative trial's figures, and (added by
-    the trial pass) its trial counts and speed-up interval against the reference."""
-
-    id: int | None
-    not_ranked: str | None
-    effective_precision: str
-    device: str
-    accelerator: str | None
-    mfu: float | None
-    planner_step_s: float | None
-    planner_error: float | None
-    planner_stale: bool
-    """Its planner figures were made by another planner or catalogue than today's."""
-    device_peak_bytes: float | None
-    index: int
-    label: str
-    framework: str
-    mode: str
-    parallel: str
-    workers: int
-    replicas: int
-    precision: str
-    compress: str
-    threads_per_worker: int | None
-    status: str
-    step_time_s: StepTimeCell
-    tokens_per_s: RateCell
-    speedup_vs_reference: float | None
-    first_step_s: float | None
-    compile_s: float | None
-    time_to_first_step_s: float | None
-    import_s: float | None
-    setup_s: float | None
-    achieved_flops_per_s: float | None
-    peak_rss_bytes: float | None
-    peak_rss_total_bytes: float | None
-    data_wait_share: float | None
-    exposed_comm_s: float | None
-    exposed_comm_share: float | None
-    final_loss: float | None
-    max_loss_diff: float | None
-    trials: NotRequired[int]
-    disturbed_trials: NotRequired[int]
-    disturbed_ids: NotRequired[list[int | None]]
-    interference: NotRequired[list[Any]]
-    speedup_ci: NotRequired[SpeedupCI]
-    shade: NotRequired[int]
-
-
-class Summary(TypedDict):
-    """The headline figures: the fastest configuration and whether its interval names it,
-    the leanest, what was not ranked and why, parity and the claims' verdict counts."""
-
-    runs: int
-    reference: str | None
-    fastest: dict[str, Any] | None
-    trials: int
-    disturbed: list[dict[str, Any]]
-    leanest: dict[str, Any] | None
-    not_ranked: list[dict[str, str]]
-    parity_ok: bool
-    parity_max_diff: float
-    claims: dict[str, int]
-    scaling: list[dict[str, Any]]
-
-
-class Report(TypedDict):
-    """Everything the report shows; the HTML page, the Markdown file and --format json
-    render this one value."""
-
-    sextant: str
-    generated_at: str
-    group_id: str | None
-    created_at: str
-    workload: dict[str, Any]
-    workload_hash: str
-    recommendation: dict[str, Any]
-    summary: Summary
-    claims: list[dict[str, Any]]
-    runs: list[RunRow]
-    scaling: dict[str, Any]
-    interconnect: dict[str, Any]
-    memory: dict[str, Any]
-    communication: list[dict[str, Any]]
-    parity: dict[str, Any]
-    compile: list[dict[str, Any]]
-    layouts: list[dict[str, Any]] | None
-    environment: dict[str, Any]
-    deployment: Deployment | None
-
-
-class DeployRow(TypedDict):
-    """One deployment artifact as the report shows it (sextant.results.deploy.DeployRecord)."""
-
-    label: str
-    framework: str
-    format: str
-    runtime: str
-    status: str
-    error: str | None
-    parity: str | None
-    max_rel: float | None
-    argmax_agree: float | None
-    loss_change: float | None
-    """Held-out loss of the artifact minus the reference's (a quantized artifact's cost)."""
-    probe: str | None
-    probe_detail: str | None
-    generation_match: bool | None
-    b1_ms: float | None
-    b1_low_ms: float | None
-    b1_high_ms: float | None
-    bn_ms: float | None
-    bn_batch: int | None
-    cold_start_s: float | None
-    size_mb: float | None
-    rss_mb: float | None
-    targets: list[str]
-
-
-class Deployment(TypedDict):
-    """The deployment section: every artifact exported from one run's final parameters."""
-
-    source_run: int | None
-    params_sha256: str
-    threads: int
-    rows: list[DeployRow]
-    summary: str
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -381,15 +255,15 @@ def _anchor(runs: Sequence[RunRecord], ref: RunRecord, precision: str
 
 
 def _parity_row(run: RunRecord, ref: RunRecord,
-                anchors: Mapping[str, RunRecord | None]) -> dict[str, Any]:
+                anchors: Mapping[str, RunRecord | None]) -> ParityRow:
     """One run's agreement: fp32 runs within FP32_ATOL of the reference's fp32 curve;
     mixed-precision runs within the band of sextant.measure.agreement. `anchors`: the
     reference configuration's run in each precision (_anchor)."""
     precision = conditions(run)[0]
     fp32 = anchors["fp32"]
-    row: dict[str, Any] = {"run": run.label, "id": run.id, "precision": precision,
-                           "max_diff": None, "held_to_parity": False, "rule": None,
-                           "band_ratio": None, "agrees": None, "why_not": ""}
+    row: ParityRow = {"run": run.label, "id": run.id, "precision": precision,
+                      "max_diff": None, "held_to_parity": False, "rule": None,
+                      "band_ratio": None, "agrees": None, "why_not": ""}
     losses = run.finite_losses
     if fp32 is None:
         row["why_not"] = f"no fp32 run of {ref.label} to compare with"
@@ -399,9 +273,8 @@ def _parity_row(run: RunRecord, ref: RunRecord,
         diff = max_loss_diff(losses, fp32_losses)
         if run is fp32:  # compared with itself: only a NaN (a disagreement) is worth a figure
             diff = diff if diff == math.inf else None
-        row.update(max_diff=diff, held_to_parity=True, rule=f"|Δloss| <= {FP32_ATOL:g}",
-                   agrees=diff is None or diff <= FP32_ATOL)
-        return row
+        return {**row, "max_diff": diff, "held_to_parity": True,
+                "rule": f"|Δloss| <= {FP32_ATOL:g}", "agrees": diff is None or diff <= FP32_ATOL}
     mixed = anchors[precision]
     if mixed is None or not losses:
         row["why_not"] = (f"no {precision} run of {fp32.label} to set the band"
@@ -411,13 +284,13 @@ def _parity_row(run: RunRecord, ref: RunRecord,
         row["why_not"] = f"the reference's {precision} run: it sets the band"
         return row
     result = mixed_agreement(losses, fp32_losses, mixed.finite_losses)
-    row.update(max_diff=result.max_diff, held_to_parity=True, band_ratio=result.worst_ratio,
-               rule=f"within {MIXED_FACTOR:g}x {mixed.label}'s own {precision}-vs-fp32 "
-                    "envelope", agrees=result.ok)
-    return row
+    return {**row, "max_diff": result.max_diff, "held_to_parity": True,
+            "band_ratio": result.worst_ratio,
+            "rule": f"within {MIXED_FACTOR:g}x {mixed.label}'s own {precision}-vs-fp32 envelope",
+            "agrees": result.ok}
 
 
-def _parity(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
+def _parity(runs: Sequence[RunRecord], ref: RunRecord) -> Parity:
     precisions = {"fp32"} | {conditions(run)[0] for run in runs}
     anchors = {p: _anchor(runs, ref, p) for p in precisions}
     per_run = [_parity_row(run, ref, anchors) for run in runs]
@@ -437,8 +310,8 @@ def _parity(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
     }
 
 
-def _scaling(rows: list[RunRow]) -> dict[str, Any]:
-    series: list[dict[str, Any]] = []
+def _scaling(rows: list[RunRow]) -> Scaling:
+    series: list[ScalingSeries] = []
     multi = [r for r in rows if r["parallel"] != "single" and r["replicas"] > 1
              and r["tokens_per_s"]["median"] is not None and r["status"] == "ok"]
     kinds: dict[tuple[str, str, str], list[RunRow]] = {}
@@ -449,10 +322,10 @@ def _scaling(rows: list[RunRow]) -> dict[str, Any]:
         singles = [r for r in rows if r["framework"] == fw and r["mode"] == mode
                    and r["parallel"] == "single" and r["tokens_per_s"]["median"] is not None
                    and r["status"] == "ok"]
-        points: dict[int, dict[str, Any]] = {}
+        points: dict[int, ScalingPoint] = {}
         for r in singles[-1:] + group:
             t = r["tokens_per_s"]
-            points[r["replicas"]] = {"workers": r["replicas"], "tokens_per_s": t["median"],
+            points[r["replicas"]] = {"workers": r["replicas"], "tokens_per_s": t["median"] or 0.0,
                                      "low": t["low"], "high": t["high"], "run": r["label"],
                                      "id": r["id"],
                                      "compute": compute_units(str(r["device"]), r["replicas"],
@@ -460,13 +333,14 @@ def _scaling(rows: list[RunRow]) -> dict[str, Any]:
         ordered = [points[k] for k in sorted(points)]
         base = ordered[0] if ordered and ordered[0]["workers"] == 1 else None
         for p in ordered:
-            p["speedup_vs_one"] = (p["tokens_per_s"] / base["tokens_per_s"]
-                                   if base and base["tokens_per_s"] else None)
+            speedup = (p["tokens_per_s"] / base["tokens_per_s"]
+                       if base and base["tokens_per_s"] else None)
+            p["speedup_vs_one"] = speedup
             # Throughput per unit of compute against the one worker's: on a CPU two
             # one-thread workers hold what one two-thread worker held (100 % when nothing is
             # lost), never N workers against one holding all the cores.
-            p["efficiency"] = (p["speedup_vs_one"] * base["compute"] / p["compute"]
-                               if p["speedup_vs_one"] is not None and base else None)
+            p["efficiency"] = (speedup * base["compute"] / p["compute"]
+                               if speedup is not None and base else None)
         shade = sum(1 for s in series if s["framework"] == fw)
         series.append({"name": f"{fw} {parallel}" + (f" ({mode})" if mode != "eager" else ""),
                        "framework": fw, "mode": mode, "parallel": parallel,
@@ -475,7 +349,7 @@ def _scaling(rows: list[RunRow]) -> dict[str, Any]:
             "prediction_note": NO_CALIBRATION_NOTE}
 
 
-def _predict(scaling: dict[str, Any], runs: Sequence[RunRecord], machine: Any) -> None:
+def _predict(scaling: Scaling, runs: Sequence[RunRecord], machine: Any) -> None:
     """Add the planner's prediction to each scaling series: compute efficiency fitted on the
     series' single-process run, then tokens/s at the measured worker counts and at every
     power of two up to this machine's cores (sextant/planner/local.py)."""
@@ -486,7 +360,7 @@ def _predict(scaling: dict[str, Any], runs: Sequence[RunRecord], machine: Any) -
         return
     problem = "no one-worker run to fit"
     calibration = machine.calibration
-    cores = int((calibration.get("host") or {}).get("cores") or 1)
+    cores = int(calibration.host.cores or 1)
     by_id = {run.id: run for run in runs}
     drawn = 0
     for s in scaling["series"]:
@@ -501,13 +375,14 @@ def _predict(scaling: dict[str, Any], runs: Sequence[RunRecord], machine: Any) -
             counts.append(n)
             n *= 2
         try:
-            s["prediction"] = predict_scaling(machine, single, s["parallel"], counts)
+            planned = _planned(predict_scaling(machine, single, s["parallel"], counts))
         except UserError as exc:  # an incomplete calibration: the report still stands
-            s["prediction"], problem = None, str(exc)
-        if s["prediction"] is None:
+            planned, problem = None, str(exc)
+        s["prediction"] = planned
+        if planned is None:
             continue
         drawn += 1
-        predicted = {q["workers"]: q["tokens_per_s"] for q in s["prediction"]["points"]}
+        predicted = {q["workers"]: q["tokens_per_s"] for q in planned["points"]}
         for p in s["points"]:
             pred = predicted.get(p["workers"])
             p["predicted_tokens_per_s"] = pred
@@ -515,25 +390,41 @@ def _predict(scaling: dict[str, Any], runs: Sequence[RunRecord], machine: Any) -
     scaling["predicted_only"] = [
         {"series": s["name"], "workers": q["workers"], "tokens_per_s": q["tokens_per_s"],
          "exposed_share": q["exposed_share"]}
-        for s in scaling["series"] if s.get("prediction")
-        for q in s["prediction"]["points"]
+        for s in scaling["series"] for q in _planned_points(s)
         if q["workers"] not in {p["workers"] for p in s["points"]}]
     scaling["prediction"] = {
-        "calibration_created": calibration.get("created"),
+        "calibration_created": calibration.created,
         "cores": cores,
-        "allreduce": calibration.get("allreduce"),
+        "allreduce": calibration.to_dict()["allreduce"],
         "series_predicted": drawn,
     }
     scaling["prediction_note"] = (
         "Dotted lines: the planner's prediction for this machine (calibrated "
-        f"{calibration.get('created', '?')}; {cores} cores shared by the workers), with each "
+        f"{calibration.created or '?'}; {cores} cores shared by the workers), with each "
         "series' compute efficiency fitted on its one-worker run, so the one-worker point "
         "agrees by construction and every other point is a prediction."
         if drawn else f"The planner could not predict these series ({problem}).")
 
 
-def _memory(runs: Sequence[RunRecord]) -> dict[str, Any]:
-    rows = []
+def _planned(raw: Mapping[str, Any] | None) -> PlannedScaling | None:
+    """The planner's scaling prediction (sextant.planner.local.predict_scaling), typed at
+    the report's edge."""
+    if raw is None:
+        return None
+    return {"efficiency": raw["efficiency"], "fitted_on": raw["fitted_on"],
+            "points": [{"workers": q["workers"], "step_s": q["step_s"],
+                        "tokens_per_s": q["tokens_per_s"],
+                        "tokens_per_s_no_overlap": q["tokens_per_s_no_overlap"],
+                        "exposed_share": q["exposed_share"]} for q in raw["points"]]}
+
+
+def _planned_points(series: ScalingSeries) -> list[PlannedPoint]:
+    planned = series.get("prediction")
+    return planned["points"] if planned else []
+
+
+def _memory(runs: Sequence[RunRecord]) -> Memory:
+    rows: list[MemoryRank] = []
     params = None
     for run in runs:
         params = params or run.metrics.params
@@ -560,9 +451,8 @@ def _memory(runs: Sequence[RunRecord]) -> dict[str, Any]:
     }
 
 
-def _communication(rows: list[RunRow], runs: Sequence[RunRecord]
-                   ) -> list[dict[str, Any]]:
-    out = []
+def _communication(rows: list[RunRow], runs: Sequence[RunRecord]) -> list[CommRow]:
+    out: list[CommRow] = []
     for row, run in zip(rows, runs):
         comm = run.metrics.exposed_comm_s
         if comm is None:
@@ -581,8 +471,8 @@ def _communication(rows: list[RunRow], runs: Sequence[RunRecord]
     return out
 
 
-def _compile(rows: list[RunRow]) -> list[dict[str, Any]]:
-    out = []
+def _compile(rows: list[RunRow]) -> list[CompileRow]:
+    out: list[CompileRow] = []
     for row in rows:
         first, steady = row["first_step_s"], row["step_time_s"]["median"]
         if first is None or steady is None:
@@ -597,7 +487,7 @@ def _compile(rows: list[RunRow]) -> list[dict[str, Any]]:
     return out
 
 
-def _environment(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
+def _environment(runs: Sequence[RunRecord], ref: RunRecord) -> Environment:
     fp = ref.fingerprint.to_dict()
     versions: dict[str, str] = {}
     for run in runs:
@@ -611,7 +501,7 @@ def _environment(runs: Sequence[RunRecord], ref: RunRecord) -> dict[str, Any]:
 
 
 def _headline(rows: list[RunRow], groups: Sequence[Sequence[RunRecord]]
-              ) -> dict[str, Any] | None:
+              ) -> Headline | None:
     """The fastest configuration by its speed-up point estimate, and whether its interval
     against the runner-up excludes 1. If not, the headline says they are tied."""
     ranked = sorted(((r, g) for r, g in zip(rows, groups)
@@ -620,7 +510,7 @@ def _headline(rows: list[RunRow], groups: Sequence[Sequence[RunRecord]]
     if not ranked:
         return None
     best, best_trials = ranked[0]
-    out: dict[str, Any] = {"verdict": "fastest", "runner_up": None, "vs_runner_up": None,
+    out: Headline = {"verdict": "fastest", "runner_up": None, "vs_runner_up": None,
                            "tied_with": []}
     for row, trials in ranked[1:]:
         iv = speedup_interval(_usable(trials), _usable(best_trials))
@@ -707,8 +597,7 @@ def _headline_sentence(summary: Summary) -> tuple[str, str]:
             f"{vs['value']:.2f}x the speed of the runner-up, {f['runner_up']}{ci}, {over}.")
 
 
-def _summary(rows: list[RunRow], parity: dict[str, Any],
-             claims: list[dict[str, Any]], scaling: dict[str, Any],
+def _summary(rows: list[RunRow], parity: Parity, claims: list[ClaimDict], scaling: Scaling,
              groups: Sequence[Sequence[RunRecord]] = ()) -> Summary:
     timed = [r for r in rows if r["tokens_per_s"]["median"] is not None and r["status"] == "ok"
              and not r.get("not_ranked")]
@@ -720,7 +609,7 @@ def _summary(rows: list[RunRow], parity: dict[str, Any],
     heaviest = max(with_rss, key=lambda r: r["peak_rss_bytes"] or 0.0) if with_rss else None
     counts = {v: sum(1 for c in claims if c["verdict"] == v)
               for v in (HOLDS, NOT_HOLD, INCONCLUSIVE, NOT_MEASURED)}
-    scaling_points = [
+    scaling_points: list[ScalingHeadline] = [
         {"series": s["name"], "workers": p["workers"], "speedup_vs_one": p["speedup_vs_one"]}
         for s in scaling["series"] for p in s["points"][-1:] if p["workers"] > 1
     ]
@@ -752,7 +641,7 @@ def _summary(rows: list[RunRow], parity: dict[str, Any],
     }
 
 
-def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
+def _recommendation(advice: Any, profile_path: str | None) -> Recommendation:
     if advice is None:
         return {"source": "measured", "hint": PROFILE_HINT}
     from sextant.advisor import to_dict
@@ -761,7 +650,7 @@ def _recommendation(advice: Any, profile_path: str | None) -> dict[str, Any]:
     rationale = {f["id"]: f["rationale"] for f in full["fired"]}
     details = {f["id"]: f["detail"] for f in full["fired"]}
     top = full["ranking"][0]
-    reasons = [{"id": r["id"], "delta": r["delta"], "source": r["source"],
+    reasons: list[Reason] = [{"id": r["id"], "delta": r["delta"], "source": r["source"],
                 "rationale": rationale.get(r["id"], ""), "detail": details.get(r["id"], "")}
                for r in top["reasons"]]
     return {
@@ -889,7 +778,7 @@ def layout_comm_bytes(rank: RankSummary) -> float | None:
     return float(planned) if planned is not None else None
 
 
-def _layouts(runs: Sequence[RunRecord]) -> list[dict[str, Any]] | None:
+def _layouts(runs: Sequence[RunRecord]) -> list[LayoutRow] | None:
     """The report's parallel-layouts section; None without a tensor- or pipeline-parallel
     run."""
     if not any(r.strategy.parallel in MODEL_PARALLEL for r in runs):
@@ -897,13 +786,13 @@ def _layouts(runs: Sequence[RunRecord]) -> list[dict[str, Any]] | None:
     return layout_rows(runs)
 
 
-def layout_rows(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+def layout_rows(runs: Sequence[RunRecord]) -> list[LayoutRow]:
     """The parallelism spectrum (compare layouts, the report): per run, what its layout
     cost and how much sextant code it needed."""
     from sextant.backends import get_backend
     from sextant.backends.code_size import strategy_lines
 
-    rows = []
+    rows: list[LayoutRow] = []
     for run in runs:
         ranks = run.ranks or (RankSummary(),)
         acc = ranks[0].memory_accounting

@@ -313,6 +313,37 @@ class Fingerprint:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunIdentity:
+    """A run before it has figures: what ran, when, and where its files are. The runner makes
+    one when a run starts and its record from it when the run ends (`record`), whether the
+    run finished, failed, diverged or was stopped."""
+
+    strategy: Strategy
+    workload: Mapping[str, Any]
+    """`Workload.to_dict()` of the workload as it runs."""
+    workload_hash: str
+    workload_file: str | None
+    created_at: str
+    group_id: str | None
+    run_dir: str | None
+
+    def record(self, *, status: str, metrics: Mapping[str, Any],
+               losses: Sequence[float | None] = (), grad_norms: Sequence[float | None] = (),
+               ranks: Sequence[Mapping[str, Any]] = (),
+               fingerprint: Mapping[str, Any] | None = None) -> RunRecord:
+        """The run's record from its figures as the runner computed them, each part checked
+        as a stored record's is (numbers finite or None, the ranks' summaries typed)."""
+        return RunRecord(
+            strategy=self.strategy, created_at=self.created_at, group_id=self.group_id,
+            status=status, workload=_table("workload", self.workload),
+            workload_hash=self.workload_hash, workload_file=self.workload_file,
+            metrics=Metrics.from_dict(metrics), losses=_series("losses", losses),
+            grad_norms=_series("grad_norms", grad_norms),
+            ranks=tuple(RankSummary.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)),
+            fingerprint=Fingerprint.from_dict(fingerprint or {}), run_dir=self.run_dir)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunRecord:
     """One run: its identity, the workload and strategy it ran, its figures, its loss and
     gradient-norm curves, its ranks and its environment."""

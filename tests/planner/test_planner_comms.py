@@ -94,19 +94,16 @@ def test_dp_collectives_table(zero, schedule, expected):
 
 
 def test_measured_and_planned_bytes_come_from_one_table():
-    from types import SimpleNamespace
-
     from sextant.measure.comm import bytes_per_step
+    from sextant.strategy import Strategy
 
     p = 136_960  # gpt-tiny (docs/levers.md)
-    run = SimpleNamespace(replicas=2, parallel="zero1", compress="none", grad_accum=1)
-    got = bytes_per_step(run, p)
+    got = bytes_per_step(Strategy(framework="torch", parallel="zero1", workers=2), p)
     want = comms.dp_bytes_sent(1, 2, 4.0 * p, 4.0 * p, 1, "torch-no-sync")
     assert got["total"] == pytest.approx(float(want["total"]))
     # docs/levers.md: 0.52 MB for dp and zero2, 0.78 MB for zero1 and fsdp (2 ranks).
     assert got["total"] == pytest.approx(1.5 * 4 * p)
-    fsdp = bytes_per_step(SimpleNamespace(replicas=2, parallel="fsdp", compress="none",
-                                          grad_accum=1), p)
+    fsdp = bytes_per_step(Strategy(framework="torch", parallel="fsdp", workers=2), p)
     assert fsdp["total"] == pytest.approx(1.5 * 4 * p)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from sextant.cli import main
 from sextant.errors import UserError
+from sextant.planner.calibration_doc import Calibration, DeviceGemm, device_from_dict
 from sextant.planner.device_calibration import (
     accelerator_of,
     calibrate_device,
@@ -44,8 +45,8 @@ def test_the_shapes_are_a_step_of_the_layers_and_the_output_projection():
 
 
 def test_efficiency_is_the_flop_weighted_rate_over_peak():
-    rows = [{"m": 2, "k": 3, "n": 4, "count": 2, "seconds_best": 1.0},
-            {"m": 1, "k": 1, "n": 1, "count": 4, "seconds_best": 0.5}]
+    rows = [DeviceGemm(m=2, k=3, n=4, count=2, seconds_best=1.0),
+            DeviceGemm(m=1, k=1, n=1, count=4, seconds_best=0.5)]
     assert kernel_efficiency(rows, peak=10.0) == pytest.approx((96 + 8) / 4.0 / 10.0)
 
 
@@ -59,23 +60,25 @@ def test_device_names_map_to_the_catalogue():
 def test_cpu_path_measures_real_products_and_a_real_all_reduce():
     doc = calibrate_device(cost=TINY.cost(), tokens=T, device="cpu", peak=1e12, world=2,
                            max_bytes=4 * 2**20, timeout=120)
-    assert doc["dtype"] == "fp32" and doc["accelerator"] is None
-    assert len(doc["gemms"]) == len(gemm_shapes(TINY.cost(), T))
-    assert all(g["seconds_best"] > 0 and math.isfinite(g["flops"]) for g in doc["gemms"])
-    assert 0 < doc["kernel_efficiency"] == pytest.approx(
-        kernel_efficiency(doc["gemms"], 1e12))
-    ar = doc["allreduce"]
-    assert ar["backend"] == "gloo" and ar["world"] == 2
-    assert ar["sizes_bytes"] == [2**20, 4 * 2**20]
-    for size, t, bw in zip(ar["sizes_bytes"], ar["times_s"], ar["busbw_bytes_per_s"]):
+    assert doc.dtype == "fp32" and doc.accelerator is None
+    assert len(doc.gemms) == len(gemm_shapes(TINY.cost(), T))
+    assert all(g.seconds_best > 0 and math.isfinite(g.flops) for g in doc.gemms)
+    assert 0 < doc.kernel_efficiency == pytest.approx(kernel_efficiency(doc.gemms, 1e12))
+    ar = doc.allreduce
+    assert ar is not None and ar.backend == "gloo" and ar.world == 2
+    assert ar.sizes_bytes == (2**20, 4 * 2**20)
+    for size, t, bw in zip(ar.sizes_bytes, ar.times_s, ar.busbw_bytes_per_s):
         assert bw == pytest.approx(size / t)  # 2 (n-1)/n = 1 for two ranks
-    assert ar["plateau_busbw_bytes_per_s"] == ar["busbw_bytes_per_s"][-1]
+    assert ar.plateau_busbw_bytes_per_s == ar.busbw_bytes_per_s[-1]
+    # The document's file round trip keeps every field.
+    assert device_from_dict(json.loads(json.dumps(Calibration(device=doc).to_dict()))[
+        "device"]) == doc
 
 
 def test_one_device_measures_no_collective():
     doc = calibrate_device(cost=TINY.cost(), tokens=8, device="cpu", peak=1e12, world=1,
                            timeout=120)
-    assert doc["allreduce"] is None and "one device" in doc["notes"][0]
+    assert doc.allreduce is None and "one device" in doc.notes[0]
 
 
 def _calibration(tmp_path, accelerator="h100-sxm", efficiency=0.5, busbw=100e9):
@@ -127,7 +130,7 @@ def test_the_gpu_path_on_a_gpu():
 
     doc = calibrate_device(cost=preset("llama3-8b").cost(), tokens=4096, device="gpu",
                            max_bytes=2**26, timeout=600)
-    assert doc["dtype"] == "bf16" and doc["accelerator"] is not None
-    assert 0.2 < doc["kernel_efficiency"] <= 1.0
-    if doc["device_count"] >= 2:
-        assert doc["allreduce"]["backend"] == "nccl"
+    assert doc.dtype == "bf16" and doc.accelerator is not None
+    assert 0.2 < doc.kernel_efficiency <= 1.0
+    if doc.device_count >= 2:
+        assert doc.allreduce is not None and doc.allreduce.backend == "nccl"

@@ -164,7 +164,8 @@ def test_every_record_names_a_source_with_a_split_and_a_known_evaluator():
         assert r.source in sources and r.evaluator in EVALUATORS and r.where is not None
     # About a third of the counted rows of the sources at the split are held out, and every
     # source added after it (MaxText, the Scaling Book, llm-foundry) is held out.
-    added = {"maxtext-readme", "scaling-book", "llm-foundry-benchmarks"}
+    added = {"maxtext-readme", "scaling-book", "llm-foundry-benchmarks", "peft-readme",
+             "lora-2021"}
     counted = [r for r in refs if r.kind in ("end-to-end", "collective")]
     original = [r for r in counted if r.source not in added]
     held = [r for r in original if sources[r.source].split == "held-out"]
@@ -189,7 +190,8 @@ def test_the_split_follows_the_rule_blind_to_errors():
     from sextant.planner.references import load
 
     sources, refs = load()
-    added = {"maxtext-readme", "scaling-book", "llm-foundry-benchmarks"}
+    added = {"maxtext-readme", "scaling-book", "llm-foundry-benchmarks", "peft-readme",
+             "lora-2021"}
     rows: dict[str, int] = {}
     for r in refs:
         counted = r.kind in ("end-to-end", "collective")
@@ -231,10 +233,15 @@ def test_shares_are_per_split(rows):
 
     s = shares(rows)
     assert s["formula"][0] == s["formula"][1]
-    tuning = [r for r in rows if r.split == "tuning" and r.kind in ("end-to-end", "collective")]
-    held = [r for r in rows if r.split == "held-out" and r.kind in ("end-to-end", "collective")]
+    counted = [r for r in rows if r.kind in ("end-to-end", "collective")]
+    pre = [r for r in counted if r.group == "pre-training"]
+    tuning = [r for r in pre if r.split == "tuning"]
+    held = [r for r in pre if r.split == "held-out"]
     assert s["tuning"][1] == len(tuning) and s["held-out"][1] == len(held)
     assert s["held-out"][0] == sum(abs(r.error) <= 0.10 for r in held)
+    # The fine-tuning group is counted apart, so the pre-training shares stay comparable.
+    tuned = [r for r in counted if r.group == "fine-tuning"]
+    assert tuned and s["fine-tuning"] == (sum(abs(r.error) <= 0.10 for r in tuned), len(tuned))
 
 
 def test_plan_references_prints_one_split(capsys):

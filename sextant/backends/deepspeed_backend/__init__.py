@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sextant.backends.base import BackendBase, Capabilities
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
     from sextant.workload import Workload
 

@@ -20,21 +20,20 @@ from __future__ import annotations
 from typing import Any
 
 from sextant.errors import UserError
-from sextant.strategy import ZERO_STAGE
-
-"""sextant parallel strategy -> DeepSpeed ZeRO stage."""
+from sextant.strategy import Strategy
 
 NEVER_PRINT = 2**31 - 1
 """steps_per_print: DeepSpeed's own progress lines are off (sextant reports the steps)."""
 
 
-def ds_config(workload: Any, strategy: Any) -> dict[str, Any]:
+def ds_config(workload: Any, strategy: Strategy) -> dict[str, Any]:
     """The config dict handed to deepspeed.initialize for this workload and strategy."""
-    replicas, accum = strategy.replicas, strategy.grad_accum
+    dims = strategy.dims()
+    replicas, accum = dims.dp, dims.grad_accum
     if workload.global_batch % (replicas * accum):
         raise UserError(f"deepspeed: the global batch ({workload.global_batch}) must divide "
                         f"into {replicas} ranks x {accum} micro-batches")
-    zero: dict[str, Any] = {"stage": ZERO_STAGE[strategy.parallel]}
+    zero: dict[str, Any] = {"stage": dims.zero}
     if zero["stage"] == 3:
         # DeepSpeed keeps parameters under 1e5 elements whole on every rank by default;
         # sextant's models are small, so without this ZeRO-3 would partition nothing.

@@ -56,10 +56,9 @@ from sextant.backends import precision
 from sextant.init import adapter_shapes
 from sextant.weights import initial_params, trainable
 from sextant.schedule import lr_table
-from sextant.strategy import ZERO_STAGE
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 CHECKPOINT_TAG = "deepspeed"
 """The tag (sub-directory) engine.save_checkpoint writes inside sextant's step directory."""
@@ -154,7 +153,7 @@ class _Step:
 
     def __init__(self, ctx: WorkerContext, engine: Any, device: torch.device) -> None:
         self.ctx, self.engine, self.device = ctx, engine, device
-        self.stage = ZERO_STAGE[ctx.strategy.parallel]
+        self.stage = ctx.strategy.dims().zero
         self.lrs = lr_table(ctx.workload.optimizer, ctx.workload.steps).tolist()
         self.updates = 0
         """Optimizer updates so far (the schedule's index; set on resume)."""
@@ -278,7 +277,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
                 "optimizer": f"torch.optim.{optimizer_impl} as DeepSpeed's client optimizer"
                              + (f" under {type(engine.optimizer).__name__}"
                                 if engine.optimizer is not optimizer else ""),
-                "wrapping": f"deepspeed.initialize, ZeRO stage {ZERO_STAGE[strategy.parallel]}"
+                "wrapping": f"deepspeed.initialize, ZeRO stage {strategy.dims().zero}"
                             + (", bf16" if strategy.precision == "bf16" else ""),
                 "collectives": "nccl" if cuda else "gloo",
                 "compression": strategy.compress,
@@ -298,7 +297,7 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool, setup: dict[str
     # The no-sync variant exists at stage 0 only (DeepSpeed's engine.no_sync refuses
     # partitioned gradients) and with more than one rank.
     nosync = (lambda batch: step(batch, sync=False)) if (
-        ZERO_STAGE[strategy.parallel] == 0 and ctx.world > 1) else None
+        strategy.dims().zero == 0 and ctx.world > 1) else None
     return harness.train(ctx, Trainer(
         n_params=sum(v.size for v in params.values()),
         n_trainable=sum(t.numel() for t in net.parameters() if t.requires_grad),

@@ -56,7 +56,7 @@ from sextant.schedule import lr_table
 from sextant.workload import MLPSpec
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 
 def run(ctx: WorkerContext) -> RankResult:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sextant.backends.base import DEPLOY_INSTALL, BackendBase, Capabilities, ExportFormat
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
 
 KERAS_DP_JAX_ONLY = (

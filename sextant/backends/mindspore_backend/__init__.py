@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sextant.backends.base import BackendBase, Capabilities, ProcessLayout
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
 
 _ASCEND_ONLY = ("MindSpore 2.10 shards and splits models through its auto-parallel "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sextant.backends.base import BackendBase, Capabilities
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
 
 _NOT_WIRED = ("MLX 0.32 offers nn.fully_shard (FSDP over nn.Modules) and tensor-parallel "

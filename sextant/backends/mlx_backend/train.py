@@ -39,7 +39,7 @@ from sextant.measure.guard import guard_recompiles
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 
 def run(ctx: WorkerContext) -> RankResult:

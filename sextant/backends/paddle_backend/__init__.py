@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sextant.backends.base import BackendBase, Capabilities
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
 
 _NO_SHARDING = ("Paddle shards optimizer state, gradients and parameters through "

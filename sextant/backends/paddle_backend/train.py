@@ -48,7 +48,7 @@ from sextant.measure.guard import guard_recompiles
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 GLOO_TIMEOUT_S = 30
 """Paddle 3.3's ProcessGroupGloo keeps gloo's default timeout (no Python option sets it): a

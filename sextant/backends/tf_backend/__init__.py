@@ -26,7 +26,7 @@ from sextant.backends.base import (
 from sextant.fsutil import private_tempdir
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
 
 # Set in every TensorFlow worker before TensorFlow is imported, overriding the user's shell,

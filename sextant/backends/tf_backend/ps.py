@@ -55,7 +55,7 @@ from sextant.measure.loop import Faults
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 ASYNC_NOTE = (
     "parameter-server training is asynchronous: each step is {w} concurrent updates, one per "

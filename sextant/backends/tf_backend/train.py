@@ -49,7 +49,7 @@ from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 INTER_OP_THREADS = 2
 

@@ -30,12 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import WorkerContext
+    from sextant.contracts import WorkerContext
 
 
 @dataclass
-class Layout:
-    """Where this rank sits on the 2-D mesh."""
+class RankMesh:
+    """Where this rank sits on the 2-D device mesh (data parallel x tensor or pipeline)."""
 
     degree: int
     """Model-parallel degree (tp or pp)."""
@@ -54,7 +54,7 @@ class Layout:
         return self.mesh.get_group(0)
 
 
-def layout(ctx: WorkerContext, device_type: str) -> Layout:
+def rank_mesh(ctx: WorkerContext, device_type: str) -> RankMesh:
     from torch.distributed.device_mesh import init_device_mesh
 
     strategy = ctx.strategy
@@ -62,7 +62,7 @@ def layout(ctx: WorkerContext, device_type: str) -> Layout:
     dp = ctx.world // degree
     axis = "tp" if strategy.tp > 1 else "pp"
     mesh = init_device_mesh(device_type, (dp, degree), mesh_dim_names=("dp", axis))
-    return Layout(degree=degree, dp=dp, dp_rank=ctx.rank // degree, mp_rank=ctx.rank % degree,
+    return RankMesh(degree=degree, dp=dp, dp_rank=ctx.rank // degree, mp_rank=ctx.rank % degree,
                   mesh=mesh)
 
 
@@ -138,7 +138,7 @@ def grad_norm(params: list[torch.Tensor], pp_group: Any = None) -> torch.Tensor:
     return squared.sqrt()
 
 
-def average_over_dp(params: list[torch.Tensor], lay: Layout, fault: str | None) -> None:
+def average_over_dp(params: list[torch.Tensor], lay: RankMesh, fault: str | None) -> None:
     """Mean of the data-parallel peers' gradients: one all-reduce of a flat buffer.
     SEXTANT_TEST_FAULT=sum-gradients leaves out the division (the parity tests must fail)."""
     from torch.distributed.tensor import DTensor
@@ -197,7 +197,7 @@ def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def pipeline(net: nn.Module, lay: Layout, ctx: WorkerContext, device: torch.device
+def pipeline(net: nn.Module, lay: RankMesh, ctx: WorkerContext, device: torch.device
              ) -> tuple[Stage, Any]:
     """This rank's stage and the schedule that runs it."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -214,7 +214,7 @@ def pipeline(net: nn.Module, lay: Layout, ctx: WorkerContext, device: torch.devi
     return stage, schedule
 
 
-def gather_stages(stage: Stage, names: dict[str, str], lay: Layout, rank: int
+def gather_stages(stage: Stage, names: dict[str, str], lay: RankMesh, rank: int
                   ) -> dict[str, Any] | None:
     """The whole model in canonical layout on rank 0, from the stages of its pipeline."""
     import numpy as np

@@ -43,7 +43,7 @@ from sextant.schedule import lr_table
 from sextant.workload import LlamaSpec
 
 if TYPE_CHECKING:
-    from sextant.backends.contracts import RankResult, WorkerContext
+    from sextant.contracts import RankResult, WorkerContext
 
 DDP_STRATEGIES = ("dp", "zero1")
 FSDP_STRATEGIES = ("zero2", "fsdp")
@@ -299,7 +299,7 @@ class _Parallelized:
 
     module: torch.nn.Module
     """What the step calls: the model with its loss, under DDP/FSDP/compile as applied."""
-    lay: par.Layout | None = None
+    lay: par.RankMesh | None = None
     """The 2-D mesh of tensor or pipeline parallelism."""
     stage: Any = None
     schedule: Any = None
@@ -313,7 +313,7 @@ def _parallelize(net: torch.nn.Module, ctx: WorkerContext, device: torch.device
     """Applied in torchtitan's order: tensor parallelism, activation checkpointing, the
     pipeline split, then DDP or FSDP (compile comes after the optimizer is built)."""
     strategy, parallel = ctx.strategy, ctx.strategy.parallel
-    lay = par.layout(ctx, device.type) if parallel in MODEL_PARALLEL else None
+    lay = par.rank_mesh(ctx, device.type) if parallel in MODEL_PARALLEL else None
     if parallel == "tp" and lay is not None:
         spec = ctx.workload.model
         par.apply_tp(net, lay.mesh["tp"], strategy.sequence_parallel,

@@ -2,11 +2,10 @@
 
 `WorkerContext` is what a backend's `run` receives inside its worker process; `RankResult` is
 what it returns (the raw measurements of one rank, which `sextant.runner.aggregate` and
-`rank_summaries` turn into the stored run record). They live here, next to the `Backend`
-protocol (`sextant.backends.base`), so that backends can name them without importing the
-launcher: `sextant.launch.worker` builds a WorkerContext and re-exports the name.
-
-This module imports no framework and nothing from `sextant.launch` at run time.
+`rank_summaries` turn into the stored run record). They live below every part that names
+them (the backends, the timed loop in `sextant.measure`, checkpoints, the launchers), so that
+each imports them downward: `sextant.launch.worker` builds a WorkerContext, a backend reads
+it, and nothing here imports a framework or a launcher.
 """
 
 from __future__ import annotations
@@ -15,13 +14,10 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+from typing import Any, Protocol, TextIO, TypedDict
 
 from sextant.strategy import Strategy
 from sextant.workload import Workload
-
-if TYPE_CHECKING:
-    from sextant.launch.collector import Channel
 
 EVENT_SCHEMA = 1
 """Version of the progress-event lines a rank writes (rank{r}.events.jsonl)."""
@@ -30,6 +26,13 @@ RANK_RESULT_SCHEMA = 1
 """Version of the RankResult shape below. Rank results are not stored as they are: the run
 record (sextant.results.record.RunRecord) is assembled from them, so a change here that keeps the
 keys the runner reads keeps every stored record readable."""
+
+
+class Sender(Protocol):
+    """Where a rank sends its events and result when it shares no filesystem with the
+    launching process (sextant.launch.collector.Channel, authenticated)."""
+
+    def send(self, msg: dict[str, Any]) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -63,7 +66,7 @@ class WorkerContext:
     """With --resume: the checkpoint step the launching process accepted (0: none yet), which
     every rank must load (sextant.checkpoint.resume_point); None when it did not say."""
     _events: TextIO | None = field(default=None, repr=False)
-    channel: Channel | None = field(default=None, repr=False)
+    channel: Sender | None = field(default=None, repr=False)
     """Connection to the run's collector when the ranks share no filesystem with it."""
 
     @property
@@ -88,6 +91,78 @@ class WorkerContext:
         self._events.flush()
         if self.channel is not None:
             self.channel.send({"kind": "event", "event": record})
+
+
+class Event(TypedDict):
+    """What every event line carries (rank{r}.events.jsonl, metrics.jsonl, the collector's
+    event messages); the kind's own fields follow (EVENTS)."""
+
+    schema: int
+    event: str
+    rank: int
+    time: float
+
+
+class StartEvent(TypedDict):
+    steps: int
+
+
+class StepEvent(TypedDict):
+    step: int
+    loss: float | None
+    step_time_s: float
+    data_time_s: float
+    rows: int | None
+
+
+class PhaseEvent(TypedDict):
+    name: str
+
+
+class CheckpointEvent(TypedDict):
+    step: int
+    seconds: float
+
+
+class ResumedEvent(TypedDict):
+    step: int
+
+
+class WarningEvent(TypedDict):
+    message: str
+
+
+class DoneEvent(TypedDict):
+    pass
+
+
+EVENTS: dict[str, type] = {
+    "start": StartEvent, "step": StepEvent, "phase": PhaseEvent,
+    "checkpoint": CheckpointEvent, "resumed": ResumedEvent, "warning": WarningEvent,
+    "done": DoneEvent,
+}
+"""Each event kind's own fields (sextant.schema.problem checks them); readers keep kinds they
+do not know, which a newer worker may write."""
+
+
+class EventMessage(TypedDict):
+    kind: str
+    event: dict[str, Any]
+
+
+class ResultMessage(TypedDict):
+    kind: str
+    result: dict[str, Any]
+
+
+class ErrorMessage(TypedDict):
+    kind: str
+    text: str
+
+
+MESSAGES: dict[str, type] = {"event": EventMessage, "result": ResultMessage,
+                             "error": ErrorMessage}
+"""What a rank sends its collector after the hello (sextant.launch.collector), by kind."""
 
 
 class _RankResultOptional(TypedDict, total=False):
