@@ -88,19 +88,24 @@ def _llama_shapes(model: LlamaSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+LLAMA_TARGET_MODULES = {t: f"{'mlp' if t in ('gate', 'up', 'down') else 'attn'}.{t}"
+                        for t in ("q", "k", "v", "o", "gate", "up", "down")}
+GPT_TARGET_MODULES = {"qkv": "attn.qkv", "o": "attn.proj", "up": "mlp.fc", "down": "mlp.proj"}
+"""finetune.targets -> the canonical module each adapts, per family."""
+
+
 def adapter_shapes(model: ModelSpec, finetune: FinetuneSpec) -> dict[str, tuple[int, ...]]:
     """LoRA's adapters, after the base parameters in the canonical order: for each block and
     target projection `P` (canonical weight (in, out)), `P.lora_a` (in, rank) and `P.lora_b`
     (rank, out). Empty unless finetune.method is 'lora'."""
-    if not finetune.lora or not isinstance(model, LlamaSpec):
+    if not finetune.lora or isinstance(model, MLPSpec):
         return {}
     base = param_shapes(model)
-    module = {"q": "attn", "k": "attn", "v": "attn", "o": "attn",
-              "gate": "mlp", "up": "mlp", "down": "mlp"}
+    module = (GPT_TARGET_MODULES if isinstance(model, GPTSpec) else LLAMA_TARGET_MODULES)
     shapes: dict[str, tuple[int, ...]] = {}
     for i in range(model.n_layers):
         for target in finetune.targets:
-            prefix = f"blocks.{i}.{module[target]}.{target}."
+            prefix = f"blocks.{i}.{module[target]}."
             fan_in, fan_out = base[prefix + "weight"]
             shapes[prefix + "lora_a"] = (fan_in, finetune.rank)
             shapes[prefix + "lora_b"] = (finetune.rank, fan_out)

@@ -218,7 +218,15 @@ def check_model_features(workload: Workload, strategy: Strategy) -> None:
                                    or strategy.precision != "fp32"):
         raise UserError(f"finetune.method = 'lora' runs with --parallel single or dp in fp32 "
                         f"so far. Received: {strategy.label}")
-    needed = model_features(workload.model, workload.finetune.lora)
+    if workload.data.instruction and (strategy.parallel != "single"
+                                      or strategy.grad_accum != 1):
+        # Each rank (or micro-batch) would average over its own response tokens, and the
+        # mean of those means is not the global batch's mean when their counts differ.
+        raise UserError(f"instruction data (a loss over response tokens only) runs with "
+                        f"--parallel single and no --grad-accum so far. Received: "
+                        f"{strategy.label}")
+    needed = model_features(workload.model, workload.finetune.lora,
+                            workload.data.instruction, workload.finetune.base_dtype == "bf16")
     if not needed:
         return
     have = get_backend(strategy.framework).capabilities().model_features
@@ -226,7 +234,11 @@ def check_model_features(workload: Workload, strategy: Strategy) -> None:
     if missing:
         what = {"qkv_bias": "query/key/value biases (Qwen2's)",
                 "tied_gpt_head": "GPT output head tied to the embedding (GPT-2's)",
-                "lora": "LoRA adapters (finetune.method = 'lora')"}
+                "lora": "LoRA adapters (finetune.method = 'lora')",
+                "lora_gpt": "LoRA adapters on the gpt family",
+                "bf16_base": "bf16 frozen base (finetune.base_dtype = 'bf16')",
+                "masked_loss": "loss that leaves prompt tokens out (data.format = "
+                               "'instruction')"}
         raise UserError(f"{strategy.framework}'s model code has no {what[missing[0]]}; "
                         f"workload {workload.name!r} needs it. Frameworks that have it: "
                         + ", ".join(_with_feature(missing[0])))

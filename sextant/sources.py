@@ -58,9 +58,14 @@ def resolve_workload(spec: str | Path) -> Workload:
     else:
         workload = load_workload(workload_file(spec))
     if workload.weights:  # a checkpoint that does not fit is refused before any worker starts
-        from sextant.weights import check_weights
+        from sextant.weights import check_weights, weights_digest
 
         check_weights(workload.model, Path(workload.weights))
+        workload = workload.replace(weights_digest=weights_digest(Path(workload.weights)))
+    if workload.data.instruction:
+        from sextant.data.instruction import with_rows
+
+        return with_rows(workload)
     if workload.data.files:
         from sextant.data.files import with_tokens
 

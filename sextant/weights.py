@@ -33,6 +33,7 @@ dtype of every backend.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -57,10 +58,27 @@ def initial_params(workload: Workload) -> dict[str, np.ndarray]:
     names a folder of them, else the seeded ones of sextant.init (float32, canonical order);
     then, for LoRA, its adapters (sextant.init.init_adapters)."""
     if workload.weights:
-        base = load_weights(workload.model, Path(workload.weights))
+        folder = Path(workload.weights)
+        if workload.weights_digest and weights_digest(folder) != workload.weights_digest:
+            raise UserError(f"weights: the checkpoint in {folder} is not the one the workload "
+                            f"was loaded with (its files' contents changed); give every host "
+                            f"the same files")
+        base = load_weights(workload.model, folder)
     else:
         base = init_params(workload.model, workload.seed)
     return {**base, **init_adapters(workload.model, workload.finetune, workload.seed)}
+
+
+def bf16_base_names(workload: Workload) -> frozenset[str]:
+    """The parameters a bf16 frozen base (finetune.base_dtype = 'bf16') stores in bfloat16:
+    every block's projection matrices, rounded to nearest even once, each upcast to fp32 where
+    a matmul uses it (so every backend computes the same fp32 model of the rounded base). The
+    embeddings, head, norms and biases stay fp32: a small share of a real model's bytes, and
+    the parts mixed-precision recipes keep in fp32 anyway."""
+    if workload.finetune.base_dtype != "bf16":
+        return frozenset()
+    return frozenset(k for k, shape in param_shapes(workload.model).items()
+                     if k.startswith("blocks.") and len(shape) == 2)
 
 
 def trainable(workload: Workload, name: str) -> bool:
@@ -75,6 +93,19 @@ def trainable_count(workload: Workload) -> tuple[int, int]:
               **adapter_shapes(workload.model, workload.finetune)}
     total = sum(math.prod(s) for s in shapes.values())
     return sum(math.prod(s) for n, s in shapes.items() if trainable(workload, n)), total
+
+
+def weights_digest(folder: Path) -> str:
+    """The content hash of the checkpoint in `folder`: each weight file's name and streamed
+    sha256, kept in the data cache's hash index by the file's identity (device, inode, size,
+    modification and change times), so an unchanged checkpoint is read once. The same weights
+    in another folder hash the same; changed weights in the same folder do not."""
+    from sextant.data.files import survey
+
+    files = weight_files(folder)
+    seen = survey([str(f) for f in files])
+    key = [[f.name, one.sha256] for f, one in zip(files, seen, strict=True)]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]
 
 
 def has_weights(folder: Path) -> bool:

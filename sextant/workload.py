@@ -40,6 +40,12 @@ MAX_VOCAB = 1 << 22
 """Any vocabulary (the largest published ones hold about 256K tokens)."""
 DATA_SUFFIXES = (".parquet", ".jsonl", ".txt")
 """The kinds of file `data.files` may name."""
+DATA_FORMATS = ("text", "instruction")
+"""What `data.files` hold: running text, or prompt/response pairs (JSON Lines)."""
+IGNORE_TARGET = -100
+"""The target id of a position the loss leaves out (a prompt or padding token of instruction
+data): every backend's loss is the mean over the targets that are not IGNORE_TARGET, the
+value torch's and Paddle's cross_entropy ignore by default."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -168,12 +174,19 @@ class LlamaSpec:
         return self.d_model // self.n_heads
 
 
-def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False
-                   ) -> tuple[str, ...]:
+def model_features(model: MLPSpec | GPTSpec | LlamaSpec, lora: bool = False,
+                   masked: bool = False, bf16_base: bool = False) -> tuple[str, ...]:
     """The optional parts a model uses, which a backend's model code must have (its
     Capabilities.model_features): 'qkv_bias' (Qwen2's), 'tied_gpt_head' (GPT-2's), 'lora'
-    (adapters beside frozen projections, finetune.method = 'lora')."""
-    out = ["lora"] if lora else []
+    (adapters beside frozen projections, finetune.method = 'lora'; 'lora_gpt' on the gpt
+    family), 'masked_loss' (a loss
+    that leaves IGNORE_TARGET targets out: instruction data), 'bf16_base' (LoRA's frozen
+    projections stored in bfloat16)."""
+    out = (["lora_gpt" if isinstance(model, GPTSpec) else "lora"] if lora else [])
+    if masked:
+        out.append("masked_loss")
+    if bf16_base:
+        out.append("bf16_base")
     if isinstance(model, LlamaSpec) and model.qkv_bias:
         out.append("qkv_bias")
     if isinstance(model, GPTSpec) and model.tie_embeddings:
@@ -205,6 +218,20 @@ class DataSpec:
     digest: str = ""
     """The content hash of the files and the tokenizer: what names the token file. Filled in
     when the workload is resolved, so a changed file makes a different workload."""
+    format: str = "text"
+    """'text': documents concatenated, the loss on every token. 'instruction': each JSON
+    Lines record holds a prompt and a response; a sequence is the prompt's tokens then the
+    response's, and the loss is the mean over the response's tokens only (sextant.data.
+    instruction)."""
+    prompt_field: str = "prompt"
+    """The key (instruction data) that holds each record's prompt."""
+    response_field: str = "response"
+    """The key (instruction data) that holds each record's response."""
+    packing: bool = False
+    """Instruction data: false puts one record per row (cut to the context length, padded
+    with ignored targets); true concatenates the records and cuts the stream into full rows,
+    so no position is padding (attention then crosses a record's boundary within a row, as
+    TRL's packing does)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.files, tuple) or not all(
@@ -227,6 +254,37 @@ class DataSpec:
         if not (isinstance(self.digest, str) and all(c in "0123456789abcdef"
                                                       for c in self.digest)):
             raise UserError(f"data.digest must be a hex digest. Received: {_short(self.digest)}")
+        self._check_instruction()
+
+    def _check_instruction(self) -> None:
+        if self.format not in DATA_FORMATS:
+            raise UserError(f"data.format must be one of {list(DATA_FORMATS)}. "
+                            f"Received: {_short(self.format)}")
+        _check_bool("data.packing", self.packing)
+        for key in ("prompt_field", "response_field"):
+            value = getattr(self, key)
+            if not (isinstance(value, str) and value):
+                raise UserError(f"data.{key} must be a non-empty string. "
+                                f"Received: {_short(value)}")
+        if self.format == "text":
+            changed = [k for k, v in (("prompt_field", "prompt"), ("response_field", "response"),
+                                      ("packing", False)) if getattr(self, k) != v]
+            if changed:
+                raise UserError(f"data.{changed[0]} is for data.format = 'instruction'. "
+                                f"Received: format={self.format!r}")
+            return
+        if self.prompt_field == self.response_field:
+            raise UserError(f"data.prompt_field and data.response_field must differ. "
+                            f"Received: both {self.prompt_field!r}")
+        odd = [p for p in self.files if not p.endswith(".jsonl")]
+        if not self.files or odd:
+            raise UserError("data.format = 'instruction' reads JSON Lines files "
+                            "(data.files = [\"*.jsonl\"]). Received: "
+                            + (repr(odd[0]) if odd else "no files"))
+
+    @property
+    def instruction(self) -> bool:
+        return self.format == "instruction"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -296,6 +354,11 @@ FINETUNE_METHODS = ("full", "lora")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """The llama family's projections a LoRA adapter may sit on (attention q, k, v, o; SwiGLU's
 gate, up, down)."""
+GPT_LORA_TARGETS = ("qkv", "o", "up", "down")
+"""The gpt family's: the fused attention input (GPT-2's c_attn, PEFT's default for GPT-2),
+its output (attn.c_proj), the MLP's first and second matrices (mlp.c_fc, mlp.c_proj)."""
+FAMILY_LORA_TARGETS = {"llama": LORA_TARGETS, "gpt": GPT_LORA_TARGETS}
+BASE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -315,7 +378,9 @@ class FinetuneSpec:
     """Projections that get an adapter: any of q, k, v, o, gate, up, down (PEFT's default
     for Llama is q and v)."""
     base_dtype: str = "fp32"
-    """The frozen base's dtype. fp32 only so far."""
+    """The frozen base's storage dtype under LoRA: 'fp32', or 'bf16' (its values rounded to
+    bfloat16 once, half the memory; every matmul still in fp32, the adapters and their
+    optimizer state in fp32)."""
 
     def __post_init__(self) -> None:
         if self.method not in FINETUNE_METHODS:
@@ -323,14 +388,19 @@ class FinetuneSpec:
                             f"Received: {_short(self.method)}")
         _positive_int("finetune.rank", self.rank, MAX_WIDTH)
         _positive_float("finetune.alpha", self.alpha)
+        known = (*LORA_TARGETS, *GPT_LORA_TARGETS)
         if not (isinstance(self.targets, tuple) and self.targets
-                and all(t in LORA_TARGETS for t in self.targets)
+                and all(t in known for t in self.targets)
                 and len(set(self.targets)) == len(self.targets)):
             raise UserError(f"finetune.targets must list distinct projections among "
-                            f"{list(LORA_TARGETS)}. Received: {_short(list(self.targets))}")
-        if self.base_dtype != "fp32":
-            raise UserError("finetune.base_dtype must be 'fp32' (a bf16 frozen base is not "
-                            f"built yet). Received: {_short(self.base_dtype)}")
+                            f"{list(LORA_TARGETS)} (llama) or {list(GPT_LORA_TARGETS)} (gpt). "
+                            f"Received: {_short(list(self.targets))}")
+        if self.base_dtype not in BASE_DTYPES:
+            raise UserError(f"finetune.base_dtype must be one of {list(BASE_DTYPES)}. "
+                            f"Received: {_short(self.base_dtype)}")
+        if self.base_dtype != "fp32" and not self.lora:
+            raise UserError("finetune.base_dtype = 'bf16' is for method = 'lora' (full "
+                            "fine-tuning trains the base, in the run's precision)")
 
     @property
     def lora(self) -> bool:
@@ -362,6 +432,10 @@ class Workload:
     """A folder of pretrained weights (`*.safetensors` as Hugging Face saves them, sharded or
     not) that replace the seeded initial parameters (sextant.weights); empty: seeded ones.
     Relative to the workload file, stored absolute."""
+    weights_digest: str = ""
+    """The content hash of the pretrained weights' files (sextant.weights.weights_digest),
+    filled in when the workload is resolved. Where it is set, it, not the folder's path,
+    identifies the weights in the workload's hashes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -369,12 +443,15 @@ class Workload:
         if not isinstance(self.weights, str):
             raise UserError(f"weights must be the path of a folder of *.safetensors files. "
                             f"Received: {_short(self.weights)}")
+        if not (isinstance(self.weights_digest, str)
+                and all(c in "0123456789abcdef" for c in self.weights_digest)):
+            raise UserError(f"weights_digest must be a hex digest. "
+                            f"Received: {_short(self.weights_digest)}")
         if self.weights and isinstance(self.model, MLPSpec):
             raise UserError("weights (a pretrained checkpoint) are for the gpt and llama "
                             "families, not mlp")
-        if self.finetune.lora and not isinstance(self.model, LlamaSpec):
-            raise UserError(f"finetune.method = 'lora' adapts the llama family's projections "
-                            f"({', '.join(LORA_TARGETS)}); this is a {self.model.family} model")
+        if self.finetune.lora:
+            self._check_lora_targets()
         if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION:
             raise UserError(f"description must be a string of at most {MAX_DESCRIPTION} "
                             f"characters. Received: {str(self.description)[:40]!r}... "
@@ -399,6 +476,17 @@ class Workload:
             )
         _fits_data(self)
 
+    def _check_lora_targets(self) -> None:
+        allowed = FAMILY_LORA_TARGETS.get(self.model.family)
+        if allowed is None:
+            raise UserError(f"finetune.method = 'lora' adapts the llama and gpt families' "
+                            f"projections; this is a {self.model.family} model")
+        odd = [t for t in self.finetune.targets if t not in allowed]
+        if odd:
+            raise UserError(f"finetune.targets for a {self.model.family} model must list "
+                            f"distinct projections among {list(allowed)}. Received: "
+                            f"{_short(list(self.finetune.targets))}")
+
     @property
     def tokens_per_sample(self) -> int:
         return 1 if isinstance(self.model, MLPSpec) else self.model.seq_len
@@ -410,6 +498,9 @@ class Workload:
         out["data"]["files"] = list(self.data.files)
         if not self.data.files:  # a bundled dataset is named by its name alone
             out["data"] = {"dataset": self.data.dataset}
+        elif not self.data.instruction:  # text data's hash stays what it was stored with
+            for key in ("format", "prompt_field", "response_field", "packing"):
+                del out["data"][key]
         # Fields added after results were stored appear only when set, so the content hash
         # of every workload that does not use them stays what it was.
         for key in _SET_ONLY.get(self.model.family, ()):
@@ -417,6 +508,8 @@ class Workload:
                 del out["model"][key]
         if not self.weights:
             del out["weights"]
+        if not self.weights_digest:
+            del out["weights_digest"]
         if self.finetune == FinetuneSpec():
             del out["finetune"]
         else:
@@ -442,6 +535,8 @@ _SET_ONLY = {"gpt": ("tie_embeddings",), "llama": ("qkv_bias",)}
 
 
 def _hash(payload: dict[str, Any], drop: tuple[str, ...]) -> str:
+    if payload.get("weights_digest"):  # the weights' content names them, not their folder
+        drop = (*drop, "weights")
     kept = {k: v for k, v in payload.items() if k not in drop}
     blob = json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

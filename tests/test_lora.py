@@ -23,6 +23,8 @@ from tests.helpers import REPO, needs_torch, run_cli, same_training, short
 
 LORA = FinetuneSpec(method="lora", rank=4, alpha=8.0,
                     targets=("q", "k", "v", "o", "gate", "up", "down"))
+GPT_LORA = FinetuneSpec(method="lora", rank=4, alpha=8.0, targets=("qkv", "o", "up", "down"))
+"""GPT-2's c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj."""
 PARITY = [f for f in ("torch", "jax", "tensorflow", "deepspeed", "mlx", "keras")
           if importlib.util.find_spec(f)]
 
@@ -39,9 +41,14 @@ def _raw(finetune: dict, family: str = "llama") -> dict:
     ({"method": "lora", "targets": ["q", "wq"]}, "llama", r"finetune.targets must list "
      r"distinct projections among \['q', 'k', 'v', 'o', 'gate', 'up', 'down'\]"),
     ({"method": "lora", "targets": []}, "llama", r"finetune.targets must list"),
-    ({"method": "lora", "base_dtype": "bf16"}, "llama", r"finetune.base_dtype must be 'fp32'"),
+    ({"method": "lora", "base_dtype": "fp16"}, "llama",
+     r"finetune.base_dtype must be one of \['fp32', 'bf16'\]"),
+    ({"base_dtype": "bf16"}, "llama", r"finetune.base_dtype = 'bf16' is for method = 'lora'"),
     ({"method": "lora", "dropout": 0.1}, "llama", r"unknown key finetune.dropout"),
-    ({"method": "lora"}, "gpt", r"finetune.method = 'lora' adapts the llama family's"),
+    ({"method": "lora"}, "gpt", r"finetune.targets for a gpt model must list distinct "
+     r"projections among \['qkv', 'o', 'up', 'down'\]. Received: \['q', 'v'\]"),
+    ({"method": "lora", "targets": ["qkv"]}, "llama", r"finetune.targets for a llama model"),
+    ({"method": "lora"}, "mlp", r"'lora' adapts the llama and gpt families'"),
 ])
 def test_bad_finetune_tables_are_one_line_errors(finetune: dict, family: str,
                                                  message: str) -> None:
@@ -139,6 +146,30 @@ def test_lora_trains_alike_from_the_base_model_on_every_framework() -> None:
 
 @needs_torch
 @pytest.mark.slow
+def test_lora_on_the_gpt_family_trains_alike() -> None:
+    """GPT-2-shaped models: adapters on the fused qkv, the attention output and both MLP
+    matrices, with their biases frozen, train alike (step 0 as the base model: B = 0, which
+    test_the_merged_model_is_the_adapted_model's gpt case and the llama runs above hold)."""
+    lora = short("gpt-tiny", 4).replace(finetune=GPT_LORA)
+    shapes = adapter_shapes(lora.model, GPT_LORA)
+    d = lora.model.d_model
+    assert shapes["blocks.0.attn.qkv.lora_b"] == (4, 3 * d)
+    assert shapes["blocks.1.mlp.proj.lora_a"] == (lora.model.d_ff, 4)
+    runs = {f: execute(lora, Strategy(framework=f), runs_dir=Path(tempfile.mkdtemp()))
+            for f in ("torch", "jax", "tensorflow", "mlx") if importlib.util.find_spec(f)}
+    trained, total = trainable_count(lora)
+    for f, run in runs.items():
+        same_training(run, runs["torch"], rtol=2e-5 if f == "mlx" else 1e-5)
+        acc = run.ranks[0].memory_accounting
+        assert (acc["trainable_parameters"], acc["parameters"]) == (trained, total), f
+        final = np.load(Path(run.run_dir) / "final_params.npz")
+        assert np.array_equal(final["blocks.0.attn.qkv.bias"],
+                              initial_params(lora)["blocks.0.attn.qkv.bias"]), f
+        assert not np.array_equal(final["blocks.0.attn.qkv.lora_b"], 0), f
+
+
+@needs_torch
+@pytest.mark.slow
 def test_lora_data_parallel_matches_one_process() -> None:
     w = short("llama-tiny", 5).replace(finetune=FinetuneSpec(method="lora", rank=2, alpha=4.0))
     one = execute(w, Strategy(framework="torch"), runs_dir=Path(tempfile.mkdtemp()))
@@ -164,7 +195,8 @@ def test_run_prints_the_trainable_parameters(tmp_path: Path) -> None:
 
 
 @needs_torch
-def test_the_merged_model_is_the_adapted_model() -> None:
+@pytest.mark.parametrize(("name", "lora"), [("llama-tiny", LORA), ("gpt-tiny", GPT_LORA)])
+def test_the_merged_model_is_the_adapted_model(name: str, lora: FinetuneSpec) -> None:
     """merge_adapters folds W + A B * alpha / rank: the plain model it gives computes the
     adapted model's logits (torch, fp32), with nonzero B so the merge has work to do."""
     import torch
@@ -172,7 +204,8 @@ def test_the_merged_model_is_the_adapted_model() -> None:
     from sextant.backends.torch_backend.model import add_adapters, build, load_canonical
     from sextant.weights import merge_adapters
 
-    w = short("llama-tiny", 5).replace(finetune=LORA)
+    LORA = lora  # noqa: N806
+    w = short(name, 5).replace(finetune=LORA)
     params = initial_params(w)
     rng = np.random.default_rng(0)
     params = {k: (rng.standard_normal(v.shape).astype(np.float32) * 0.05
@@ -205,3 +238,65 @@ def test_a_killed_lora_run_resumes_where_it_was(tmp_path: Path) -> None:
     whole = execute(w, Strategy(framework="jax"), runs_dir=tmp_path / "a")
     resumed = kill_then_resume(w, functools.partial(Strategy, framework="jax"), tmp_path)
     same_training(resumed, whole, b_from=3)
+
+
+@needs_torch
+@pytest.mark.slow
+def test_a_bf16_frozen_base_trains_alike_on_torch_and_jax() -> None:
+    """finetune.base_dtype = 'bf16': the blocks' frozen matrices stored rounded to bfloat16
+    (half their bytes), every matmul still in fp32, so torch and JAX train the same numbers
+    of the rounded base; frameworks without it refuse before any worker."""
+    import ml_dtypes
+
+    from sextant.weights import bf16_base_names
+
+    spec = FinetuneSpec(method="lora", rank=4, alpha=8.0, targets=("q", "v", "down"))
+    fp32 = short("llama-tiny", 4).replace(finetune=spec)
+    bf16 = fp32.replace(finetune=FinetuneSpec(method="lora", rank=4, alpha=8.0,
+                                              targets=("q", "v", "down"), base_dtype="bf16"))
+    assert bf16.content_hash() != fp32.content_hash()
+    with pytest.raises(UserError, match=r"tensorflow's model code has no bf16 frozen base .* "
+                                        r"Frameworks that have it: torch, jax"):
+        check_workload_fits(bf16, Strategy(framework="tensorflow"))
+    runs = {f: execute(bf16, Strategy(framework=f), runs_dir=Path(tempfile.mkdtemp()))
+            for f in ("torch", "jax") if importlib.util.find_spec(f)}
+    rounded = bf16_base_names(bf16)
+    start = initial_params(bf16)
+    frozen = [k for k in param_shapes(bf16.model)]
+    expected_bytes = sum(start[k].nbytes // (2 if k in rounded else 1) for k in frozen)
+    for f, record in runs.items():
+        same_training(record, runs["torch"])
+        final = np.load(Path(record.run_dir) / "final_params.npz")
+        for name in rounded:
+            expected = start[name].astype(ml_dtypes.bfloat16).astype(np.float32)
+            assert np.array_equal(final[name], expected), (f, name)
+            assert not np.array_equal(expected, start[name])  # the rounding is real
+        # The frozen base's bytes as the framework holds them: its matrices at 2 bytes.
+        assert record.ranks[0].memory_accounting["frozen_params"] == expected_bytes, f
+
+
+@needs_torch
+def test_compare_levers_sets_lora_against_full_fine_tuning() -> None:
+    """The LoRA lever row: PEFT's defaults on the family's default targets, the baseline's
+    strategy, named in the levers table, with its optimizer state a fraction of full
+    fine-tuning's."""
+    import io
+
+    from rich.console import Console
+
+    from sextant.commands.compare import lever_table, lora_lever
+
+    full = short("gpt-tiny", 4)
+    lora = lora_lever(full)
+    assert lora is not None and lora.finetune.targets == ("qkv",) and lora.finetune.rank == 8
+    assert lora_lever(short("llama-tiny", 4)).finetune.targets == ("q", "v")  # type: ignore[union-attr]
+    assert lora_lever(lora) is None and lora_lever(short("digits-mlp", 4)) is None
+    strategy = Strategy(framework="torch")
+    records = [execute(w, strategy, runs_dir=Path(tempfile.mkdtemp())) for w in (full, lora)]
+    console = Console(file=io.StringIO(), width=200)
+    console.print(lever_table(records))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    rows = [line for line in text.splitlines() if line.startswith("│ torch")]
+    assert len(rows) == 2 and "lora r8 (qkv)" in rows[1] and "lora" not in rows[0]
+    full_opt, lora_opt = (r.ranks[0].memory_accounting["optimizer_state"] for r in records)
+    assert lora_opt < full_opt / 10

@@ -248,3 +248,25 @@ def test_a_backend_without_the_model_part_refuses_before_any_worker(checkpoints:
                                                 r"Frameworks that have it: torch, jax, "):
                 check_workload_fits(w, Strategy(framework=framework))
         check_workload_fits(w, Strategy(framework="torch"))
+
+
+def test_the_weights_content_names_the_workload(checkpoints: dict, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same weights in another folder are the same workload; changed weights in the same
+    folder are another one, and a worker refuses weights that changed after the workload was
+    resolved."""
+    monkeypatch.setenv("SEXTANT_CACHE", str(tmp_path / "cache"))
+    folder = checkpoints["llama"][0]
+    w = resolve_workload(_spec(folder))
+    assert len(w.weights_digest) == 24
+    moved = resolve_workload(_spec(shutil.copytree(folder, tmp_path / "elsewhere" / folder.name)))
+    assert moved.weights != w.weights
+    assert (moved.content_hash(), moved.state_hash()) == (w.content_hash(), w.state_hash())
+    changed_folder = _rewrite(folder, tmp_path / "changed" / folder.name, lambda t: {
+        **t, "model.norm.weight": t["model.norm.weight"] * 2})
+    changed = resolve_workload(_spec(changed_folder))
+    assert changed.content_hash() != w.content_hash()
+    stale = changed.replace(weights_digest=w.weights_digest)
+    with pytest.raises(UserError, match=r"^weights: the checkpoint in .* is not the one the "
+                                        r"workload was loaded with"):
+        initial_params(stale)

@@ -79,7 +79,8 @@ class TeamProfile:
     parallelism: str = "none"
     """Preference: 'auto' (declarative sharding), 'manual' (hand control) or 'none'."""
     purpose: str
-    """'research' (iterate on ideas) or 'production' (ship and maintain a model)."""
+    """'research' (iterate on ideas), 'production' (ship and maintain a model) or 'finetune'
+    (adapt a pretrained model, fully or with LoRA, rather than train one)."""
     gpu_price_per_hour: float
     """Price of one device for one hour, USD."""
     devices: int
@@ -245,15 +246,26 @@ def parse_profile(raw: Mapping[str, Any], *, source: str = "profile") -> TeamPro
         raise UserError(f"{source}: {exc}") from None
 
 
+BUNDLED_PROFILES = Path(__file__).parent / "profiles"
+"""Profiles shipped with sextant, loaded by name (`--profile mac-mlx-finetune`)."""
+
+
+def bundled_profiles() -> list[str]:
+    return sorted(p.stem for p in BUNDLED_PROFILES.glob("*.toml"))
+
+
 def load_profile(path: str | Path) -> TeamProfile:
-    """Read and validate a profile TOML file."""
+    """Read and validate a profile TOML file, or a bundled profile by its name."""
     path = Path(path)
+    if not path.exists() and path.suffix == "" and (BUNDLED_PROFILES / f"{path}.toml").is_file():
+        path = BUNDLED_PROFILES / f"{path}.toml"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(
             f"profile {str(path)!r} does not exist; write a template with "
-            "'sextant advise init PATH'"
+            f"'sextant advise init PATH', or name a bundled one: "
+            f"{', '.join(bundled_profiles())}"
         ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read profile {str(path)!r}: {exc}") from None
@@ -277,7 +289,7 @@ devices = 8                      # devices (GPUs, TPU chips, NPUs, Macs) used fo
 deployment = "server"            # server | mobile | browser | edge
 localisation = false             # domestic-hardware / localisation requirement
 parallelism = "none"             # auto (declarative sharding) | manual (hand control) | none
-purpose = "production"           # research | production
+purpose = "production"           # research | production | finetune
 
 # --- money and time -------------------------------------------------------------
 gpu_price_per_hour = 2.50        # USD per device-hour
@@ -350,7 +362,8 @@ QUESTIONS = (
              kind="bool", default=False),
     Question(key="parallelism", prompt="Parallelism preference", kind="choice",
              choices=PARALLELISM, default="none"),
-    Question(key="purpose", prompt="Research or production", kind="choice", choices=PURPOSES),
+    Question(key="purpose", prompt="Research or production (or finetune)", kind="choice",
+             choices=PURPOSES),
     Question(key="gpu_price_per_hour", prompt="Price per device-hour, USD", kind="number"),
     Question(key="devices", prompt="Number of devices", kind="integer"),
     Question(key="training_hours", prompt="Expected training hours (empty: derive from tokens)",

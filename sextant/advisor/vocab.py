@@ -36,7 +36,7 @@ HARDWARE = ("nvidia", "amd", "tpu", "ascend", "apple", "cpu")
 LEVELS = ("none", "some", "expert")
 DEPLOYMENTS = ("server", "mobile", "browser", "edge")
 PARALLELISM = ("auto", "manual", "none")
-PURPOSES = ("research", "production")
+PURPOSES = ("research", "production", "finetune")
 EXISTING_CODE = FRAMEWORKS + ("none",)
 
 MEASURED = "measured"

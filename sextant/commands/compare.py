@@ -64,7 +64,8 @@ def register(sub: Any) -> None:
         ("levers", "pull each distributed-training lever on one framework",
          "Pull each distributed-training lever (sharding, accumulation, bf16, compression) on "
          "one framework (the first of --frameworks, default torch) and show what each changed "
-         "against plain data parallel."),
+         "against plain data parallel; and LoRA (rank 8, alpha 16, PEFT's default targets) "
+         "against full fine-tuning of the same model."),
         ("layouts", "run the parallelism spectrum on a Llama-shaped workload",
          "Run the parallelism spectrum (dp, fsdp, tp, pp, dp x tp) on torch and jax over a "
          "Llama-shaped workload (default llama-tiny) and show step time, communication, memory "
@@ -117,6 +118,33 @@ LEVERS: tuple[dict[str, Any], ...] = (
     {"grad_accum": 4}, {"precision": "bf16"},
     {"compress": "bf16"}, {"compress": "fp16"}, {"compress": "powersgd"},
 )
+
+
+LORA_LEVER_RANK, LORA_LEVER_ALPHA = 8, 16.0
+"""LoRA as `compare levers` pulls it: PEFT's defaults (rank 8, alpha 16) on PEFT's default
+targets for the family (llama: q and v; gpt: the fused qkv, GPT-2's c_attn)."""
+LORA_LEVER_TARGETS = {"llama": ("q", "v"), "gpt": ("qkv",)}
+
+
+def lora_lever(workload: Workload) -> Workload | None:
+    """The workload fine-tuned with LoRA instead of fully: the lever row set against full
+    fine-tuning on the base strategy. None where it does not apply (an mlp, or a workload
+    that already is LoRA)."""
+    targets = LORA_LEVER_TARGETS.get(workload.model.family)
+    if targets is None or workload.finetune.lora:
+        return None
+    spec = dataclasses.replace(workload.finetune, method="lora", targets=targets,
+                               rank=LORA_LEVER_RANK, alpha=LORA_LEVER_ALPHA)
+    return workload.replace(finetune=spec)
+
+
+def lever_label(record: RunRecord) -> str:
+    """A lever row's name: the strategy's label, with the LoRA lever named (its strategy is
+    the baseline's; what changed is the workload)."""
+    finetune = record.workload.get("finetune") or {}
+    if finetune.get("method") != "lora":
+        return record.label
+    return f"{record.label} lora r{finetune.get('rank')} ({','.join(finetune.get('targets', ()))})"
 
 
 def lever_strategies(framework: str, workers: int, device: str = "cpu") -> list[Strategy]:
@@ -257,7 +285,7 @@ def lever_table(records: Sequence[RunRecord]) -> Any:
         planned = (r0.comm.get("planned_bytes_per_step") or {}).get("total")
         step, base_step = m.step_time_median_s, base.metrics.step_time_median_s
         table.add_row(
-            rec.label, fmt_ms(step),
+            lever_label(rec), fmt_ms(step),
             "base" if rec is base else (f"{step / base_step - 1:+.0%}" if step and base_step
                                         else "-"),
             fmt_share(m.exposed_comm_share),
@@ -430,7 +458,10 @@ def _print_comparison(args: argparse.Namespace, workload: Workload,
     """The table of what was compared: the levers, the layouts, or the frameworks with the
     report's headline."""
     if args.verb == "levers":
-        out.print(lever_table([g[-1] for g in by_config(records)]))
+        groups: dict[str, list[RunRecord]] = {}
+        for rec in records:
+            groups.setdefault(lever_label(rec), []).append(rec)
+        out.print(lever_table([g[-1] for g in groups.values()]))
     elif args.verb == "layouts":
         out.print(layout_table([g[-1] for g in by_config(records)]))
         for line in layouts_not_run(_frameworks(args.frameworks)):
@@ -477,6 +508,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   + (f" x {n} interleaved trials" if n > 1 else "")
                   + f", {workload.steps} steps each, global batch {workload.global_batch}")
         records, failures = _run_interleaved(args, workload, strategies, store, group, out)
+        if args.verb == "levers":
+            more, failed = _run_lora_lever(args, workload, strategies[0], store, out)
+            records, failures = records + more, failures + failed
         if records:
             _print_comparison(args, workload, records, out)
             line = trainable_line(workload, records)
@@ -492,6 +526,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for failure in failures:
         out.print(Text("failed: ", style="red") + Text(failure))
     return 1 if failures else 0
+
+
+def _run_lora_lever(args: argparse.Namespace, workload: Workload, base: Strategy,
+                    store: Any, out: Any) -> tuple[list[RunRecord], list[str]]:
+    """LoRA against full fine-tuning: the baseline strategy on the workload fine-tuned with
+    LoRA (lora_lever), stored in a group of its own, since the report's comparisons are of
+    one workload. Nothing where LoRA does not apply or the framework has no LoRA."""
+    lora = lora_lever(workload)
+    if lora is None or not _model_supported(lora, [base], out, explicit=False):
+        return [], []
+    return _run_interleaved(args, lora, [base], store, uuid.uuid4().hex[:12], out)
 
 
 def _model_supported(workload: Workload, strategies: list[Strategy], out: Any,

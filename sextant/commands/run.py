@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
                    help="with --launcher slurm: print the batch script and stop; with "
                         "--launcher kubernetes: write the manifest and stop")
     add_kubernetes_args(p)
+    p.add_argument("--yes", action="store_true",
+                   help="start a run predicted to take over 10 minutes on this machine "
+                        "without asking (asked on a terminal only)")
     p.add_argument("--print-config", action="store_true",
                    help="print the framework configuration sextant generates for this run "
                         "(deepspeed: its JSON config) and stop without training")
@@ -203,6 +206,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("--dry-run goes with --launcher slurm or kubernetes")
     elif args.cluster is None:  # every rank on this host: one GPU each
         check_ranks_fit(strategy.device, len(layout_of(strategy).primary), detect())
+        from sextant.commands.fit import long_run_check
+
+        long_run_check(workload, strategy.device, args.yes, console())
     if args.repeats > 1:
         return run_trials(args, workload, strategy, launcher=launcher)
     return run_and_show(args, workload, strategy, launcher=launcher,

@@ -805,7 +805,12 @@ def tokens(workload: Workload) -> np.memmap:
 def windows(workload: Workload, step: int, rows: slice) -> tuple[np.ndarray, np.ndarray]:
     """Rows `rows` of global batch `step`: (x int64 (b, T), y int64 (b, T)), read from the
     memory map. The offsets of all B rows come from the (seed, step) generator, so every
-    rank's rows are its slice of the one global batch."""
+    rank's rows are its slice of the one global batch. Instruction data's rows come from
+    sextant.data.instruction."""
+    if workload.data.instruction:
+        from sextant.data import instruction
+
+        return instruction.batch(workload, step, rows)
     data = tokens(workload)
     window = workload.model.seq_len + 1  # type: ignore[union-attr]
     rng = np.random.default_rng([workload.seed, 0xDA7A, step])

@@ -24,11 +24,6 @@ EXPECTED = {
         "local.foreign-stack", "purpose.production", "team.fp-none-jax",
         "migrate.keep-pytorch",
     ]),
-    "apple-local-finetune": ("mlx", "pytorch", [
-        "hw.mindspore-backends", "hw.paddle-backends", "hw.apple", "hw.apple-no-sharding",
-        "scale.small.team-mlx", "scale.small.no-extra-sharding", "purpose.research",
-        "team.fp-none-jax", "deadline.ramp-up",
-    ]),
     "mobile-product": ("tensorflow", "pytorch", [
         "hw.mlx-apple-only", "hw.gpu", "scale.small.team-tensorflow",
         "scale.small.no-extra-sharding", "deploy.mobile-edge", "purpose.production",
@@ -46,16 +41,35 @@ EXPECTED = {
 }
 
 
+# Bundled profiles, loaded by name: the fine-tuning ones.
+BUNDLED = {
+    # The articles' local fine-tuning on a Mac with MLX.
+    "mac-mlx-finetune": ("mlx", "pytorch", [
+        "hw.mindspore-backends", "hw.paddle-backends", "hw.apple", "hw.apple-no-sharding",
+        "scale.small.team-mlx", "scale.small.no-extra-sharding", "purpose.finetune",
+        "team.fp-none-jax", "deadline.ramp-up",
+    ]),
+    "gpu-lora-finetune": ("pytorch", "pytorch+deepspeed", [
+        "hw.mlx-apple-only", "hw.gpu", "scale.small.team-pytorch",
+        "scale.small.no-extra-sharding", "purpose.finetune", "migrate.keep-pytorch",
+        "deadline.ramp-up",
+    ]),
+}
+
+
 def test_every_example_is_covered() -> None:
+    from sextant.advisor.profile import bundled_profiles
+
     files = sorted(p.stem for p in EXAMPLES.glob("*.toml"))
     assert files == sorted(EXPECTED)
-    assert len({top for top, _, _ in EXPECTED.values()}) >= 5  # contrasting answers
+    assert bundled_profiles() == sorted(BUNDLED)
+    assert len({top for top, _, _ in {**EXPECTED, **BUNDLED}.values()}) >= 5  # contrasting
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted({**EXPECTED, **BUNDLED}))
 def test_example_ranking_and_fired_rules(name: str) -> None:
-    top, second, fired = EXPECTED[name]
-    advice = advise(load_profile(EXAMPLES / f"{name}.toml"))
+    top, second, fired = {**EXPECTED, **BUNDLED}[name]
+    advice = advise(load_profile(EXAMPLES / f"{name}.toml" if name in EXPECTED else name))
     assert [r.candidate for r in advice.ranking[:2]] == [top, second]
     assert [f.id for f in advice.fired] == fired
     # The winner's reasons name rules that fired, each with its rationale available.

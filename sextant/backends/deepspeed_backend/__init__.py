@@ -34,7 +34,7 @@ class DeepSpeedBackend(BackendBase):
             modes=("eager",),
             parallel=("single", "dp", "zero1", "zero2", "zero3"),
             precisions=("fp32", "tf32", "bf16"),
-            model_features=("qkv_bias", "tied_gpt_head", "lora"),
+            model_features=("qkv_bias", "tied_gpt_head", "lora", "lora_gpt", "masked_loss"),
             devices=("cpu", "gpu"),
             grad_accum=True,
             checkpoint=("single", "dp", "zero1", "zero2", "zero3"),

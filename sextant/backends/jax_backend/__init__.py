@@ -79,7 +79,8 @@ class JaxBackend(BackendBase):
                       "pp"),
             # fp16 needs loss scaling, which optax does not provide: not built.
             precisions=("fp32", "tf32", "bf16"),
-            model_features=("qkv_bias", "tied_gpt_head", "lora"),
+            model_features=("qkv_bias", "tied_gpt_head", "lora", "lora_gpt", "masked_loss",
+                            "bf16_base"),
             devices=("cpu", "gpu"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,

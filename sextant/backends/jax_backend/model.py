@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from sextant.init import rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 Params = dict[str, jax.Array]
@@ -85,13 +85,13 @@ def gpt_block(spec: GPTSpec, bp: Params, x: jax.Array, nx: Numerics = FP32
     B, T, C = x.shape
     H = spec.n_heads
     h = _layer_norm(x, bp["ln1.scale"], bp["ln1.bias"])
-    qkv = _dense(h, bp["attn.qkv.weight"], bp["attn.qkv.bias"], nx)  # (B, T, 3C)
+    qkv = _linear(h, bp, "attn.qkv", nx)  # (B, T, 3C)
     q, k, v = (t.reshape(B, T, H, C // H) for t in jnp.split(qkv, 3, axis=-1))
     y = _attention(q, k, v, 1.0 / math.sqrt(C // H), nx)  # (B, T, H, hs)
-    x = x + _dense(y.reshape(B, T, C), bp["attn.proj.weight"], bp["attn.proj.bias"], nx)
+    x = x + _linear(y.reshape(B, T, C), bp, "attn.proj", nx)
     h = _layer_norm(x, bp["ln2.scale"], bp["ln2.bias"])
-    h = jax.nn.gelu(_dense(h, bp["mlp.fc.weight"], bp["mlp.fc.bias"], nx), approximate=True)
-    return x + _dense(h, bp["mlp.proj.weight"], bp["mlp.proj.bias"], nx)
+    h = jax.nn.gelu(_linear(h, bp, "mlp.fc", nx), approximate=True)
+    return x + _linear(h, bp, "mlp.proj", nx)
 
 
 def gpt_logits(spec: GPTSpec, p: Params, idx: jax.Array, remat: bool = False,
@@ -186,7 +186,7 @@ def llama_block(spec: LlamaSpec, bp: Params, x: jax.Array, cos: jax.Array, sin: 
 
 
 def _linear(h: jax.Array, bp: Params, name: str, nx: Numerics) -> jax.Array:
-    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    """A projection: h W, plus its bias where the model has one (gpt's, Qwen2's q, k, v),
     plus its LoRA adapter where the parameters hold one: (h A) B * alpha / rank, computed
     low-rank, so the frozen W's gradient is never formed."""
     bias = bp.get(f"{name}.bias")
@@ -275,5 +275,13 @@ def loss_fn(spec: ModelSpec, p: Params, x: jax.Array, y: jax.Array,
     if "loss-in-compute-dtype" not in TEST_FAULTS:  # the broken twin keeps bf16 logits
         logits = logits.astype(jnp.float32)
     logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
-    return jnp.mean(logz - picked)
+    if y.ndim == 1:  # the MLP's class labels: nothing is ever left out
+        picked = jnp.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
+        return jnp.mean(logz - picked)
+    # Tokens: the mean over the targets that are not IGNORE_TARGET (instruction data's prompt
+    # and padding), as torch's cross_entropy computes it; with none left out it is the plain
+    # mean, bit for bit (a sum divided by the count).
+    y = y.reshape(-1)
+    kept = y != IGNORE_TARGET
+    picked = jnp.take_along_axis(logits, jnp.where(kept, y, 0)[:, None], axis=-1)[:, 0]
+    return jnp.sum(jnp.where(kept, logz - picked, 0.0)) / jnp.sum(kept.astype(jnp.float32))

@@ -48,7 +48,7 @@ from sextant.backends.harness import Description, Trainer
 from sextant.devices import detect
 from sextant.errors import UserError
 from sextant.init import decays, param_shapes
-from sextant.weights import initial_params, trainable
+from sextant.weights import bf16_base_names, initial_params, trainable
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
@@ -165,9 +165,13 @@ def _without_tp_collectives(make_jit: Any, step: Any, params: Any, opt_state: An
 
 def _initial_params(workload: Any, strategy: Any) -> dict[str, np.ndarray]:
     """Canonical parameters, or the pipeline's stacked layout of them (parallel pp)."""
+    import jax.numpy as jnp
+
     from sextant.backends.jax_backend import pipeline
 
     params = initial_params(workload)
+    for name in bf16_base_names(workload):  # a bf16 frozen base, rounded once
+        params[name] = params[name].astype(jnp.bfloat16)
     return pipeline.stack(params, workload.model, strategy.pp) if strategy.pp > 1 else params
 
 
@@ -310,8 +314,9 @@ def _loss_and_grads(ctx: WorkerContext, mesh: Any, numerics: Any) -> tuple[Any, 
                        ) -> jax.Array:
         # Mixed precision casts inside the model (model.Numerics): fp32 master weights,
         # bf16 matmul operands, the loss in fp32. LoRA's frozen base takes no gradient.
-        if frozen:
-            p = {k: jax.lax.stop_gradient(v) if k in frozen else v for k, v in p.items()}
+        if frozen:  # (a bf16 frozen base upcast to fp32 for the model's matmuls)
+            p = {k: jax.lax.stop_gradient(v).astype(jnp.float32) if k in frozen else v
+                 for k, v in p.items()}
         return model_loss(p, x, y, remat, tp_axis)
 
     single_grad = jax.value_and_grad(precision_loss)
@@ -653,8 +658,9 @@ def _train(ctx: WorkerContext) -> RankResult:
         # Every process joins the gather; rank 0 writes.
         from jax.experimental import multihost_utils
 
-        return _canonical({k: np.asarray(v) for k, v in multihost_utils.process_allgather(
-            state["params"], tiled=True).items()}, workload.model, parallel)
+        gathered = multihost_utils.process_allgather(state["params"], tiled=True)
+        return _canonical({k: np.asarray(v, np.float32) for k, v in gathered.items()},
+                          workload.model, parallel)
 
     save, restore, barrier = _checkpointing(ctx, state)
     return harness.train(ctx, Trainer(

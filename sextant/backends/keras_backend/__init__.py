@@ -58,7 +58,7 @@ class KerasBackend(BackendBase):
             modes=("compiled", "eager"),
             parallel=("single", "dp"),
             precisions=("fp32",),
-            model_features=("qkv_bias", "tied_gpt_head", "lora"),
+            model_features=("qkv_bias", "tied_gpt_head", "lora", "masked_loss"),
             checkpoint=("single", "dp"),
             why_not=(("ps", "Keras fit fails under TensorFlow's ParameterServerStrategy; "
                             "parameter servers run on framework tensorflow"),

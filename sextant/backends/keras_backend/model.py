@@ -25,7 +25,7 @@ import numpy as np
 from keras import layers, ops
 
 from sextant.init import rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 
@@ -33,7 +33,14 @@ LAYER_NORM_EPS = 1e-5
 def loss_of(y: Any, logits: Any) -> Any:
     """Mean softmax cross-entropy over every sample (MLP) or every token (GPT), in fp32."""
     logits = ops.cast(logits, "float32")
-    return ops.mean(ops.sparse_categorical_crossentropy(y, logits, from_logits=True))
+    if len(y.shape) == 1:  # the MLP's class labels: nothing is ever left out
+        return ops.mean(ops.sparse_categorical_crossentropy(y, logits, from_logits=True))
+    # Tokens: the mean over the targets that are not IGNORE_TARGET (instruction data's prompt
+    # and padding), as torch's cross_entropy computes it.
+    kept = ops.not_equal(y, IGNORE_TARGET)
+    nll = ops.sparse_categorical_crossentropy(ops.where(kept, y, 0), logits, from_logits=True)
+    return (ops.sum(ops.where(kept, nll, 0.0))
+            / ops.sum(ops.cast(kept, "float32")))
 
 
 def global_norm(grads: list[Any]) -> Any:

@@ -39,7 +39,7 @@ class MlxBackend(BackendBase):
             modes=("compiled", "eager"),
             parallel=("single", "dp"),
             precisions=("fp32", "bf16"),
-            model_features=("qkv_bias", "tied_gpt_head", "lora"),
+            model_features=("qkv_bias", "tied_gpt_head", "lora", "lora_gpt", "masked_loss"),
             checkpoint=("single", "dp"),
             why_not=(("zero1", _NOT_WIRED), ("zero2", _NOT_WIRED), ("fsdp", _NOT_WIRED),
                      ("zero3", _NOT_WIRED),

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from sextant.init import rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 Tree = Any  # nested dicts and lists of mx.array, as mlx.utils.tree_unflatten makes them
@@ -62,23 +62,25 @@ def _gelu_tanh(x: mx.array) -> mx.array:
     return 0.5 * x * (1 + mx.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def gpt_block(spec: GPTSpec, bp: Tree, x: mx.array) -> mx.array:  # (B, T, C) -> same
+def gpt_block(spec: GPTSpec, bp: Tree, x: mx.array, lora_scale: float = 1.0
+              ) -> mx.array:  # (B, T, C) -> same
     B, T, C = x.shape
     H = spec.n_heads
     h = _layer_norm(x, bp["ln1"])
-    qkv = h @ bp["attn"]["qkv"]["weight"] + bp["attn"]["qkv"]["bias"]
+    qkv = _proj(h, bp["attn"]["qkv"], lora_scale)
     q, k, v = (t.reshape(B, T, H, C // H) for t in mx.split(qkv, 3, axis=-1))
-    x = x + _attention(q, k, v) @ bp["attn"]["proj"]["weight"] + bp["attn"]["proj"]["bias"]
+    x = x + _proj(_attention(q, k, v), bp["attn"]["proj"], lora_scale)
     h = _layer_norm(x, bp["ln2"])
-    h = _gelu_tanh(h @ bp["mlp"]["fc"]["weight"] + bp["mlp"]["fc"]["bias"])
-    return x + h @ bp["mlp"]["proj"]["weight"] + bp["mlp"]["proj"]["bias"]
+    h = _gelu_tanh(_proj(h, bp["mlp"]["fc"], lora_scale))
+    return x + _proj(h, bp["mlp"]["proj"], lora_scale)
 
 
-def gpt_logits(spec: GPTSpec, p: Tree, idx: mx.array) -> mx.array:  # (B, T) -> (B, T, V)
+def gpt_logits(spec: GPTSpec, p: Tree, idx: mx.array, lora_scale: float = 1.0
+               ) -> mx.array:  # (B, T) -> (B, T, V)
     T = idx.shape[1]
     x = p["wte"][idx] + p["wpe"][:T]
     for bp in p["blocks"]:
-        x = gpt_block(spec, bp, x)
+        x = gpt_block(spec, bp, x, lora_scale)
     return _layer_norm(x, p["ln_f"]) @ (p["wte"].T if spec.tie_embeddings
                                         else p["head"]["weight"])
 
@@ -94,7 +96,7 @@ def _rms_norm(x: mx.array, scale: mx.array, eps: float) -> mx.array:
 
 
 def _proj(h: mx.array, p: Tree, lora_scale: float) -> mx.array:
-    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    """A projection: h W, plus its bias where the model has one (gpt's, Qwen2's q, k, v),
     plus its LoRA adapter where the tree holds one: (h A) B * alpha / rank, low-rank."""
     y = h @ p["weight"] + p["bias"] if "bias" in p else h @ p["weight"]
     if "lora_a" in p:
@@ -137,7 +139,7 @@ def model_logits(spec: ModelSpec, p: Tree, x: mx.array, lora_scale: float = 1.0
         return mlp_logits(spec, p, x)
     if isinstance(spec, LlamaSpec):
         return llama_logits(spec, p, x, lora_scale)
-    return gpt_logits(spec, p, x)
+    return gpt_logits(spec, p, x, lora_scale)
 
 
 def loss_fn(spec: ModelSpec, p: Tree, x: mx.array, y: mx.array, lora_scale: float = 1.0
@@ -146,5 +148,12 @@ def loss_fn(spec: ModelSpec, p: Tree, x: mx.array, y: mx.array, lora_scale: floa
     logits = model_logits(spec, p, x, lora_scale)
     logits = logits.reshape(-1, logits.shape[-1]).astype(mx.float32)
     logz = mx.logsumexp(logits, axis=-1)
-    picked = mx.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
-    return mx.mean(logz - picked)
+    if y.ndim == 1:  # the MLP's class labels: nothing is ever left out
+        picked = mx.take_along_axis(logits, y.reshape(-1, 1), axis=-1)[:, 0]
+        return mx.mean(logz - picked)
+    # Tokens: the mean over the targets that are not IGNORE_TARGET (instruction data's prompt
+    # and padding), as torch's cross_entropy computes it.
+    y = y.reshape(-1)
+    kept = y != IGNORE_TARGET
+    picked = mx.take_along_axis(logits, mx.where(kept, y, 0).reshape(-1, 1), axis=-1)[:, 0]
+    return mx.sum(mx.where(kept, logz - picked, 0.0)) / mx.sum(kept.astype(mx.float32))

@@ -147,7 +147,7 @@ class TensorFlowBackend(BackendBase):
             modes=("compiled", "eager"),
             parallel=("single", "dp", "ps"),
             precisions=("fp32", "tf32", "bf16"),
-            model_features=("qkv_bias", "tied_gpt_head", "lora"),
+            model_features=("qkv_bias", "tied_gpt_head", "lora", "lora_gpt", "masked_loss"),
             devices=("cpu", "gpu"),
             compress=("none", "bf16", "fp16"),
             grad_accum=True,

@@ -27,7 +27,14 @@ import numpy as np
 import tensorflow as tf
 
 from sextant.init import decays, rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec, OptimizerSpec
+from sextant.workload import (
+    IGNORE_TARGET,
+    GPTSpec,
+    LlamaSpec,
+    MLPSpec,
+    ModelSpec,
+    OptimizerSpec,
+)
 
 LAYER_NORM_EPS = 1e-5
 
@@ -90,7 +97,8 @@ def _mlp_logits(spec: MLPSpec, p: dict[str, tf.Tensor], x: tf.Tensor) -> tf.Tens
     return x
 
 
-def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Tensor:
+def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor,
+                lora_scale: float = 1.0) -> tf.Tensor:
     """(B, T) int token ids -> (B*T, V) logits. Dense layers work on (B*T, C) rows."""
     B, (T, causal) = tf.shape(idx)[0], _seq(idx)
     C, nh, hd = spec.d_model, spec.n_heads, spec.head_dim
@@ -104,15 +112,14 @@ def _gpt_logits(spec: GPTSpec, p: dict[str, tf.Tensor], idx: tf.Tensor) -> tf.Te
     for i in range(spec.n_layers):
         b = f"blocks.{i}."
         h = _layer_norm(x, p[b + "ln1.scale"], p[b + "ln1.bias"])
-        q, k, v = tf.split(_dense(h, p[b + "attn.qkv.weight"], p[b + "attn.qkv.bias"]), 3,
-                           axis=-1)
+        q, k, v = tf.split(_linear(h, p, b + "attn.qkv", lora_scale), 3, axis=-1)
         q, k, v = heads(q), heads(k), heads(v)
         y = tf.reshape(tf.transpose(_attention(q, k, v, causal, scale), (0, 2, 1, 3)), (-1, C))
-        x = _add(x, _dense(y, p[b + "attn.proj.weight"], p[b + "attn.proj.bias"]))
+        x = _add(x, _linear(y, p, b + "attn.proj", lora_scale))
         h = _layer_norm(x, p[b + "ln2.scale"], p[b + "ln2.bias"])
         h = _opmath(lambda a: tf.nn.gelu(a, approximate=True),
-                    _dense(h, p[b + "mlp.fc.weight"], p[b + "mlp.fc.bias"]))
-        x = _add(x, _dense(h, p[b + "mlp.proj.weight"], p[b + "mlp.proj.bias"]))
+                    _linear(h, p, b + "mlp.fc", lora_scale))
+        x = _add(x, _linear(h, p, b + "mlp.proj", lora_scale))
     x = _layer_norm(x, p["ln_f.scale"], p["ln_f.bias"])
     return _head(spec, p, x)
 
@@ -133,7 +140,7 @@ def _rms_norm(x: tf.Tensor, scale: tf.Tensor, eps: float) -> tf.Tensor:
 
 
 def _linear(h: tf.Tensor, p: dict[str, tf.Tensor], name: str, lora_scale: float) -> tf.Tensor:
-    """A llama projection: h W, plus its bias where the model has one (Qwen2's q, k, v),
+    """A projection: h W, plus its bias where the model has one (gpt's, Qwen2's q, k, v),
     plus its LoRA adapter where the parameters hold one: (h A) B * alpha / rank, computed
     low-rank, so the frozen W's gradient is never formed."""
     y = _dense(h, p[name + ".weight"], p.get(name + ".bias"))
@@ -187,7 +194,7 @@ def logits(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, lora_scale: f
         return _mlp_logits(spec, p, x)
     if isinstance(spec, LlamaSpec):
         return _llama_logits(spec, p, x, lora_scale)
-    return _gpt_logits(spec, p, x)
+    return _gpt_logits(spec, p, x, lora_scale)
 
 
 def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor,
@@ -196,9 +203,16 @@ def loss_fn(spec: ModelSpec, p: dict[str, tf.Tensor], x: tf.Tensor, y: tf.Tensor
     logits_ = logits(spec, p, x, lora_scale)
     labels = tf.reshape(y, (-1,))
     logits_ = tf.cast(logits_, tf.float32)  # the loss in fp32 (a no-op in fp32)
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits_)
-    )
+    if y.shape.rank == 1:  # the MLP's class labels: nothing is ever left out
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits_))
+    # Tokens: the mean over the targets that are not IGNORE_TARGET (instruction data's prompt
+    # and padding), as torch's cross_entropy computes it.
+    kept = tf.not_equal(labels, IGNORE_TARGET)
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.where(kept, labels, tf.zeros_like(labels)), logits=logits_)
+    return (tf.reduce_sum(tf.where(kept, nll, tf.zeros_like(nll)))
+            / tf.reduce_sum(tf.cast(kept, tf.float32)))
 
 
 def value_and_grad(spec: ModelSpec, names: Sequence[str], values: Sequence[tf.Tensor],

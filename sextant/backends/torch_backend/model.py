@@ -46,13 +46,13 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.attn.qkv(self.ln1(x)).split(C, dim=-1)
+        q, k, v = project(self.attn.qkv, self.ln1(x)).split(C, dim=-1)
         # (B, T, C) -> (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn.proj(y.transpose(1, 2).reshape(B, T, C))
-        h = F.gelu(self.mlp.fc(self.ln2(x)), approximate="tanh")
-        return x + self.mlp.proj(h)
+        x = x + project(self.attn.proj, y.transpose(1, 2).reshape(B, T, C))
+        h = F.gelu(project(self.mlp.fc, self.ln2(x)), approximate="tanh")
+        return x + project(self.mlp.proj, h)
 
 
 class GPT(nn.Module):
@@ -121,13 +121,16 @@ class SwiGLU(nn.Module):
 
 
 def project(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
-    """A llama projection, plus its LoRA adapter where add_adapters gave it one:
+    """A projection (llama's or gpt's), plus its LoRA adapter where add_adapters gave it one:
     h W + (h A) B * alpha / rank, computed low-rank (the full weight's gradient is never
     formed, and none is kept for the frozen W)."""
     a = getattr(linear, "lora_a", None)
-    if a is None:
-        return linear(h)
-    return linear(h) + (h @ a) @ linear.lora_b * linear.lora_scale
+    if linear.weight.dtype == torch.bfloat16 and h.dtype == torch.float32 \
+            and not linear.weight.requires_grad:  # a bf16 frozen base: upcast for this matmul
+        base = F.linear(h, linear.weight.float(), linear.bias)
+    else:
+        base = linear(h)
+    return base if a is None else base + (h @ a) @ linear.lora_b * linear.lora_scale
 
 
 def add_adapters(net: nn.Module, shapes: dict[str, tuple[int, ...]], scale: float) -> None:

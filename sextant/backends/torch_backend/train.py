@@ -36,7 +36,7 @@ from sextant.backends.torch_backend import model as tm
 from sextant.backends.torch_backend import parallel as par
 from sextant.errors import UserError
 from sextant.init import adapter_shapes, decays
-from sextant.weights import initial_params, trainable
+from sextant.weights import bf16_base_names, initial_params, trainable
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint
 from sextant.schedule import lr_table
@@ -552,6 +552,10 @@ def _train(ctx: WorkerContext, device: torch.device, cuda: bool,
     for key, tensor in net.named_parameters():  # LoRA: the base is frozen
         tensor.requires_grad_(trainable(workload, names[key]))
     net.to(device)
+    stored_bf16 = bf16_base_names(workload)
+    for key, tensor in net.named_parameters():  # stored rounded; each matmul upcasts it
+        if names[key] in stored_bf16:
+            tensor.data = tensor.data.to(torch.bfloat16)
     if "bf16-master-weights" in (ctx.fault or "").split(","):
         net.to(torch.bfloat16)  # test hook: the broken twin mixed-precision agreement catches
 
