@@ -322,8 +322,9 @@ def down(name: str) -> list[str]:
         _kill_processes_in(ns)
         delete_netns(ns)
         removed.append(ns)
-    from sextant.cluster import slurm_lab
+    from sextant.cluster import ray_lab, slurm_lab
 
+    ray_lab.stop(name)
     slurm_lab.stop(name)
     # The gateway veth dies with its peer in the switch namespace; remove it if a failed up
     # left it without one.

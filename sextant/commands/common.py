@@ -155,9 +155,9 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
-    # Under Slurm or Kubernetes the ranks run on the cluster's nodes, not here: --device gpu
-    # is taken as asked (the nodes check it); auto still looks at this host.
-    remote = getattr(args, "launcher", "local") in ("slurm", "kubernetes") and (
+    # Under Slurm, Kubernetes or Ray the ranks run on the cluster's nodes, not here: --device
+    # gpu is taken as asked (the nodes check it); auto still looks at this host.
+    remote = getattr(args, "launcher", "local") in ("slurm", "kubernetes", "ray") and (
         args.device == "gpu")
     device = "gpu" if remote else resolve_device(args.device, detect())
     return {"precision": args.precision, "device": device,
