@@ -90,8 +90,10 @@ def _nodes(ray: Any, pg: Any) -> list[dict[str, str]]:
 
 
 def _describe(exc: BaseException) -> str:
+    """The exception's name and first sentence (Ray's messages go on with advice)."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+    first = lines[0].split(". ")[0].rstrip(".")[:300] if lines else ""
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
 def _terminate(*_: Any) -> None:
@@ -173,9 +175,10 @@ def _wait(ray: Any, refs: dict[Any, int], nodes: list[dict[str, str]], deadline:
             try:
                 code = int(ray.get(ref))
             except Exception as exc:  # a task lost with its worker or its node
-                dead = [n for n in ray.nodes() if n["NodeID"] == node["node_id"]
-                        and not n.get("Alive")]
-                emit("failed", rank=rank, node=node, node_dead=bool(dead),
+                # Ray raises NodeDiedError before the GCS marks the node dead.
+                dead = type(exc).__name__ == "NodeDiedError" or any(
+                    n["NodeID"] == node["node_id"] and not n.get("Alive") for n in ray.nodes())
+                emit("failed", rank=rank, node=node, node_dead=dead,
                      message=_describe(exc))
                 return 6
             emit("exit", rank=rank, code=code, node=node)
