@@ -138,11 +138,13 @@ def ray_cluster(args: argparse.Namespace) -> Any:
                    name=name)
 
 
-def ray_launcher(args: argparse.Namespace, strategy: Strategy) -> Any:
+def ray_launcher(args: argparse.Namespace, strategy: Strategy, cluster: Any = None,
+                 workload: str | None = None) -> Any:
+    """The launcher of one run on Ray (`cluster`: ray_cluster(args), found once by compare)."""
     from sextant.launch import ray_launcher as ray
 
-    job = ray.Job.for_run(strategy, ray_cluster(args), workload=str(args.workload),
-                          timeout_s=args.timeout,
+    job = ray.Job.for_run(strategy, cluster or ray_cluster(args),
+                          workload=workload or str(args.workload), timeout_s=args.timeout,
                           collective_timeout_s=args.collective_timeout, steps=args.steps)
     return ray.launcher(job)
 

@@ -106,7 +106,11 @@ def main() -> int:
     address = order["address"]
     import ray
 
-    theirs = cluster_version(address)
+    try:
+        theirs = cluster_version(address)
+    except Exception as exc:  # no GCS there, or not one this Ray can speak to
+        emit("refused", message=f"cannot reach the Ray head at {address}: {_describe(exc)}")
+        return 3
     if theirs is not None and theirs != ray.__version__:
         emit("refused", message=f"the Ray cluster at {address} runs Ray {theirs}, this "
                                 f"host {ray.__version__}; use the cluster's version here "

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +77,6 @@ class Job:
     Ray workers run), else the framework's environment (sextant.envs), at the same path on
     every node."""
     driver_python: str = sys.executable
-    placed: list[dict[str, str]] = field(default_factory=list, compare=False)
 
     @classmethod
     def for_run(cls, strategy: Strategy, cluster: Cluster, *, workload: str, timeout_s: float,
@@ -233,7 +232,7 @@ def launcher(job: Job) -> Launcher:
     """A launcher for runner.execute: host the collector, start the Ray driver, gather; the
     driver and its placement group are gone when it returns or raises."""
     from sextant.backends.base import layout_of
-    from sextant.launch.local import base_plan
+    from sextant.launch.local import base_plan, core_sets
 
     def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: EventHandler | None = None,
@@ -241,10 +240,15 @@ def launcher(job: Job) -> Launcher:
                **_: Any) -> list[dict[str, Any]]:
         layout = layout_of(strategy)
         run_dir.mkdir(parents=True, exist_ok=True)
+        threads = strategy.threads or max(1, int(job.cpus))  # the bundle's, not the node's
         plan = {**base_plan(workload, strategy, run_dir, layout.roles, collective_timeout_s,
                             resume_step),
-                # Each rank has its bundle's CPUs, whatever the node has.
-                "threads": strategy.threads or max(1, int(job.cpus))}
+                "threads": threads,
+                # The nodes of an emulated cluster share this machine's cores: each rank gets
+                # its own, as under the local launcher, since XLA and TensorFlow size their
+                # thread pools from the affinity mask. Ray itself pins nothing.
+                "cpus": (core_sets(layout.primary, job.ranks, threads)
+                         if job.cluster.name else None)}
         secret = new_secret()
         collector = Collector(_collector_bind(job.cluster), plan, job.ranks, secret=secret,
                               join_timeout_s=collective_timeout_s + START_UP_S)
@@ -254,7 +258,11 @@ def launcher(job: Job) -> Launcher:
                  "env": {**(extra_env or {}), ENV: collector.address,
                          SECRET_ENV: secret.hex(), "PYTHONUNBUFFERED": "1"},
                  "timeout_s": timeout_s + START_UP_S}
-        driver = Driver(job, order, run_dir)
+        try:
+            driver = Driver(job, order, run_dir)
+        except BaseException:
+            collector.close()
+            raise
         try:
             results = gather(collector, layout.primary, label=strategy.label,
                              on_event=on_event, alive=driver.problem,
@@ -283,7 +291,8 @@ def _with_ray_view(message: str, driver: Driver) -> str:
     little for the driver to learn it."""
     deadline = time.monotonic() + FAILURE_GRACE_S
     while time.monotonic() < deadline and driver.proc.poll() is None and not (
-            driver.seen("failed") or driver.seen("error")):
+            driver.seen("failed") or driver.seen("error")
+            or any(e.get("code") for e in driver.seen("exit"))):
         time.sleep(0.2)
     view = next((describe(e) for kind in ("failed", "error") for e in driver.seen(kind)), None)
     return f"{message} ({view})" if view and view not in message else message
