@@ -92,6 +92,9 @@ def test_bad_ray_flags_are_one_line_errors() -> None:
     out = run_cli("run", "--launcher", "ray", "--ray-address", "head node", timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "a Ray address must be HOST:PORT" in out.stderr
+    out = run_cli("run", "--launcher", "ray", "--ray-address", "127.0.0.1:1", timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "cannot reach the Ray head at 127.0.0.1:1" in out.stderr
 
 
 def test_cluster_up_ray_starts_a_node_on_every_host(cluster: emulated.Cluster) -> None:

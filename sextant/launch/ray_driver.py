@@ -34,6 +34,7 @@ from typing import Any
 PLACE_TIMEOUT_S = 60.0
 """How long the placement group may wait for its bundles before the run fails."""
 POLL_S = 0.5
+CONNECT_TIMEOUT_S = 10.0
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -46,6 +47,12 @@ def cluster_version(address: str) -> str | None:
     itself compares), or None where it cannot be read before connecting (Ray Client)."""
     if address.startswith("ray://"):
         return None
+    import socket
+
+    host, _, port = address.rpartition(":")
+    # Ray's own client waits about 40 s for a GCS that is not there; a refused or silent port
+    # is known sooner.
+    socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     from ray._common.usage.usage_lib import get_cluster_metadata
     from ray._raylet import GcsClient  # type: ignore[attr-defined]  # not in its stub
 
