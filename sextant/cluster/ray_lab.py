@@ -161,5 +161,7 @@ def wait_nodes(cluster: emulated.Cluster, address: str) -> None:
 
 def stop(name: str) -> None:
     """After the hosts' processes are gone: remove the nodes' temp dirs and the record."""
-    shutil.rmtree(TEMP_ROOT / name, ignore_errors=True)
+    deadline = time.monotonic() + 5.0
+    while (TEMP_ROOT / name).exists() and time.monotonic() < deadline:
+        shutil.rmtree(TEMP_ROOT / name, ignore_errors=True)  # a dying worker's last log line
     record_path(name).unlink(missing_ok=True)
