@@ -322,8 +322,9 @@ def down(name: str) -> list[str]:
         _kill_processes_in(ns)
         delete_netns(ns)
         removed.append(ns)
-    from sextant.cluster import slurm_lab
+    from sextant.cluster import ray_lab, slurm_lab
 
+    ray_lab.stop(name)
     slurm_lab.stop(name)
     # The gateway veth dies with its peer in the switch namespace; remove it if a failed up
     # left it without one.
@@ -335,17 +336,21 @@ def down(name: str) -> list[str]:
 
 
 def _kill_processes_in(netns: str) -> None:
-    """Processes still inside a host (a run killed without clean-up, Slurm's daemons) would
-    keep its network alive after the namespace's name is gone; end them and wait for them."""
-    proc = _run("ip", "netns", "pids", netns, check=False)
-    pids = [int(p) for p in proc.stdout.split() if p.isdigit()]
-    for pid in pids:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    """Processes still inside a host (a run killed without clean-up, Slurm's or Ray's
+    daemons) would keep its network alive after the namespace's name is gone; end them and
+    wait for them. Listed again until none is left: a daemon may fork (Ray's raylet starts
+    workers) between one listing and its kill."""
     deadline = time.monotonic() + 5.0
-    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+    while True:
+        proc = _run("ip", "netns", "pids", netns, check=False)
+        pids = [int(p) for p in proc.stdout.split() if p.isdigit() and running(int(p))]
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
         time.sleep(0.05)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sextant.cluster import emulated, slurm_lab
+from sextant.cluster import emulated, ray_lab, slurm_lab
 from sextant.display import console
 
 DEFAULT_NAME = "sx"
@@ -35,6 +35,9 @@ def register(sub: Any) -> None:
     up.add_argument("--slurm", action="store_true",
                     help="also run Slurm on it: slurmctld on the first host, slurmd on every "
                          "host (needs Debian's slurm-wlm and munge)")
+    up.add_argument("--ray", action="store_true",
+                    help="also run Ray on it: the head on the first host, a worker node on "
+                         "every other host (runs then take --launcher ray)")
     up.set_defaults(func=cmd_up)
     down = verbs.add_parser("down", help="remove a cluster and everything it created")
     down.add_argument("name", nargs="?", default=DEFAULT_NAME)
@@ -53,14 +56,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                          latency_s=emulated.parse_latency(args.latency), loss=args.loss)
     if args.slurm:
         slurm_lab.require()
+    if args.ray:
+        ray_lab.ray_executable()
     cluster = emulated.up(args.name, args.hosts, link)
-    conf = None
-    if args.slurm:
-        try:
+    conf, ray = None, None
+    try:
+        if args.slurm:
             conf = slurm_lab.start(cluster)
-        except BaseException:
-            emulated.down(cluster.name)
-            raise
+        if args.ray:
+            ray = ray_lab.start(cluster)
+    except BaseException:
+        emulated.down(cluster.name)
+        raise
     out = console()
     out.print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts, links {link.describe()}",
               markup=False)
@@ -68,6 +75,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if conf is not None:
         out.print(f"Slurm is up: export SLURM_CONF={conf}, then "
                   f"sextant run --launcher slurm ...", markup=False)
+    if ray is not None:
+        out.print(f"Ray {ray['version']} is up: head at {ray['address']}, "
+                  f"{ray['nodes']} nodes of {ray['cpus_per_node']} CPU(s); sextant run "
+                  f"--launcher ray ...", markup=False)
     out.print(f"run on it with --cluster {cluster.name}; remove it with "
               f"'sextant cluster down {cluster.name}'", markup=False)
     return 0
@@ -94,6 +105,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         out.print(_hosts_table(cluster, emulated.link_states(cluster)))
         if slurm_lab.conf_path(cluster).exists():
             out.print(f"Slurm: SLURM_CONF={slurm_lab.conf_path(cluster)}", markup=False)
+        ray = ray_lab.record(name)
+        if ray is not None:
+            alive = ray_lab.alive_nodes(cluster, ray["address"])
+            out.print(f"Ray {ray['version']}: head at {ray['address']}, "
+                      f"{alive if alive is not None else 'no answer:'} of {ray['nodes']} "
+                      f"nodes alive", markup=False)
     return 0
 
 

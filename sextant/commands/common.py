@@ -124,9 +124,9 @@ def add_lever_args(p: argparse.ArgumentParser) -> None:
 
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The device, precision and lever fields of the Strategy the flags ask for."""
-    # Under Slurm or Kubernetes the ranks run on the cluster's nodes, not here: --device gpu
-    # is taken as asked (the nodes check it); auto still looks at this host.
-    remote = getattr(args, "launcher", "local") in ("slurm", "kubernetes") and (
+    # Under Slurm, Kubernetes or Ray the ranks run on the cluster's nodes, not here: --device
+    # gpu is taken as asked (the nodes check it); auto still looks at this host.
+    remote = getattr(args, "launcher", "local") in ("slurm", "kubernetes", "ray") and (
         args.device == "gpu")
     values = values_from(args, Strategy, ("device", "lever"))
     values["device"] = "gpu" if remote else resolve_device(args.device, detect())

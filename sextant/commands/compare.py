@@ -29,7 +29,8 @@ from sextant.commands.common import (
     runs_dir,
 )
 from sextant.commands.export import add_deploy_verb
-from sextant.commands.run import load_with_steps, trainable_line
+from sextant.commands.run import add_ray_args, load_with_steps, ray_cluster, ray_launcher, \
+    trainable_line
 from sextant.commands.trials import (
     DEFAULT_REPEATS,
     add_repeats_arg,
@@ -93,6 +94,11 @@ def _add_compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, default=None,
                    help="where to write the HTML report (default: next to the results database)")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
+    p.add_argument("--launcher", default="local", choices=("local", "ray"),
+                   help="local (default: processes on this machine, or on the hosts of "
+                        "--cluster) or ray (each run one placement group on a Ray cluster; "
+                        "see docs/multi-host.md)")
+    add_ray_args(p)
     p.add_argument("--no-calibrate", action="store_true",
                    help="do not calibrate this machine (about 25 s, once, before the first "
                         "report) for the planner's prediction on the scaling chart")
@@ -433,6 +439,7 @@ def _run_interleaved(args: argparse.Namespace, workload: Workload, strategies: l
     records: list[RunRecord] = []
     failures: list[str] = []
     schedule = [(t, s) for t in range(1, n + 1) for s in strategies]
+    ray = getattr(args, "ray_cluster", None)
     with RunProgress(out, tensorboard=args.tensorboard) as progress:
         for trial, strategy in schedule:
             shown = strategy.label + (f" #{trial}" if n > 1 else "")
@@ -443,7 +450,9 @@ def _run_interleaved(args: argparse.Namespace, workload: Workload, strategies: l
                                  workload_file=workload_source(args.workload),
                                  timeout_s=args.timeout,
                                  collective_timeout_s=args.collective_timeout,
-                                 cluster=args.cluster, trial=(trial, n))
+                                 cluster=args.cluster, trial=(trial, n),
+                                 launcher=None if ray is None else ray_launcher(
+                                     args, strategy, ray, workload.name))
             except RunFailed as exc:
                 progress.finish(shown, None, error=str(exc))
                 failures.append(str(exc))
@@ -499,6 +508,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                   out, explicit=args.frameworks is not None)
     if not strategies:
         raise UserError("no framework is installed; pip install 'sextant[torch]'")
+    if args.ray_address is not None and args.launcher != "ray":
+        raise UserError("--ray-address goes with --launcher ray")
+    # Found once, before any run: every row runs on the same Ray cluster.
+    args.ray_cluster = ray_cluster(args) if args.launcher == "ray" else None
     if args.cluster is not None:
         _measure_cluster_links(args.cluster, out)
     group = uuid.uuid4().hex[:12]

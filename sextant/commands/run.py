@@ -43,11 +43,14 @@ def register(sub: Any) -> None:
     add_monitor_args(p)
     add_strategy_args(p)
     add_repeats_arg(p, 1)
-    p.add_argument("--launcher", default="local", choices=("local", "slurm", "kubernetes"),
+    p.add_argument("--launcher", default="local",
+                   choices=("local", "slurm", "kubernetes", "ray"),
                    help="local (default: processes on this machine, or on the hosts of "
                         "--cluster), slurm (a batch job through sbatch, or srun inside an "
-                        "allocation) or kubernetes (a Kubeflow TrainJob, PyTorchJob or "
-                        "JobSet; see docs/multi-host.md)")
+                        "allocation), kubernetes (a Kubeflow TrainJob, PyTorchJob or "
+                        "JobSet) or ray (one placement group on a Ray cluster); see "
+                        "docs/multi-host.md")
+    add_ray_args(p)
     p.add_argument("--nodes", type=int, default=None,
                    help="with --launcher slurm: nodes of the job (default: one per worker)")
     p.add_argument("--tasks-per-node", type=int, default=None,
@@ -88,6 +91,64 @@ def add_kubernetes_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, metavar="FILE",
                    help="with --launcher kubernetes --dry-run: write the manifest to FILE "
                         "(mode 0600: it holds the run's secret) instead of printing it")
+
+
+def add_ray_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --launcher ray: the cluster's head, HOST:PORT (this host must be "
+                        "a node) or ray://HOST:PORT (Ray Client); default: RAY_ADDRESS, else "
+                        "the emulated cluster started with 'sextant cluster up NAME --ray'")
+
+
+def ray_cluster(args: argparse.Namespace) -> Any:
+    """The Ray cluster `--launcher ray` runs on: --ray-address, RAY_ADDRESS, else the one
+    emulated cluster (--cluster NAME, or the only one here) that runs Ray. On an emulated
+    cluster the driver starts in the head's namespace and args.cluster names the cluster, so
+    the run's network is recorded as the emulated one."""
+    import os
+    import shutil
+
+    from sextant.cluster import emulated, ray_lab
+    from sextant.launch.ray_launcher import Cluster, check_address, require_ray
+
+    require_ray()
+    address = args.ray_address or os.environ.get("RAY_ADDRESS")
+    if address and args.cluster is None:
+        return Cluster(address=check_address(address))
+    if args.cluster is not None:
+        emulated.load(args.cluster)  # one line when it does not exist
+        candidates = [args.cluster]
+    elif os.geteuid() == 0 and shutil.which("ip") is not None:
+        candidates = emulated.names()
+    else:
+        candidates = []
+    with_ray = [(name, rec) for name in candidates if (rec := ray_lab.record(name))]
+    if len(with_ray) != 1:
+        found = (f"emulated clusters running Ray: {', '.join(n for n, _ in with_ray)}; name "
+                 f"one with --cluster" if with_ray else
+                 f"cluster {args.cluster} runs no Ray" if args.cluster else
+                 "no emulated cluster runs Ray")
+        raise UserError(f"--launcher ray needs a Ray cluster: --ray-address HOST:PORT, "
+                        f"RAY_ADDRESS, or 'sextant cluster up NAME --hosts 2 --ray' ({found})")
+    name, rec = with_ray[0]
+    if address and address != rec["address"]:
+        raise UserError(f"--ray-address {address} is not the Ray head of cluster {name} "
+                        f"({rec['address']})")
+    args.cluster = name
+    return Cluster(address=rec["address"], prefix=("ip", "netns", "exec", rec["head_netns"]),
+                   node_ip=rec["head_address"], collector_bind=emulated.load(name).gateway,
+                   name=name)
+
+
+def ray_launcher(args: argparse.Namespace, strategy: Strategy, cluster: Any = None,
+                 workload: str | None = None) -> Any:
+    """The launcher of one run on Ray (`cluster`: ray_cluster(args), found once by compare)."""
+    from sextant.launch import ray_launcher as ray
+
+    job = ray.Job.for_run(strategy, cluster or ray_cluster(args),
+                          workload=workload or str(args.workload), timeout_s=args.timeout,
+                          collective_timeout_s=args.collective_timeout, steps=args.steps)
+    return ray.launcher(job)
 
 
 KUBERNETES_FLAGS = ("k8s_kind", "image", "cpu", "memory", "namespace", "out")
@@ -182,6 +243,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if given and args.launcher != "kubernetes":
         raise UserError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with "
                         f"--launcher kubernetes")
+    if args.ray_address is not None and args.launcher != "ray":
+        raise UserError("--ray-address goes with --launcher ray")
     launcher = None
     if args.launcher == "slurm":
         from sextant.launch import slurm
@@ -204,6 +267,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         launcher = kubernetes_launcher(kubernetes_job(args, strategy))
     elif args.dry_run:
         raise UserError("--dry-run goes with --launcher slurm or kubernetes")
+    elif args.launcher == "ray":
+        launcher = ray_launcher(args, strategy)
     elif args.cluster is None:  # every rank on this host: one GPU each
         check_ranks_fit(strategy.device, len(layout_of(strategy).primary), detect())
         from sextant.commands.fit import long_run_check
