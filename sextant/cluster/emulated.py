@@ -322,10 +322,7 @@ def down(name: str) -> list[str]:
         _kill_processes_in(ns)
         delete_netns(ns)
         removed.append(ns)
-    from sextant.cluster import ray_lab, slurm_lab
-
-    ray_lab.stop(name)
-    slurm_lab.stop(name)
+    _undo_services(name)
     # The gateway veth dies with its peer in the switch namespace; remove it if a failed up
     # left it without one.
     _run("ip", "link", "del", gateway_device(name), check=False)
@@ -333,6 +330,40 @@ def down(name: str) -> list[str]:
         shutil.rmtree(leftover, ignore_errors=True)
     (STATE_DIR / f"{name}.json").unlink(missing_ok=True)
     return removed
+
+
+CLEANUP = "cleanup.json"
+"""What `down` undoes for a service started on the cluster, in STATE_DIR/<name>/<service>/."""
+
+
+def leave_cleanup(name: str, service: str, *, paths: tuple[Path, ...] = (),
+                  pid_files: tuple[Path, ...] = ()) -> None:
+    """Record what `down` must undo for `service` (Slurm, Ray) once the hosts' processes are
+    gone: the directories it made outside the cluster's state, and the pid files of daemons
+    it started outside the hosts (munged). Written by the service when it starts, so that
+    `down` reads data and imports no service."""
+    atomic_write_json(STATE_DIR / name / service / CLEANUP,
+                      {"paths": [str(p) for p in paths],
+                       "pid_files": [str(p) for p in pid_files]})
+
+
+def _undo_services(name: str) -> None:
+    """Every service's recorded clean-up, then the cluster's state directory."""
+    for record in sorted((STATE_DIR / name).glob(f"*/{CLEANUP}")):
+        try:
+            todo = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        for pid_file in todo.get("pid_files", []):
+            try:
+                os.kill(int(Path(pid_file).read_text().strip()), 15)
+            except (OSError, ValueError):
+                pass
+        for path in todo.get("paths", []):
+            deadline = time.monotonic() + 5.0
+            while Path(path).exists() and time.monotonic() < deadline:
+                shutil.rmtree(path, ignore_errors=True)  # a dying process's last log line
+    shutil.rmtree(STATE_DIR / name, ignore_errors=True)
 
 
 def _kill_processes_in(netns: str) -> None:

@@ -92,6 +92,7 @@ def start(cluster: emulated.Cluster) -> dict[str, Any]:
     store = object_store_bytes(len(cluster.hosts))
     common = ["--disable-usage-stats", f"--num-cpus={cpus}", f"--object-store-memory={store}",
               "--num-gpus=0"]
+    emulated.leave_cleanup(cluster.name, "ray", paths=(TEMP_ROOT / cluster.name,))
     for host in cluster.hosts:
         temp = TEMP_ROOT / cluster.name / f"h{host.index}"
         shutil.rmtree(temp, ignore_errors=True)
@@ -158,10 +159,3 @@ def wait_nodes(cluster: emulated.Cluster, address: str) -> None:
                     f"of {len(cluster.hosts)} nodes after {START_TIMEOUT_S:g} s (logs under "
                     f"{TEMP_ROOT / cluster.name})")
 
-
-def stop(name: str) -> None:
-    """After the hosts' processes are gone: remove the nodes' temp dirs and the record."""
-    deadline = time.monotonic() + 5.0
-    while (TEMP_ROOT / name).exists() and time.monotonic() < deadline:
-        shutil.rmtree(TEMP_ROOT / name, ignore_errors=True)  # a dying worker's last log line
-    record_path(name).unlink(missing_ok=True)

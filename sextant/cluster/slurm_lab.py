@@ -105,7 +105,8 @@ def start(cluster: emulated.Cluster) -> Path:
         (d / sub).mkdir(parents=True, exist_ok=True)
     cpus = max(1, (os.cpu_count() or 1) // len(cluster.hosts))
     conf_path(cluster).write_text(config(cluster, cpus))
-    (d / "munged-started").write_text("yes\n" if started_munged else "no\n")
+    if started_munged:  # munged serves the whole machine: `down` stops it only if we started it
+        emulated.leave_cleanup(cluster.name, "slurm", pid_files=(MUNGE_SOCKET_DIR / "munged.pid",))
     conf = str(conf_path(cluster))
     _in_host(cluster.hosts[0], ["slurmctld", "-f", conf])
     for host in cluster.hosts:
@@ -129,16 +130,3 @@ def wait_idle(cluster: emulated.Cluster) -> None:
     raise UserError(f"Slurm nodes not idle after {START_TIMEOUT_S:g} s ({states or 'no answer'}; "
                     f"logs in {conf_dir(cluster)})")
 
-
-def stop(name: str) -> None:
-    """After the hosts' processes are gone: stop munged if `start` started it, remove the
-    configuration and state."""
-    d = emulated.STATE_DIR / name / "slurm"
-    marker = d / "munged-started"
-    if marker.exists() and marker.read_text().strip() == "yes":
-        pid_file = MUNGE_SOCKET_DIR / "munged.pid"
-        try:
-            os.kill(int(pid_file.read_text().strip()), 15)
-        except (OSError, ValueError):
-            pass
-    shutil.rmtree(emulated.STATE_DIR / name, ignore_errors=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sextant.contracts import RankResult
 from sextant.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
 
@@ -237,7 +238,7 @@ def launcher(job: Job) -> Launcher:
     def launch(workload: Workload, strategy: Strategy, run_dir: Path, *, timeout_s: float,
                collective_timeout_s: float, on_event: EventHandler | None = None,
                extra_env: dict[str, str] | None = None, resume_step: int | None = None,
-               **_: Any) -> list[dict[str, Any]]:
+               **_: Any) -> list[RankResult]:
         layout = layout_of(strategy)
         run_dir.mkdir(parents=True, exist_ok=True)
         threads = strategy.threads or max(1, int(job.cpus))  # the bundle's, not the node's
