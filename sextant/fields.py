@@ -15,6 +15,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
+from pathlib import Path
 from typing import Any
 
 from sextant.errors import UserError
@@ -135,7 +136,10 @@ def _flagged(cls: type, groups: Iterable[str]) -> list[dataclasses.Field[Any]]:
 
 def _parse_type(annotation: Any) -> Callable[[str], Any]:
     text = str(annotation)
-    return int if text.startswith("int") else float if text.startswith("float") else str
+    for name, kind in (("int", int), ("float", float), ("Path", Path)):
+        if text.startswith(name):
+            return kind
+    return str
 
 
 def add_flags(p: argparse.ArgumentParser, cls: type, groups: Iterable[str], *,

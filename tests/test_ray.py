@@ -100,12 +100,18 @@ def test_bad_ray_flags_are_one_line_errors() -> None:
 def test_cluster_up_ray_starts_a_node_on_every_host(cluster: emulated.Cluster) -> None:
     record = ray_lab.record(cluster.name)
     assert record is not None and record["address"] == f"{cluster.hosts[0].address}:6379"
-    status = subprocess.run(
-        ["ip", "netns", "exec", cluster.hosts[0].netns, str(Path(sys.executable).parent / "ray"),
-         "status", "--address", record["address"]], capture_output=True, text=True,
-        timeout=60, check=False, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-    assert status.returncode == 0, status.stderr
-    active = status.stdout.split("Active:")[1].split("Pending:")[0]
+    deadline = time.monotonic() + 30
+    while True:  # Ray's autoscaler status lags the nodes' registration by a few seconds
+        status = subprocess.run(
+            ["ip", "netns", "exec", cluster.hosts[0].netns,
+             str(Path(sys.executable).parent / "ray"), "status", "--address", record["address"]],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        assert status.returncode == 0, status.stderr
+        active = status.stdout.partition("Active:")[2].split("Pending:")[0]
+        if active.count(" node_") == len(cluster.hosts) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert active.count(" node_") == len(cluster.hosts), status.stdout
     for host in cluster.hosts:  # each node: its own address and temp dir, no dashboard UI
         raylet = [_cmdline(p) for p in _pids(host.netns) if "raylet/raylet" in _cmdline(p)]

@@ -29,7 +29,7 @@ from sextant.commands.common import (
     runs_dir,
 )
 from sextant.commands.export import add_deploy_verb
-from sextant.commands.run import add_ray_args, load_with_steps, ray_cluster, ray_launcher, \
+from sextant.commands.run import LaunchFlags, load_with_steps, ray_cluster, ray_launcher, \
     trainable_line
 from sextant.commands.trials import (
     DEFAULT_REPEATS,
@@ -41,6 +41,7 @@ from sextant.commands.trials import (
 )
 from sextant.devices import Inventory, check_ranks_fit, detect, resolve_device
 from sextant.display import console
+from sextant.fields import add_flags
 from sextant.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.results.record import RunRecord
@@ -98,7 +99,7 @@ def _add_compare_args(p: argparse.ArgumentParser) -> None:
                    help="local (default: processes on this machine, or on the hosts of "
                         "--cluster) or ray (each run one placement group on a Ray cluster; "
                         "see docs/multi-host.md)")
-    add_ray_args(p)
+    add_flags(p, LaunchFlags, ("ray",))
     p.add_argument("--no-calibrate", action="store_true",
                    help="do not calibrate this machine (about 25 s, once, before the first "
                         "report) for the planner's prediction on the scaling chart")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from sextant.display import console
 from sextant.backends.base import layout_of
 from sextant.devices import check_ranks_fit, detect
 from sextant.errors import RunFailed, UserError
-from sextant.fields import add_flags, flag_defaults, values_from
+from sextant.fields import add_flags, flag_defaults, option, values_from
 from sextant.fsutil import atomic_output
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
@@ -43,61 +45,68 @@ def register(sub: Any) -> None:
     add_monitor_args(p)
     add_strategy_args(p)
     add_repeats_arg(p, 1)
-    p.add_argument("--launcher", default="local",
-                   choices=("local", "slurm", "kubernetes", "ray"),
-                   help="local (default: processes on this machine, or on the hosts of "
-                        "--cluster), slurm (a batch job through sbatch, or srun inside an "
-                        "allocation), kubernetes (a Kubeflow TrainJob, PyTorchJob or "
-                        "JobSet) or ray (one placement group on a Ray cluster); see "
-                        "docs/multi-host.md")
-    add_ray_args(p)
-    p.add_argument("--nodes", type=int, default=None,
-                   help="with --launcher slurm: nodes of the job (default: one per worker)")
-    p.add_argument("--tasks-per-node", type=int, default=None,
-                   help="with --launcher slurm: ranks per node (default: all ranks spread "
-                        "evenly over --nodes)")
-    p.add_argument("--partition", default=None, help="with --launcher slurm: the partition")
-    p.add_argument("--dry-run", action="store_true",
-                   help="with --launcher slurm: print the batch script and stop; with "
-                        "--launcher kubernetes: write the manifest and stop")
-    add_kubernetes_args(p)
-    p.add_argument("--yes", action="store_true",
-                   help="start a run predicted to take over 10 minutes on this machine "
-                        "without asking (asked on a terminal only)")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the framework configuration sextant generates for this run "
-                        "(deepspeed: its JSON config) and stop without training")
+    add_flags(p, LaunchFlags, ("launcher", "ray", "slurm", "kubernetes", "run"))
     p.set_defaults(func=cmd_run)
 
 
-def add_kubernetes_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `--launcher kubernetes` (sextant.launch.kubernetes)."""
-    from sextant.launch.kubernetes import KINDS
+@dataclass(frozen=True, kw_only=True)
+class LaunchFlags:
+    """How `sextant run` starts its ranks (docs/multi-host.md), declared once
+    (sextant.fields); `compare` takes the local and Ray launchers' flags from here too."""
 
-    p.add_argument("--k8s-kind", default=None, metavar="KIND",
-                   help=f"with --launcher kubernetes: {', '.join(KINDS)} (default: trainjob, "
-                        f"a Kubeflow Trainer v2 TrainJob)")
-    p.add_argument("--image", default=None,
-                   help="with --launcher kubernetes: the pods' image, with sextant and the "
-                        "framework installed (default: sextant:<version>)")
-    p.add_argument("--cpu", default=None,
-                   help="with --launcher kubernetes: CPU per pod, requested and limited "
-                        "(default: --threads, else 4)")
-    p.add_argument("--memory", default=None,
-                   help="with --launcher kubernetes: memory per pod, requested and limited "
-                        "(default: 4Gi)")
-    p.add_argument("--namespace", default=None,
-                   help="with --launcher kubernetes: the namespace (default: default)")
-    p.add_argument("--out", type=Path, default=None, metavar="FILE",
-                   help="with --launcher kubernetes --dry-run: write the manifest to FILE "
-                        "(mode 0600: it holds the run's secret) instead of printing it")
+    launcher: str = option("local", group="launcher",
+                           choices=("local", "slurm", "kubernetes", "ray"),
+                           help="local (default: processes on this machine, or on the hosts of "
+                                "--cluster), slurm (a batch job through sbatch, or srun inside "
+                                "an allocation), kubernetes (a Kubeflow TrainJob, PyTorchJob "
+                                "or JobSet) or ray (one placement group on a Ray cluster); see "
+                                "docs/multi-host.md")
+    ray_address: str | None = option(
+        None, group="ray", metavar="ADDR",
+        help="with --launcher ray: the cluster's head, HOST:PORT (this host must be a node) or "
+             "ray://HOST:PORT (Ray Client); default: RAY_ADDRESS, else the emulated cluster "
+             "started with 'sextant cluster up NAME --ray'")
+    nodes: int | None = option(None, group="slurm",
+                               help="with --launcher slurm: nodes of the job (default: one per "
+                                    "worker)")
+    tasks_per_node: int | None = option(None, group="slurm",
+                                        help="with --launcher slurm: ranks per node (default: "
+                                             "all ranks spread evenly over --nodes)")
+    partition: str | None = option(None, group="slurm",
+                                   help="with --launcher slurm: the partition")
+    dry_run: bool = option(False, group="slurm",
+                           help="with --launcher slurm: print the batch script and stop; with "
+                                "--launcher kubernetes: write the manifest and stop")
+    k8s_kind: str | None = option(None, group="kubernetes", metavar="KIND",
+                                  help="with --launcher kubernetes: trainjob, pytorchjob, jobset "
+                                       "(default: trainjob, a Kubeflow Trainer v2 TrainJob)")
+    image: str | None = option(None, group="kubernetes",
+                               help="with --launcher kubernetes: the pods' image, with sextant "
+                                    "and the framework installed (default: sextant:<version>)")
+    cpu: str | None = option(None, group="kubernetes",
+                             help="with --launcher kubernetes: CPU per pod, requested and "
+                                  "limited (default: --threads, else 4)")
+    memory: str | None = option(None, group="kubernetes",
+                                help="with --launcher kubernetes: memory per pod, requested and "
+                                     "limited (default: 4Gi)")
+    namespace: str | None = option(None, group="kubernetes",
+                                   help="with --launcher kubernetes: the namespace (default: "
+                                        "default)")
+    out: Path | None = option(None, group="kubernetes", metavar="FILE",
+                              help="with --launcher kubernetes --dry-run: write the manifest to "
+                                   "FILE (mode 0600: it holds the run's secret) instead of "
+                                   "printing it")
+    yes: bool = option(False, group="run",
+                       help="start a run predicted to take over 10 minutes on this machine "
+                            "without asking (asked on a terminal only)")
+    print_config: bool = option(False, group="run",
+                                help="print the framework configuration sextant generates for "
+                                     "this run (deepspeed: its JSON config) and stop without "
+                                     "training")
 
 
-def add_ray_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="with --launcher ray: the cluster's head, HOST:PORT (this host must be "
-                        "a node) or ray://HOST:PORT (Ray Client); default: RAY_ADDRESS, else "
-                        "the emulated cluster started with 'sextant cluster up NAME --ray'")
+KUBERNETES_FLAGS = tuple(f.name for f in dataclasses.fields(LaunchFlags)
+                         if f.metadata["group"] == "kubernetes")
 
 
 def ray_cluster(args: argparse.Namespace) -> Any:
@@ -151,7 +160,6 @@ def ray_launcher(args: argparse.Namespace, strategy: Strategy, cluster: Any = No
     return ray.launcher(job)
 
 
-KUBERNETES_FLAGS = ("k8s_kind", "image", "cpu", "memory", "namespace", "out")
 
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
