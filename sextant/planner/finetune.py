@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from sextant.errors import UserError
 from sextant.planner.models import ModelCost
-from sextant.workload import FINETUNE_METHODS, LORA_TARGETS
+from sextant.workload import FINETUNE_METHODS, GPT_LORA_TARGETS, LORA_TARGETS
 
 BASE_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 """Bytes of one frozen base parameter in each dtype the base may be held in."""
@@ -56,10 +56,11 @@ class FineTune:
             raise UserError(f"--lora-rank must be an integer in [1, {MAX_RANK}]. "
                             f"Received: {self.rank!r}")
         targets = tuple(self.targets)
-        if not targets or any(t not in LORA_TARGETS for t in targets) or len(set(targets)) != len(
+        known = dict.fromkeys((*LORA_TARGETS, *GPT_LORA_TARGETS))
+        if not targets or any(t not in known for t in targets) or len(set(targets)) != len(
                 targets):
             raise UserError(f"--lora-targets must list distinct projections among "
-                            f"{','.join(LORA_TARGETS)}. Received: {','.join(map(str, targets))}")
+                            f"{','.join(known)}. Received: {','.join(map(str, targets))}")
         if self.base_dtype is not None and self.base_dtype not in BASE_DTYPE_BYTES:
             raise UserError(f"--base-dtype must be one of {', '.join(BASE_DTYPE_BYTES)}. "
                             f"Received: {self.base_dtype!r}")

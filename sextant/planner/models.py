@@ -309,7 +309,8 @@ class TransformerShape:
         """(projection, in + out per layer) for each projection LoRA may target (ModelCost.
         lora_matrices): PEFT's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and
         down_proj, every expert's MLP counted; with MLA, q the query projections, k and v
-        the key and value up-projections. A GPT MLP has no gate."""
+        the key and value up-projections; qkv, GPT-2's fused attention input (c_attn). A GPT
+        MLP has no gate."""
         h, nh = self.d_model, self.n_heads
         fe = self.moe_d_ff or self.d_ff
         # MLP matrices per layer, the mean over the layers when the first ones are dense.
@@ -326,6 +327,8 @@ class TransformerShape:
             q, kv = float(h + nh * self.hd), float(h + self.n_kv_heads * self.hd)
             k, v, o = kv, kv, float(nh * self.hd + h)
         out = [("q", q), ("k", k), ("v", v), ("o", o)]
+        if not self.mla:  # GPT-2's fused c_attn: one matrix, in h, out q + k + v
+            out.append(("qkv", float(h + (nh + 2 * self.n_kv_heads) * self.hd)))
         if self.gated_mlp:
             out.append(("gate", mlps))
         return tuple(out + [("up", mlps), ("down", mlps)])

@@ -41,6 +41,14 @@ def test_adapter_count_is_rank_times_each_targets_in_plus_out():
         (h + q) + 2 * (h + kv) + (q + h) + mlp)
 
 
+def test_gpt_adapters_on_the_fused_attention_input():
+    """GPT-2's c_attn is one h x 3h matrix: r x (h + 3h) per layer, as PEFT counts it."""
+    shape = preset("gpt3-175b")  # a GPT: one fused q, k, v input projection per layer
+    h = shape.d_model
+    qkv = FineTune(method="lora", rank=8, targets=("qkv",))
+    assert adapter_params(shape.cost(), qkv) == shape.n_layers * 8 * (h + 3 * h)
+
+
 def test_frozen_base_holds_weights_only_and_adapters_hold_full_states():
     layout = Layout(dp=1, zero=0, mbs=1, recompute="full")
     cost, full = _eval(None, layout)
