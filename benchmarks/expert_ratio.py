@@ -202,7 +202,7 @@ def sextant_inputs(workload: str, steps: int) -> Path:
 
     from sextant import data
     from sextant.backends.torch_backend import model as tm
-    from sextant.init import init_params
+    from sextant.workloads.init import init_params
     from sextant.sources import resolve_workload
 
     w = resolve_workload(workload)
@@ -263,7 +263,7 @@ def main() -> None:
     if Path(a.workload).is_file():  # sextant runs in a scratch directory
         a.workload = str(Path(a.workload).resolve())
     shape_flags, steps, warm = expert_shape_flags(a.workload, a.steps)
-    from sextant.init import count_params
+    from sextant.workloads.init import count_params
     from sextant.sources import resolve_workload
 
     n_params = count_params(resolve_workload(a.workload).model)

@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sextant.devices import detect  # noqa: E402
+from sextant.core.devices import detect  # noqa: E402
 from sextant.results.record import RunRecord  # noqa: E402
 from sextant.results.store import ResultsStore  # noqa: E402
 

@@ -35,8 +35,8 @@ def hand_loop(workload_name: str, steps: int, threads: int) -> list[float]:
 
     from sextant import data
     from sextant.backends.torch_backend import model as tm
-    from sextant.init import init_params
-    from sextant.schedule import lr_table
+    from sextant.workloads.init import init_params
+    from sextant.workloads.schedule import lr_table
     from sextant.sources import resolve_workload
 
     torch.set_num_threads(threads)

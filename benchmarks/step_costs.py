@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 from sextant import data
-from sextant.init import decays, init_params
+from sextant.workloads.init import decays, init_params
 from sextant.measure import memory
-from sextant.schedule import lr_table
+from sextant.workloads.schedule import lr_table
 from sextant.sources import resolve_workload
 
 
@@ -151,7 +151,7 @@ def tf_costs(w, threads: int, reps: int) -> dict:  # noqa: ANN001
 
     from sextant.backends.tf_backend import model as tm
     from sextant.backends.tf_backend.train import INTER_OP_THREADS
-    from sextant.init import param_shapes
+    from sextant.workloads.init import param_shapes
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(INTER_OP_THREADS)

@@ -38,9 +38,9 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json
-from sextant.keys import checkpoint_key, sign, signed
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_json
+from sextant.core.keys import checkpoint_key, sign, signed
 
 from sextant.contracts import WorkerContext
 

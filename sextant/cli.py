@@ -26,7 +26,7 @@ import importlib  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
 from sextant import __version__  # noqa: E402
-from sextant.errors import RunFailed, UserError  # noqa: E402
+from sextant.core.errors import RunFailed, UserError  # noqa: E402
 
 # Sub-command modules, in the order `--help` lists them. Every one must import: a module that
 # fails to (a broken install, a syntax error, a missing dependency) is an error naming it,

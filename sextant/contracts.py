@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, TypedDict
 
 from sextant.strategy import Strategy
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 
 EVENT_SCHEMA = 1
 """Version of the progress-event lines a rank writes (rank{r}.events.jsonl)."""
@@ -138,7 +138,7 @@ EVENTS: dict[str, type] = {
     "checkpoint": CheckpointEvent, "resumed": ResumedEvent, "warning": WarningEvent,
     "done": DoneEvent,
 }
-"""Each event kind's own fields (sextant.schema.problem checks them); readers keep kinds they
+"""Each event kind's own fields (sextant.core.schema.problem checks them); readers keep kinds they
 do not know, which a newer worker may write."""
 
 
@@ -210,6 +210,6 @@ RANK_RESULT_KEYS: frozenset[str] = frozenset(RankResult.__required_keys__)
 def result_problem(result: Any) -> str | None:
     """What is wrong with a rank's result against RankResult (a key missing, or one of
     another type), or None; the runner refuses a run whose rank returned such a result."""
-    from sextant.schema import problem
+    from sextant.core.schema import problem
 
     return problem(result, RankResult)

@@ -25,10 +25,10 @@ import numpy as np
 
 from sextant.checkpoint import resume_plan
 from sextant.cluster import emulated
-from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
-from sextant.errors import RunFailed, UserError
-from sextant.fsutil import atomic_write_json
-from sextant.init import count_params, flops_per_step
+from sextant.core.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
+from sextant.core.errors import RunFailed, UserError
+from sextant.core.fsutil import atomic_write_json
+from sextant.workloads.init import count_params, flops_per_step
 from sextant.launch.local import Launcher, launch
 from sextant.measure.interference import Sampler
 from sextant.measure.stats import paired_median_difference, summarize
@@ -36,7 +36,7 @@ from sextant.contracts import RankResult, result_problem
 from sextant.results.record import RunIdentity, RunRecord
 from sextant.results.store import ResultsStore, StoreLocked
 from sextant.strategy import Strategy
-from sextant.workload import LlamaSpec, Workload, model_features
+from sextant.workloads.spec import LlamaSpec, Workload, model_features
 
 RECORD_FILE = "record.json"
 """A finished run's record, kept in its run directory when the database stayed locked."""

@@ -2,7 +2,7 @@
 config or model folder ('hf:path/config.json', 'hf:DIR'); a workload over the user's own
 files gets its tokens made (or found in the cache) here, once, before any worker starts, and
 one that starts from pretrained weights has their names and shapes checked here. Above
-sextant.workload, sextant.hf, sextant.weights and sextant.data, which it ties together. The
+sextant.workloads.spec, sextant.pretrained.hf, sextant.pretrained.weights and sextant.data, which it ties together. The
 one place a workload spec is resolved: `run`, `compare` and `check` load it whole
 (resolve_workload); the planner reads its file (workload_file) for the shape alone."""
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sextant.errors import UserError
-from sextant.workload import BUNDLED_DIR, HF_PREFIX, Workload, bundled_workloads, load_workload
+from sextant.core.errors import UserError
+from sextant.workloads.spec import BUNDLED_DIR, HF_PREFIX, Workload, bundled_workloads, load_workload
 
 
 def is_hf(spec: str | Path) -> bool:
@@ -41,7 +41,7 @@ def workload_source(spec: str | Path) -> str:
     """How to name the workload `spec` in a command that reproduces a run: the bundled name
     as given, an hf: spec with its config's absolute path, else the file's absolute path."""
     if is_hf(spec):
-        from sextant.hf import normalise_spec
+        from sextant.pretrained.hf import normalise_spec
 
         return normalise_spec(str(spec))
     return str(spec) if _bundled(spec) is not None else str(Path(spec).resolve())
@@ -52,13 +52,13 @@ def resolve_workload(spec: str | Path) -> Workload:
     Hugging Face config ('hf:path/config.json'); a workload over your own files has its
     tokens made (or found in the cache) here, once, before any worker starts."""
     if is_hf(spec):
-        from sextant.hf import workload_from_spec
+        from sextant.pretrained.hf import workload_from_spec
 
         workload = workload_from_spec(str(spec))
     else:
         workload = load_workload(workload_file(spec))
     if workload.weights:  # a checkpoint that does not fit is refused before any worker starts
-        from sextant.weights import check_weights, weights_digest
+        from sextant.pretrained.weights import check_weights, weights_digest
 
         check_weights(workload.model, Path(workload.weights))
         workload = workload.replace(weights_digest=weights_digest(Path(workload.weights)))

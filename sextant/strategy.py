@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sextant.errors import UserError
-from sextant.fields import (
+from sextant.core.errors import UserError
+from sextant.core.fields import (
     boolean,
     check_fields,
     int_at_least,
@@ -318,7 +318,7 @@ class Strategy:
         return dataclasses.asdict(self)
 
     def to_flags(self) -> list[str]:
-        """The command-line flags that rebuild this strategy (sextant.fields.to_flags):
+        """The command-line flags that rebuild this strategy (sextant.core.fields.to_flags):
         `sextant join` and the Slurm batch script take these; tests/test_strategy_flags.py
         parses them back."""
         return to_flags(self)

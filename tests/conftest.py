@@ -15,14 +15,14 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_config_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Checkpoint keys (sextant.keys) go to a scratch config directory, never the user's;
+    """Checkpoint keys (sextant.core.keys) go to a scratch config directory, never the user's;
     workers inherit it through the environment."""
     os.environ["SEXTANT_CONFIG_DIR"] = str(tmp_path_factory.mktemp("sextant-config"))
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _environments_in_checkout() -> None:
-    """Framework environments (sextant.envs) made by the tests are cached in the checkout,
+    """Framework environments (sextant.core.envs) made by the tests are cached in the checkout,
     ignored by git, and reused by every later test run, unless SEXTANT_ENVS says otherwise."""
     os.environ.setdefault("SEXTANT_ENVS", str(Path(__file__).resolve().parents[1]
                                               / ".sextant-envs"))

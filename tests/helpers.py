@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sextant.results.record import RunRecord
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 from sextant.sources import resolve_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,9 +76,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
 
 
 def ensure_environment(name: str) -> None:
-    """Make the framework environment `name` (sextant.envs) unless it is ready: the first
+    """Make the framework environment `name` (sextant.core.envs) unless it is ready: the first
     test run pays its creation (minutes), later ones reuse it (see conftest's SEXTANT_ENVS)."""
-    from sextant import envs
+    from sextant.core import envs
 
     if envs.load(name) is None:
         envs.create(name, quiet=True, say=lambda line: None)
@@ -145,7 +145,7 @@ def loss_deviation(a: RunRecord, b: RunRecord) -> float:
 def kill_then_resume(workload: Workload, make: object, tmp_path: Path) -> RunRecord:
     """Run `make(checkpoint_every=3, ...)` until rank 0 SIGKILLs itself after step 5, check
     that only the step-3 checkpoint was sealed, resume from it and return the resumed run."""
-    from sextant.errors import RunFailed
+    from sextant.core.errors import RunFailed
     from sextant.runner import execute
 
     d = str(tmp_path / "ckpt")

@@ -1,7 +1,7 @@
 """sextant's own forward pass on a pretrained checkpoint, in one framework per process:
 `python -m tests.pretrained_forward FRAMEWORK OUT_DIR SPEC...` writes OUT_DIR/<i>.npy, the
 fp32 logits (B, T, V) of SPEC number i (an `hf:DIR,seq_len=T` workload) on the tokens in
-DIR/tokens.npy. The parameters come from sextant.weights.initial_params, the function every
+DIR/tokens.npy. The parameters come from sextant.pretrained.weights.initial_params, the function every
 backend's worker starts from; the logits from each backend's model code."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _logits(framework: str, spec: Any, params: dict[str, np.ndarray], tokens: np
 
 def main(argv: list[str]) -> None:
     from sextant.sources import resolve_workload
-    from sextant.weights import initial_params
+    from sextant.pretrained.weights import initial_params
 
     framework, out_dir, *specs = argv
     for i, spec in enumerate(specs):

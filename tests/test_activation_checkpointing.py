@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sextant.backends import require
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.strategy import Strategy
 from tests.helpers import needs_torch, same_training, short
 
@@ -47,7 +47,7 @@ def test_torch_recomputes_every_block_in_backward() -> None:
 
     from sextant.backends.torch_backend import model as tm
     from sextant.backends.torch_backend.train import _apply_activation_checkpointing
-    from sextant.init import init_params
+    from sextant.workloads.init import init_params
 
     spec = short("gpt-tiny", 2).model
     net = tm.build(spec)
@@ -79,7 +79,7 @@ def test_jax_puts_each_block_under_checkpoint() -> None:
     import jax
 
     from sextant.backends.jax_backend.model import loss_fn
-    from sextant.init import init_params
+    from sextant.workloads.init import init_params
 
     spec = short("gpt-tiny", 2).model
     params = init_params(spec, 0)
@@ -120,7 +120,7 @@ def test_fp32_losses_and_grad_norms_unchanged(tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_torch
 def test_model_without_blocks_is_refused(tmp_path: Path) -> None:
-    from sextant.errors import RunFailed
+    from sextant.core.errors import RunFailed
     from sextant.runner import execute
 
     with pytest.raises(RunFailed, match="recomputes transformer blocks; this model"):

@@ -1,4 +1,4 @@
-"""The worker's allocator setting (sextant.allocator): freed buffers stay with the
+"""The worker's allocator setting (sextant.core.allocator): freed buffers stay with the
 process, so a loop that allocates and frees the same buffers stops paying page faults."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from sextant import allocator
+from sextant.core import allocator
 
 # A step's pattern: 40 buffers of 1 MiB written and freed, five times; the page faults of
 # the last four rounds (the first one grows the heap in any case).
@@ -18,7 +18,7 @@ PATTERN = """
 import resource, sys
 import numpy as np
 if sys.argv[1] == "keep":
-    from sextant.allocator import keep_freed_memory
+    from sextant.core.allocator import keep_freed_memory
     print(keep_freed_memory(), file=sys.stderr)
 def round_():
     bufs = [np.ones(1 << 18, dtype=np.float32) for _ in range(40)]

@@ -25,7 +25,7 @@ import pytest
 
 from sextant.backends.base import REGISTRY, available, get_backend, require
 from sextant.contracts import RANK_RESULT_KEYS, result_problem
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS, Strategy
 from tests.helpers import PARITY_RTOL, ensure_environment, same_training, short
 
@@ -41,7 +41,7 @@ def installed(name: str) -> bool:
 
 
 ENVIRONMENTS = sorted({env for env in (get_backend(n).ENVIRONMENT for n in BACKENDS) if env})
-"""Frameworks in environments of their own (sextant.envs): the tests make them."""
+"""Frameworks in environments of their own (sextant.core.envs): the tests make them."""
 
 
 @pytest.fixture(scope="module", autouse=True)

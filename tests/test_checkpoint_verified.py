@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sextant import checkpoint as ckpt
-from sextant.errors import RunFailed
-from sextant.keys import checkpoint_key, sign
+from sextant.core.errors import RunFailed
+from sextant.core.keys import checkpoint_key, sign
 from sextant.runner import execute
 from tests.helpers import needs_torch, short
 from tests.test_reliability import (

@@ -183,7 +183,7 @@ def test_one_db_flag_for_every_command() -> None:
     import argparse
 
     from sextant import cli
-    from sextant.paths import DEFAULT_DB
+    from sextant.core.paths import DEFAULT_DB
 
     def parsers(parser: argparse.ArgumentParser):
         yield parser

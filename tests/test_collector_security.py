@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.launch.collector import (
     MAX_HELLO,
     MAX_LINE,

@@ -14,8 +14,8 @@ import pytest
 
 from sextant import data
 from sextant.data import files
-from sextant.errors import UserError
-from sextant.workload import Workload
+from sextant.core.errors import UserError
+from sextant.workloads.spec import Workload
 from sextant.sources import resolve_workload
 from tests.helpers import needs_torch, run_cli, same_training
 

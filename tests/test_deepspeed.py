@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from sextant.backends import require
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.strategy import Strategy
 from tests.helpers import kill_then_resume, loss_deviation, run_cli, same_training, short
 

@@ -21,7 +21,7 @@ from tests.helpers import needs_torch, run_cli
 from sextant.backends.base import ExportFormat
 from sextant.claims.deploy import deploy_claims
 from sextant.deploy.matrix import Options, Row, rows, run_matrix, unavailable
-from sextant.init import init_params, params_digest
+from sextant.workloads.init import init_params, params_digest
 from sextant.measure.agreement import EXPORT_RTOL, logits_parity
 from sextant.results import deploy as rec
 from sextant.results.deploy import DeployRecord, Latency

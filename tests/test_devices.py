@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from sextant import devices
+from sextant.core import devices
 from sextant.claims import check_claims, unequal
 from sextant.commands.compare import compare_rows
-from sextant.devices import Accelerator, Inventory
-from sextant.errors import UserError
+from sextant.core.devices import Accelerator, Inventory
+from sextant.core.errors import UserError
 from sextant.planner.accelerator_run import catalogue_key, mfu
 from sextant.report.model import build_report
 from sextant.strategy import Strategy

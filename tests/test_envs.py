@@ -1,4 +1,4 @@
-"""Per-framework environments (sextant.envs, `sextant env`): the states an environment can be
+"""Per-framework environments (sextant.core.envs, `sextant env`): the states an environment can be
 in and the one-line errors that name the fix. Real environments are made by the backends'
 own tests (tests/test_paddle.py, tests/test_mindspore.py) through ensure_environment."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sextant import envs
+from sextant.core import envs
 from sextant.backends.base import get_backend, python_for
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from tests.helpers import run_cli
 
 
@@ -92,7 +92,7 @@ def test_a_missing_environment_names_the_command(env_root: Path) -> None:
 def test_a_broken_environment_names_the_fix(env_root: Path, tmp_path: Path) -> None:
     """An environment whose interpreter lacks its framework (here: this one, which has no
     Paddle) fails in the worker, and the error's last line is the command that repairs it."""
-    from sextant.errors import RunFailed
+    from sextant.core.errors import RunFailed
     from sextant.runner import execute
     from sextant.strategy import Strategy
     from tests.helpers import short

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from sextant.cli import main
 from sextant.commands.fit import LONG_RUN_S, estimate, long_run_check
-from sextant.errors import UserError
-from sextant.workload import load_workload
+from sextant.core.errors import UserError
+from sextant.workloads.spec import load_workload
 from tests.helpers import short
 
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,

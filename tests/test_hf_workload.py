@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sextant.errors import UserError
-from sextant.hf import workload_from_hf, workload_from_spec
-from sextant.init import count_params
+from sextant.core.errors import UserError
+from sextant.pretrained.hf import workload_from_hf, workload_from_spec
+from sextant.workloads.init import count_params
 from sextant.sources import resolve_workload, workload_source
-from sextant.workload import GPTSpec, LlamaSpec, load_workload, workload_from_dict
+from sextant.workloads.spec import GPTSpec, LlamaSpec, load_workload, workload_from_dict
 from tests.helpers import PARITY_RTOL, REPO, needs_torch, run_cli, same_training
 
 HF = REPO / "tests" / "data" / "hf"

@@ -23,7 +23,7 @@ def imported_modules(code: str) -> set[str]:
 
 
 def test_import_sextant_imports_no_framework() -> None:
-    names = imported_modules("import sextant, sextant.workload, sextant.backends, sextant.runner")
+    names = imported_modules("import sextant, sextant.workloads.spec, sextant.backends, sextant.runner")
     assert not names & set(FRAMEWORKS)
 
 
@@ -39,7 +39,7 @@ def test_help_imports_no_framework() -> None:
 
 def test_the_report_does_not_import_the_cli_layer() -> None:
     """`sextant.report` shares its number formatters with the commands through the neutral
-    `sextant.display`; importing it pulls in no `sextant.commands` module."""
+    `sextant.core.display`; importing it pulls in no `sextant.commands` module."""
     code = ("import sys, sextant.report.html, sextant.report.markdown, sextant.report.model\n"
             "bad = sorted(m for m in sys.modules if m.startswith('sextant.commands') "
             "or m == 'sextant.cli')\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from sextant import data
-from sextant.init import count_params, flops_per_step, init_params, param_shapes
-from sextant.schedule import lr_table
+from sextant.workloads.init import count_params, flops_per_step, init_params, param_shapes
+from sextant.workloads.schedule import lr_table
 from sextant.sources import resolve_workload
 
 
@@ -112,7 +112,7 @@ def test_flops_formula() -> None:
 def test_private_tempdir_is_removed_and_restored(tmp_path) -> None:  # noqa: ANN001
     import tempfile
 
-    from sextant.fsutil import private_tempdir, remove_private_tempdirs
+    from sextant.core.fsutil import private_tempdir, remove_private_tempdirs
 
     before = tempfile.gettempdir()
     scratch = private_tempdir("rank0.tmp-", parent=tmp_path)

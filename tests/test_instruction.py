@@ -13,11 +13,11 @@ import pytest
 
 from sextant import data
 from sextant.data import files, instruction
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.runner import check_workload_fits, execute
 from sextant.sources import resolve_workload
 from sextant.strategy import Strategy
-from sextant.workload import IGNORE_TARGET, Workload
+from sextant.workloads.spec import IGNORE_TARGET, Workload
 from tests.helpers import needs_torch, same_training
 
 PAIRS = [
@@ -127,7 +127,7 @@ def test_the_loss_is_the_mean_over_response_tokens(tmp_path: Path) -> None:
     import jax.numpy as jnp
 
     from sextant.backends.jax_backend import model as jm
-    from sextant.weights import initial_params
+    from sextant.pretrained.weights import initial_params
 
     w = resolve_workload(instruction_workload(tmp_path))
     params = {k: jnp.asarray(v) for k, v in initial_params(w).items()}

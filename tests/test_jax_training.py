@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sextant.errors import RunFailed
+from sextant.core.errors import RunFailed
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import needs_torch, same_training, short

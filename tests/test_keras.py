@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sextant.backends.base import require
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import PARITY_RTOL, needs_torch, same_training, short

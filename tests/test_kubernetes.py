@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.launch import kubernetes
 from sextant.launch.collector import SECRET_ENV, new_secret
 from sextant.launch.join import identity_from_env

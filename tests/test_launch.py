@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sextant.cluster.emulated import format_rate, parse_latency, parse_rate
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.launch.hosts import HostSlot, Placement, blocks
 from sextant.launch.local import _last_error_line
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sextant import checkpoint as ckpt
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.backends import require
 from sextant.runner import execute
 from sextant.strategy import Strategy

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sextant.errors import UserError
-from sextant.init import count_params, init_params, matmul_params, param_shapes, rope_tables
+from sextant.core.errors import UserError
+from sextant.workloads.init import count_params, init_params, matmul_params, param_shapes, rope_tables
 from sextant.runner import execute
 from sextant.strategy import FRAMEWORKS, Strategy
-from sextant.workload import LlamaSpec, workload_from_dict
+from sextant.workloads.spec import LlamaSpec, workload_from_dict
 from sextant.sources import resolve_workload
 from tests.helpers import needs_torch, same_training, short
 

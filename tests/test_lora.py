@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sextant.errors import UserError
-from sextant.init import adapter_shapes, init_adapters, param_shapes
+from sextant.core.errors import UserError
+from sextant.workloads.init import adapter_shapes, init_adapters, param_shapes
 from sextant.runner import check_workload_fits, execute
 from sextant.strategy import Strategy
-from sextant.workload import FinetuneSpec, load_workload, workload_from_dict
-from sextant.weights import initial_params, trainable_count
+from sextant.workloads.spec import FinetuneSpec, load_workload, workload_from_dict
+from sextant.pretrained.weights import initial_params, trainable_count
 from tests.helpers import REPO, needs_torch, run_cli, same_training, short
 
 LORA = FinetuneSpec(method="lora", rank=4, alpha=8.0,
@@ -94,7 +94,7 @@ def test_what_lora_is_not_built_for_is_refused_before_any_worker() -> None:
         check_workload_fits(w, Strategy(framework="torch", precision="bf16"))
     # compare leaves those rows out with the reason, unless the frameworks were named.
     from sextant.commands.compare import _model_supported
-    from sextant.display import console
+    from sextant.core.display import console
 
     rows = [Strategy(framework=f) for f in ("torch", "paddle", "jax")]
     assert [s.framework for s in _model_supported(w, rows, console(), False)] == ["torch", "jax"]
@@ -202,7 +202,7 @@ def test_the_merged_model_is_the_adapted_model(name: str, lora: FinetuneSpec) ->
     import torch
 
     from sextant.backends.torch_backend.model import add_adapters, build, load_canonical
-    from sextant.weights import merge_adapters
+    from sextant.pretrained.weights import merge_adapters
 
     LORA = lora  # noqa: N806
     w = short(name, 5).replace(finetune=LORA)
@@ -248,7 +248,7 @@ def test_a_bf16_frozen_base_trains_alike_on_torch_and_jax() -> None:
     of the rounded base; frameworks without it refuse before any worker."""
     import ml_dtypes
 
-    from sextant.weights import bf16_base_names
+    from sextant.pretrained.weights import bf16_base_names
 
     spec = FinetuneSpec(method="lora", rank=4, alpha=8.0, targets=("q", "v", "down"))
     fp32 = short("llama-tiny", 4).replace(finetune=spec)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from sextant.backends.base import get_backend, require
-from sextant.display import console
-from sextant.errors import RunFailed, UserError
+from sextant.core.display import console
+from sextant.core.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import (

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from sextant.backends.base import get_backend
-from sextant.display import console
-from sextant.errors import RunFailed
+from sextant.core.display import console
+from sextant.core.errors import RunFailed
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sextant.cluster import emulated
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.strategy import Strategy

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sextant import defaults, paths
+from sextant.core import defaults, paths
 from sextant.cli import build_parser
-from sextant.errors import RunFailed
+from sextant.core.errors import RunFailed
 from sextant.results.store import ResultsStore
 
 

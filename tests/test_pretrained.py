@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.sources import resolve_workload
-from sextant.weights import initial_params
+from sextant.pretrained.weights import initial_params
 from tests.helpers import REPO
 
 pytest.importorskip("transformers")
@@ -171,7 +171,7 @@ def test_no_safetensors_and_pickles_are_refused(tmp_path: Path, checkpoints: dic
     (folder / "pytorch_model.bin").write_bytes(b"not read")
     # Without *.safetensors the folder is only a config: its seeded model, never the .bin.
     assert not resolve_workload(_spec(folder)).weights
-    from sextant.weights import load_weights
+    from sextant.pretrained.weights import load_weights
 
     with pytest.raises(UserError, match=r"holds no \*\.safetensors file .* never pickled"):
         load_weights(resolve_workload(_spec(folder)).model, folder)
@@ -221,7 +221,7 @@ def test_runs_from_hf_dir_start_from_the_pretrained_weights(
     w = resolve_workload(f"hf:{folder},seq_len={SEQ},global_batch=4,steps=4")
     w = w.replace(measure=w.measure.__class__(warmup_steps=1, nosync_steps=0, log_every=1))
     if lora:
-        from sextant.workload import FinetuneSpec
+        from sextant.workloads.spec import FinetuneSpec
 
         w = w.replace(finetune=FinetuneSpec(method="lora", rank=2, alpha=4.0,
                                             targets=("q", "k", "v", "o", "up")))

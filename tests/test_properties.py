@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sextant.errors import UserError
-from sextant.workload import load_workload, workload_from_dict
+from sextant.core.errors import UserError
+from sextant.workloads.spec import load_workload, workload_from_dict
 
 LONG = os.environ.get("SEXTANT_LONG_TESTS") == "1"
 REPO = Path(__file__).resolve().parents[1]

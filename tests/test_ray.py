@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sextant.cluster import emulated, ray_lab
-from sextant.paths import runs_beside
+from sextant.core.paths import runs_beside
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.sources import resolve_workload

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sextant import checkpoint as ckpt
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 from sextant.runner import RECORD_FILE, execute, keep
@@ -86,7 +86,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _file_workload(tmp: Path):  # the TOML twin of the fixture's workload
-    from sextant.workload import load_workload
+    from sextant.workloads.spec import load_workload
 
     return load_workload(write_workload(tmp))
 
@@ -234,7 +234,7 @@ def test_malformed_manifest_falls_back_to_the_previous(tmp_path: Path) -> None:
 
 
 def test_checkpoint_key_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sextant import keys
+    from sextant.core import keys
 
     monkeypatch.setenv("SEXTANT_CONFIG_DIR", str(tmp_path / "cfg"))
     assert len(keys.checkpoint_key()) == 32
@@ -397,7 +397,7 @@ def test_bad_paths_and_values(tmp_path: Path, args: list[str], fragment: str) ->
 ])
 def test_values_that_used_to_fail_inside_a_worker(table: str, changes: dict, fragment: str
                                                   ) -> None:
-    from sextant.workload import workload_from_dict
+    from sextant.workloads.spec import workload_from_dict
     from sextant.sources import resolve_workload
 
     raw = resolve_workload("gpt-tiny").to_dict()
@@ -411,7 +411,7 @@ def test_values_that_used_to_fail_inside_a_worker(table: str, changes: dict, fra
     ({"num_classes": 5}, "model.num_classes must be 10 for the digits dataset"),
 ])
 def test_mlp_must_match_the_digits(changes: dict, fragment: str) -> None:
-    from sextant.workload import workload_from_dict
+    from sextant.workloads.spec import workload_from_dict
 
     raw = short("digits-mlp", STEPS).to_dict()
     raw["model"].update(changes)

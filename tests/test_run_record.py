@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.results.record import RECORD_VERSION, RecordError, RunRecord
 from sextant.results.store import ResultsStore
 from sextant.strategy import Strategy

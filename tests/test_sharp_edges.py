@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 
 from sextant.commands.common import MAX_COLLECTIVE_TIMEOUT_S, collective_seconds
 from sextant.commands.trials import MAX_REPEATS, repeats
-from sextant.display import console, printable
-from sextant.errors import UserError
+from sextant.core.display import console, printable
+from sextant.core.errors import UserError
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 from sextant.strategy import MAX_THREADS, Strategy
-from sextant.workload import MAX_DESCRIPTION
+from sextant.workloads.spec import MAX_DESCRIPTION
 from tests.helpers import run_cli, short
 from tests.test_cli import assert_one_line_error
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sextant.cluster import emulated, slurm_lab
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.launch.collector import SECRET_ENV, new_secret
 from sextant.launch.join import first_host, identity_from_env, tasks_per_node
 from sextant.launch.local import free_port

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.results.record import RankSummary, RunRecord
 from sextant.results.store import ResultsStore
 from sextant.strategy import Strategy

@@ -14,7 +14,7 @@ import pytest
 from sextant.cli import build_parser
 from sextant.commands.run import strategy_from_args
 from sextant.launch.slurm import join_args
-from sextant.fields import flag_of
+from sextant.core.fields import flag_of
 from sextant.strategy import Strategy
 from tests.helpers import run_cli
 

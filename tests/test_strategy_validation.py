@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.strategy import Strategy, boolean, int_at_least, one_of
 
 CHECKED = [f for f in dataclasses.fields(Strategy) if "check" in f.metadata]

@@ -18,7 +18,7 @@ import pytest
 
 from sextant import checkpoint as ckpt
 from sextant.backends.base import get_backend, require
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import kill_then_resume, loss_deviation, needs_torch, same_training, short

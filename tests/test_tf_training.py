@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sextant.backends.base import get_backend, require
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import needs_torch, same_training, short

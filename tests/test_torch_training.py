@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sextant.errors import RunFailed
+from sextant.core.errors import RunFailed
 from sextant.runner import execute
 from sextant.strategy import Strategy
 from tests.helpers import (

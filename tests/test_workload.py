@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from sextant.errors import UserError
-from sextant.workload import GPTSpec, bundled_workloads, load_workload
+from sextant.core.errors import UserError
+from sextant.workloads.spec import GPTSpec, bundled_workloads, load_workload
 from sextant.sources import resolve_workload
 
 GOOD = """
@@ -34,7 +34,7 @@ def test_bundled_workloads_load() -> None:
 
 
 def test_gpt_small_is_10_to_20m_params() -> None:
-    from sextant.init import count_params
+    from sextant.workloads.init import count_params
 
     assert 10e6 <= count_params(resolve_workload("gpt-small").model) <= 20e6
 
@@ -90,7 +90,7 @@ def test_content_hash_ignores_formatting_and_description(tmp_path: Path) -> None
 def test_dataset_facts_match_the_bundled_files() -> None:
     """workload.DATASET_FACTS (what validation checks against) is what the files hold."""
     from sextant.data import digits, text_tokens
-    from sextant.workload import DATASET_FACTS
+    from sextant.workloads.spec import DATASET_FACTS
 
     features, labels = digits()
     assert DATASET_FACTS["digits"] == {"samples": labels.size, "input_dim": features.shape[1],

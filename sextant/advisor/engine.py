@@ -21,7 +21,7 @@ from sextant.advisor.planned import PlannedTraining
 from sextant.advisor.profile import TeamProfile
 from sextant.advisor.rules import COMPARISONS, RuleSet, load_rules
 from sextant.advisor.vocab import BASE_FRAMEWORK, CANDIDATES, MEASURED, PLANNED, RULE_OF_THUMB
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 SENSITIVITY_INPUTS = (
     ("gpu_price_per_hour", "the GPU price per device-hour"),

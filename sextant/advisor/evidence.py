@@ -18,7 +18,7 @@ from typing import Any
 from sextant.advisor.vocab import CANDIDATES, MEASURED, SOURCES
 from sextant.claims import compute_units, conditions
 from sextant.claims.deploy import works
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 

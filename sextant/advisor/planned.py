@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sextant.advisor.profile import TeamProfile
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 HARDWARE_WORDS = {"nvidia": "nvidia", "amd": "amd", "tpu": "tpu", "ascend": "ascend",
                   "apple": "apple", "cpu": "cpu"}

@@ -25,8 +25,8 @@ from sextant.advisor.vocab import (
     PURPOSES,
     allowed,
 )
-from sextant.errors import UserError
-from sextant.tomlfile import parse_toml
+from sextant.core.errors import UserError
+from sextant.core.tomlfile import parse_toml
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -30,7 +30,7 @@ from sextant.advisor.vocab import (
     PURPOSES,
     allowed,
 )
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 ENUM_FACTS: dict[str, tuple[str, ...]] = {
     "hardware": HARDWARE,

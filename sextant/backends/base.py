@@ -16,12 +16,12 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
-    from sextant.workload import Workload
+    from sextant.workloads.spec import Workload
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -68,7 +68,7 @@ class Capabilities:
     checkpoint: tuple[str, ...] = ()
     """Parallel strategies whose runs can be checkpointed and resumed."""
     model_features: tuple[str, ...] = ("qkv_bias", "tied_gpt_head")
-    """The optional model parts (sextant.workload.model_features) its model code has."""
+    """The optional model parts (sextant.workloads.spec.model_features) its model code has."""
     why_not: tuple[tuple[str, str], ...] = ()
     """(parallel strategy, reason) for strategies this backend does not run, where the
     reason is worth knowing (what the framework offers instead); shown by `sextant
@@ -109,7 +109,7 @@ class Backend(Protocol):
     OPT_IN: str | None
     """Why `sextant compare` runs it only when named (BackendBase: None, run by default)."""
     ENVIRONMENT: str | None
-    """The sextant environment (sextant.envs) whose interpreter runs its workers, for a
+    """The sextant environment (sextant.core.envs) whose interpreter runs its workers, for a
     framework that cannot share this one's (BackendBase: None, this interpreter)."""
 
     def capabilities(self) -> Capabilities: ...
@@ -203,7 +203,7 @@ def available(name: str) -> bool:
     without importing it."""
     backend = get_backend(name)
     if backend.ENVIRONMENT is not None:
-        from sextant import envs
+        from sextant.core import envs
 
         try:
             return envs.load(backend.ENVIRONMENT) is not None
@@ -219,8 +219,8 @@ def _supporting(flag: str) -> list[str]:
 
 def python_for(framework: str) -> str:
     """The interpreter that runs `framework`'s workers: this one, or that of the environment
-    its backend declares (sextant.envs checks that it exists and is current)."""
-    from sextant import envs
+    its backend declares (sextant.core.envs checks that it exists and is current)."""
+    from sextant.core import envs
 
     return envs.python_for(framework, get_backend(framework).ENVIRONMENT)
 
@@ -229,7 +229,7 @@ def require(strategy: Strategy) -> Backend:
     """The backend for a strategy, after checking it is installed and supports the strategy."""
     backend = get_backend(strategy.framework)
     if backend.ENVIRONMENT is not None:
-        from sextant import envs
+        from sextant.core import envs
 
         envs.python_for(backend.name, backend.ENVIRONMENT)  # a broken one names its fix
     elif importlib.util.find_spec(backend.package) is None:

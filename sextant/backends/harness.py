@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from sextant import checkpoint as ckpt
 from sextant.backends import precision
-from sextant.fsutil import atomic_write_bytes
-from sextant.init import is_adapter, params_digest
+from sextant.core.fsutil import atomic_write_bytes
+from sextant.workloads.init import is_adapter, params_digest
 from sextant.measure.comm import bytes_per_step
 from sextant.measure.loop import StepRecorder, timed_training
 

@@ -25,13 +25,13 @@ from typing import Any
 
 from sextant.checks import analyse
 from sextant.checks.result import CHECKS, SKIP, CheckResult
-from sextant.defaults import COLLECTIVE_TIMEOUT_S, MEASUREMENT_TIMEOUT_S, RUN_TIMEOUT_S
-from sextant.errors import RunFailed, UserError
+from sextant.core.defaults import COLLECTIVE_TIMEOUT_S, MEASUREMENT_TIMEOUT_S, RUN_TIMEOUT_S
+from sextant.core.errors import RunFailed, UserError
 from sextant.monitor.metrics import merged_records, steps_by_rank, write_metrics
-from sextant.paths import DEFAULT_RUNS
+from sextant.core.paths import DEFAULT_RUNS
 from sextant.results.record import RunRecord
 from sextant.strategy import Strategy
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 
 _NEEDS_SINGLE = {"mvp", "scaling", "checkpoint"}
 _NEEDS_DP = {"versions", "loader", "balance", "scaling"}

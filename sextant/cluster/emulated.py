@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sextant.defaults import MEASUREMENT_TIMEOUT_S
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json
+from sextant.core.defaults import MEASUREMENT_TIMEOUT_S
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_json
 from sextant.launch.hosts import (
     NETNS_ETC,
     HostSlot,

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from sextant.cluster import emulated
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_json
 
 PORT = 6379
 START_TIMEOUT_S = 60.0

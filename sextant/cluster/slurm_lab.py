@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from sextant.cluster import emulated
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sinfo")
 MUNGE_SOCKET_DIR = Path("/run/munge")

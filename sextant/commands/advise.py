@@ -23,8 +23,8 @@ from sextant.commands.common import (
     db_path,
     inherit_parent_flags,
 )
-from sextant.display import console
-from sextant.errors import UserError
+from sextant.core.display import console
+from sextant.core.errors import UserError
 
 DEFAULT_PROFILE = "sextant-profile.toml"
 # Off a terminal the advice tables are printed this wide (readable in logs and pipes).

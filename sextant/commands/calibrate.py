@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 from sextant.commands.plan_flags import CALIBRATE_GROUPS, CalibrateFlags
-from sextant.display import console
-from sextant.errors import UserError
-from sextant.fields import add_flags
+from sextant.core.display import console
+from sextant.core.errors import UserError
+from sextant.core.fields import add_flags
 
 
 def register(subparsers: Any) -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from sextant.backends import available, get_backend
 from sextant.backends.base import REGISTRY
-from sextant.display import console
+from sextant.core.display import console
 from sextant.strategy import COMPRESSIONS, MODES, PARALLEL, PRECISIONS
 
 

@@ -18,9 +18,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from sextant.commands.common import add_framework_args, add_run_args, db_path
-from sextant.display import console
-from sextant.errors import UserError
-from sextant.paths import runs_beside
+from sextant.core.display import console
+from sextant.core.errors import UserError
+from sextant.core.paths import runs_beside
 from sextant.strategy import MAX_THREADS
 
 EXIT_FAILED = 3

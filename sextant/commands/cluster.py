@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from sextant.cluster import emulated, ray_lab, slurm_lab
-from sextant.display import console
+from sextant.core.display import console
 
 DEFAULT_NAME = "sx"
 

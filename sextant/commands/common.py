@@ -12,14 +12,14 @@ from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
-from sextant.devices import detect, resolve_device
-from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
+from sextant.core.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
+from sextant.core.devices import detect, resolve_device
+from sextant.core.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.stats import max_loss_diff
-from sextant.paths import DEFAULT_DB, default_db, runs_beside
+from sextant.core.paths import DEFAULT_DB, default_db, runs_beside
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
-from sextant.fields import add_flags, values_from
+from sextant.core.fields import add_flags, values_from
 from sextant.strategy import Strategy
 
 DEFAULT_WORKLOAD = "gpt-tiny"
@@ -105,7 +105,7 @@ def add_framework_args(p: argparse.ArgumentParser, *,
                        helps: dict[str, str] | None = None) -> None:
     """Who trains and over how many processes: --framework, --mode, --parallel, --workers,
     --threads (the Strategy fields every training command shares), as Strategy declares them;
-    `defaults` and `helps`: this command's own (sextant.fields.add_flags)."""
+    `defaults` and `helps`: this command's own (sextant.core.fields.add_flags)."""
     add_flags(p, Strategy, ("who",), defaults=defaults, helps=helps)
 
 

@@ -39,15 +39,15 @@ from sextant.commands.trials import (
     iteration_table,
     trials_table,
 )
-from sextant.devices import Inventory, check_ranks_fit, detect, resolve_device
-from sextant.display import console
-from sextant.fields import add_flags
-from sextant.errors import RunFailed, UserError
+from sextant.core.devices import Inventory, check_ranks_fit, detect, resolve_device
+from sextant.core.display import console
+from sextant.core.fields import add_flags
+from sextant.core.errors import RunFailed, UserError
 from sextant.monitor import add_monitor_args
 from sextant.results.record import RunRecord
 from sextant.runner import execute
 from sextant.strategy import MIXED_PRECISIONS, PRECISION_HELP, Strategy
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 from sextant.sources import workload_source
 
 
@@ -233,7 +233,7 @@ def layout_table(records: Sequence[RunRecord]) -> Any:
     the report's section, sextant.report.model.layout_rows), beside its speed and loss."""
     from rich.table import Table
 
-    from sextant.display import fmt_loss, fmt_ms, fmt_share
+    from sextant.core.display import fmt_loss, fmt_ms, fmt_share
     from sextant.report.model import layout_rows
 
     table = Table(title="parallel layouts (per rank; comm: payload bytes of the collectives one "
@@ -276,7 +276,7 @@ def lever_table(records: Sequence[RunRecord]) -> Any:
     """What each lever changed against the first (baseline) record."""
     from rich.table import Table
 
-    from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_share
+    from sextant.core.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_share
 
     base = records[0]
     table = Table(title=f"levers against {base.label}", title_justify="left",

@@ -1,5 +1,5 @@
 """`sextant env create NAME | list | remove NAME`: the per-framework environments of
-sextant.envs (PaddlePaddle and MindSpore train in their own interpreter)."""
+sextant.core.envs (PaddlePaddle and MindSpore train in their own interpreter)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from sextant import envs
-from sextant.display import console
-from sextant.errors import UserError
+from sextant.core import envs
+from sextant.core.display import console
+from sextant.core.errors import UserError
 
 
 def register(sub: Any) -> None:

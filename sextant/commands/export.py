@@ -23,12 +23,12 @@ from sextant.commands.common import (
     positive_seconds,
     runs_dir,
 )
-from sextant.display import console
-from sextant.errors import UserError
+from sextant.core.display import console
+from sextant.core.errors import UserError
 from sextant.results.deploy import OK, DeployRecord
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 
 REFERENCE_FRAMEWORKS = ("torch", "jax", "tensorflow")
 """Who trains the reference run when no --from-run is given: the first one installed."""
@@ -113,8 +113,8 @@ def _options(args: argparse.Namespace) -> Any:
 
 def _source(store: ResultsStore, run_id: int) -> tuple[RunRecord, Path, str]:
     """A stored run's record, its final parameters and their digest, checked."""
-    from sextant.init import params_digest
-    from sextant.workload import workload_from_dict
+    from sextant.workloads.init import params_digest
+    from sextant.workloads.spec import workload_from_dict
 
     record = store.get(run_id)
     npz = Path(record.run_dir or "") / "final_params.npz"
@@ -204,9 +204,9 @@ def _served(workload: Workload, npz: Path, digest: str, out_root: Path, out: Any
 
     import numpy as np
 
-    from sextant.init import params_digest
-    from sextant.weights import is_adapter, merge_adapters
-    from sextant.workload import FinetuneSpec
+    from sextant.workloads.init import params_digest
+    from sextant.pretrained.weights import is_adapter, merge_adapters
+    from sextant.workloads.spec import FinetuneSpec
 
     workload = dataclasses.replace(workload, weights="")
     with np.load(npz) as loaded:
@@ -241,7 +241,7 @@ def _run(workload: Workload, npz: Path, digest: str, selected: list[Any], args: 
 def cmd_compare_deploy(args: argparse.Namespace) -> int:
     from sextant.commands.compare import _frameworks
     from sextant.deploy.matrix import FRAMEWORKS, rows
-    from sextant.workload import workload_from_dict
+    from sextant.workloads.spec import workload_from_dict
 
     frameworks = _frameworks(args.frameworks or ",".join(FRAMEWORKS))
     no_export = [f for f in frameworks if f not in FRAMEWORKS]
@@ -279,7 +279,7 @@ def cmd_compare_deploy(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from sextant.deploy.matrix import FRAMEWORKS, rows
-    from sextant.workload import workload_from_dict
+    from sextant.workloads.spec import workload_from_dict
 
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise UserError(f"--out {args.out} exists and is not an empty directory; nothing "

@@ -20,8 +20,8 @@ import sys
 import time
 from typing import Any
 
-from sextant.errors import UserError
-from sextant.workload import MLPSpec, Workload
+from sextant.core.errors import UserError
+from sextant.workloads.spec import MLPSpec, Workload
 
 DEFAULT_EFFICIENCY = 0.5
 """The planner's compute efficiency when nothing was fitted (sextant.planner.local)."""
@@ -67,7 +67,7 @@ def available_memory() -> int:
 
 
 def _counts(workload: Workload) -> tuple[int, int]:
-    from sextant.weights import trainable_count
+    from sextant.pretrained.weights import trainable_count
 
     trained, total = trainable_count(workload)
     return trained, total

@@ -19,10 +19,10 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from sextant.commands.common import add_store_args, db_path
-from sextant.display import console
-from sextant.errors import UserError
-from sextant.fields import add_flags
-from sextant.paths import DEFAULT_CALIBRATION
+from sextant.core.display import console
+from sextant.core.errors import UserError
+from sextant.core.fields import add_flags
+from sextant.core.paths import DEFAULT_CALIBRATION
 from sextant.commands.plan_flags import GROUPS, PlanFlags
 
 if TYPE_CHECKING:

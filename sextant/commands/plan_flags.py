@@ -1,4 +1,4 @@
-"""The flags of `sextant plan` and `sextant calibrate`, declared once (sextant.fields).
+"""The flags of `sextant plan` and `sextant calibrate`, declared once (sextant.core.fields).
 
 Each field is one flag: its type, default, choices and help, in its argument group. The
 parsers are made from these declarations (sextant.commands.plan, sextant.commands.calibrate),
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sextant.defaults import MEASUREMENT_TIMEOUT_S
-from sextant.fields import option
-from sextant.paths import DEFAULT_CALIBRATION
+from sextant.core.defaults import MEASUREMENT_TIMEOUT_S
+from sextant.core.fields import option
+from sextant.core.paths import DEFAULT_CALIBRATION
 
 GROUPS = (
     ("model", "model"),

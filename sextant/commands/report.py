@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from sextant.commands.common import add_store_args, open_store
-from sextant.display import console
-from sextant.errors import UserError
-from sextant.paths import DEFAULT_CALIBRATION
+from sextant.core.display import console
+from sextant.core.errors import UserError
+from sextant.core.paths import DEFAULT_CALIBRATION
 
 FORMATS = ("html", "md", "json")
 

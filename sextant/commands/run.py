@@ -24,16 +24,16 @@ from sextant.commands.common import (
     runs_dir,
 )
 from sextant.commands.trials import add_repeats_arg, run_trials
-from sextant.display import console
+from sextant.core.display import console
 from sextant.backends.base import layout_of
-from sextant.devices import check_ranks_fit, detect
-from sextant.errors import RunFailed, UserError
-from sextant.fields import add_flags, flag_defaults, option, values_from
-from sextant.fsutil import atomic_output
+from sextant.core.devices import check_ranks_fit, detect
+from sextant.core.errors import RunFailed, UserError
+from sextant.core.fields import add_flags, flag_defaults, option, values_from
+from sextant.core.fsutil import atomic_output
 from sextant.monitor import add_monitor_args
 from sextant.runner import execute
 from sextant.strategy import TENSOR_PARALLEL, Strategy
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 from sextant.sources import resolve_workload, workload_source
 
 
@@ -52,7 +52,7 @@ def register(sub: Any) -> None:
 @dataclass(frozen=True, kw_only=True)
 class LaunchFlags:
     """How `sextant run` starts its ranks (docs/multi-host.md), declared once
-    (sextant.fields); `compare` takes the local and Ray launchers' flags from here too."""
+    (sextant.core.fields); `compare` takes the local and Ray launchers' flags from here too."""
 
     launcher: str = option("local", group="launcher",
                            choices=("local", "slurm", "kubernetes", "ray"),
@@ -180,7 +180,7 @@ def strategy_file(args: argparse.Namespace) -> argparse.Namespace:
     path = getattr(args, "strategy", None)
     if path is None:
         return args
-    from sextant.tomlfile import read_toml
+    from sextant.core.tomlfile import read_toml
 
     table = read_toml(path, "strategy file")
     defaults = flag_defaults(Strategy, STRATEGY_FLAGS)

@@ -14,12 +14,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from sextant.commands.common import add_store_args, open_store
-from sextant.display import console, fmt_ms, fmt_rate
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_text
+from sextant.core.display import console, fmt_ms, fmt_rate
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_text
 from sextant.results.record import RUN_STATUSES, RunRecord
 from sextant.results.store import finite_json
-from sextant.workload import workload_from_dict
+from sextant.workloads.spec import workload_from_dict
 
 # Flat columns of a CSV export: run identity, then every scalar metric.
 _IDENTITY = ("id", "created_at", "group_id", "workload_name", "workload_hash", "framework",

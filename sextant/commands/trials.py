@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from sextant.claims import unequal
-from sextant.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
+from sextant.core.display import fmt_bytes_mb, fmt_loss, fmt_ms, fmt_rate, fmt_share
 from sextant.measure.intervals import CONFIDENCE, speedup_interval
 from sextant.measure.stats import max_loss_diff
 from sextant.report.model import accelerator_cells
@@ -161,7 +161,7 @@ def run_trials(args: argparse.Namespace, workload: Any, strategy: Any, *,
     from rich.text import Text
 
     from sextant.commands.common import RunProgress, open_store, runs_dir
-    from sextant.display import console
+    from sextant.core.display import console
     from sextant.runner import execute
     from sextant.sources import workload_source
 

@@ -51,8 +51,8 @@ def register(sub: Any) -> None:
 
 
 def cmd_from_hf(args: argparse.Namespace) -> int:
-    from sextant.hf import one_line_text, to_toml, workload_from_hf
-    from sextant.workload import workload_from_dict
+    from sextant.pretrained.hf import one_line_text, to_toml, workload_from_hf
+    from sextant.workloads.spec import workload_from_dict
 
     finetune = _finetune(args)
     if args.fit:
@@ -73,7 +73,7 @@ def cmd_from_hf(args: argparse.Namespace) -> int:
 
 def _finetune(args: argparse.Namespace) -> dict[str, Any] | None:
     """The [finetune] table the LoRA flags ask for, None for full fine-tuning."""
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
 
     if args.lora_rank is None:
         if args.lora_alpha is not None or args.lora_targets is not None:
@@ -93,9 +93,9 @@ def _fitted(args: argparse.Namespace, finetune: dict[str, Any] | None) -> dict[s
     from pathlib import Path
 
     from sextant.commands.fit import MEMORY_SHARE, available_memory, fit
-    from sextant.errors import UserError
-    from sextant.hf import _model_folder, workload_from_hf
-    from sextant.workload import workload_from_dict
+    from sextant.core.errors import UserError
+    from sextant.pretrained.hf import _model_folder, workload_from_hf
+    from sextant.workloads.spec import workload_from_dict
 
     given = [f for f in ("seq_len", "global_batch", "scale", "layers", "width")
              if getattr(args, f) is not None]

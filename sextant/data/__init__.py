@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sextant.errors import UserError
-from sextant.workload import MLPSpec, Workload
+from sextant.core.errors import UserError
+from sextant.workloads.spec import MLPSpec, Workload
 
 DATA_DIR = Path(__file__).parent
 

@@ -55,9 +55,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from sextant.errors import UserError
-from sextant.fsutil import atomic_output
-from sextant.workload import Workload
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_output
+from sextant.workloads.spec import Workload
 
 FORMAT_VERSION = 2
 """Part of every digest: a change to how tokens are made or stored names new token files."""

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from sextant.data import files as text_files
-from sextant.errors import UserError
-from sextant.workload import IGNORE_TARGET, Workload
+from sextant.core.errors import UserError
+from sextant.workloads.spec import IGNORE_TARGET, Workload
 
 FORMAT_VERSION = 1
 """Part of every digest: a change to how rows are made names a new digest."""

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from sextant.data import local_batch
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 
 
 def pipeline_throughput(workload: Workload, world: int, *, rank: int = 0, batches: int = 20,

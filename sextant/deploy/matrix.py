@@ -37,13 +37,13 @@ import numpy as np
 from sextant.backends import get_backend
 from sextant.backends.base import ExportFormat
 from sextant.data import global_batch
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_json
 from sextant.measure.agreement import EXPORT_RTOL
 from sextant.measure.intervals import median_interval
 from sextant.results import deploy as rec
 from sextant.results.deploy import DeployRecord, Latency
-from sextant.workload import MLPSpec, Workload
+from sextant.workloads.spec import MLPSpec, Workload
 
 FRAMEWORKS = ("torch", "tensorflow", "jax", "keras")
 """The frameworks whose backends declare export formats, in the matrix's order."""

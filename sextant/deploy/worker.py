@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from sextant.fsutil import atomic_write_json
+from sextant.core.fsutil import atomic_write_json
 from sextant.measure import memory
 from sextant.measure.agreement import logits_parity
 
@@ -87,7 +87,7 @@ def _padded(forward: Forward, length: int) -> Forward:
 
 
 def export(job: dict[str, Any]) -> None:
-    from sextant.workload import workload_from_dict
+    from sextant.workloads.spec import workload_from_dict
 
     spec = workload_from_dict(job["workload"]).model
     module = importlib.import_module(EXPORT_MODULES[job["framework"]])

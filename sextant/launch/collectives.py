@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sextant.defaults import MEASUREMENT_TIMEOUT_S
-from sextant.errors import UserError
+from sextant.core.defaults import MEASUREMENT_TIMEOUT_S
+from sextant.core.errors import UserError
 from sextant.launch.hosts import Placement, private_loopback
 from sextant.launch.local import free_port
 from sextant.launch.ranks import run_rank_processes

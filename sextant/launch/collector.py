@@ -40,11 +40,11 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from sextant.defaults import COLLECTIVE_TIMEOUT_S
-from sextant.errors import RunFailed, UserError
+from sextant.core.defaults import COLLECTIVE_TIMEOUT_S
+from sextant.core.errors import RunFailed, UserError
 from sextant.contracts import DoneEvent, EVENTS, Event, MESSAGES, RankResult
-from sextant.keys import sign, signed
-from sextant.schema import problem
+from sextant.core.keys import sign, signed
+from sextant.core.schema import problem
 
 CONNECT_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0

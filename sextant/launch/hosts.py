@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_text
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_text
 
 LOOPBACK = "127.0.0.1"
 PRIVATE_PREFIX = "sextant-run-"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sextant.contracts import RankResult
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.launch.collector import (
     ENV,
     SECRET_ENV,
@@ -48,7 +48,7 @@ from sextant.launch.local import EventHandler, Launcher, free_port
 if TYPE_CHECKING:
     from sextant.contracts import WorkerContext
     from sextant.strategy import Strategy
-    from sextant.workload import Workload
+    from sextant.workloads.spec import Workload
 
 DEFAULT_MASTER_PORT = 29500
 COLLECTOR_PORT_OFFSET = 1

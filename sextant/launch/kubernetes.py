@@ -45,14 +45,14 @@ from urllib.parse import urlparse
 
 from sextant import __version__
 from sextant.contracts import RankResult
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.launch.collector import ENV as COLLECTOR_ENV
 from sextant.launch.collector import SECRET_ENV, Collector, gather, new_secret
 
 if TYPE_CHECKING:
     from sextant.launch.local import EventHandler, Launcher
     from sextant.strategy import Strategy
-    from sextant.workload import Workload
+    from sextant.workloads.spec import Workload
 
 KINDS = ("trainjob", "pytorchjob", "jobset")
 KUBERNETES_VERSION = "1.37"

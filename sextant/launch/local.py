@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sextant.contracts import RankResult
-from sextant.cores import default_threads, usable_cores
-from sextant.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
-from sextant.errors import RunFailed
-from sextant.fsutil import atomic_write_json
+from sextant.core.cores import default_threads, usable_cores
+from sextant.core.defaults import COLLECTIVE_TIMEOUT_S, RUN_TIMEOUT_S
+from sextant.core.errors import RunFailed
+from sextant.core.fsutil import atomic_write_json
 from sextant.launch.hosts import Placement, private_loopback
 from sextant.strategy import Strategy
-from sextant.workload import Workload
+from sextant.workloads.spec import Workload
 
 if TYPE_CHECKING:
     from sextant.backends.base import ProcessLayout

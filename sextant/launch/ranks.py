@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from sextant.errors import RunFailed
+from sextant.core.errors import RunFailed
 from sextant.launch.hosts import Placement
 
 

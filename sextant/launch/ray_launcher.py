@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sextant.contracts import RankResult
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
 
 if TYPE_CHECKING:
     from sextant.launch.local import EventHandler, Launcher
     from sextant.strategy import Strategy
-    from sextant.workload import Workload
+    from sextant.workloads.spec import Workload
 
 START_UP_S = 90.0
 """Added to the run's timeouts for the driver: importing Ray, connecting, placing."""
@@ -75,7 +75,7 @@ class Job:
     time_limit_s: float
     python: str | None = None
     """The interpreter of `sextant join` on the nodes: None for the node's own (the one its
-    Ray workers run), else the framework's environment (sextant.envs), at the same path on
+    Ray workers run), else the framework's environment (sextant.core.envs), at the same path on
     every node."""
     driver_python: str = sys.executable
 

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sextant.contracts import RankResult
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.launch.collector import ENV, SECRET_ENV, Collector, gather, new_secret
-from sextant.paths import RESULTS_DIR
+from sextant.core.paths import RESULTS_DIR
 from sextant.strategy import Strategy
 
 if TYPE_CHECKING:
     from sextant.launch.local import EventHandler, Launcher
-    from sextant.workload import Workload
+    from sextant.workloads.spec import Workload
 
 SUBMIT_TIMEOUT_S = 30.0
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64}){0,31}")
@@ -52,10 +52,10 @@ class Job:
     label: str
     python: str = sys.executable
     """The interpreter every task runs `sextant join` with: this one, or the framework's
-    environment (sextant.envs), which holds sextant too."""
+    environment (sextant.core.envs), which holds sextant too."""
     gpus_per_node: int = 0
     """GPUs requested per node: one per task on GPU runs (each task then keeps its local
-    rank's, sextant.devices.pin_rank), none on CPU runs."""
+    rank's, sextant.core.devices.pin_rank), none on CPU runs."""
 
     @property
     def tasks(self) -> int:

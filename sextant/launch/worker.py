@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sextant.contracts import EVENT_SCHEMA, WorkerContext
-from sextant.devices import pin_rank
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json, remove_private_tempdirs
-from sextant.allocator import keep_freed_memory
-from sextant.cores import default_threads
+from sextant.core.devices import pin_rank
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_json, remove_private_tempdirs
+from sextant.core.allocator import keep_freed_memory
+from sextant.core.cores import default_threads
 from sextant.launch.hosts import adopt_host
 from sextant.strategy import Strategy
-from sextant.workload import workload_from_dict
+from sextant.workloads.spec import workload_from_dict
 
 __all__ = ["EVENT_SCHEMA", "WorkerContext", "context_from_plan", "main", "run_rank"]
 
@@ -67,7 +67,7 @@ def run_rank(plan: dict[str, Any], ctx: WorkerContext) -> int:
     cpus = (plan.get("cpus") or [None] * ctx.world)[ctx.rank]
     if cpus:
         os.sched_setaffinity(0, cpus)
-    keep_freed_memory()  # before any framework allocates (sextant.allocator)
+    keep_freed_memory()  # before any framework allocates (sextant.core.allocator)
     # Before any framework is imported: this rank's own GPU only, or none on CPU ranks and
     # service ranks (parameter servers hold variables on the host).
     device = ctx.strategy.device if ctx.role == "worker" else "cpu"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 
 def time_collective(op: Callable[..., object]) -> tuple[float, float, float, int]:

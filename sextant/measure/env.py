@@ -10,7 +10,7 @@ from functools import cache
 from importlib import metadata
 
 from sextant import __version__
-from sextant import allocator
+from sextant.core import allocator
 
 
 @cache

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sextant import data
-from sextant.errors import TrainingDiverged
-from sextant.fsutil import atomic_write_json
+from sextant.core.errors import TrainingDiverged
+from sextant.core.fsutil import atomic_write_json
 from sextant.measure import memory
 
 from sextant.contracts import WorkerContext

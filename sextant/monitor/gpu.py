@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from sextant.devices import NvmlMemory, open_nvml
+from sextant.core.devices import NvmlMemory, open_nvml
 
 
 class _Utilization(ctypes.Structure):

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from sextant.contracts import EVENTS
-from sextant.fsutil import atomic_write_text
-from sextant.schema import problem
+from sextant.core.fsutil import atomic_write_text
+from sextant.core.schema import problem
 
 METRICS_SCHEMA = 1
 METRICS_FILE = "metrics.jsonl"

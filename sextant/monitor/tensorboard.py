@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 
 def _crc32c_table() -> list[int]:

@@ -2,7 +2,7 @@
 MFU the run reached against that entry's dense peak, and the step time the planner predicts
 for the same workload on one such device.
 
-MFU here is the run's model FLOPs per second (sextant.init.flops_per_step, the PaLM formula
+MFU here is the run's model FLOPs per second (sextant.workloads.init.flops_per_step, the PaLM formula
 the planner also counts) over the catalogue's dense peak at the run's effective precision.
 A device the catalogue does not hold is named, and its MFU left blank: never a peak guessed.
 """
@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 DRIVER_NAMES: tuple[tuple[str, str], ...] = (
     # (pattern of the name the driver reports, catalogue key); first match wins.

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from sextant.defaults import MEASUREMENT_TIMEOUT_S
-from sextant.errors import RunFailed, UserError
-from sextant.fsutil import atomic_write_text
+from sextant.core.defaults import MEASUREMENT_TIMEOUT_S
+from sextant.core.errors import RunFailed, UserError
+from sextant.core.fsutil import atomic_write_text
 from sextant.measure.collectives import fit_alpha_beta
 from sextant.planner.calibration_doc import (
     Calibration,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 SCHEMA = 1
 

@@ -19,13 +19,13 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from sextant.errors import UserError
-from sextant.paths import DEFAULT_CALIBRATION
+from sextant.core.errors import UserError
+from sextant.core.paths import DEFAULT_CALIBRATION
 from sextant.planner import efficiency
 from sextant.planner.calibration_doc import Calibration, GemmRate, LoopbackAllReduce
 from sextant.planner.calibration_doc import from_dict as calibration_from_dict
 from sextant.planner.topology import Torus
-from sextant.tomlfile import read_toml
+from sextant.core.tomlfile import read_toml
 
 CATALOGUE_PATH = Path(__file__).with_name("catalogue.toml")
 Table = Mapping[str, object]
@@ -286,7 +286,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    return read_toml(path, "catalogue")  # sextant.tomlfile: one-line errors for any bad file
+    return read_toml(path, "catalogue")  # sextant.core.tomlfile: one-line errors for any bad file
 
 
 def load_catalogue(

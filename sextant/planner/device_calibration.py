@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import RunFailed, UserError
+from sextant.core.errors import RunFailed, UserError
 from sextant.planner.calibration_doc import (
     Calibration,
     DeviceAllReduce,

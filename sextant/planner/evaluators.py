@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner import comms
 from sextant.planner.catalogue import Catalogue, Link, Table, fit_ramp, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.models import ModelCost
-from sextant.workload import FINETUNE_METHODS, GPT_LORA_TARGETS, LORA_TARGETS
+from sextant.workloads.spec import FINETUNE_METHODS, GPT_LORA_TARGETS, LORA_TARGETS
 
 BASE_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 """Bytes of one frozen base parameter in each dtype the base may be held in."""

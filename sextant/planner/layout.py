@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.models import ModelCost
 
 RECOMPUTE = ("none", "selective", "full", "op", "alternate")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sextant.errors import UserError
-from sextant.paths import calibration_in
+from sextant.core.errors import UserError
+from sextant.core.paths import calibration_in
 from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.evaluation import Evaluation
@@ -102,7 +102,7 @@ def predict_scaling(cat: Catalogue, single_run: RunRecord, parallel: str,
     """Predicted tokens/s of `parallel` at each worker count, with the compute efficiency
     fitted on `single_run` (a stored single-process run). None when the planner cannot model
     the workload or the strategy."""
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
 
     measured = single_run.metrics.step_time_median_s
     if not measured:

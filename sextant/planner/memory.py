@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 # Bytes per parameter: (parameters, gradients, optimizer state).
 STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import pairwise
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 MAX_PLAN_WIDTH = 1 << 22
 """The planner's bound on any width, head count, vocabulary or sequence length: 64 times the
 largest published d_ff (MT-NLG's 81,920) and 32 times a 128K context. The training bounds
-(sextant.workload.MAX_WIDTH) stay with run, compare and check, which build the model."""
+(sextant.workloads.spec.MAX_WIDTH) stay with run, compare and check, which build the model."""
 MAX_PLAN_LAYERS = 1 << 16
 MAX_PLAN_GLOBAL_BATCH = 1 << 24
 """Sequences per step: 16 times the largest published batches."""
@@ -395,7 +395,7 @@ class TransformerShape:
         attn_flops = 6 * self.n_layers * (q_w + v_w) * s  # QK^T and PV, forward and backward
         layer_mm = self.active_layer_params()
         # N of "6N": every parameter but the looked-up embedding and position tables (the
-        # norms' few parameters are counted too, as sextant/init.py counts them); for MoE the
+        # norms' few parameters are counted too, as sextant/workloads/init.py counts them); for MoE the
         # parameters a token is routed through (top_k experts).
         matmul = self.n_layers * layer_mm + self.vocab_size * h + self.final_norm_params()
         # Capacity padding: the experts compute (capacity_factor - 1) more slots, hardware

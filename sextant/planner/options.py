@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner import efficiency, memory
 from sextant.planner.finetune import FineTune
 from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
-from sextant.fields import check_fields, int_at_least, number_at_least, number_in, one_of, option
+from sextant.core.fields import check_fields, int_at_least, number_at_least, number_in, one_of, option
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner import topology
 from sextant.planner.calibration_doc import DeviceSection
 from sextant.planner.catalogue import Catalogue

@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import fields
 from pathlib import Path
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.models import TransformerShape
 
 DATA = Path(__file__).with_name("presets.toml")

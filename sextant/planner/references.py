@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.catalogue import Table
 from sextant.planner.evaluators import EVALUATORS, evaluate
 

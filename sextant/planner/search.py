@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.estimate import (
     KNOBS,
     Hardware,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.local import (
     DEFAULT_EFFICIENCY,
@@ -31,7 +31,7 @@ _HINT = "run 'sextant compare' (or 'sextant run') first to measure local runs"
 
 
 def load_runs(db: str | Path | None) -> list[RunRecord]:
-    from sextant.paths import default_db as default_path
+    from sextant.core.paths import default_db as default_path
 
     path = Path(db) if db else default_path()
     if not path.is_file():

@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.catalogue import Table
 from sextant.planner.models import PLAN_BOUNDS, MLPShape, TransformerShape
 
 if TYPE_CHECKING:
-    from sextant.workload import FinetuneSpec
+    from sextant.workloads.spec import FinetuneSpec
 
 # --- workload files --------------------------------------------------------------------------
 
@@ -28,7 +28,7 @@ def shape_from_workload(
     read; [data] and the rest belong to the runner, and may be left out)."""
     from dataclasses import fields
 
-    from sextant.workload import Workload
+    from sextant.workloads.spec import Workload
 
     allowed = sorted(f.name for f in fields(Workload))
     unknown = sorted(set(raw) - set(allowed))
@@ -44,7 +44,7 @@ def shape_from_workload(
         raise UserError(f"{where}: global_batch must be an integer >= 1. Received: {batch!r}")
     if family == "gpt":
         values = _decoder_values(model, "gpt", where)
-        # sextant's gpt (sextant/init.py): pre-LayerNorm, GELU MLP, learned positions,
+        # sextant's gpt (sextant/workloads/init.py): pre-LayerNorm, GELU MLP, learned positions,
         # biases on every linear layer except the output head (its own, or the embedding's
         # when tied), no dropout.
         return TransformerShape(
@@ -123,7 +123,7 @@ def _decoder_values(model: Table, family: str, where: str) -> dict[str, Any]:
     Unknown keys are refused as the runner refuses them."""
     from dataclasses import fields
 
-    from sextant.workload import GPTSpec, LlamaSpec
+    from sextant.workloads.spec import GPTSpec, LlamaSpec
 
     spec = GPTSpec if family == "gpt" else LlamaSpec
     allowed = {f.name for f in fields(spec)}
@@ -158,7 +158,7 @@ def _decoder_values(model: Table, family: str, where: str) -> dict[str, Any]:
 
 def _llama_from_workload(model: Table, *, name: str, batch: int, where: str
                          ) -> TransformerShape:
-    """sextant's runnable llama family (sextant/init.py): RMSNorm, rotary positions,
+    """sextant's runnable llama family (sextant/workloads/init.py): RMSNorm, rotary positions,
     grouped-query attention, SwiGLU, no biases, no dropout."""
     v = _decoder_values(model, "llama", where)
     return TransformerShape(
@@ -215,7 +215,7 @@ def load_workload_shape(path: str | Path) -> TransformerShape | MLPShape:
     """The shape of `--workload`: a TOML file, a bundled workload's name or an hf: config.
     Only the shape is read (no [data], no tokens made), at the planner's bounds."""
     from sextant.sources import is_hf, workload_file
-    from sextant.tomlfile import read_toml
+    from sextant.core.tomlfile import read_toml
 
     if is_hf(path):
         return _hf_shape(str(path))
@@ -227,8 +227,8 @@ def load_workload_finetune(path: str | Path) -> FinetuneSpec | None:
     """The [finetune] table of `--workload` (a TOML file or a bundled workload), checked as
     `run` checks it; None without one (and for an hf: config, which has none)."""
     from sextant.sources import is_hf, workload_file
-    from sextant.tomlfile import read_toml
-    from sextant.workload import FinetuneSpec
+    from sextant.core.tomlfile import read_toml
+    from sextant.workloads.spec import FinetuneSpec
 
     if is_hf(path):
         return None
@@ -247,8 +247,8 @@ def load_workload_finetune(path: str | Path) -> FinetuneSpec | None:
 
 def _hf_shape(spec: str) -> TransformerShape | MLPShape:
     """A Hugging Face config's model at its full context (max_position_embeddings), mapped
-    and refused as `run` maps and refuses it (sextant.hf), without the training bounds."""
-    from sextant import hf
+    and refused as `run` maps and refuses it (sextant.pretrained.hf), without the training bounds."""
+    from sextant.pretrained import hf
 
     path, options = hf.parse_spec(spec)
     path, _ = hf._model_folder(path)  # a model's folder plans the model of its config.json

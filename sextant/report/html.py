@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
-from sextant.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_text
+from sextant.core.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_text
 from sextant.report.charts import (
     DASHES,
     Line,

@@ -85,7 +85,7 @@ def _predict(s: LinkSeries, single: RunRecord | None, machine: Any
         return None
     if s["parallel"] not in DATA_PARALLEL:
         return None
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
     from sextant.planner.local import predict_scaling
 
     fit: LinkFit = s["fit"]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sextant.claims import HOLDS, INCONCLUSIVE, NOT_HOLD, NOT_MEASURED
-from sextant.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
+from sextant.core.display import fmt_bytes_mb, fmt_ms, fmt_rate, fmt_share, fmt_signed_pct
 from sextant.report.model import (
     ACCELERATOR_COLUMNS,
     DEPLOY_COLUMNS,

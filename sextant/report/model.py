@@ -353,7 +353,7 @@ def _predict(scaling: Scaling, runs: Sequence[RunRecord], machine: Any) -> None:
     """Add the planner's prediction to each scaling series: compute efficiency fitted on the
     series' single-process run, then tokens/s at the measured worker counts and at every
     power of two up to this machine's cores (sextant/planner/local.py)."""
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
     from sextant.planner.local import predict_scaling
 
     if machine is None or machine.calibration is None:
@@ -684,7 +684,7 @@ def build_report(runs: Sequence[RunRecord], *, advice: Any = None,
     for the scaling across link rates measured in other groups (default: `runs`)."""
     from sextant.report.interconnect import interconnect
 
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
 
     if not runs:
         raise UserError("no runs to report; run 'sextant compare' first")
@@ -742,7 +742,7 @@ def accelerator_cells(mfu: float | None, device_peak_bytes: float | None,
     """MFU (blank where the device is not catalogued), device memory peak, and the planner's
     predicted step with its error against the measured one (one-device runs); planner
     figures of another planner or catalogue marked stale."""
-    from sextant.display import fmt_bytes_mb, fmt_ms, fmt_share
+    from sextant.core.display import fmt_bytes_mb, fmt_ms, fmt_share
 
     mark = " (stale planner)" if stale else ""
     return [fmt_share(mfu) + (mark if mfu is not None else ""), fmt_bytes_mb(device_peak_bytes),

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 DEPLOY_SCHEMA = 1
 

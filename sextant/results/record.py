@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.strategy import Strategy
 
 RECORD_VERSION = 1

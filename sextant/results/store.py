@@ -1,6 +1,6 @@
 """SQLite results store: one row per run, written in one transaction.
 
-Default location: sextant.paths.default_db() (`./sextant-results/results.db`; `--db PATH`
+Default location: sextant.core.paths.default_db() (`./sextant-results/results.db`; `--db PATH`
 or the SEXTANT_RESULTS environment variable override it). Scalar headline figures have their own columns (for
 queries and listing); everything else is JSON in the row, so that the schema does not have to
 change with every new metric. `schema_version` lets later versions migrate old stores.
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
-from sextant.paths import default_db
+from sextant.core.errors import UserError
+from sextant.core.paths import default_db
 from sextant.results.deploy import DeployRecord
 from sextant.results.record import RunRecord
 

@@ -9,7 +9,7 @@ import pytest
 
 from sextant.advisor import advise, evidence_from_runs, render_markdown, to_dict
 from sextant.advisor.evidence import evidence_from_deployments
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.results.deploy import DeployRecord, Latency
 from tests.advisor.util import profile, run
 

@@ -14,7 +14,7 @@ from sextant.advisor.profile import (
     parse_profile,
     write_template,
 )
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from tests.advisor.util import raw_profile
 
 

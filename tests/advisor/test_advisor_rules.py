@@ -10,7 +10,7 @@ import pytest
 from sextant.advisor import advise
 from sextant.advisor.rules import load_rules, parse_condition, parse_rules
 from sextant.advisor.vocab import CANDIDATES
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from tests.advisor.util import REPO, profile
 
 RULES_TEXT = (REPO / "sextant" / "advisor" / "rules.toml").read_text()

@@ -40,7 +40,7 @@ def test_real_allreduce_between_two_gloo_processes():
 def test_the_calibration_document_is_typed_at_the_file_boundary(tmp_path):
     """A calibration file reads into a Calibration and writes back to the same JSON, the
     measurement's own keys included; a malformed one is a one-line error."""
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
     from sextant.planner.calibration_doc import Calibration, from_dict
     from sextant.planner.catalogue import load_catalogue, read_calibration
 

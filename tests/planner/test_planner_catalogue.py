@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 
 REQUIRED_ACCELERATORS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner import presets, profiles
 from sextant.planner.models import TransformerShape
 from sextant.planner.profiles import StackProfile

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate, resolve_hardware
 from sextant.planner.models import TransformerShape, preset

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from sextant.cli import main
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.calibration_doc import Calibration, DeviceGemm, device_from_dict
 from sextant.planner.device_calibration import (
     accelerator_of,

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sextant.cli import main
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.profiles import profile

@@ -200,7 +200,7 @@ def test_a_lora_runs_predicted_step_is_the_lora_plan():
 
     import sextant
     from sextant.planner.accelerator_run import predicted_step_s
-    from sextant.workload import load_workload
+    from sextant.workloads.spec import load_workload
 
     path = Path(sextant.__file__).parent / "workloads" / "llama-tiny.toml"
     workload = load_workload(path).to_dict()

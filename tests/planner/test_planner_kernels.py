@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sextant.cli import main
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner import efficiency
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
@@ -145,7 +145,7 @@ def test_a_measured_gpu_run_is_predicted_with_its_own_elementwise_kernels():
 
     import sextant
     from sextant.planner.accelerator_run import predicted_step_s
-    from sextant.workload import load_workload
+    from sextant.workloads.spec import load_workload
 
     path = Path(sextant.__file__).parent / "workloads" / "gpt-small.toml"
     workload = load_workload(path).to_dict()

@@ -7,7 +7,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.memory import (

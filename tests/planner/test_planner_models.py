@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.models import megatron_gpt, preset
 from sextant.planner.presets import PRESETS
 from sextant.planner.workload_shapes import load_workload_shape, shape_from_workload
@@ -69,8 +69,8 @@ def test_aliases_and_unknown_presets():
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "gpt-small", "digits-mlp"])
 def test_bundled_workloads_match_the_runner_counts(name):
-    init = pytest.importorskip("sextant.init")
-    workload_mod = pytest.importorskip("sextant.workload")
+    init = pytest.importorskip("sextant.workloads.init")
+    workload_mod = pytest.importorskip("sextant.workloads.spec")
     path = ROOT / "sextant" / "workloads" / f"{name}.toml"
     if not path.is_file():
         pytest.skip(f"{path} not present")

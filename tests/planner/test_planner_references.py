@@ -207,7 +207,7 @@ def test_the_split_follows_the_rule_blind_to_errors():
 
 
 def test_a_bad_record_is_one_clear_error():
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
     from sextant.planner.references import parse
 
     raw = _raw()
@@ -270,7 +270,7 @@ def test_maxtext_shapes_match_the_published_sizes(rows):
 
 
 def test_an_evaluator_answers_its_query_or_says_what_is_allowed():
-    from sextant.errors import UserError
+    from sextant.core.errors import UserError
     from sextant.planner.evaluators import evaluate
 
     assert evaluate("model_states_gb", {"params": 7.5e9, "dp": 64, "zero": 0}) == 120.0

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from sextant.cli import main
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner.models import MAX_PLAN_WIDTH
 from sextant.planner.workload_shapes import load_workload_shape
-from sextant.workload import MAX_WIDTH, load_workload
+from sextant.workloads.spec import MAX_WIDTH, load_workload
 
 # MT-NLG 530B (Smith et al. 2022, Table 1): 105 layers, hidden 20480, 128 heads, d_ff 4h.
 MT_NLG = """name = "mt-nlg-530b"

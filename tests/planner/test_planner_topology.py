@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sextant.cli import main
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner import comms, topology
 from sextant.planner.catalogue import load_catalogue
 from sextant.planner.estimate import (

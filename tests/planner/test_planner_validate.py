@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.planner import validate as val
 from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore

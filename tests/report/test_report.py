@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sextant.cli import main
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.report import build_report, load_advice, render, render_html, write_report
 from sextant.results.store import ResultsStore
 from sextant.report.html import html_from_report

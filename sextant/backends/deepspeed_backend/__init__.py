@@ -14,7 +14,7 @@ from sextant.backends.base import BackendBase, Capabilities
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext
     from sextant.strategy import Strategy
-    from sextant.workload import Workload
+    from sextant.workloads.spec import Workload
 
 _INITIALIZE = "sextant.backends.deepspeed_backend.config:ds_config"
 _TRAIN = "sextant.backends.deepspeed_backend.train:_train"
@@ -48,7 +48,7 @@ class DeepSpeedBackend(BackendBase):
         )
 
     def check(self, strategy: Strategy) -> None:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.devices_per_worker != 1:
             raise UserError("deepspeed runs one device per worker process; use --workers")

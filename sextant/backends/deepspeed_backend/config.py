@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 from sextant.strategy import Strategy
 
 NEVER_PRINT = 2**31 - 1

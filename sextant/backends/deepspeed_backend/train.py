@@ -8,7 +8,7 @@ client optimizer (the same parameter groups and kernel as the torch backend, so 
 are torch's), the generated config of `config.ds_config`, then per micro-batch
 `loss = engine(x, y); engine.backward(loss); engine.step()` (the engine divides by the
 accumulation steps, reduces and updates at the boundary). The learning rate is set on the
-optimizer's groups before the boundary's `engine.step()`, from sextant.schedule.lr_table.
+optimizer's groups before the boundary's `engine.step()`, from sextant.workloads.schedule.lr_table.
 
 The global gradient norm: ZeRO stages 1-3 compute it inside their step (over the reduced,
 partitioned gradients) and keep it as a tensor (`engine.get_global_grad_norm()`); stage 0
@@ -53,9 +53,9 @@ from sextant.backends.torch_backend.train import (
     select_device,
 )
 from sextant.backends import precision
-from sextant.init import adapter_shapes
-from sextant.weights import initial_params, trainable
-from sextant.schedule import lr_table
+from sextant.workloads.init import adapter_shapes
+from sextant.pretrained.weights import initial_params, trainable
+from sextant.workloads.schedule import lr_table
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext

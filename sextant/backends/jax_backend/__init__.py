@@ -92,7 +92,7 @@ class JaxBackend(BackendBase):
         )
 
     def check(self, strategy: Strategy) -> None:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.parallel == "pp" and strategy.schedule != "gpipe":
             raise UserError("jax pp runs GPipe: its backward is JAX's transpose of the whole "

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sextant.backends.jax_backend.model import gpt_logits, llama_logits
-from sextant.workload import LlamaSpec, ModelSpec
+from sextant.workloads.spec import LlamaSpec, ModelSpec
 
 SIGNATURE = "serving_default"
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from sextant.init import rope_tables
-from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workloads.init import rope_tables
+from sextant.workloads.spec import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 Params = dict[str, jax.Array]

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from sextant.init import decays, param_shapes
-from sextant.workload import LlamaSpec
+from sextant.workloads.init import decays, param_shapes
+from sextant.workloads.spec import LlamaSpec
 
 STACK = "stages."
 """Prefix of a stacked block parameter: `stages.attn.q.weight` holds every block's
@@ -78,7 +78,7 @@ def make_loss(spec: LlamaSpec, mesh: Any, pp: int, microbatches: int,
     from jax.sharding import PartitionSpec as P
 
     from sextant.backends.jax_backend.model import llama_block, rms_norm
-    from sextant.init import rope_tables
+    from sextant.workloads.init import rope_tables
 
     m, per = microbatches, spec.n_layers // pp
     forward = [(i, i + 1) for i in range(pp - 1)]

@@ -45,15 +45,15 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
-from sextant.devices import detect
-from sextant.errors import UserError
-from sextant.init import decays, param_shapes
-from sextant.weights import bf16_base_names, initial_params, trainable
+from sextant.core.devices import detect
+from sextant.core.errors import UserError
+from sextant.workloads.init import decays, param_shapes
+from sextant.pretrained.weights import bf16_base_names, initial_params, trainable
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
-from sextant.schedule import lr_table
-from sextant.workload import MLPSpec
+from sextant.workloads.schedule import lr_table
+from sextant.workloads.spec import MLPSpec
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext
@@ -203,7 +203,7 @@ def _numerics(ctx: WorkerContext, device: Any) -> tuple[Any, str]:
     import jax.numpy as jnp
 
     from sextant.backends.jax_backend.model import Numerics
-    from sextant.workload import MLPSpec
+    from sextant.workloads.spec import MLPSpec
 
     compute = precision.half_dtype(jnp, ctx.strategy.precision, jnp.float32)
     spec = ctx.workload.model

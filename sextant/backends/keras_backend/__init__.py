@@ -70,7 +70,7 @@ class KerasBackend(BackendBase):
         )
 
     def check(self, strategy: Strategy) -> None:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.parallel == "dp" and strategy.keras_backend != "jax":
             raise UserError(f"keras-{strategy.keras_backend} does not support parallel 'dp' "

@@ -25,7 +25,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402 - after KERAS_BACKEND
 
 from sextant.backends.keras_backend.model import build  # noqa: E402
-from sextant.workload import ModelSpec  # noqa: E402
+from sextant.workloads.spec import ModelSpec  # noqa: E402
 
 KERAS_EXPORT_BACKEND = "tensorflow"
 SIGNATURE = "serving_default"

@@ -3,7 +3,7 @@
 The layers are Keras' own where Keras has one with the canonical math (Embedding, Dense,
 LayerNormalization with eps 1e-5, `keras.ops.dot_product_attention` with a causal mask, the
 tanh GELU); the rest is `keras.ops`. A Dense kernel is (in, out), the canonical layout, so
-the canonical arrays of `sextant.init` are assigned as they are (`canonical_variables` maps
+the canonical arrays of `sextant.workloads.init` are assigned as they are (`canonical_variables` maps
 every canonical name to its Keras variable; the Keras initialisers' values are overwritten
 before training). The fused qkv projection keeps the canonical column order [q | k | v].
 
@@ -24,8 +24,8 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from sextant.init import rope_tables
-from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workloads.init import rope_tables
+from sextant.workloads.spec import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 
@@ -256,7 +256,7 @@ def _projection(target: str, units: int, fan_in: int, use_bias: bool, lora: Lora
 
 class RotaryAttention(layers.Layer):
     """Grouped-query causal attention with rotary positions (rotate-half form, the tables of
-    sextant.init.rope_tables); each key/value head repeated for its group of query heads."""
+    sextant.workloads.init.rope_tables); each key/value head repeated for its group of query heads."""
 
     def __init__(self, spec: LlamaSpec, lora: Lora = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -17,8 +17,8 @@ imported):
   for any such callback, the progress bar included): one host read-back per step, which is
   also what marks the step's end; sextant's own loops read back every `log_every` steps.
 - optimizer: Keras' AdamW with sextant's hyper-parameters, the learning rate as a
-  `LearningRateSchedule` indexing `sextant.schedule.lr_table` by `optimizer.iterations`, and
-  weight decay excluded (`exclude_from_weight_decay`) from the parameters `sextant.init.decays`
+  `LearningRateSchedule` indexing `sextant.workloads.schedule.lr_table` by `optimizer.iterations`, and
+  weight decay excluded (`exclude_from_weight_decay`) from the parameters `sextant.workloads.init.decays`
   exempts. Its update differs from torch's in where eps goes (docs/keras.md): Keras adds eps
   to sqrt(v) before the bias correction, torch after.
 - dp (JAX backend only): `keras.distribution.DataParallel` over every device, set before the
@@ -41,10 +41,10 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
-from sextant.init import adapter_shapes, decays, param_shapes
-from sextant.weights import initial_params, trainable
+from sextant.workloads.init import adapter_shapes, decays, param_shapes
+from sextant.pretrained.weights import initial_params, trainable
 from sextant.measure.env import fingerprint
-from sextant.schedule import lr_table
+from sextant.workloads.schedule import lr_table
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext

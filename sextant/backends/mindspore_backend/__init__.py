@@ -59,7 +59,7 @@ class MindSporeBackend(BackendBase):
         )
 
     def check(self, strategy: Strategy) -> None:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.devices_per_worker != 1:
             raise UserError("mindspore runs one CPU device per worker process; use --workers")

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from sextant.init import rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workloads.init import rope_tables
+from sextant.workloads.spec import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 # Attention's products through the BatchMatMul primitive, not the functional `ops.matmul`: on

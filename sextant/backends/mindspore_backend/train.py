@@ -10,8 +10,8 @@ step:
   under `mindspore.jit` (static graph, MindSpore's Graph mode for one function);
 - AdamW: `experimental.optim.AdamW` is torch's update (decay p *= 1 - lr*wd first, then
   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)), one parameter group with decay
-  (matrices, `sextant.init.decays`) and one without; the learning rate of update i is the
-  workload's schedule (`sextant.schedule.lr_table`), written into the groups' learning-rate
+  (matrices, `sextant.workloads.init.decays`) and one without; the learning rate of update i is the
+  workload's schedule (`sextant.workloads.schedule.lr_table`), written into the groups' learning-rate
   Parameters inside the step (it travels with the batch, so the step never recompiles);
 - dp: MindSpore's dynamic cluster (`mindspore.communication.init()`, backend mccl on the
   CPU), one process per worker plus the scheduler process MindSpore needs, started by
@@ -43,11 +43,11 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
-from sextant.init import decays
-from sextant.weights import initial_params
+from sextant.workloads.init import decays
+from sextant.pretrained.weights import initial_params
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
-from sextant.schedule import lr_table
+from sextant.workloads.schedule import lr_table
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext
@@ -171,7 +171,7 @@ def run(ctx: WorkerContext) -> RankResult:
 
 
 def _optimizer(ctx: WorkerContext, by_name: dict[str, Any]) -> Any:
-    """AdamW with weight decay on the matrices only (sextant.init.decays)."""
+    """AdamW with weight decay on the matrices only (sextant.workloads.init.decays)."""
     from mindspore.experimental.optim import AdamW
 
     spec = ctx.workload.optimizer

@@ -47,7 +47,7 @@ class MlxBackend(BackendBase):
         )
 
     def check(self, strategy: Strategy) -> None:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.devices_per_worker != 1:
             raise UserError("mlx runs one device per worker process; use --workers")

@@ -15,8 +15,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from sextant.init import rope_tables
-from sextant.workload import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workloads.init import rope_tables
+from sextant.workloads.spec import IGNORE_TARGET, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 Tree = Any  # nested dicts and lists of mx.array, as mlx.utils.tree_unflatten makes them

@@ -9,7 +9,7 @@ training) write a step:
   builds a graph that `mx.eval` runs, so `block` is where the work happens);
 - AdamW: `optim.AdamW(bias_correction=True)` is torch.optim.AdamW's update (bias-corrected
   moments, eps added to sqrt(v_hat), decoupled decay lr*wd*p); one per parameter group in an
-  `optim.MultiOptimizer`, since decay applies to matrices only (`sextant.init.decays`); the
+  `optim.MultiOptimizer`, since decay applies to matrices only (`sextant.workloads.init.decays`); the
   learning rate is the workload's schedule, indexed by the optimizer's update counter;
 - dp: `mx.distributed` over its ring (TCP) backend, one process per rank, the gradients
   averaged by `nn.average_gradients` (one flat all_sum per 32 MiB, as MLX's own data-parallel
@@ -32,11 +32,11 @@ import numpy as np
 from sextant import data
 from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
-from sextant.init import adapter_shapes, decays, param_shapes
-from sextant.weights import initial_params, trainable
+from sextant.workloads.init import adapter_shapes, decays, param_shapes
+from sextant.pretrained.weights import initial_params, trainable
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
-from sextant.schedule import lr_table
+from sextant.workloads.schedule import lr_table
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext

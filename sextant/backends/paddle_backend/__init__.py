@@ -28,7 +28,7 @@ class PaddleBackend(BackendBase):
     package = "paddle"
     extra = "paddle"
     ENVIRONMENT = "paddle"
-    """Workers run under the interpreter of `sextant env create paddle` (sextant.envs)."""
+    """Workers run under the interpreter of `sextant env create paddle` (sextant.core.envs)."""
 
     OPT_IN = ("it runs in its own environment (sextant env create paddle): Paddle crashes "
               "when imported after TensorFlow and cannot share an environment with MindSpore")
@@ -51,7 +51,7 @@ class PaddleBackend(BackendBase):
         )
 
     def check(self, strategy: Strategy) -> None:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.devices_per_worker != 1:
             raise UserError("paddle runs one device per worker process; use --workers")

@@ -19,8 +19,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from sextant.init import rope_tables
-from sextant.workload import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workloads.init import rope_tables
+from sextant.workloads.spec import GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 LAYER_NORM_EPS = 1e-5
 

@@ -8,7 +8,7 @@ the `paddle.DataParallel` and `paddle.jit.to_static` guides) write a step:
   backward is that program's generated grad program); the gradient sync, norm and AdamW
   stay in dygraph, as in Paddle's guides. 'eager': plain dygraph;
 - AdamW: `paddle.optimizer.AdamW` with `apply_decay_param_fun` selecting the matrices
-  (`sextant.init.decays`, by Paddle's internal parameter names) and the learning rate set
+  (`sextant.workloads.init.decays`, by Paddle's internal parameter names) and the learning rate set
   from the workload's schedule before every update (`set_lr`). Its kernel is torch's
   update rearranged: decay lr*wd*p from the old parameter first, then
   lr*sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps*sqrt(1-b2^t)) (docs/paddle.md);
@@ -41,11 +41,11 @@ from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.paddle_backend import model as pm
-from sextant.init import decays
-from sextant.weights import initial_params
+from sextant.workloads.init import decays
+from sextant.pretrained.weights import initial_params
 from sextant.measure.env import fingerprint, package_version
 from sextant.measure.guard import guard_recompiles
-from sextant.schedule import lr_table
+from sextant.workloads.schedule import lr_table
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext

@@ -23,7 +23,7 @@ from sextant.backends.base import (
     ExportFormat,
     ProcessLayout,
 )
-from sextant.fsutil import private_tempdir
+from sextant.core.fsutil import private_tempdir
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext
@@ -160,7 +160,7 @@ class TensorFlowBackend(BackendBase):
 
     def check(self, strategy: Strategy) -> None:
         """Combinations the capability lists cannot express (checked in the parent)."""
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.devices_per_worker > 1 and (strategy.parallel != "dp" or strategy.workers > 1):
             raise UserError(

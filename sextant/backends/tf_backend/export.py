@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from sextant.backends.tf_backend.model import logits
-from sextant.workload import ModelSpec
+from sextant.workloads.spec import ModelSpec
 
 SIGNATURE = "serving_default"
 

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sextant.init import decays, rope_tables
-from sextant.workload import (
+from sextant.workloads.init import decays, rope_tables
+from sextant.workloads.spec import (
     IGNORE_TARGET,
     GPTSpec,
     LlamaSpec,
@@ -254,7 +254,7 @@ class AdamW:
         p *= 1 - lr_k * wd                         (only parameters with ndim >= 2)
         p -= lr_k / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 
-    The per-update scalars (lr from sextant.schedule.lr_table, the decay factor, the
+    The per-update scalars (lr from sextant.workloads.schedule.lr_table, the decay factor, the
     bias-corrected step size, sqrt(1 - b2^t)) are computed once on the host in float64 and
     indexed inside the step, so the schedule cannot drift from the other backends.
     """

@@ -45,14 +45,14 @@ from sextant import data
 from sextant.backends import harness
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
-from sextant.errors import UserError
-from sextant.init import param_shapes
-from sextant.weights import initial_params
-from sextant.cores import default_threads
+from sextant.core.errors import UserError
+from sextant.workloads.init import param_shapes
+from sextant.pretrained.weights import initial_params
+from sextant.core.cores import default_threads
 from sextant.measure.env import fingerprint
 from sextant.measure.guard import guard_recompiles
 from sextant.measure.loop import Faults
-from sextant.schedule import lr_table
+from sextant.workloads.schedule import lr_table
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext

@@ -41,12 +41,12 @@ from sextant import data
 from sextant.backends import harness, precision
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.tf_backend.common import nbytes
-from sextant.errors import UserError
-from sextant.init import adapter_shapes, param_shapes
-from sextant.weights import initial_params, trainable
+from sextant.core.errors import UserError
+from sextant.workloads.init import adapter_shapes, param_shapes
+from sextant.pretrained.weights import initial_params, trainable
 from sextant.measure.guard import guard_recompiles
 from sextant.measure.env import fingerprint
-from sextant.schedule import lr_table
+from sextant.workloads.schedule import lr_table
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext

@@ -70,7 +70,7 @@ class TorchBackend(BackendBase):
         )
 
     def check(self, strategy: Strategy) -> None:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         if strategy.compress != "none" and strategy.parallel not in ("dp", "zero1"):
             raise UserError(

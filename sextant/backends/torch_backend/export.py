@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from sextant.backends.torch_backend.model import build, load_canonical
-from sextant.workload import ModelSpec
+from sextant.workloads.spec import ModelSpec
 
 
 def eager(spec: ModelSpec, params: dict[str, np.ndarray]) -> torch.nn.Module:

@@ -34,13 +34,13 @@ from sextant.backends import precision
 from sextant.backends.harness import Description, Trainer
 from sextant.backends.torch_backend import model as tm
 from sextant.backends.torch_backend import parallel as par
-from sextant.errors import UserError
-from sextant.init import adapter_shapes, decays
-from sextant.weights import bf16_base_names, initial_params, trainable
+from sextant.core.errors import UserError
+from sextant.workloads.init import adapter_shapes, decays
+from sextant.pretrained.weights import bf16_base_names, initial_params, trainable
 from sextant.measure.comm import megatron_tp_payload
 from sextant.measure.env import fingerprint
-from sextant.schedule import lr_table
-from sextant.workload import LlamaSpec
+from sextant.workloads.schedule import lr_table
+from sextant.workloads.spec import LlamaSpec
 
 if TYPE_CHECKING:
     from sextant.contracts import RankResult, WorkerContext
@@ -52,7 +52,7 @@ MODEL_PARALLEL = ("tp", "pp")
 
 def select_device(ctx: WorkerContext) -> tuple[torch.device, bool]:
     """This rank's threads and device; (device, cuda). On GPU ranks the worker has left
-    this process only its own GPU (sextant.devices.pin_rank), so it is cuda:0."""
+    this process only its own GPU (sextant.core.devices.pin_rank), so it is cuda:0."""
     torch.set_num_threads(ctx.threads)
     cuda = ctx.strategy.device == "gpu"
     if cuda and not torch.cuda.is_available():
@@ -160,7 +160,7 @@ def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 def adamw_groups(net: torch.nn.Module, names: dict[str, str], params: dict[str, np.ndarray],
                  weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW parameter groups: weight decay where `sextant.init.decays` says, none elsewhere.
+    """AdamW parameter groups: weight decay where `sextant.workloads.init.decays` says, none elsewhere.
 
     Groups by (decay, DTensor or not): the fused and foreach kernels take one kind of tensor
     per group, and tensor parallelism leaves some parameters (norms, a tied embedding) as
@@ -214,7 +214,7 @@ def _apply_activation_checkpointing(net: torch.nn.Module) -> None:
 
     blocks = getattr(net, "blocks", None)
     if not blocks:
-        from sextant.errors import UserError
+        from sextant.core.errors import UserError
 
         raise UserError("--activation-checkpointing recomputes transformer blocks; "
                         f"this model ({type(net).__name__}) has none")

@@ -16,7 +16,7 @@ source config, its size, and what was scaled.
 
 A spec `hf:path/config.json,scale=0.01,seq_len=64` is accepted wherever a workload is. Its
 path may be a model's folder instead (`hf:DIR,seq_len=64`): DIR's config.json, and, when DIR
-holds `*.safetensors`, its pretrained weights as the starting point (sextant.weights); a
+holds `*.safetensors`, its pretrained weights as the starting point (sextant.pretrained.weights); a
 pretrained model keeps its shape, so scale, layers and width do not apply to it.
 """
 
@@ -27,8 +27,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
-from sextant.workload import (
+from sextant.core.errors import UserError
+from sextant.workloads.spec import (
     HF_PREFIX,
     MAX_GLOBAL_BATCH,
     MAX_LAYERS,
@@ -344,7 +344,7 @@ def _family(path: Path, config: dict[str, Any]
 def _model_folder(path: Path) -> tuple[Path, Path | None]:
     """(the config.json, the folder of pretrained weights or None) of an hf: path, which
     names a config.json or a model's folder."""
-    from sextant.weights import has_weights
+    from sextant.pretrained.weights import has_weights
 
     if not path.is_dir():
         return path, None
@@ -357,9 +357,9 @@ def workload_from_hf(path: str | Path, *, seq_len: int | None = None,
                      steps: int | None = None) -> dict[str, Any]:
     """A workload (the TOML document, as a dict) for the model of `path`, trained on the
     bundled byte-level corpus until its [data] is pointed at your own files."""
-    from sextant.init import count_params
-    from sextant.display import human_count
-    from sextant.workload import GPTSpec, LlamaSpec
+    from sextant.workloads.init import count_params
+    from sextant.core.display import human_count
+    from sextant.workloads.spec import GPTSpec, LlamaSpec
 
     path, weights = _model_folder(Path(path))
     if weights is not None and (scale, layers, width) != (None, None, None):

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
-from sextant.tomlfile import read_toml
+from sextant.core.errors import UserError
+from sextant.core.tomlfile import read_toml
 
 MODEL_FAMILIES = ("mlp", "gpt", "llama")
 DATASETS = {"mlp": ("digits",), "gpt": ("python-reference",), "llama": ("python-reference",)}
@@ -366,7 +366,7 @@ class FinetuneSpec:
     """What trains. 'full': every parameter. 'lora': only low-rank adapters beside the
     `targets` projections of every block, y = x W + (x A) B * alpha / rank, the base frozen;
     A drawn from the canonical generator, B = 0 (so step 0 is the base model), as PEFT's
-    LoRA defines them (sextant.init.adapter_shapes)."""
+    LoRA defines them (sextant.workloads.init.adapter_shapes)."""
 
     method: str = "full"
     """'full' or 'lora'."""
@@ -430,10 +430,10 @@ class Workload:
     finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
     weights: str = ""
     """A folder of pretrained weights (`*.safetensors` as Hugging Face saves them, sharded or
-    not) that replace the seeded initial parameters (sextant.weights); empty: seeded ones.
+    not) that replace the seeded initial parameters (sextant.pretrained.weights); empty: seeded ones.
     Relative to the workload file, stored absolute."""
     weights_digest: str = ""
-    """The content hash of the pretrained weights' files (sextant.weights.weights_digest),
+    """The content hash of the pretrained weights' files (sextant.pretrained.weights.weights_digest),
     filled in when the workload is resolved. Where it is set, it, not the folder's path,
     identifies the weights in the workload's hashes."""
 
@@ -704,7 +704,7 @@ def _positive_float(name: str, value: Any) -> None:
         raise UserError(f"{name} must be a number > 0. Received: {_short(value)}")
 
 
-BUNDLED_DIR = Path(__file__).parent / "workloads"
+BUNDLED_DIR = Path(__file__).parent
 
 
 def bundled_workloads() -> list[str]:
@@ -713,4 +713,4 @@ def bundled_workloads() -> list[str]:
 
 HF_PREFIX = "hf:"
 """`--workload hf:path/config.json[,scale=0.01,...]`: a workload made from a Hugging Face
-config (sextant.hf)."""
+config (sextant.pretrained.hf)."""

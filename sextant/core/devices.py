@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 
 @dataclass(frozen=True, slots=True)

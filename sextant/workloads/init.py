@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from sextant.workload import FinetuneSpec, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
+from sextant.workloads.spec import FinetuneSpec, GPTSpec, LlamaSpec, MLPSpec, ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT convention
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 
 class CannotWrite(UserError, OSError):

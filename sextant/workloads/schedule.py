@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from sextant.workload import OptimizerSpec
+from sextant.workloads.spec import OptimizerSpec
 
 
 def lr_table(opt: OptimizerSpec, steps: int) -> np.ndarray:

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sextant import __version__
-from sextant.errors import UserError
-from sextant.fsutil import atomic_write_json
+from sextant.core.errors import UserError
+from sextant.core.fsutil import atomic_write_json
 
 RECORD = "sextant-env.json"
 CREATE_TIMEOUT_S = 1800.0
@@ -111,7 +111,7 @@ def load(name: str) -> EnvRecord | None:
 def _source_tree() -> Path | None:
     """The source tree this sextant runs from, when it is one (an editable install or a
     checkout on sys.path), else None (an installed wheel)."""
-    top = Path(__file__).resolve().parent.parent
+    top = Path(__file__).resolve().parents[2]
     return top if (top / "pyproject.toml").is_file() and (top / "sextant").is_dir() else None
 
 
@@ -177,7 +177,7 @@ def create(name: str, *, python: str | None = None, packages: tuple[str, ...] = 
                        f"{name}: the environment's site-packages", PROBE_TIMEOUT_S).strip()
         target = Path(purelib) / "sextant"
         shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(Path(__file__).resolve().parent, target,
+        shutil.copytree(Path(__file__).resolve().parents[1], target,
                         ignore=shutil.ignore_patterns("__pycache__"))
     dist = packages[0].split("==")[0].split(">")[0].split("<")[0].split("[")[0].strip()
     out = _run([py, "-c", _PROBE.format(probe=env.probe, dist=dist)],

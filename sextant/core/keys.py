@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 CHECKPOINT_KEY = "checkpoint.key"
 

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 
 MAX_TOML_BYTES = 16 << 20

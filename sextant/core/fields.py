@@ -18,7 +18,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from sextant.errors import UserError
+from sextant.core.errors import UserError
 
 Check = Callable[[str, Any], None]
 """A field validator: (field name, value) -> None, or a UserError that says what was wrong

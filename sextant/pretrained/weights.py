@@ -3,7 +3,7 @@
 A workload with `weights = "DIR"` starts from the tensors of DIR's `*.safetensors` (one file,
 or the shards its `model.safetensors.index.json` names) instead of the seeded ones. They are
 read with `safetensors` into numpy, never through pickle, mapped once to the canonical names
-and layouts of sextant.init, and every backend receives them exactly as it receives seeded
+and layouts of sextant.workloads.init, and every backend receives them exactly as it receives seeded
 parameters (`initial_params`), so the frameworks still start from bit-identical weights.
 
 The mapping, per family (HF dense weights are nn.Linear's (out, in) and are transposed to
@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from sextant.errors import UserError
-from sextant.init import adapter_shapes, init_adapters, init_params, is_adapter, param_shapes
-from sextant.workload import GPTSpec, LlamaSpec, ModelSpec, Workload
+from sextant.core.errors import UserError
+from sextant.workloads.init import adapter_shapes, init_adapters, init_params, is_adapter, param_shapes
+from sextant.workloads.spec import GPTSpec, LlamaSpec, ModelSpec, Workload
 
 INDEX = "model.safetensors.index.json"
 """The file that names a sharded checkpoint's shards (tensor name -> file)."""
@@ -55,8 +55,8 @@ _NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
 
 def initial_params(workload: Workload) -> dict[str, np.ndarray]:
     """The parameters every backend starts from: the workload's pretrained weights when it
-    names a folder of them, else the seeded ones of sextant.init (float32, canonical order);
-    then, for LoRA, its adapters (sextant.init.init_adapters)."""
+    names a folder of them, else the seeded ones of sextant.workloads.init (float32, canonical order);
+    then, for LoRA, its adapters (sextant.workloads.init.init_adapters)."""
     if workload.weights:
         folder = Path(workload.weights)
         if workload.weights_digest and weights_digest(folder) != workload.weights_digest:
