@@ -116,12 +116,6 @@ def add_device_args(p: argparse.ArgumentParser, *, defaults: dict[str, Any] | No
     add_flags(p, Strategy, ("device",), defaults=defaults, helps=helps)
 
 
-def add_lever_args(p: argparse.ArgumentParser) -> None:
-    """--device, --precision and the distributed-training levers (see `sextant capabilities`
-    for who supports what)."""
-    add_flags(p, Strategy, ("device", "lever"))
-
-
 def lever_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The device, precision and lever fields of the Strategy the flags ask for."""
     # Under Slurm, Kubernetes or Ray the ranks run on the cluster's nodes, not here: --device
