@@ -22,7 +22,7 @@ import pytest
 
 from sextant.core.errors import UserError
 from sextant.launch import kubernetes
-from sextant.launch.collector import SECRET_ENV, new_secret
+from sextant.launch.collector import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from sextant.launch.join import identity_from_env
 from sextant.launch.local import free_port
 from sextant.results.store import ResultsStore
@@ -132,7 +132,9 @@ def test_no_secret_outside_the_secret_object(kind: str) -> None:
     assert base64.b64encode(secret.hex().encode()).decode() in secret_doc
     for form in forms:
         assert form not in job_doc and form not in head
-    assert f"{SECRET_ENV}\n" in job_doc and "secretKeyRef" in job_doc
+    # The pods read it from the Secret mounted as a file, never from an environment variable.
+    assert SECRET_FILE_ENV in job_doc and f"secretName: {job.secret_name}" in job_doc
+    assert f"{SECRET_ENV}\n" not in job_doc
 
 
 def test_the_cli_manifest_keeps_its_secret_in_the_secret(tmp_path: Path) -> None:
@@ -192,7 +194,8 @@ def test_the_trainer_variables_give_the_identity() -> None:
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
-def replicas(docs: list[dict[str, Any]]) -> list[tuple[list[str], dict[str, str]]]:
+def replicas(docs: list[dict[str, Any]], secrets_dir: Path
+             ) -> list[tuple[list[str], dict[str, str]]]:
     """Each replica's command and environment as its operator and the kubelet give them to the
     container, per the operators' sources at the vendored versions:
     - TrainJob: kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/torch/torch.go adds
@@ -204,17 +207,31 @@ def replicas(docs: list[dict[str, Any]]) -> list[tuple[list[str], dict[str, str]
       (Master 0, Worker i is i+1), PET_NPROC_PER_NODE and PET_NNODES;
     - JobSet: nothing; Kubernetes sets JOB_COMPLETION_INDEX in an Indexed Job's pods and
       resolves the pod template's fieldRef to the completion-index annotation.
-    secretKeyRef reads the Secret document of the same stream."""
+    The kubelet mounts the Secret of the same stream where the pod template says: here its
+    key's file is written under `secrets_dir` (mode 0400), and the variable naming it points
+    there."""
     secret_doc, job = docs
     secret_data = {k: base64.b64decode(v).decode() for k, v in secret_doc["data"].items()}
     name, spec = job["metadata"]["name"], job["spec"]
+    pod_spec = kubernetes.pod_templates(job)[0]["spec"]  # every replica mounts it alike
+    (volume,) = [v for v in pod_spec["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == secret_doc["metadata"]["name"]
+    (mount,) = [m for m in pod_spec["containers"][0]["volumeMounts"]
+                if m["name"] == volume["name"]]
+    assert mount["readOnly"] and volume["secret"]["defaultMode"] == 0o400
+    mounted = {}
+    for key, value in secret_data.items():
+        path = secrets_dir / key
+        path.write_text(value)
+        path.chmod(0o400)
+        mounted[f"{mount['mountPath']}/{key}"] = str(path)
 
     def resolve(env: list[dict[str, Any]], index: int) -> dict[str, str]:
         out = {}
         for var in env:
             source = var.get("valueFrom")
             if source is None:
-                out[var["name"]] = var["value"]
+                out[var["name"]] = mounted.get(var["value"], var["value"])
             elif "secretKeyRef" in source:
                 assert source["secretKeyRef"]["name"] == secret_doc["metadata"]["name"]
                 out[var["name"]] = secret_data[source["secretKeyRef"]["key"]]
@@ -283,7 +300,8 @@ def test_the_pods_environment_trains_like_the_local_launcher(
                          "--workload", str(workload_file), "--collective-timeout", "60",
                          "--timeout", "180")
     assert kubernetes.validate(docs) == []
-    pods = replicas(docs)
+    (tmp_path / "secret-volume").mkdir()
+    pods = replicas(docs, tmp_path / "secret-volume")
     assert len(pods) == 2
     base = {k: v for k, v in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(k)}
     base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
@@ -384,7 +402,9 @@ class StandInCluster:
         base = {k: v for k, v in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(k)}
         base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
         port = str(free_port())
-        for i, (command, env) in enumerate(replicas([self.objects["Secret"], job])):
+        (self.root / "secret-volume").mkdir(exist_ok=True)
+        for i, (command, env) in enumerate(replicas([self.objects["Secret"], job],
+                                                    self.root / "secret-volume")):
             here = {k: "127.0.0.1" if k.endswith("MASTER_ADDR") else
                     port if k.endswith("MASTER_PORT") else v for k, v in env.items()}
             if i == self.fail_rank:

@@ -22,9 +22,10 @@ hosts the run's collector at MASTER_PORT + 1 and stores the run in its own resul
 (inside its pod); `launcher` applies the manifest itself with the official client, the pods
 report to a collector on this host, and the run is stored here.
 
-The secret reaches each container through `secretKeyRef` (SEXTANT_COLLECTOR_SECRET from the
-Secret's key `secret`): its value is written in the Secret document only, never in a pod
-spec. `validate` checks a manifest offline: the Secret and every pod template against
+The secret reaches each container as a file: the Secret is mounted read-only (mode 0400) at
+SECRET_MOUNT and SEXTANT_COLLECTOR_SECRET_FILE names its key's file, so the value is written in
+the Secret document only, never in a pod spec, and never in an environment variable that child
+processes, crash reports or `kubectl describe` would show. `validate` checks a manifest offline: the Secret and every pod template against
 Kubernetes' own schemas (kubernetes-validate, strict), the custom resources against the CRD
 schemas vendored in sextant/launch/crds/ (jsonschema, unknown fields refused).
 """
@@ -47,7 +48,7 @@ from sextant import __version__
 from sextant.contracts import RankResult
 from sextant.core.errors import RunFailed, UserError
 from sextant.launch.collector import ENV as COLLECTOR_ENV
-from sextant.launch.collector import SECRET_ENV, Collector, gather, new_secret
+from sextant.launch.collector import SECRET_FILE_ENV, Collector, gather, new_secret
 
 if TYPE_CHECKING:
     from sextant.launch.local import EventHandler, Launcher
@@ -68,6 +69,9 @@ Operator's PyTorchJobDefaultPort, and torch's usual one for JobSet (set by sexta
 RUNTIME = "torch-distributed"
 """The Trainer's ClusterTrainingRuntime a TrainJob runs on: its torch plugin injects PET_*."""
 SECRET_KEY = "secret"
+SECRET_MOUNT = "/var/run/sextant-secret"
+"""Where the run's Secret is mounted in every pod (read-only, mode 0400)."""
+SECRET_VOLUME = "sextant-secret"
 CONTAINER = {"trainjob": "node", "pytorchjob": "pytorch", "jobset": "node"}
 """The container's name: the Trainer's runtimes and the Training Operator require theirs."""
 START_UP_S = 600
@@ -201,8 +205,16 @@ def _resources(job: Job) -> dict[str, Any]:
 
 
 def _secret_env(job: Job) -> dict[str, Any]:
-    return {"name": SECRET_ENV,
-            "valueFrom": {"secretKeyRef": {"name": job.secret_name, "key": SECRET_KEY}}}
+    return {"name": SECRET_FILE_ENV, "value": f"{SECRET_MOUNT}/{SECRET_KEY}"}
+
+
+def _secret_volume(job: Job) -> dict[str, Any]:
+    return {"name": SECRET_VOLUME, "secret": {"secretName": job.secret_name,
+                                              "defaultMode": 0o400}}
+
+
+def _secret_mount() -> dict[str, Any]:
+    return {"name": SECRET_VOLUME, "mountPath": SECRET_MOUNT, "readOnly": True}
 
 
 def _one_rank_env(job: Job) -> list[dict[str, Any]]:
@@ -218,6 +230,7 @@ def _one_rank_env(job: Job) -> list[dict[str, Any]]:
 def _container(job: Job, env: list[dict[str, Any]]) -> dict[str, Any]:
     return {"name": CONTAINER[job.kind], "image": job.image, "command": job.command,
             "env": [*env, *_one_rank_env(job), _secret_env(job)], "resources": _resources(job),
+            "volumeMounts": [_secret_mount()],
             "ports": [{"name": "rendezvous" if job.kind != "pytorchjob" else "pytorchjob-port",
                        "containerPort": job.master_port}]}
 
@@ -234,12 +247,21 @@ def _trainjob(job: Job) -> dict[str, Any]:
             "activeDeadlineSeconds": _deadline(job),
             "trainer": {"image": job.image, "command": job.command, "numNodes": job.ranks,
                         "numProcPerNode": 1, "resourcesPerNode": _resources(job),
-                        "env": [*_one_rank_env(job), _secret_env(job)]}}
+                        "env": [*_one_rank_env(job), _secret_env(job)]},
+            # The trainer field takes no volumes: the runtime's `node` pods get the Secret's
+            # volume through a patch of the runtime's pod template (Trainer v2.3).
+            "runtimePatches": [{"manager": "sextant", "trainingRuntimeSpec": {"template": {
+                "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {
+                    "template": {"spec": {
+                        "volumes": [_secret_volume(job)],
+                        "containers": [{"name": CONTAINER["trainjob"],
+                                        "volumeMounts": [_secret_mount()]}]}}}}}]}}}}]}
 
 
 def _pod_template(job: Job, env: list[dict[str, Any]]) -> dict[str, Any]:
     return {"metadata": {"labels": _labels(job)},
-            "spec": {"restartPolicy": "Never", "containers": [_container(job, env)]}}
+            "spec": {"restartPolicy": "Never", "containers": [_container(job, env)],
+                     "volumes": [_secret_volume(job)]}}
 
 
 def _pytorchjob(job: Job) -> dict[str, Any]:
@@ -273,16 +295,25 @@ def _jobset(job: Job) -> dict[str, Any]:
 
 def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
     """The pod templates inside a rendered job. A TrainJob has none of its own (the runtime
-    holds it): its trainer's container, as the runtime's `node` container receives it."""
+    holds it): its trainer's container, as the runtime's `node` container receives it, with
+    the volumes and mounts of its runtime patch."""
     spec = obj["spec"]
     if obj["kind"] == "PyTorchJob":
         return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
     if obj["kind"] == "JobSet":
         return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
     trainer = spec["trainer"]
+    patched = [j["template"]["spec"]["template"]["spec"]
+               for p in spec.get("runtimePatches", ())
+               for j in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+               if j["name"] == "node"]
+    mounts = [m for pod in patched for c in pod.get("containers", ())
+              if c["name"] == CONTAINER["trainjob"] for m in c.get("volumeMounts", ())]
     return [{"spec": {"restartPolicy": "Never", "containers": [{
         "name": CONTAINER["trainjob"], "image": trainer["image"], "command": trainer["command"],
-        "env": trainer["env"], "resources": trainer["resourcesPerNode"]}]}}]
+        "env": trainer["env"], "resources": trainer["resourcesPerNode"],
+        "volumeMounts": mounts}],
+        "volumes": [v for pod in patched for v in pod.get("volumes", ())]}}]
 
 
 # --- YAML -----------------------------------------------------------------------------------
