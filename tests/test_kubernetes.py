@@ -226,6 +226,9 @@ def replicas(docs: list[dict[str, Any]], secrets_dir: Path
         path.chmod(0o400)
         mounted[f"{mount['mountPath']}/{key}"] = str(path)
 
+    def command(argv: list[str]) -> list[str]:  # a mounted file named on the command line
+        return [mounted.get(arg, arg) for arg in argv]
+
     def resolve(env: list[dict[str, Any]], index: int) -> dict[str, str]:
         out = {}
         for var in env:
@@ -243,7 +246,8 @@ def replicas(docs: list[dict[str, Any]], secrets_dir: Path
     if job["kind"] == "TrainJob":
         trainer = spec["trainer"]
         nodes = trainer["numNodes"]
-        return [(trainer["command"], {**resolve(trainer["env"], i), "PET_NNODES": str(nodes),
+        return [(command(trainer["command"]), {**resolve(trainer["env"], i),
+                 "PET_NNODES": str(nodes),
                  "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]), "PET_NODE_RANK": str(i),
                  "PET_MASTER_ADDR": f"{name}-node-0-0.{name}", "PET_MASTER_PORT": "29500"})
                 for i in range(nodes)]
@@ -257,7 +261,7 @@ def replicas(docs: list[dict[str, Any]], secrets_dir: Path
                 "containers"][0]["ports"] if p["name"] == "pytorchjob-port"]
             for i in range(rspec["replicas"]):
                 rank = i + 1 if rtype == "Worker" else i
-                out.append((container["command"], {
+                out.append((command(container["command"]), {
                     **resolve(container["env"], i), "PYTHONUNBUFFERED": "1",
                     "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port),
                     "MASTER_ADDR": f"{name}-master-0", "PET_MASTER_ADDR": f"{name}-master-0",
@@ -266,7 +270,7 @@ def replicas(docs: list[dict[str, Any]], secrets_dir: Path
         return out
     (rjob,) = spec["replicatedJobs"]
     (container,) = rjob["template"]["spec"]["template"]["spec"]["containers"]
-    return [(container["command"], {**resolve(container["env"], i),
+    return [(command(container["command"]), {**resolve(container["env"], i),
                                     "JOB_COMPLETION_INDEX": str(i)})
             for i in range(rjob["template"]["spec"]["completions"])]
 
@@ -520,3 +524,19 @@ def test_a_real_cluster_trains_a_trainjob(workload_file: Path, tmp_path: Path) -
     assert out.returncode == 0, out.stderr[-3000:]
     with ResultsStore(db, create=False) as store:
         assert [r.status for r in store.runs()] == ["ok"]
+
+
+def test_a_workload_file_ships_in_the_secret(workload_file: Path) -> None:
+    """A team's own workload file reaches the pods with the run (no image of its own): its
+    text in the Secret, the pods' `sextant join --workload` naming its mounted file; a bundled
+    workload's name stays a name."""
+    job = kubernetes.Job.for_run(STRATEGY, workload=str(workload_file), timeout_s=60,
+                                 collective_timeout_s=30)
+    secret_doc, _ = kubernetes.manifest(job, new_secret())
+    shipped = base64.b64decode(secret_doc["data"][kubernetes.WORKLOAD_KEY]).decode()
+    assert shipped == workload_file.read_text()
+    i = job.command.index("--workload")
+    assert job.command[i + 1] == f"{kubernetes.SECRET_MOUNT}/{kubernetes.WORKLOAD_KEY}"
+    named = kubernetes.Job.for_run(STRATEGY, workload="gpt-tiny", timeout_s=60,
+                                   collective_timeout_s=30)
+    assert named.workload_toml is None and "gpt-tiny" in named.command

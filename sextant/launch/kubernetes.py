@@ -69,6 +69,11 @@ Operator's PyTorchJobDefaultPort, and torch's usual one for JobSet (set by sexta
 RUNTIME = "torch-distributed"
 """The Trainer's ClusterTrainingRuntime a TrainJob runs on: its torch plugin injects PET_*."""
 SECRET_KEY = "secret"
+WORKLOAD_KEY = "workload.toml"
+"""The Secret's key that carries a workload given as a file, which the pods read where the
+Secret is mounted: a team's own workload needs no image of its own."""
+MAX_WORKLOAD_BYTES = 256 * 1024
+"""A workload file larger than this is not shipped (a Secret holds at most 1 MiB)."""
 SECRET_MOUNT = "/var/run/sextant-secret"
 """Where the run's Secret is mounted in every pod (read-only, mode 0400)."""
 SECRET_VOLUME = "sextant-secret"
@@ -110,6 +115,10 @@ class Job:
     collector: str | None = None
     """host:port of the collector the pods report to (SEXTANT_COLLECTOR) when sextant applies
     the job itself; None in a written manifest, where rank 0 hosts it."""
+    workload_toml: str | None = None
+    """The workload file's text when the run's workload is a file (shipped in the Secret and
+    read by the pods at SECRET_MOUNT/WORKLOAD_KEY); None for a bundled name or an hf: spec,
+    which the image resolves itself."""
 
     @property
     def secret_name(self) -> str:
@@ -154,13 +163,31 @@ class Job:
             # follow the limit, not os.cpu_count().
             strategy = replace(strategy, threads=int(cpu))
         world = len(layout_of(strategy).roles)
+        toml = _workload_text(workload)
         return cls(name=name or job_name(strategy.label), namespace=namespace, kind=kind,
                    image=image, ranks=world, cpu=cpu, memory=memory,
-                   join_args=tuple(join_args(strategy, workload=workload, timeout_s=timeout_s,
-                                             collective_timeout_s=collective_timeout_s,
-                                             steps=steps)),
+                   join_args=tuple(join_args(
+                       strategy, workload=workload if toml is None
+                       else f"{SECRET_MOUNT}/{WORKLOAD_KEY}", timeout_s=timeout_s,
+                       collective_timeout_s=collective_timeout_s, steps=steps)),
                    time_limit_s=timeout_s, label=strategy.label,
-                   gpus_per_rank=1 if strategy.device == "gpu" else 0)
+                   gpus_per_rank=1 if strategy.device == "gpu" else 0, workload_toml=toml)
+
+
+def _workload_text(workload: str) -> str | None:
+    """The text of a workload given as a file, to ship with the job; None for a bundled
+    workload's name or an hf: spec (the image has those). Files the workload names in turn
+    ([data] files, pretrained weights) must be in the image, or on a volume, at their path."""
+    from sextant.sources import is_hf
+
+    path = Path(workload)
+    if is_hf(workload) or not path.is_file():
+        return None
+    size = path.stat().st_size
+    if size > MAX_WORKLOAD_BYTES:
+        raise UserError(f"the workload file {workload} is {size} bytes; a Kubernetes Secret "
+                        f"ships at most {MAX_WORKLOAD_BYTES} here: put it in the image")
+    return path.read_text()
 
 
 def check_quantity(flag: str, value: str, pattern: re.Pattern[str], allowed: str) -> None:
@@ -181,13 +208,20 @@ def manifest(job: Job, secret: bytes) -> list[dict[str, Any]]:
     """The run's objects, in the order they are applied: the Secret, then the job."""
     meta = {"name": job.name, "namespace": job.namespace, "labels": _labels(job),
             "annotations": {"sextant.run/strategy": job.label}}
+    data = {SECRET_KEY: _b64(secret.hex())}
+    if job.workload_toml is not None:
+        data[WORKLOAD_KEY] = _b64(job.workload_toml)
     secret_doc = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": job.secret_name, "namespace": job.namespace,
                                "labels": _labels(job)},
-                  "data": {SECRET_KEY: base64.b64encode(secret.hex().encode()).decode()}}
+                  "data": data}
     api, kind = API_VERSIONS[job.kind]
     spec = {"trainjob": _trainjob, "pytorchjob": _pytorchjob, "jobset": _jobset}[job.kind](job)
     return [secret_doc, {"apiVersion": api, "kind": kind, "metadata": meta, "spec": spec}]
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def _labels(job: Job) -> dict[str, str]:
