@@ -40,9 +40,9 @@ class TorchBackend(BackendBase):
         "zero2": ("sextant.backends.torch_backend.train:_apply_fsdp",),
         "fsdp": ("sextant.backends.torch_backend.train:_apply_fsdp",),
         "tp": tuple(f"sextant.backends.torch_backend.parallel:{name}" for name in (
-            "layout", "apply_tp", "grad_norm", "average_over_dp")),
+            "rank_mesh", "apply_tp", "grad_norm", "average_over_dp")),
         "pp": tuple(f"sextant.backends.torch_backend.parallel:{name}" for name in (
-            "layout", "Stage", "pipeline", "pipeline_loss", "grad_norm", "average_over_dp",
+            "rank_mesh", "Stage", "pipeline", "pipeline_loss", "grad_norm", "average_over_dp",
             "gather_stages")),
     }
 
