@@ -118,12 +118,12 @@ def test_torch_precision_switches_are_set_and_read_back() -> None:
 
     cpu = torch.device("cpu")
     fp32 = precision.apply_torch("fp32", cpu)
-    assert fp32["effective"] == "fp32" and fp32["switches"]["cuda.matmul.allow_tf32"] is False
+    assert fp32.effective == "fp32" and fp32.switches["cuda.matmul.allow_tf32"] is False
     assert torch.get_float32_matmul_precision() == "highest"
     tf32 = precision.apply_torch("tf32", cpu)
-    assert tf32["switches"]["cuda.matmul.allow_tf32"] is True
-    assert tf32["effective"] == "fp32"  # a CPU has no TF32 units
-    assert precision.apply_torch("bf16", cpu)["effective"] == "bf16"
+    assert tf32.switches["cuda.matmul.allow_tf32"] is True
+    assert tf32.effective == "fp32"  # a CPU has no TF32 units
+    assert precision.apply_torch("bf16", cpu).effective == "bf16"
     precision.apply_torch("fp32", cpu)
 
 
@@ -138,7 +138,7 @@ def test_jax_and_tensorflow_switches_are_set_and_read_back(
     code = ("import json\n"
             "from sextant.backends import precision as p\n"
             f"a, b = p.apply_{framework}('fp32'), p.apply_{framework}('tf32')\n"
-            "print(json.dumps([a, b]))\n")
+            "print(json.dumps([a.to_dict(), b.to_dict()]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=180, check=True).stdout
     fp32, tf32 = json.loads(out.strip().splitlines()[-1])
