@@ -162,17 +162,18 @@ def ray_launcher(args: argparse.Namespace, strategy: Strategy, cluster: Any = No
 
 
 
+STRATEGY_FLAGS = ("who", "device", "lever", "layout")
+"""The Strategy field groups that `run` and `join` take as flags (and --strategy's file)."""
+
+
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
     """The strategy of one run (framework, mode, parallelism, levers): a flag for every
     Strategy field, as it declares them, and --strategy for all of them from a file."""
-    add_flags(p, Strategy, ("who", "device", "lever", "layout"))
+    add_flags(p, Strategy, STRATEGY_FLAGS)
     p.add_argument("--strategy", type=Path, default=None, metavar="FILE",
                    help="a TOML file of Strategy fields (framework = \"jax\", parallel = "
                         "\"fsdp\", workers = 2, ...; the names of these flags, with _ for -); "
                         "a flag given on the command line wins over the file")
-
-
-STRATEGY_FLAGS = ("who", "device", "lever", "layout")
 
 
 def strategy_file(args: argparse.Namespace) -> argparse.Namespace:
