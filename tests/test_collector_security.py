@@ -406,6 +406,20 @@ def test_no_bytes_after_the_hello_change_the_result(lines: list[bytes]) -> None:
 
 @pytest.mark.slow
 @needs_torch
+def _free_port_pair() -> int:
+    """A port free now whose successor is free too: `join` binds MASTER_PORT for the process
+    group and MASTER_PORT + 1 for rank 0's collector."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no two consecutive free loopback ports in 50 tries")
+
+
 def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None:
     """Two `sextant join` ranks (torchrun's variables) train while intruders send garbage, a
     forged hello, a second hello for each joined rank, an oversize line and a hello under
@@ -414,7 +428,7 @@ def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None
     workload_file = tiny_gpt_file(tmp_path / "w.toml", "tiny-intruded", 12)
     one = execute(resolve_workload(str(workload_file)), Strategy(framework="torch"),
                   runs_dir=tmp_path / "one")
-    secret, master_port = new_secret(), free_port()
+    secret, master_port = new_secret(), _free_port_pair()
     address = f"127.0.0.1:{master_port + 1}"
     # A 300 ms wait before every batch (the slow-loader test hook, which changes no value)
     # keeps the run training for seconds, so every intrusion lands while it does: a tiny run
