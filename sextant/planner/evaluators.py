@@ -462,12 +462,20 @@ def _leave_one_out(link: Link, payload: float, intra: Link) -> Link:
 
 @evaluator
 def all_reduce_busbw_gbs(
-    *, accelerator: str, network: str, ranks_per_node: int, nodes: int, payload_bytes: float
+    *,
+    accelerator: str,
+    network: str,
+    ranks_per_node: int,
+    nodes: int,
+    payload_bytes: float,
+    nics_per_node: int | None = None,
 ) -> float:
     """All-reduce bus bandwidth as nccl-tests reports it (2 (n-1)/n x size / time), GB/s,
     from the planner's collective cost on the catalogue's links, with the measured point
-    itself left out of the fitted ramp."""
-    hw = resolve_hardware(_cat(), accelerator, network)
+    itself left out of the fitted ramp. `nics_per_node`: the nodes' network ports where they
+    have fewer than one per device (the catalogue's networks have one)."""
+    opts = PlanOptions(nics_per_node=nics_per_node)
+    hw = resolve_hardware(_cat(), accelerator, network, options=opts)
     a, b = hw.intra, hw.inter
     if nodes > 1:
         b = _leave_one_out(b, payload_bytes, _cat().link(b.sweep_intra_link or a.key))
