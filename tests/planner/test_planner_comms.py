@@ -154,6 +154,21 @@ def test_ramp_slows_mid_size_collectives_and_leaves_large_ones():
     assert comms.ramp_efficiency(None, 123.0) == 1.0
 
 
+def test_a_node_with_half_the_ports_reaches_half_the_bus_bandwidth_at_the_achievable_rate():
+    # Two nodes of 8 A100 over InfiniBand HDR at 16 GiB: with a port per GPU the network
+    # bounds the ring at 8 x 24 GB/s (HDR's achievable rate, not its nominal 25); with 4 ports
+    # a node, at 4 x 24.
+    from sextant.planner.evaluators import all_reduce_busbw_gbs
+
+    query = {"accelerator": "a100-80gb", "network": "ib-hdr", "ranks_per_node": 8, "nodes": 2,
+             "payload_bytes": 16.0 * 2**30}
+    eight = all_reduce_busbw_gbs(**query)
+    four = all_reduce_busbw_gbs(**query, nics_per_node=4)
+    assert 0.9 * 8 * 24 < eight <= 8 * 24
+    assert 0.9 * 4 * 24 < four <= 4 * 24
+    assert four == pytest.approx(eight / 2, rel=0.02)
+
+
 def test_gradient_buckets_follow_the_framework_default():
     assert comms.dp_bucket_bytes("torch", None, 4) == 25 * 2**20  # DDP bucket_cap_mb=25
     assert comms.dp_bucket_bytes("deepspeed", None, 2) == 1e9  # 5e8 elements x 2 bytes
