@@ -192,6 +192,7 @@ def _memory_parts(mem: MemoryTerm) -> tuple[MemoryPart, ...]:
         MemoryPart(name="grads", label="gradients", bytes=psi * mem.coef["grads"]),
         MemoryPart(name="optimizer", label="optimizer state", bytes=psi * mem.coef["optimizer"]),
         MemoryPart(name="zero3_buffers", label="ZeRO-3 gathered layers", bytes=mem.gather),
+        MemoryPart(name="ddp_buckets", label="DDP gradient buckets", bytes=mem.buckets),
         MemoryPart(name="activations", label="activations", bytes=mem.activations),
         MemoryPart(name="allowance", label="allowance (fragmentation + runtime)",
                    bytes=mem.memory - mem.raw),

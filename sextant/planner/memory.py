@@ -311,14 +311,15 @@ def transient_param_bytes(
     return out
 
 
-def buffer_bytes(grad_params, zero, *, precision: str = "bf16",
+def buffer_bytes(grad_params, zero, *, dp=2, precision: str = "bf16",
                  memory_model: str | MemoryModel = "zero"):
     """Communication buffers: DDP's gradient buckets, a copy of every gradient unless
     gradient_as_bucket_view=True (MemoryModel.ddp_bucket_copy_bytes, stages 0 and 1, which
-    run DDP)."""
-    zero = np.asarray(zero)
+    run DDP). With one data-parallel replica nothing wraps the model in DDP (torchtitan
+    applies it only when dp_replicate > 1), so there are no buckets."""
+    zero, dp = np.asarray(zero), np.asarray(dp)
     copy = model_of(memory_model).ddp_bucket_copy_bytes
-    return np.where(zero <= 1, copy * np.asarray(grad_params, dtype=np.float64), 0.0)
+    return np.where((zero <= 1) & (dp > 1), copy * np.asarray(grad_params, dtype=np.float64), 0.0)
 
 
 def activation_bytes_per_layer(cost, tokens, tp=1, sp=0, recompute=0, act_scale=1.0,

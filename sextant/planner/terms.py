@@ -5,6 +5,7 @@ estimate.py folds them into an Evaluation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,8 @@ class MemoryTerm:
     psi_worst: np.ndarray
     coef: dict[str, np.ndarray]
     gather: np.ndarray
+    buckets: np.ndarray
+    """DDP's gradient bucket copies (memory.buffer_bytes)."""
     activations: np.ndarray
     host_per_node: np.ndarray
 
@@ -211,12 +214,13 @@ def memory_term(c: LayoutContext) -> MemoryTerm:
     )
     act_first, act_last = _activations(c)
     root_first, root_last = _root_units(c)
-    # Gradient buckets hold the trained parameters' gradients only (LoRA: the adapters').
+    # Gradient buckets hold the trained parameters' gradients only (LoRA: the adapters'), and
+    # exist where gradients are reduced: over dp x cp.
     share = cost.trainable_share
-    raw_first = (c.psi_first * c_states + gather + root_first
-                 + memory.buffer_bytes(share * c.psi_first, c.zero, memory_model=mm) + act_first)
-    raw_last = (c.psi_last * c_states + gather + root_last
-                + memory.buffer_bytes(share * c.psi_last, c.zero, memory_model=mm) + act_last)
+    buffers = partial(memory.buffer_bytes, zero=c.zero, dp=c.dp * c.cp, memory_model=mm)
+    buckets_first, buckets_last = buffers(share * c.psi_first), buffers(share * c.psi_last)
+    raw_first = c.psi_first * c_states + gather + root_first + buckets_first + act_first
+    raw_last = c.psi_last * c_states + gather + root_last + buckets_last + act_last
     worst_last = raw_last > raw_first
     raw = np.where(worst_last, raw_last, raw_first)
     psi_worst = np.where(worst_last, c.psi_last, c.psi_first)
@@ -231,6 +235,7 @@ def memory_term(c: LayoutContext) -> MemoryTerm:
     return MemoryTerm(
         memory=mem, capacity=capacity, fits=fits, raw=raw, psi_worst=psi_worst, coef=coef,
         gather=gather + np.where(worst_last, root_last, root_first),
+        buckets=np.where(worst_last, buckets_last, buckets_first),
         activations=np.where(worst_last, act_last, act_first), host_per_node=host_per_node,
     )
 

@@ -256,3 +256,16 @@ def test_fsdp2_root_unit_is_whole_at_the_backward_start():
     root = 2 * (cost.embed_params + cost.head_params + cost.other_params)
     assert gathered["torch", 3] - gathered["zero", 3] == pytest.approx(root, rel=1e-9)
     assert gathered["torch", 1] == 0.0
+
+
+def test_ddp_buckets_need_a_second_replica_and_are_shown_in_the_split():
+    """torch's DDP copies every gradient into its buckets (gradient_as_bucket_view=False);
+    with one data-parallel replica nothing wraps the model in DDP, so no buckets. The split
+    names them, and its parts sum to the device's memory."""
+    opts = PlanOptions(global_batch=8, stack=profile("torchtitan"))
+    hw = resolve_hardware(load_catalogue(calibration=None), "h100-sxm", None, options=opts)
+    cost = preset("llama3-8b").cost()
+    for dp, tp, expected in ((8, 1, 4.0 * cost.total_params / 1), (1, 8, 0.0)):
+        f = evaluate_one(cost, hw, opts, Layout(dp=dp, tp=tp, zero=0, mbs=1, recompute="full"))
+        assert f.memory_of("ddp_buckets") == pytest.approx(expected, rel=0.02)
+        assert sum(p.bytes for p in f.memory_parts) == pytest.approx(f.memory, rel=1e-9)
