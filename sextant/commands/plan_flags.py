@@ -61,9 +61,10 @@ class PlanFlags:
                                   help="tokens to train, e.g. 2e12 (time and cost)")
     global_batch: int | None = option(None, group="training",
                                       help="sequences per step (default: the model's)")
-    precision: str | None = option(None, group="training", choices=("bf16", "fp16", "fp32"),
+    precision: str | None = option(None, group="training",
+                                   choices=("bf16", "fp16", "tf32", "fp32"),
                                    help="default bf16 where the accelerator has it, else fp16, "
-                                        "else fp32")
+                                        "else fp32; tf32: fp32 values, matmuls at the TF32 peak")
     optimizer: str = option("adam", group="training", choices=("adam", "sgd"),
                             help="adam (default) or sgd")
     fp8: bool = option(False, group="training",

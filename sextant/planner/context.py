@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from sextant.planner import topology
+from sextant.planner import memory, topology
 from sextant.planner.hardware import Hardware, attention_kernel
 from sextant.planner.models import ModelCost
 from sextant.planner.options import PlanOptions
@@ -84,7 +84,7 @@ class LayoutContext:
 
     @property
     def act_bytes(self) -> float:
-        return 4.0 if self.opts.precision == "fp32" else 2.0
+        return 4.0 if self.opts.precision in memory.FP32_STORAGE else 2.0
 
     @property
     def tokens_step(self) -> float:

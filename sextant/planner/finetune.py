@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sextant.core.errors import UserError
+from sextant.planner.memory import FP32_STORAGE
 from sextant.planner.models import ModelCost
 from sextant.workloads.spec import FINETUNE_METHODS, GPT_LORA_TARGETS, LORA_TARGETS
 
@@ -71,7 +72,7 @@ class FineTune:
 
     def base_bytes(self, precision: str) -> float:
         """Bytes per frozen base parameter."""
-        dtype = self.base_dtype or ("fp32" if precision == "fp32" else precision)
+        dtype = self.base_dtype or ("fp32" if precision in FP32_STORAGE else precision)
         return BASE_DTYPE_BYTES[dtype]
 
 

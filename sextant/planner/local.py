@@ -63,7 +63,7 @@ def replicas_of(parallel: str, n: int) -> ParallelDims:
 
 def precision_of(run: RunRecord) -> str:
     p = run.strategy.precision
-    return p if p in ("bf16", "fp16", "fp32") else "fp32"
+    return p if p in ("bf16", "fp16", "tf32", "fp32") else "fp32"
 
 
 def shape_of(run: RunRecord) -> TransformerShape | MLPShape:

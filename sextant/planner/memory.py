@@ -152,10 +152,15 @@ def model_of(model: str | MemoryModel) -> MemoryModel:
     return MODELS[model]
 
 
+FP32_STORAGE = ("fp32", "tf32")
+"""Precisions whose parameters, gradients and activations are fp32 values: TF32 rounds only
+the matmuls' inputs, inside the tensor cores."""
+
+
 def _kind(precision: str) -> str:
-    if precision not in ("bf16", "fp16", "fp32", "mixed"):
-        raise UserError(f"unknown precision {precision!r}; allowed: bf16, fp16, fp32")
-    return "fp32" if precision == "fp32" else "mixed"
+    if precision not in ("bf16", "fp16", "tf32", "fp32", "mixed"):
+        raise UserError(f"unknown precision {precision!r}; allowed: bf16, fp16, tf32, fp32")
+    return "fp32" if precision in FP32_STORAGE else "mixed"
 
 
 def state_bytes(

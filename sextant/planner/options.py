@@ -18,8 +18,9 @@ from sextant.core.fields import check_fields, int_at_least, number_at_least, num
 class PlanOptions:
     """Assumptions that are not part of a layout. Every default is stated in docs/planner.md."""
 
-    precision: str = option("bf16", one_of(("bf16", "fp16", "fp32"), "precision"))
-    """'bf16' / 'fp16' (mixed precision: 16-bit compute, fp32 master weights) or 'fp32'."""
+    precision: str = option("bf16", one_of(("bf16", "fp16", "tf32", "fp32"), "precision"))
+    """'bf16' / 'fp16' (mixed precision: 16-bit compute, fp32 master weights), 'tf32' (fp32
+    values, the matmuls at the accelerator's TF32 peak) or 'fp32'."""
     optimizer: str = "adam"
     """'adam' (2 moments) or 'sgd' (momentum)."""
     global_batch: int = option(1, int_at_least(1))

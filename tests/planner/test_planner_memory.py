@@ -269,3 +269,18 @@ def test_ddp_buckets_need_a_second_replica_and_are_shown_in_the_split():
         f = evaluate_one(cost, hw, opts, Layout(dp=dp, tp=tp, zero=0, mbs=1, recompute="full"))
         assert f.memory_of("ddp_buckets") == pytest.approx(expected, rel=0.02)
         assert sum(p.bytes for p in f.memory_parts) == pytest.approx(f.memory, rel=1e-9)
+
+
+def test_tf32_keeps_fp32_values_and_runs_the_matmuls_at_the_tf32_peak():
+    """TF32 rounds only the tensor cores' inputs: every byte is fp32's, the GEMMs run at the
+    accelerator's TF32 peak (A100: 156 TFLOP/s against fp32's 19.5)."""
+    cost = preset("llama3-8b").cost()
+    lay = Layout(dp=8, zero=1, mbs=1, recompute="full")
+    figures = {}
+    for precision in ("fp32", "tf32"):
+        opts = PlanOptions(global_batch=8, precision=precision)
+        hw = resolve_hardware(load_catalogue(calibration=None), "a100-80gb", None, options=opts)
+        figures[precision] = evaluate_one(cost, hw, opts, lay)
+    assert figures["tf32"].memory == pytest.approx(figures["fp32"].memory, rel=1e-12)
+    ratio = figures["fp32"].seconds("compute") / figures["tf32"].seconds("compute")
+    assert 156.0 / 19.5 * 0.5 < ratio <= 156.0 / 19.5 * 1.0001
