@@ -18,6 +18,7 @@ from typing import Any
 from sextant.core.errors import UserError
 from sextant.planner.catalogue import ATTENTION_KERNELS
 from sextant.planner.comms import DP_SCHEDULES
+from sextant.planner.layout import OFFLOAD, RECOMPUTE
 from sextant.planner.memory import MEMORY_MODELS, model_of
 
 CP_METHODS = ("ring", "allgather")
@@ -75,6 +76,16 @@ class StackProfile:
     `additional_buffer_factor`, 1.5 by default (estimate_zero2_model_states_mem_needs in
     runtime/zero/stage_1_and_2.py and estimate_zero3_model_states_mem_needs in
     runtime/zero/stage3.py, DeepSpeed 0.19.8); its device figure has none."""
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    """The ZeRO stages the stack runs (0: plain data parallelism; 3: parameters sharded,
+    FSDP's full shard): the search keeps to them, and a pinned stage outside them is
+    refused. `runs_source` cites where each capability is read."""
+    offloads: tuple[str, ...] = OFFLOAD
+    """The CPU offloads the stack offers (layout.OFFLOAD)."""
+    recomputes: tuple[str, ...] = RECOMPUTE
+    """The activation recomputations the stack offers (layout.RECOMPUTE)."""
+    runs_source: str = ""
+    """Where the stack's options for the three fields above are read from."""
     async_collectives: bool = False
     """The compiler runs the tensor-parallel collectives asynchronously, overlapped with the
     layers' compute (XLA on TPU with async collective fusion, the LIBTPU_INIT_ARGS of
@@ -104,6 +115,18 @@ class StackProfile:
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
                 1.0 <= factor <= 16.0):
             raise UserError(f"host_buffer_factor must be in [1, 16]. Received: {factor!r}")
+        checks: tuple[tuple[str, tuple[object, ...], tuple[object, ...]], ...] = (
+            ("zero_stages", self.zero_stages, (0, 1, 2, 3)),
+            ("offloads", self.offloads, OFFLOAD),
+            ("recomputes", self.recomputes, RECOMPUTE),
+        )
+        for key, values, choices in checks:
+            unknown = [v for v in values if v not in choices]
+            if not values or unknown or isinstance(values, (str, bytes)):
+                raise UserError(f"{key} must be a non-empty list among "
+                                f"{', '.join(map(str, choices))}. Received: {values!r}")
+        if "none" not in self.offloads:
+            raise UserError(f"offloads must include 'none'. Received: {self.offloads!r}")
         bucket = self.dp_bucket_bytes
         if bucket is not None and (
             isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0

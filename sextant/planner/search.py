@@ -15,6 +15,8 @@ import numpy as np
 from sextant.core.errors import UserError
 from sextant.planner.estimate import (
     KNOBS,
+    OFFLOAD,
+    RECOMPUTE,
     Hardware,
     Layout,
     PlanOptions,
@@ -26,6 +28,7 @@ from sextant.planner.estimate import (
 )
 from sextant.planner.evaluation import Evaluation, Ranking
 from sextant.planner.models import ModelCost
+from sextant.planner.profiles import StackProfile
 
 MAX_MICRO_BATCH = 64
 INTERLEAVE = (1, 2, 4)
@@ -46,6 +49,7 @@ def enumerate_layouts(
     offload: bool = True,
     devices_per_node: int = 8,
     torus: bool = False,
+    stack: StackProfile | None = None,
 ) -> dict[str, np.ndarray]:
     """Every valid layout for `devices` devices as a table (one int array per knob).
 
@@ -54,10 +58,14 @@ def enumerate_layouts(
     devices are TPU slices of `devices_per_node` chips joined by the data-centre network;
     tensor, context and expert parallelism then stay inside a slice, only data parallelism
     crosses slices, and no pipeline is searched (MaxText's ici_* and dcn_* mesh axes).
+    `stack`: only the ZeRO stages, offloads and recomputations the stack offers (a pinned
+    one it does not offer is refused); None: every one.
     """
     if devices < 1:
         raise UserError(f"device count must be >= 1. Received: {devices}")
     fixed = fixed or {}
+    if stack is not None:
+        check_pins(stack, fixed)
     rows = _degrees(cost, devices, global_batch, fixed, max_micro_batch)
     if not rows:
         return {k: np.zeros(0, dtype=np.int64) for k in KNOBS}
@@ -80,9 +88,38 @@ def enumerate_layouts(
         "v": o[:, 4],
     }
     ok = _valid(cost, lay, global_batch, fixed, offload)
+    if stack is not None:
+        ok &= _stack_runs(stack, lay)
     if torus:
         ok &= _inside_slice(lay, fixed, devices_per_node)
     return _with_hybrid({k: v[ok] for k, v in lay.items()}, fixed, devices_per_node)
+
+
+def _capabilities(stack: StackProfile) -> tuple[tuple[str, str, tuple[int, ...], tuple], ...]:
+    """(knob, name, codes the stack runs, names of every code) per capability."""
+    return (
+        ("zero", "ZeRO stage", tuple(stack.zero_stages), (0, 1, 2, 3)),
+        ("off", "offload", tuple(OFFLOAD.index(o) for o in stack.offloads), OFFLOAD),
+        ("rc", "recomputation", tuple(RECOMPUTE.index(r) for r in stack.recomputes), RECOMPUTE),
+    )
+
+
+def check_pins(stack: StackProfile, fixed: dict[str, int]) -> None:
+    """Refuse, in one line, a pinned ZeRO stage, offload or recomputation the stack lacks."""
+    for knob, name, codes, names in _capabilities(stack):
+        if knob in fixed and int(fixed[knob]) not in codes:
+            runs = ", ".join(str(names[c]) for c in codes)
+            raise UserError(f"stack {stack.name} has no {name} {names[int(fixed[knob])]}: it "
+                            f"runs {runs} (its profile's runs_source says where); choose "
+                            f"another --stack or {name}")
+
+
+def _stack_runs(stack: StackProfile, lay: dict[str, np.ndarray]) -> np.ndarray:
+    """Which rows use only ZeRO stages, offloads and recomputations the stack offers."""
+    ok = np.ones(len(lay["dp"]), dtype=bool)
+    for knob, _, codes, _ in _capabilities(stack):
+        ok &= np.isin(lay[knob], codes)
+    return ok
 
 
 def _degrees(
@@ -245,6 +282,7 @@ def search(
         offload=hw.host is not None,
         devices_per_node=_node(hw, devices),
         torus=hw.torus is not None,
+        stack=opts.stack,
     )
     if len(lay["dp"]) == 0:
         empty = Ranking(fits=np.zeros(0, bool), memory=np.zeros(0), tokens_per_s=np.zeros(0))
@@ -315,7 +353,7 @@ def scaling_curve(
         if known is not None and n == known.devices
         else enumerate_layouts(
             cost, n, opts.global_batch, fixed=pinned, offload=hw.host is not None,
-            devices_per_node=_node(hw, n), torus=hw.torus is not None,
+            devices_per_node=_node(hw, n), torus=hw.torus is not None, stack=opts.stack,
         )
         for n in counts
     ]

@@ -171,3 +171,24 @@ def test_deepspeed_memory_is_its_own_estimator(zero, offload, nodes):
     states = sum(f.memory_of(k) for k in ("params", "grads", "optimizer", "zero3_buffers"))
     assert max(f.host.per_node, f.host.load_per_node) == pytest.approx(cpu, rel=1e-6)
     assert states == pytest.approx(gpu, rel=1e-6)
+
+
+def test_the_search_keeps_to_what_the_stack_runs_and_refuses_a_pin_it_lacks():
+    """A stack without ZeRO-1/2, optimizer offload or selective recomputation is never planned
+    with them; pinning one is a one-line error that names what the stack runs."""
+    from sextant.planner.search import enumerate_layouts
+
+    fsdp_only = dataclasses.replace(profile("generic"), name="fsdp-only", zero_stages=(0, 3),
+                                    offloads=("none", "params"),
+                                    recomputes=("none", "full"), runs_source="a test")
+    cost = preset("llama2-7b").cost()
+    every = enumerate_layouts(cost, 64, 64)
+    kept = enumerate_layouts(cost, 64, 64, stack=fsdp_only)
+    assert set(every["zero"].tolist()) == {0, 1, 2, 3}
+    assert set(kept["zero"].tolist()) == {0, 3}
+    assert set(kept["off"].tolist()) <= {0, 2} and set(kept["rc"].tolist()) <= {0, 2}
+    assert 0 < len(kept["dp"]) < len(every["dp"])
+    with pytest.raises(UserError, match=r"fsdp-only has no ZeRO stage 1: it runs 0, 3 \("):
+        enumerate_layouts(cost, 64, 64, fixed={"zero": 1}, stack=fsdp_only)
+    with pytest.raises(UserError, match="recomputes must be a non-empty list"):
+        dataclasses.replace(fsdp_only, recomputes=("some",))
