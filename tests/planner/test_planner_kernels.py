@@ -154,3 +154,8 @@ def test_a_measured_gpu_run_is_predicted_with_its_own_elementwise_kernels():
     assert compiled is not None and eager is not None
     assert compiled < eager
     assert predicted_step_s(workload, "Some Unknown GPU", "bf16") is None
+    # A TF32 run (torch's allow_tf32) is predicted at the TF32 peak, between fp32 and bf16.
+    tf32 = predicted_step_s(workload, "NVIDIA H200", "tf32")
+    fp32 = predicted_step_s(workload, "NVIDIA H200", "fp32")
+    assert tf32 is not None and fp32 is not None
+    assert compiled < tf32 < fp32
