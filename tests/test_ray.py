@@ -22,6 +22,7 @@ import pytest
 
 from sextant.cluster import emulated, ray_lab
 from sextant.core.paths import runs_beside
+from sextant.results.record import RunRecord
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
 from sextant.sources import resolve_workload
@@ -123,6 +124,17 @@ def test_cluster_up_ray_starts_a_node_on_every_host(cluster: emulated.Cluster) -
                        for p in _pids(host.netns))
 
 
+def _trained_on_ray(workload_file: Path, tmp_path: Path, framework: str) -> RunRecord:
+    """The stored run of `sextant run --launcher ray --parallel dp --workers 2`."""
+    db = tmp_path / "r.db"
+    out = _ray_run(workload_file, db, "--framework", framework, "--parallel", "dp",
+                   "--workers", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    with ResultsStore(db, create=False) as store:
+        (run,) = store.runs()
+        return store.get(run.id)
+
+
 @pytest.mark.slow
 def test_torch_dp_on_ray_trains_like_the_local_launcher(
     cluster: emulated.Cluster, workload_file: Path, local_run: dict, tmp_path: Path
@@ -130,13 +142,7 @@ def test_torch_dp_on_ray_trains_like_the_local_launcher(
     """`sextant run --launcher ray` finds the cluster's recorded head, spreads one rank per
     node, and trains what the local launcher trains on the same hosts; the run is stored
     with each rank's Ray node."""
-    db = tmp_path / "r.db"
-    out = _ray_run(workload_file, db, "--framework", "torch", "--parallel", "dp",
-                   "--workers", "2")
-    assert out.returncode == 0, out.stderr[-3000:]
-    with ResultsStore(db, create=False) as store:
-        (run,) = store.runs()
-        stored = store.get(run.id)
+    stored = _trained_on_ray(workload_file, tmp_path, "torch")
     same_training(stored, local_run)
     ray = stored.fingerprint.values["ray"]
     assert ray["address"] == ray_lab.record(cluster.name)["address"]
@@ -158,13 +164,7 @@ def test_jax_dp_on_ray_trains_like_the_local_launcher(
     """JAX's own multi-process runtime (jax.distributed.initialize, as sextant's worker does
     on every launcher) across the Ray nodes."""
     pytest.importorskip("jax")
-    db = tmp_path / "r.db"
-    out = _ray_run(workload_file, db, "--framework", "jax", "--parallel", "dp",
-                   "--workers", "2")
-    assert out.returncode == 0, out.stderr[-3000:]
-    with ResultsStore(db, create=False) as store:
-        (run,) = store.runs()
-        stored = store.get(run.id)
+    stored = _trained_on_ray(workload_file, tmp_path, "jax")
     same_training(stored, local_run)
     assert len({r["hostname"] for r in stored.fingerprint.values["ray"]["ranks"]}) == 2
 
