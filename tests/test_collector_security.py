@@ -37,7 +37,7 @@ from sextant.launch.collector import (
     new_secret,
     secret_from_env,
 )
-from sextant.launch.join import connect
+from sextant.launch.join import COLLECTOR_PORT_OFFSET, connect
 from sextant.launch.local import free_port
 from sextant.results.store import ResultsStore
 from sextant.runner import execute
@@ -404,22 +404,22 @@ def test_no_bytes_after_the_hello_change_the_result(lines: list[bytes]) -> None:
 
 # --- a real run under attack -------------------------------------------------------------
 
-@pytest.mark.slow
-@needs_torch
 def _free_port_pair() -> int:
-    """A port free now whose successor is free too: `join` binds MASTER_PORT for the process
-    group and MASTER_PORT + 1 for rank 0's collector."""
+    """A port free now whose collector port is free too: `join` binds MASTER_PORT for the
+    process group and MASTER_PORT + COLLECTOR_PORT_OFFSET for rank 0's collector."""
     for _ in range(50):
         port = free_port()
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", port + 1))
+                s.bind(("127.0.0.1", port + COLLECTOR_PORT_OFFSET))
         except OSError:
             continue
         return port
-    raise AssertionError("no two consecutive free loopback ports in 50 tries")
+    raise AssertionError("no free loopback port with a free collector port in 50 tries")
 
 
+@pytest.mark.slow
+@needs_torch
 def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None:
     """Two `sextant join` ranks (torchrun's variables) train while intruders send garbage, a
     forged hello, a second hello for each joined rank, an oversize line and a hello under
@@ -429,7 +429,7 @@ def test_a_run_under_attack_is_stored_with_its_true_loss(tmp_path: Path) -> None
     one = execute(resolve_workload(str(workload_file)), Strategy(framework="torch"),
                   runs_dir=tmp_path / "one")
     secret, master_port = new_secret(), _free_port_pair()
-    address = f"127.0.0.1:{master_port + 1}"
+    address = f"127.0.0.1:{master_port + COLLECTOR_PORT_OFFSET}"
     # A 300 ms wait before every batch (the slow-loader test hook, which changes no value)
     # keeps the run training for seconds, so every intrusion lands while it does: a tiny run
     # could otherwise end before the last one is sent.
