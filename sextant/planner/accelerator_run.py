@@ -39,15 +39,12 @@ def catalogue_key(device_name: str | None) -> str | None:
     return None
 
 
-def _planner_precision(precision: str) -> str:
-    return precision if precision in ("bf16", "fp16", "tf32", "fp32") else "fp32"
-
-
 def mfu(flops_per_step: float, step_s: float | None, device_name: str | None,
         precision: str) -> dict[str, Any]:
     """{'mfu', 'peak_flops', 'catalogue', 'note'} of a single-device step on `device_name`;
     mfu None (with the note saying why) when the device or its peak is not catalogued."""
     from sextant.planner.catalogue import load_catalogue
+    from sextant.planner.options import planner_precision
 
     key = catalogue_key(device_name)
     if key is None:
@@ -55,7 +52,7 @@ def mfu(flops_per_step: float, step_s: float | None, device_name: str | None,
                 "note": f"{device_name or 'this device'} is not in the planner's catalogue: "
                         "no MFU"}
     acc = load_catalogue().accelerator(key)
-    prec = _planner_precision(precision)
+    prec = planner_precision(precision)
     peak = acc.peak_flops.get(prec)
     if peak is None or not step_s:
         return {"mfu": None, "peak_flops": peak, "catalogue": key,
@@ -85,6 +82,7 @@ def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, preci
     where it cannot say."""
     from sextant.planner.catalogue import load_catalogue
     from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
+    from sextant.planner.options import planner_precision
     from sextant.planner.workload_shapes import shape_from_workload
     from sextant.planner.profiles import DEFAULT_STACK, profile
 
@@ -94,7 +92,7 @@ def predicted_step_s(workload: Mapping[str, Any], device_name: str | None, preci
     try:
         shape = shape_from_workload(dict(workload), where="the run's workload")
         cat = load_catalogue()
-        opts = PlanOptions(precision=_planner_precision(precision),
+        opts = PlanOptions(precision=planner_precision(precision),
                            global_batch=shape.global_batch, finetune=_finetune(workload),
                            compute_efficiency=cat.accelerator(key).kernel_efficiency,
                            stack=profile(DEFAULT_STACK).with_overrides(

@@ -19,6 +19,7 @@ from sextant.planner.catalogue import DEFAULT_CALIBRATION, Catalogue, load_catal
 from sextant.planner.estimate import Layout, PlanOptions, evaluate_one, resolve_hardware
 from sextant.planner.evaluation import Evaluation
 from sextant.planner.models import MLPShape, TransformerShape
+from sextant.planner.options import planner_precision
 from sextant.planner.workload_shapes import shape_from_workload
 from sextant.strategy import ZERO_STAGE, ParallelDims
 
@@ -62,8 +63,7 @@ def replicas_of(parallel: str, n: int) -> ParallelDims:
 
 
 def precision_of(run: RunRecord) -> str:
-    p = run.strategy.precision
-    return p if p in ("bf16", "fp16", "tf32", "fp32") else "fp32"
+    return planner_precision(run.strategy.precision)
 
 
 def shape_of(run: RunRecord) -> TransformerShape | MLPShape:

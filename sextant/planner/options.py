@@ -14,11 +14,21 @@ from sextant.planner.profiles import DEFAULT_STACK, PROFILES, StackProfile
 from sextant.core.fields import check_fields, int_at_least, number_at_least, number_in, one_of, option
 
 
+PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+"""The precisions a plan is made in."""
+
+
+def planner_precision(run_precision: str) -> str:
+    """The plan's precision for a run recorded in `run_precision`: the same where the planner
+    has it, else fp32 (the values every other precision stores)."""
+    return run_precision if run_precision in PRECISIONS else "fp32"
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class PlanOptions:
     """Assumptions that are not part of a layout. Every default is stated in docs/planner.md."""
 
-    precision: str = option("bf16", one_of(("bf16", "fp16", "tf32", "fp32"), "precision"))
+    precision: str = option("bf16", one_of(PRECISIONS, "precision"))
     """'bf16' / 'fp16' (mixed precision: 16-bit compute, fp32 master weights), 'tf32' (fp32
     values, the matmuls at the accelerator's TF32 peak) or 'fp32'."""
     optimizer: str = "adam"
