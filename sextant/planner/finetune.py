@@ -70,10 +70,14 @@ class FineTune:
     def lora(self) -> bool:
         return self.method == "lora"
 
+    def base_dtype_in(self, precision: str) -> str:
+        """The frozen base's dtype in a plan of `precision`: its own where set, else the
+        precision's storage dtype (fp32 for tf32)."""
+        return self.base_dtype or ("fp32" if precision in FP32_STORAGE else precision)
+
     def base_bytes(self, precision: str) -> float:
         """Bytes per frozen base parameter."""
-        dtype = self.base_dtype or ("fp32" if precision in FP32_STORAGE else precision)
-        return BASE_DTYPE_BYTES[dtype]
+        return BASE_DTYPE_BYTES[self.base_dtype_in(precision)]
 
 
 def adapter_params(cost: ModelCost, ft: FineTune) -> float:

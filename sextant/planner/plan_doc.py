@@ -12,7 +12,6 @@ from sextant.planner.catalogue import Catalogue
 from sextant.planner.estimate import Hardware, Layout, PlanOptions, attention_kernel
 from sextant.planner.evaluation import Evaluation, StepPart
 from sextant.planner.finetune import FineTune
-from sextant.planner.memory import FP32_STORAGE
 from sextant.planner.models import ModelCost
 
 
@@ -331,7 +330,7 @@ def finetune_section(ft: FineTune | None, cost: ModelCost, precision: str
     base = ft.base_bytes(precision)
     return FineTuning(
         method="lora", rank=ft.rank, targets=ft.targets,
-        base_dtype=ft.base_dtype or ("fp32" if precision in FP32_STORAGE else precision),
+        base_dtype=ft.base_dtype_in(precision),
         trainable_params=cost.adapter_params, trainable_share=cost.trainable_share,
         frozen_weights_bytes=cost.total_params * base,
         adapter_checkpoint_bytes=cost.adapter_params * base,
