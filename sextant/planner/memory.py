@@ -316,7 +316,7 @@ def transient_param_bytes(
     return out
 
 
-def buffer_bytes(grad_params, zero, *, dp=2, precision: str = "bf16",
+def buffer_bytes(grad_params, zero, *, dp, precision: str = "bf16",
                  memory_model: str | MemoryModel = "zero"):
     """Communication buffers: DDP's gradient buckets, a copy of every gradient unless
     gradient_as_bucket_view=True (MemoryModel.ddp_bucket_copy_bytes, stages 0 and 1, which

@@ -70,8 +70,8 @@ def test_the_memory_model_is_data_not_a_name():
         assert np.array_equal(
             memory.transient_param_bytes(1e7, 4.0, zero, memory_model=twin, **kw),
             memory.transient_param_bytes(1e7, 4.0, zero, memory_model=name, **kw))
-        assert np.array_equal(memory.buffer_bytes(1e7, zero, memory_model=twin),
-                              memory.buffer_bytes(1e7, zero, memory_model=name))
+        assert np.array_equal(memory.buffer_bytes(1e7, zero, dp=2, memory_model=twin),
+                              memory.buffer_bytes(1e7, zero, dp=2, memory_model=name))
         assert memory.loss_bytes_factor(twin, tp=2) == memory.loss_bytes_factor(name, tp=2)
 
 
