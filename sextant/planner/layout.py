@@ -17,6 +17,9 @@ every elementwise op recomputed); alternate (torchtitan's "selective layer" AC w
 default option 2: every second layer fully recomputed). The search tries the first three;
 the last two are taken when pinned (--recompute)."""
 OFFLOAD = ("none", "optimizer", "params")
+ZERO_STAGES = (0, 1, 2, 3)
+"""ZeRO stages: 0 plain data parallelism, 1 optimizer states sharded, 2 and gradients, 3 and
+parameters."""
 KNOBS = ("dp", "tp", "pp", "zero", "mbs", "rc", "sp", "off", "v", "hs", "cp", "ep")
 """The columns of a table of layouts (estimate.evaluate): one int array per knob."""
 
@@ -59,7 +62,7 @@ class Layout:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"{key} must be an integer >= 1. Received: {value!r}")
-        if self.zero not in (0, 1, 2, 3):
+        if self.zero not in ZERO_STAGES:
             raise UserError(f"zero stage must be 0, 1, 2 or 3. Received: {self.zero!r}")
         if self.recompute not in RECOMPUTE:
             raise UserError(

@@ -18,7 +18,7 @@ from typing import Any
 from sextant.core.errors import UserError
 from sextant.planner.catalogue import ATTENTION_KERNELS
 from sextant.planner.comms import DP_SCHEDULES
-from sextant.planner.layout import OFFLOAD, RECOMPUTE
+from sextant.planner.layout import OFFLOAD, RECOMPUTE, ZERO_STAGES
 from sextant.planner.memory import MEMORY_MODELS, model_of
 
 CP_METHODS = ("ring", "allgather")
@@ -76,7 +76,7 @@ class StackProfile:
     `additional_buffer_factor`, 1.5 by default (estimate_zero2_model_states_mem_needs in
     runtime/zero/stage_1_and_2.py and estimate_zero3_model_states_mem_needs in
     runtime/zero/stage3.py, DeepSpeed 0.19.8); its device figure has none."""
-    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    zero_stages: tuple[int, ...] = ZERO_STAGES
     """The ZeRO stages the stack runs (0: plain data parallelism; 3: parameters sharded,
     FSDP's full shard): the search keeps to them, and a pinned stage outside them is
     refused. `runs_source` cites where each capability is read."""
@@ -116,7 +116,7 @@ class StackProfile:
                 1.0 <= factor <= 16.0):
             raise UserError(f"host_buffer_factor must be in [1, 16]. Received: {factor!r}")
         checks: tuple[tuple[str, tuple[object, ...], tuple[object, ...]], ...] = (
-            ("zero_stages", self.zero_stages, (0, 1, 2, 3)),
+            ("zero_stages", self.zero_stages, ZERO_STAGES),
             ("offloads", self.offloads, OFFLOAD),
             ("recomputes", self.recomputes, RECOMPUTE),
         )

@@ -27,6 +27,7 @@ from sextant.planner.estimate import (
     rank,
 )
 from sextant.planner.evaluation import Evaluation, Ranking
+from sextant.planner.layout import ZERO_STAGES
 from sextant.planner.models import ModelCost
 from sextant.planner.profiles import StackProfile
 
@@ -98,7 +99,7 @@ def enumerate_layouts(
 def _capabilities(stack: StackProfile) -> tuple[tuple[str, str, tuple[int, ...], tuple], ...]:
     """(knob, name, codes the stack runs, names of every code) per capability."""
     return (
-        ("zero", "ZeRO stage", tuple(stack.zero_stages), (0, 1, 2, 3)),
+        ("zero", "ZeRO stage", tuple(stack.zero_stages), ZERO_STAGES),
         ("off", "offload", tuple(OFFLOAD.index(o) for o in stack.offloads), OFFLOAD),
         ("rc", "recomputation", tuple(RECOMPUTE.index(r) for r in stack.recomputes), RECOMPUTE),
     )
@@ -169,7 +170,7 @@ def _options_grid(fixed: dict[str, int]) -> np.ndarray:
     virtual stages)."""
     rcs = [int(fixed["rc"])] if "rc" in fixed else [0, 1, 2, 3, 4]
     vs = [int(fixed["v"])] if "v" in fixed else list(INTERLEAVE)
-    grid = np.meshgrid([0, 1, 2, 3], rcs, [0, 1], [0, 1, 2], vs, indexing="ij")
+    grid = np.meshgrid(list(ZERO_STAGES), rcs, [0, 1], [0, 1, 2], vs, indexing="ij")
     return np.array(grid).reshape(5, -1).T
 
 
